@@ -1,0 +1,24 @@
+"""Triton kernels: the fixed varlen attention and replicas of upstream buggy mechanisms.
+
+`kernels._compat` is imported first: without CUDA it switches Triton to its CPU interpreter
+before any `@triton.jit` below is evaluated.
+"""
+from kernels._compat import DEVICE, INTERPRETED, default_device  # noqa: F401  (must come first)
+from kernels.contract import (  # noqa: F401
+    VarlenShape,
+    check_cu_seqlens,
+    check_scale,
+    check_varlen_inputs,
+    check_varlen_tensors,
+)
+
+__all__ = [
+    "DEVICE",
+    "INTERPRETED",
+    "default_device",
+    "VarlenShape",
+    "check_cu_seqlens",
+    "check_scale",
+    "check_varlen_inputs",
+    "check_varlen_tensors",
+]

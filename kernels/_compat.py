@@ -1,0 +1,44 @@
+"""Where the kernels run: natively on CUDA, or through Triton's CPU interpreter.
+
+This is the one helper `kernels` shares with `workbench`. It must be imported before any
+`@triton.jit` is evaluated, because Triton decides at decoration time whether a function is
+compiled or interpreted.
+
+`WORKBENCH_DEVICE=cpu|cuda` overrides the automatic choice (CUDA when available).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_CHOICES = ("cpu", "cuda")
+
+
+def _requested_device() -> str:
+    requested = os.environ.get("WORKBENCH_DEVICE", "").strip().lower()
+    if requested and requested not in _CHOICES:
+        raise ValueError(
+            f"WORKBENCH_DEVICE={os.environ['WORKBENCH_DEVICE']!r} is not one of {_CHOICES}; "
+            "unset it to pick CUDA when available, or set it to 'cpu' or 'cuda'."
+        )
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "WORKBENCH_DEVICE=cuda but torch sees no CUDA device "
+            f"(torch {torch.__version__}); unset it or set WORKBENCH_DEVICE=cpu."
+        )
+    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+DEVICE: str = _requested_device()
+
+if DEVICE == "cpu":
+    # No GPU: every @triton.jit below becomes an interpreted function running on CPU tensors.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_device() -> torch.device:
+    """The device packed batches and kernels use unless told otherwise."""
+    return torch.device(DEVICE)

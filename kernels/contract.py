@@ -1,0 +1,261 @@
+"""Validation of varlen attention arguments: point 4 of the padding contract (DESIGN.md).
+
+Every malformed input raises `TypeError` (wrong kind of thing) or `ValueError` (right kind,
+wrong value) whose message names the argument, the offending index and value, and the fix.
+
+Metadata checks read `cu_seqlens*` on the host: one device->host copy per tensor. Callers
+that cannot afford the sync (CUDA graphs, `torch.compile`) pass `validate=False` to the
+kernel and keep only the tensor-shape checks in `check_varlen_tensors`, which need no sync.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class VarlenShape:
+    """What the tensor checks learned: sizes the launcher needs."""
+
+    total_q: int
+    total_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def check_varlen_tensors(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    head_dims: Sequence[int] | None = None,
+) -> VarlenShape:
+    """Shape, dtype and device checks of q, k, v. No host sync."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must be 3-D (tokens, heads, head_dim) in packed THD layout, got shape "
+                f"{tuple(t.shape)}; for a padded (batch, seq, heads, dim) tensor use "
+                "workbench.bshd_to_thd first."
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}.")
+        if dtypes is not None and t.dtype not in dtypes:
+            raise TypeError(
+                f"{name} has dtype {t.dtype}; this implementation supports "
+                f"{', '.join(str(d) for d in dtypes)}. Cast with {name}.to(torch.bfloat16) "
+                "(or another supported dtype)."
+            )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k, v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}; "
+            "cast them to the same dtype."
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on "
+            f"{v.device}; move them with .to(q.device)."
+        )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got k {tuple(k.shape)} and v "
+            f"{tuple(v.shape)}."
+        )
+    total_q, heads, head_dim = q.shape
+    total_k, kv_heads, head_dim_k = k.shape
+    if head_dim_k != head_dim:
+        raise ValueError(
+            f"q and k must have the same head_dim (last dimension), got q {head_dim} and "
+            f"k {head_dim_k}."
+        )
+    if heads == 0 or kv_heads == 0:
+        raise ValueError(f"q and k need at least one head, got q {heads} and k {kv_heads}.")
+    if heads % kv_heads != 0:
+        raise ValueError(
+            f"q has {heads} heads, not a multiple of k's {kv_heads} heads (H % H_kv must be "
+            "0 for GQA/MQA); repeat k/v heads or choose H_kv among the divisors of H."
+        )
+    if head_dims is not None and head_dim not in head_dims:
+        raise ValueError(
+            f"head_dim {head_dim} (q.shape[-1]) is not supported; supported head dims are "
+            f"{', '.join(map(str, head_dims))}. Pad the head dimension with zeros up to the "
+            "next supported size."
+        )
+    return VarlenShape(total_q, total_k, heads, kv_heads, head_dim)
+
+
+def _as_host_list(name: str, cu: object, device: torch.device | None) -> list[int]:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}; build it with "
+            f"torch.tensor(..., dtype=torch.int32, device=q.device)."
+        )
+    if cu.dtype not in INDEX_DTYPES:
+        raise TypeError(
+            f"{name} must be an integer tensor (torch.int32), got {cu.dtype}; "
+            f"pass {name}.to(torch.int32)."
+        )
+    if cu.dim() != 1:
+        raise ValueError(
+            f"{name} must be 1-D of length batch+1, got shape {tuple(cu.shape)}; "
+            f"flatten it or pass one boundary vector for the whole packed batch."
+        )
+    if cu.numel() < 2:
+        raise ValueError(
+            f"{name} must hold at least 2 boundaries (batch+1 with batch >= 1), got "
+            f"{cu.tolist()}; for one sequence of n tokens pass [0, n]."
+        )
+    if device is not None and cu.device != device:
+        raise ValueError(
+            f"{name} is on {cu.device} but q is on {device}; move it with "
+            f"{name}.to(q.device)."
+        )
+    values = cu.tolist()
+    if values[0] != 0:
+        raise ValueError(
+            f"{name}[0] = {values[0]}: cumulative boundaries must start at 0; "
+            f"prepend 0 (torch.nn.functional.pad(lengths.cumsum(0), (1, 0)))."
+        )
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(
+                f"{name} decreases at index {i}: {name}[{i - 1}] = {values[i - 1]} > "
+                f"{name}[{i}] = {values[i]}; boundaries must be non-decreasing cumulative "
+                "sums of sequence lengths."
+            )
+    return values
+
+
+def _check_side(
+    side: str,
+    cu: object,
+    cu_padded: object | None,
+    total: int | None,
+    max_seqlen: object,
+    device: torch.device | None,
+) -> list[int]:
+    """Checks one side (q or k); returns the real lengths."""
+    name, name_padded = f"cu_seqlens_{side}", f"cu_seqlens_{side}_padded"
+    real = _as_host_list(name, cu, device)
+    lengths = [b - a for a, b in zip(real, real[1:])]
+    if cu_padded is None:
+        padded, layout = real, name
+    else:
+        padded, layout = _as_host_list(name_padded, cu_padded, device), name_padded
+        if len(padded) != len(real):
+            raise ValueError(
+                f"{name_padded} has {len(padded) - 1} sequences but {name} has "
+                f"{len(real) - 1}; both describe the same batch and need the same length."
+            )
+        for i, length in enumerate(lengths):
+            room = padded[i + 1] - padded[i]
+            if length > room:
+                raise ValueError(
+                    f"sequence {i} has {length} real tokens ({name}[{i + 1}] - {name}[{i}]) "
+                    f"but only {room} rows in the padded layout ({name_padded}[{i + 1}] - "
+                    f"{name_padded}[{i}]); a real length must not exceed its padded length. "
+                    f"Did you swap {name} and {name_padded}?"
+                )
+    if total is not None and padded[-1] > total:
+        tensor = "q" if side == "q" else "k and v"
+        raise ValueError(
+            f"{layout}[-1] = {padded[-1]} exceeds {tensor}.shape[0] = {total}: the layout "
+            f"addresses rows past the end of {tensor}. Pass tensors with at least "
+            f"{padded[-1]} rows or fix {layout}. (Rows beyond {layout}[-1] are legal TAIL "
+            "padding; fewer rows are not.)"
+        )
+    max_name = f"max_seqlen_{side}"
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(
+            f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass "
+            f"int({name}.diff().max())."
+        )
+    longest = max(lengths)
+    if max_seqlen < longest:
+        i = lengths.index(longest)
+        raise ValueError(
+            f"{max_name} = {max_seqlen} is smaller than sequence {i}'s real length {longest}; "
+            f"tokens past {max_name} would be silently dropped. Pass {max_name} >= {longest}."
+        )
+    return lengths
+
+
+def check_cu_seqlens(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    cu_seqlens_q_padded: torch.Tensor | None = None,
+    cu_seqlens_k_padded: torch.Tensor | None = None,
+    total_q: int | None = None,
+    total_k: int | None = None,
+    device: torch.device | None = None,
+) -> tuple[list[int], list[int]]:
+    """Validates varlen metadata; returns the real lengths of q and k sequences.
+
+    `total_q`/`total_k` are the row counts of q and k (the memory the layout addresses);
+    rows beyond the padded end are TAIL padding and legal. `device`, when given, is where
+    the metadata must live (q's device).
+    """
+    lengths_q = _check_side("q", cu_seqlens_q, cu_seqlens_q_padded, total_q, max_seqlen_q, device)
+    lengths_k = _check_side("k", cu_seqlens_k, cu_seqlens_k_padded, total_k, max_seqlen_k, device)
+    if len(lengths_q) != len(lengths_k):
+        raise ValueError(
+            f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k describes "
+            f"{len(lengths_k)}; q and k must come from the same batch (batch+1 boundaries each)."
+        )
+    return lengths_q, lengths_k
+
+
+def check_scale(scale: object, head_dim: int) -> float:
+    """Returns the softmax scale, defaulting to 1/sqrt(head_dim)."""
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}.")
+    if not (scale > 0 and scale != float("inf")):
+        raise ValueError(
+            f"scale = {scale} must be a finite positive number; pass None for 1/sqrt(head_dim)."
+        )
+    return float(scale)
+
+
+def check_varlen_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    cu_seqlens_q_padded: torch.Tensor | None = None,
+    cu_seqlens_k_padded: torch.Tensor | None = None,
+    scale: float | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    head_dims: Sequence[int] | None = None,
+) -> VarlenShape:
+    """Every check of the contract for one call (reads metadata on the host)."""
+    shape = check_varlen_tensors(q, k, v, dtypes=dtypes, head_dims=head_dims)
+    check_cu_seqlens(
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_k_padded,
+        total_q=shape.total_q,
+        total_k=shape.total_k,
+        device=q.device,
+    )
+    check_scale(scale, shape.head_dim)
+    return shape

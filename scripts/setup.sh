@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Creates .venv and installs the project into it. Idempotent; run by `make setup`.
+#
+# torch: on a machine that already has torch >= 2.10 (the GPU box) the venv sees it
+# through --system-site-packages and nothing is reinstalled. Otherwise we pin the CPU
+# wheel of torch 2.13.0 (a wider range would pull a multi-GB CUDA build) and triton 3.6.0,
+# the version on the GPU machine, so the interpreter and the native compiler agree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+has_torch() {
+    "$1" - <<'PY' 2>/dev/null
+import sys, torch
+major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 10) else 1)
+PY
+}
+
+if [ ! -x .venv/bin/python ]; then
+    if has_torch "$PYTHON"; then
+        "$PYTHON" -m venv --system-site-packages .venv
+    else
+        "$PYTHON" -m venv .venv
+    fi
+fi
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+if ! has_torch .venv/bin/python; then
+    "${PIP[@]}" "torch==2.13.0" "triton==3.6.0"
+fi
+"${PIP[@]}" -e ".[lab,test]"
+.venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+touch .venv/.installed
