@@ -1,0 +1,68 @@
+"""FlashAttention-style error bounds, relative to what PyTorch itself achieves.
+
+A kernel in a low-precision dtype cannot match the float64 oracle exactly; the honest bar is
+PyTorch doing the same computation in the same dtype. FlashAttention's tests require the
+kernel's max error to be at most 2x PyTorch's for the output and 3x for gradients. A floor of
+one ulp of the oracle's magnitude keeps the bound meaningful when PyTorch happens to be exact.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FACTORS = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
+
+
+@dataclass(frozen=True)
+class ErrorCheck:
+    """The error of one tensor on REAL rows against the oracle, and its bound."""
+
+    name: str
+    error: float  # max |impl - oracle|
+    baseline: float  # max |PyTorch in the same dtype - oracle|
+    factor: float
+    floor: float
+
+    @property
+    def bound(self) -> float:
+        return self.factor * self.baseline + self.floor
+
+    @property
+    def within(self) -> bool:
+        """False for NaN errors: a NaN never passes a bound."""
+        return bool(self.error <= self.bound)
+
+    @property
+    def ratio(self) -> float:
+        """Kernel error in units of PyTorch's own error (<= factor passes)."""
+        return self.error / max(self.baseline, self.floor)
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.within else "FAIL"
+        return f"{self.name}: err {self.error:.3g} <= {self.factor:g} x {self.baseline:.3g} + {self.floor:.2g}  [{verdict}]"
+
+
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    diff = (a.double() - b.double()).abs()
+    if diff.numel() == 0:
+        return 0.0
+    return float("nan") if torch.isnan(diff).any() else float(diff.max())
+
+
+def error_check(name: str, value: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype) -> ErrorCheck:
+    """Compares `value` and `baseline` (PyTorch in `dtype`) with `oracle`, all already restricted to REAL rows."""
+    finite_oracle = oracle[torch.isfinite(oracle)]
+    magnitude = float(finite_oracle.abs().max()) if finite_oracle.numel() else 0.0
+    floor = torch.finfo(dtype).eps * max(1.0, magnitude)
+    factor = FACTORS.get(name, 3.0)
+    return ErrorCheck(name, _max_abs_diff(value, oracle), _max_abs_diff(baseline, oracle), factor, floor)
+
+
+def lse_error(value: torch.Tensor, oracle: torch.Tensor) -> float:
+    """Max error between two lse tensors, where -inf must match -inf exactly."""
+    both_inf = torch.isneginf(value) & torch.isneginf(oracle)
+    if (torch.isneginf(value) != torch.isneginf(oracle)).any():
+        return math.inf
+    return _max_abs_diff(value[~both_inf], oracle[~both_inf])

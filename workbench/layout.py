@@ -1,0 +1,373 @@
+"""The packed-batch model: a `Case` describes a packed (THD) batch, `pack` materialises it.
+
+A packed batch stores B sequences back to back in one (T, H, D) tensor. Two boundary
+vectors describe it (TransformerEngine's convention, adopted by our kernel):
+
+* `cu_seqlens` — REAL token boundaries, used for masking;
+* `cu_seqlens_padded` — memory-layout boundaries: sequence i occupies rows
+  `[cu_seqlens_padded[i], cu_seqlens_padded[i+1])`, of which the first `len_i` are real.
+
+Every other row is padding: GAP rows (after a sequence's real end, before the next padded
+start) and TAIL rows (from `cu_seqlens_padded[-1]` to T, the rows of the torch bug).
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Sequence
+
+import torch
+
+from kernels._compat import default_device
+
+
+class Region(enum.IntEnum):
+    """What a row of a packed tensor is."""
+
+    REAL = 0
+    GAP = 1
+    TAIL = 2
+
+
+class Fill(str, enum.Enum):
+    """What padding rows of q, k, v hold. Real bugs see every one of these."""
+
+    ZEROS = "zeros"
+    NAN = "nan"
+    POS_INF = "+inf"
+    NEG_INF = "-inf"
+    HUGE = "huge"  # the dtype's largest finite value: overflows any product
+    GARBAGE = "garbage"  # random values of magnitude ~1e4 with random signs (stale activations)
+
+    def values(self, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+        """A CPU tensor of `shape` filled the way this kind of padding is."""
+        if self is Fill.GARBAGE:
+            return torch.randn(shape, generator=generator, dtype=torch.float32).mul_(1e4).to(dtype)
+        constant = {
+            Fill.ZEROS: 0.0,
+            Fill.NAN: math.nan,
+            Fill.POS_INF: math.inf,
+            Fill.NEG_INF: -math.inf,
+            Fill.HUGE: torch.finfo(dtype).max,
+        }[self]
+        return torch.full(shape, constant, dtype=dtype)
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A packed batch, described well enough to rebuild it bit for bit.
+
+    Padded lengths come from `padded_q`/`padded_k` (explicit, per sequence) or from
+    `align` (each sequence rounded up to a multiple, as FP8 alignment padding does);
+    with neither, sequences are packed back to back. `tail_q`/`tail_k` add TAIL rows after
+    the last padded end. `seqlens_k=None` means self-attention lengths (= seqlens_q).
+    """
+
+    seqlens_q: tuple[int, ...]
+    seqlens_k: tuple[int, ...] | None = None
+    padded_q: tuple[int, ...] | None = None
+    padded_k: tuple[int, ...] | None = None
+    align: int | None = None
+    tail_q: int = 0
+    tail_k: int = 0
+    heads: int = 2
+    kv_heads: int | None = None
+    head_dim: int = 32
+    dtype: str = "float32"
+    causal: bool = False
+    seed: int = 0
+    fill: Fill = Fill.NAN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seqlens_q", tuple(int(n) for n in self.seqlens_q))
+        for name in ("seqlens_k", "padded_q", "padded_k"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(int(n) for n in value))
+        if isinstance(self.dtype, torch.dtype):
+            object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        object.__setattr__(self, "fill", Fill(self.fill))
+        self._validate()
+
+    def _validate(self) -> None:
+        if not self.seqlens_q:
+            raise ValueError("Case.seqlens_q is empty; give at least one sequence length.")
+        for name in ("seqlens_q", "seqlens_k", "padded_q", "padded_k"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if len(value) != len(self.seqlens_q):
+                raise ValueError(
+                    f"Case.{name} has {len(value)} entries but seqlens_q has "
+                    f"{len(self.seqlens_q)}; give one per sequence."
+                )
+            bad = [i for i, n in enumerate(value) if n < 0]
+            if bad:
+                raise ValueError(f"Case.{name}[{bad[0]}] = {value[bad[0]]} is negative.")
+        for side in ("q", "k"):
+            padded, real = getattr(self, f"padded_{side}"), self.real_lengths(side)
+            if padded is not None:
+                for i, (n, p) in enumerate(zip(real, padded)):
+                    if n > p:
+                        raise ValueError(
+                            f"Case.padded_{side}[{i}] = {p} is shorter than the real length "
+                            f"{n}; a padded length must be >= the real one."
+                        )
+        if self.align is not None and self.align < 1:
+            raise ValueError(f"Case.align = {self.align} must be a positive row count (e.g. 16).")
+        if self.tail_q < 0 or self.tail_k < 0:
+            raise ValueError("Case.tail_q and Case.tail_k count rows and must be >= 0.")
+        kv = self.kv_heads or self.heads
+        if self.heads < 1 or self.heads % kv:
+            raise ValueError(
+                f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}."
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Case.dtype = {self.dtype!r} is not one of {sorted(DTYPES)}.")
+
+    # -- derived layout -------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return len(self.seqlens_q)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def real_lengths(self, side: str) -> tuple[int, ...]:
+        if side == "q" or self.seqlens_k is None:
+            return self.seqlens_q
+        return self.seqlens_k
+
+    def padded_lengths(self, side: str) -> tuple[int, ...]:
+        explicit = self.padded_q if side == "q" else self.padded_k
+        if explicit is not None:
+            return explicit
+        real = self.real_lengths(side)
+        if self.align is None:
+            return real
+        return tuple(-(-n // self.align) * self.align for n in real)
+
+    def total_rows(self, side: str) -> int:
+        return sum(self.padded_lengths(side)) + (self.tail_q if side == "q" else self.tail_k)
+
+    def with_(self, **changes: Any) -> "Case":
+        """A copy with some fields changed (sweeps build grids this way)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (records, sweeps, recorded GPU runs)."""
+        d = asdict(self)
+        d["fill"] = self.fill.value
+        return d
+
+    def label(self) -> str:
+        """A short human-readable name for tables and plot titles."""
+        parts = [f"q={list(self.seqlens_q)}"]
+        if self.seqlens_k is not None:
+            parts.append(f"k={list(self.seqlens_k)}")
+        if self.padded_q is not None or self.align is not None:
+            parts.append(f"padded={list(self.padded_lengths('q'))}")
+        if self.tail_q:
+            parts.append(f"tail={self.tail_q}")
+        parts.append(f"H={self.heads}" + (f"/{self.kv_heads}" if self.kv_heads else ""))
+        parts.append(f"D={self.head_dim}")
+        parts.append(self.dtype)
+        if self.causal:
+            parts.append("causal")
+        return " ".join(parts)
+
+
+def cumulative(lengths: Sequence[int], device: torch.device | str | None = None) -> torch.Tensor:
+    """[0, l0, l0+l1, ...] as int32: the boundary vector of a list of lengths."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + int(n))
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def region_labels(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None, total_rows: int) -> torch.Tensor:
+    """Region of every row (int8 CPU tensor): REAL, GAP or TAIL.
+
+    Rows past `cu_seqlens_padded[-1]` (or `cu_seqlens[-1]` when there is no padded layout)
+    are TAIL: legal memory the kernels must leave at exactly zero, not an error.
+    """
+    real = cu_seqlens.tolist()
+    padded = real if cu_seqlens_padded is None else cu_seqlens_padded.tolist()
+    labels = torch.full((total_rows,), Region.TAIL, dtype=torch.int8)
+    for i in range(len(real) - 1):
+        start, length = padded[i], real[i + 1] - real[i]
+        labels[start : padded[i + 1]] = Region.GAP
+        labels[start : start + length] = Region.REAL
+    return labels
+
+
+def real_rows(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None = None) -> torch.Tensor:
+    """Row indices (int64, on cu_seqlens' device) of the real tokens of a padded layout, in order."""
+    real = cu_seqlens.tolist()
+    padded = real if cu_seqlens_padded is None else cu_seqlens_padded.tolist()
+    index = [r for i in range(len(real) - 1) for r in range(padded[i], padded[i] + real[i + 1] - real[i])]
+    return torch.tensor(index, dtype=torch.int64, device=cu_seqlens.device)
+
+
+@dataclass
+class PackedBatch:
+    """A materialised `Case`: tensors and metadata in the contract's argument order."""
+
+    case: Case
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    cu_seqlens_q_padded: torch.Tensor
+    cu_seqlens_k_padded: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    regions_q: torch.Tensor = field(repr=False)
+    regions_k: torch.Tensor = field(repr=False)
+
+    def args(self) -> tuple:
+        """Positional arguments of `varlen_attention` / `reference_attention`."""
+        return (self.q, self.k, self.v, self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k)
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments: the padded layout and the case's causality."""
+        return {
+            "cu_seqlens_q_padded": self.cu_seqlens_q_padded,
+            "cu_seqlens_k_padded": self.cu_seqlens_k_padded,
+            "causal": self.case.causal,
+        }
+
+    def call(self, impl, **overrides: Any):
+        """`impl(*args, **kwargs)` with this batch; `overrides` replace or add keywords."""
+        return impl(*self.args(), **{**self.kwargs(), **overrides})
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        return {"q": self.q, "k": self.k, "v": self.v}
+
+    def regions(self, name: str) -> torch.Tensor:
+        """Region labels for the rows of q/out/dq (`name` in q, out, dq) or k/v/dk/dv."""
+        return self.regions_q if name in ("q", "out", "dq", "lse") else self.regions_k
+
+    def fresh(self, requires_grad: bool = True) -> "PackedBatch":
+        """The same batch with new leaf tensors (so two implementations never share grads)."""
+        leaves = {n: t.detach().clone().requires_grad_(requires_grad) for n, t in self.inputs().items()}
+        return replace(self, **leaves)
+
+
+def _side_tensor(case: Case, side: str, heads: int, generator: torch.Generator) -> torch.Tensor:
+    """One of q/k/v on CPU: normal values on REAL rows, the case's fill on padding rows."""
+    dtype = case.torch_dtype
+    x = torch.randn(case.total_rows(side), heads, case.head_dim, generator=generator, dtype=torch.float32).to(dtype)
+    real = cumulative(case.real_lengths(side))
+    padded = cumulative(case.padded_lengths(side))
+    padding = region_labels(real, padded, x.shape[0]) != Region.REAL
+    n = int(padding.sum())
+    if n:
+        x[padding] = case.fill.values((n, heads, case.head_dim), dtype, generator)
+    return x
+
+
+def pack(case: Case, device: torch.device | str | None = None, requires_grad: bool = True) -> PackedBatch:
+    """Builds the packed batch of `case` on `device` (default: kernels' default device).
+
+    Values are drawn on the CPU from `case.seed`, then moved, so the same case gives the
+    same numbers on every device.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    generator = torch.Generator().manual_seed(case.seed)
+    kv_heads = case.kv_heads or case.heads
+    q = _side_tensor(case, "q", case.heads, generator)
+    k = _side_tensor(case, "k", kv_heads, generator)
+    v = _side_tensor(case, "k", kv_heads, generator)
+    leaves = [t.to(device).requires_grad_(requires_grad) for t in (q, k, v)]
+    lengths_q, lengths_k = case.real_lengths("q"), case.real_lengths("k")
+    cu = {
+        "cu_seqlens_q": cumulative(lengths_q, device),
+        "cu_seqlens_k": cumulative(lengths_k, device),
+        "cu_seqlens_q_padded": cumulative(case.padded_lengths("q"), device),
+        "cu_seqlens_k_padded": cumulative(case.padded_lengths("k"), device),
+    }
+    return PackedBatch(
+        case,
+        *leaves,
+        **cu,
+        max_seqlen_q=max(lengths_q),
+        max_seqlen_k=max(lengths_k),
+        regions_q=region_labels(cu["cu_seqlens_q"], cu["cu_seqlens_q_padded"], q.shape[0]),
+        regions_k=region_labels(cu["cu_seqlens_k"], cu["cu_seqlens_k_padded"], k.shape[0]),
+    )
+
+
+# -- moving between layouts ---------------------------------------------------------------
+
+
+def unpad_thd(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
+    """Padded THD -> unpadded THD (only real rows, back to back; boundaries = cu_seqlens).
+
+    Differentiable: gradients flow back to the real rows; padding rows get exactly 0.
+    """
+    return x.index_select(0, real_rows(cu_seqlens, cu_seqlens_padded))
+
+
+def pad_thd(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor, total_rows: int | None = None) -> torch.Tensor:
+    """Unpadded THD -> padded THD with zero padding rows (`total_rows` adds TAIL rows)."""
+    rows = real_rows(cu_seqlens, cu_seqlens_padded)
+    if x.shape[0] != rows.numel():
+        raise ValueError(
+            f"x has {x.shape[0]} rows but cu_seqlens describes {rows.numel()} real tokens; "
+            "pass the unpadded tensor whose boundaries are cu_seqlens."
+        )
+    total = int(cu_seqlens_padded[-1]) if total_rows is None else total_rows
+    if total < int(cu_seqlens_padded[-1]):
+        raise ValueError(f"total_rows = {total} is less than cu_seqlens_padded[-1] = {int(cu_seqlens_padded[-1])}.")
+    out = x.new_zeros((total, *x.shape[1:]))
+    return out.index_copy(0, rows, x)
+
+
+def thd_to_bshd(
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed THD -> (B, S, H, D) zero-padded batch and a (B, S) bool mask of real tokens."""
+    lengths = cu_seqlens.diff().tolist()
+    seq = max(lengths) if max_seqlen is None else max_seqlen
+    if seq < max(lengths):
+        raise ValueError(f"max_seqlen = {seq} is smaller than the longest sequence ({max(lengths)}).")
+    mask = torch.arange(seq, device=x.device)[None, :] < torch.tensor(lengths, device=x.device)[:, None]
+    flat = unpad_thd(x, cu_seqlens, cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded)
+    out = x.new_zeros((len(lengths) * seq, *x.shape[1:]))
+    out = out.index_copy(0, mask.flatten().nonzero().squeeze(1), flat)
+    return out.view(len(lengths), seq, *x.shape[1:]), mask
+
+
+def bshd_to_thd(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(B, S, H, D) + (B, S) bool mask of real tokens -> unpadded THD, cu_seqlens, max_seqlen.
+
+    The mask must be left-aligned (real tokens first in every row), as padded batches are.
+    """
+    if mask.dtype != torch.bool or mask.shape != x.shape[:2]:
+        raise ValueError(
+            f"mask must be a bool tensor of shape {tuple(x.shape[:2])} (batch, seq), got "
+            f"{mask.dtype} {tuple(mask.shape)}."
+        )
+    lengths = mask.sum(1)
+    if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None]):
+        raise ValueError("mask is not left-aligned: every row must be real tokens first, then padding.")
+    flat = x.reshape(-1, *x.shape[2:]).index_select(0, mask.flatten().nonzero().squeeze(1))
+    return flat, cumulative(lengths.tolist(), x.device), int(lengths.max())

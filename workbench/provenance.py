@@ -1,0 +1,41 @@
+"""Provenance: the versions, device and commit that every recorded result carries."""
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+import triton
+
+from kernels._compat import DEVICE, INTERPRETED
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def device_name() -> str:
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def provenance() -> dict[str, str]:
+    """Where and with what a result was produced."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "device": device_name(),
+        "mode": "Triton interpreter" if INTERPRETED else "native",
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }

@@ -1,0 +1,90 @@
+"""The oracle: varlen attention per sequence in float64, with the kernel's exact contract.
+
+Same signature and semantics as `kernels.varlen_attention`. Padding rows never enter the
+computation (real rows are gathered by index), so padding inputs holding NaN cannot leak,
+and autograd gives exactly 0 on padding rows of dq, dk, dv.
+
+`compute_dtype` other than float64 gives "PyTorch's own attention in that dtype": the
+baseline of FlashAttention-style relative error bounds (see `workbench.bounds`).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.contract import check_varlen_inputs
+from workbench.layout import real_rows
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence: q (Lq, H, D), k/v (Lk, H, D) already repeated for GQA."""
+    len_q, len_k = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    visible = torch.ones(len_q, len_k, dtype=torch.bool, device=q.device)
+    if causal:
+        # Bottom-right alignment (FlashAttention >= 2.1): the last query sees every key.
+        offset = len_k - len_q
+        visible = torch.arange(len_k, device=q.device)[None, :] <= torch.arange(len_q, device=q.device)[:, None] + offset
+    has_key = visible.any(-1)  # (Lq,)
+    # Rows with no visible key are replaced by zeros *before* logsumexp so that neither the
+    # forward nor autograd ever evaluates exp(-inf - (-inf)); their output is then zeroed.
+    scores = scores.masked_fill(~visible, float("-inf"))
+    scores = torch.where(has_key[None, :, None], scores, torch.zeros_like(scores))
+    lse = torch.logsumexp(scores, dim=-1)  # (H, Lq)
+    probs = torch.exp(scores - lse[..., None]) * has_key[None, :, None]
+    out = torch.einsum("hqk,khd->qhd", probs, v)
+    lse = torch.where(has_key[None, :], lse, torch.full_like(lse, float("-inf")))
+    return out, lse
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    cu_seqlens_q_padded: torch.Tensor | None = None,
+    cu_seqlens_k_padded: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    compute_dtype: torch.dtype = torch.float64,
+    validate: bool = True,
+):
+    """Varlen attention computed sequence by sequence in `compute_dtype` (float64 by default).
+
+    Returns out (T_q, H, D) in `compute_dtype`, padding rows exactly 0; with `return_lse`,
+    also lse (H, T_q) in `compute_dtype`, -inf on padding rows and on rows with no visible key.
+    """
+    if validate:
+        check_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded, scale=scale,
+        )
+    total_q, heads, head_dim = q.shape
+    group = heads // k.shape[1]
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    padded_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
+    padded_k = cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded
+    rows_q = real_rows(cu_seqlens_q, padded_q)
+    rows_k = real_rows(cu_seqlens_k, padded_k)
+    # Gather real rows first: padding values (NaN, Inf) never reach an arithmetic op.
+    q_real = q.index_select(0, rows_q).to(compute_dtype)
+    k_real = k.index_select(0, rows_k).to(compute_dtype).repeat_interleave(group, dim=1)
+    v_real = v.index_select(0, rows_k).to(compute_dtype).repeat_interleave(group, dim=1)
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for i in range(len(bounds_q) - 1):
+        sq = slice(bounds_q[i], bounds_q[i + 1])
+        sk = slice(bounds_k[i], bounds_k[i + 1])
+        out_i, lse_i = _attend(q_real[sq], k_real[sk], v_real[sk], causal, scale)
+        outs.append(out_i)
+        lses.append(lse_i)
+    out = q_real.new_zeros((total_q, heads, head_dim)).index_copy(0, rows_q, torch.cat(outs))
+    if not return_lse:
+        return out
+    lse = torch.full((heads, total_q), float("-inf"), dtype=compute_dtype, device=q.device)
+    lse = lse.index_copy(1, rows_q, torch.cat(lses, dim=1))
+    return out, lse
