@@ -39,6 +39,36 @@ if DEVICE == "cpu":
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _backport_interpreter_index_fix() -> None:
+    """Lets interpreted kernels use runtime loop bounds (`range(lo, hi)`) under numpy >= 2.4.
+
+    The interpreter holds scalars as 1-element arrays and converts them with `int(array)`,
+    which numpy 2.4 rejects ("only 0-dimensional arrays can be converted"), so every loop
+    with a tensor bound fails (triton-lang/triton#9171; fixed upstream after triton 3.6 by
+    squeezing first). `while` loops would dodge it but forfeit native software pipelining.
+    """
+    import numpy as np
+
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return  # this numpy still converts 1-element arrays: nothing to fix
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_squeezing_index(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patch_tensor_squeezing_index
+
+
+if INTERPRETED:
+    _backport_interpreter_index_fix()
+
+
 def default_device() -> torch.device:
     """The device packed batches and kernels use unless told otherwise."""
     return torch.device(DEVICE)

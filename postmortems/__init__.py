@@ -1,0 +1,1 @@
+"""One module per post-mortem: META, CASES, reproduce(), claims (see workbench.postmortem)."""
