@@ -1,0 +1,150 @@
+"""The packed-batch model: layouts, region labels, fills, and moving between layouts."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from workbench import (
+    Case,
+    Fill,
+    Region,
+    bshd_to_thd,
+    cumulative,
+    pack,
+    pad_thd,
+    real_rows,
+    region_labels,
+    thd_to_bshd,
+    unpad_thd,
+)
+
+
+@st.composite
+def cases(draw):
+    """Small packed layouts: empty and length-1 sequences, gaps, tails, GQA, cross-attention."""
+    batch = draw(st.integers(1, 4))
+    lengths = st.lists(st.integers(0, 9), min_size=batch, max_size=batch)
+    seqlens_q = draw(lengths)
+    seqlens_k = draw(st.none() | lengths)
+    extra = draw(st.lists(st.integers(0, 3), min_size=batch, max_size=batch))
+    kv_heads = draw(st.sampled_from([1, 2]))
+    return Case(
+        tuple(seqlens_q),
+        seqlens_k=None if seqlens_k is None else tuple(seqlens_k),
+        padded_q=tuple(n + e for n, e in zip(seqlens_q, extra)),
+        align=draw(st.none() | st.sampled_from([4, 16])),
+        tail_q=draw(st.integers(0, 5)),
+        tail_k=draw(st.integers(0, 5)),
+        heads=kv_heads * draw(st.sampled_from([1, 2])),
+        kv_heads=kv_heads,
+        head_dim=8,
+        seed=draw(st.integers(0, 1000)),
+        fill=draw(st.sampled_from(list(Fill))),
+    )
+
+
+def test_te_docstring_layout():
+    """TransformerEngine's docstring: [a a a 1 b b 2 2 c c c c 3]."""
+    batch = pack(Case((3, 2, 4), padded_q=(4, 3, 5), padded_k=(4, 3, 5)))
+    assert batch.cu_seqlens_q.tolist() == [0, 3, 5, 9]
+    assert batch.cu_seqlens_q_padded.tolist() == [0, 4, 7, 12]
+    te = region_labels(torch.tensor([0, 3, 5, 9]), torch.tensor([0, 4, 8, 13]), 13)
+    assert "".join("RG"[int(r)] for r in te) == "RRRGRRGGRRRRG"
+
+
+def test_align_rounds_each_sequence_up():
+    case = Case((100, 150, 120, 130), align=16)
+    assert case.padded_lengths("q") == (112, 160, 128, 144)  # the seed's FP8 alignment
+    assert case.total_rows("q") == 544
+
+
+def test_torch_bug_layout_has_tail_rows():
+    batch = pack(Case((144, 288, 512), tail_q=2, tail_k=2, heads=1, head_dim=16))
+    assert batch.q.shape[0] == 946 and batch.cu_seqlens_q.tolist() == [0, 144, 432, 944]
+    assert (batch.regions_q[944:] == Region.TAIL).all() and (batch.regions_q[:944] == Region.REAL).all()
+
+
+@pytest.mark.parametrize("fill, check", [
+    (Fill.ZEROS, lambda x: (x == 0).all()),
+    (Fill.NAN, lambda x: x.isnan().all()),
+    (Fill.POS_INF, lambda x: (x == math.inf).all()),
+    (Fill.NEG_INF, lambda x: (x == -math.inf).all()),
+    (Fill.HUGE, lambda x: (x == torch.finfo(x.dtype).max).all()),
+    (Fill.GARBAGE, lambda x: x.isfinite().all() and x.abs().mean() > 1e3),
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_padding_rows_hold_the_fill_and_real_rows_do_not(fill, check, dtype):
+    batch = pack(Case((3, 5), padded_q=(6, 5), tail_q=2, dtype=dtype, fill=fill))
+    padding = batch.regions_q != Region.REAL
+    assert check(batch.q.detach()[padding])
+    assert batch.q.detach()[~padding].isfinite().all()
+    assert batch.q.dtype == batch.case.torch_dtype
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers():
+    a, b = pack(Case((4, 7), seed=3)), pack(Case((4, 7), seed=3))
+    assert torch.equal(a.q, b.q) and torch.equal(a.v, b.v)
+    assert not torch.equal(a.q, pack(Case((4, 7), seed=4)).q)
+
+
+def test_fresh_gives_independent_leaves():
+    batch = pack(Case((4,)))
+    other = batch.fresh()
+    other.q.sum().backward()
+    assert batch.q.grad is None and other.q.grad is not None
+
+
+@given(cases())
+def test_region_labels_count_real_gap_tail(case):
+    batch = pack(case)
+    for side, regions in (("q", batch.regions_q), ("k", batch.regions_k)):
+        padded = case.padded_lengths(side)
+        tail = case.tail_q if side == "q" else case.tail_k
+        assert int((regions == Region.REAL).sum()) == sum(case.real_lengths(side))
+        assert int((regions == Region.GAP).sum()) == sum(padded) - sum(case.real_lengths(side))
+        assert int((regions == Region.TAIL).sum()) == tail
+        assert (real_rows(cumulative(case.real_lengths(side)), cumulative(padded)) == (regions == Region.REAL).nonzero().squeeze(1)).all()
+
+
+@given(cases())
+def test_unpad_then_pad_is_identity_on_real_rows_and_zero_elsewhere(case):
+    batch = pack(case, requires_grad=False)
+    compact = unpad_thd(batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)
+    assert compact.shape[0] == sum(case.seqlens_q)
+    back = pad_thd(compact, batch.cu_seqlens_q, batch.cu_seqlens_q_padded, batch.q.shape[0])
+    real = batch.regions_q == Region.REAL
+    assert torch.equal(back[real], batch.q[real])
+    assert (back[~real] == 0).all()
+
+
+@given(cases())
+def test_thd_bshd_round_trip(case):
+    batch = pack(case, requires_grad=False)
+    dense, mask = thd_to_bshd(batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded)
+    assert dense.shape[:2] == mask.shape == (case.batch, max(case.real_lengths("k")))
+    assert (dense[~mask] == 0).all()
+    flat, cu, max_len = bshd_to_thd(dense, mask)
+    assert torch.equal(cu, batch.cu_seqlens_k) and max_len == batch.max_seqlen_k
+    assert torch.equal(flat, unpad_thd(batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded))
+
+
+def test_unpad_gradient_is_exactly_zero_on_padding_even_with_nan_inputs():
+    batch = pack(Case((3, 4), padded_q=(5, 6), tail_q=2, fill=Fill.NAN))
+    unpad_thd(batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded).pow(2).sum().backward()
+    padding = batch.regions_q != Region.REAL
+    assert (batch.q.grad[padding] == 0).all() and batch.q.grad[~padding].isfinite().all()
+
+
+def test_layout_conversions_reject_bad_input():
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="x has 4 rows but cu_seqlens describes 5 real tokens"):
+        pad_thd(torch.zeros(4, 1, 2), cu, cu)
+    with pytest.raises(ValueError, match="not left-aligned"):
+        bshd_to_thd(torch.zeros(1, 3, 1, 2), torch.tensor([[False, True, True]]))
+    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(1, 3\)"):
+        bshd_to_thd(torch.zeros(1, 3, 1, 2), torch.ones(1, 3))
+    with pytest.raises(ValueError, match="max_seqlen = 2 is smaller than the longest sequence"):
+        thd_to_bshd(torch.zeros(5, 1, 2), cu, max_seqlen=2)

@@ -1,0 +1,119 @@
+"""The oracle against PyTorch's scaled_dot_product_attention, and its padding guarantees."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+from workbench import Case, Fill, Region, pack, reference_attention
+
+
+def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
+    """Independent formulation: SDPA in float64 on each sequence, explicit bottom-right mask."""
+    case = batch.case
+    q, k, v = (t.detach().double() for t in (batch.q, batch.k, batch.v))
+    out = torch.zeros_like(q)
+    bq, bk = batch.cu_seqlens_q.tolist(), batch.cu_seqlens_k.tolist()
+    pq, pk = batch.cu_seqlens_q_padded.tolist(), batch.cu_seqlens_k_padded.tolist()
+    group = case.heads // (case.kv_heads or case.heads)
+    for i in range(case.batch):
+        lq, lk = bq[i + 1] - bq[i], bk[i + 1] - bk[i]
+        if lq == 0:
+            continue
+        qi = q[pq[i] : pq[i] + lq].transpose(0, 1)
+        ki = k[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(group, 0)
+        vi = v[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(group, 0)
+        mask = torch.ones(lq, lk, dtype=torch.bool)
+        if causal:
+            mask = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+        if lk == 0:
+            continue  # no key at all: the contract's output is 0
+        oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
+        oi = torch.where(mask.any(-1)[None, :, None], oi, 0.0)  # rows with no visible key -> 0
+        out[pq[i] : pq[i] + lq] = oi.transpose(0, 1)
+    return out
+
+
+@st.composite
+def layouts(draw):
+    batch = draw(st.integers(1, 3))
+    lengths = st.lists(st.integers(0, 12), min_size=batch, max_size=batch)
+    kv = draw(st.sampled_from([1, 2]))
+    return Case(
+        tuple(draw(lengths)),
+        seqlens_k=tuple(draw(lengths)),
+        align=draw(st.sampled_from([None, 4])),
+        tail_q=draw(st.integers(0, 3)),
+        tail_k=draw(st.integers(0, 3)),
+        heads=kv * draw(st.sampled_from([1, 3])),
+        kv_heads=kv,
+        head_dim=8,
+        causal=draw(st.booleans()),
+        seed=draw(st.integers(0, 99)),
+        fill=draw(st.sampled_from([Fill.NAN, Fill.POS_INF, Fill.GARBAGE])),
+    )
+
+
+@given(layouts())
+def test_oracle_matches_sdpa_per_sequence(case):
+    batch = pack(case, requires_grad=False)
+    out = reference_attention(*batch.args(), **batch.kwargs())
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, sdpa_per_sequence(batch, case.causal), rtol=1e-10, atol=1e-12)
+
+
+def test_oracle_custom_scale_matches_sdpa():
+    batch = pack(Case((5, 9), heads=2, head_dim=16, fill=Fill.NAN), requires_grad=False)
+    out = reference_attention(*batch.args(), **batch.kwargs(), scale=0.3)
+    q, k, v = (t.double()[:5].transpose(0, 1) for t in (batch.q, batch.k, batch.v))
+    torch.testing.assert_close(out[:5].transpose(0, 1), F.scaled_dot_product_attention(q, k, v, scale=0.3))
+
+
+def test_oracle_lse_is_logsumexp_of_scaled_scores():
+    batch = pack(Case((6,), seqlens_k=(4,), heads=1, head_dim=8, causal=True), requires_grad=False)
+    _, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
+    q, k = batch.q.double()[:, 0], batch.k.double()[:, 0]
+    scores = (q @ k.T) / math.sqrt(8)
+    mask = torch.ones(6, 4, dtype=torch.bool).tril(diagonal=-2)
+    expected = torch.logsumexp(scores.masked_fill(~mask, -math.inf), -1)
+    assert torch.isneginf(lse[0, :2]).all()  # len_q > len_k: the first 2 queries see no key
+    torch.testing.assert_close(lse[0], expected)
+
+
+@pytest.mark.parametrize("fill", [Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE, Fill.GARBAGE])
+def test_oracle_padding_rows_exactly_zero_in_output_and_gradients(fill):
+    case = Case((5, 0, 3), seqlens_k=(4, 2, 0), padded_q=(7, 2, 3), padded_k=(6, 2, 1), tail_q=2, tail_k=3, heads=4, kv_heads=2, head_dim=8, causal=True, fill=fill)
+    batch = pack(case)
+    out, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
+    # dO is non-zero (even NaN) on padding rows: the oracle must still give zero there.
+    d_out = torch.randn_like(out)
+    d_out[batch.regions_q != Region.REAL] = math.nan
+    out.backward(d_out)
+    pad_q, pad_k = batch.regions_q != Region.REAL, batch.regions_k != Region.REAL
+    assert (out.detach()[pad_q] == 0).all()
+    assert torch.isneginf(lse.detach()[:, pad_q]).all()
+    for grad, pad in ((batch.q.grad, pad_q), (batch.k.grad, pad_k), (batch.v.grad, pad_k)):
+        assert (grad[pad] == 0).all()
+        assert grad[~pad].isfinite().all()
+
+
+def test_rows_without_keys_give_zero_output_zero_grad_and_minus_inf_lse():
+    # Sequence 1 has no keys at all; sequence 0 is causal with len_q > len_k.
+    batch = pack(Case((5, 3), seqlens_k=(2, 0), heads=1, head_dim=8, causal=True))
+    out, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
+    (out.sum() + lse[torch.isfinite(lse)].sum()).backward()
+    blind = torch.tensor([1, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
+    assert (out.detach()[blind] == 0).all() and torch.isneginf(lse.detach()[0, blind]).all()
+    assert (batch.q.grad[blind] == 0).all() and batch.q.grad.isfinite().all()
+
+
+def test_low_precision_compute_dtype_is_pytorchs_own_error():
+    batch = pack(Case((33, 17), heads=2, head_dim=16, dtype="bfloat16"), requires_grad=False)
+    exact = reference_attention(*batch.args(), **batch.kwargs())
+    low = reference_attention(*batch.args(), **batch.kwargs(), compute_dtype=torch.bfloat16)
+    assert low.dtype == torch.bfloat16
+    err = (low.double() - exact).abs().max().item()
+    assert 1e-4 < err < 5e-2  # bf16 rounding, neither zero nor garbage
