@@ -92,7 +92,7 @@ def check_varlen_tensors(
     return VarlenShape(total_q, total_k, heads, kv_heads, head_dim)
 
 
-def _as_host_list(name: str, cu: object, device: torch.device | None) -> list[int]:
+def _check_index_tensor(name: str, cu: object, device: torch.device | None) -> None:
     if not isinstance(cu, torch.Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}; build it with "
@@ -118,6 +118,43 @@ def _as_host_list(name: str, cu: object, device: torch.device | None) -> list[in
             f"{name} is on {cu.device} but q is on {device}; move it with "
             f"{name}.to(q.device)."
         )
+
+
+def check_cu_seqlens_tensors(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    cu_seqlens_q_padded: torch.Tensor | None = None,
+    cu_seqlens_k_padded: torch.Tensor | None = None,
+    device: torch.device | None = None,
+) -> int:
+    """Kind, shape and device of the metadata tensors; returns the batch size. No host sync.
+
+    What `validate=False` still checks: a batch-size mismatch here would make a kernel read
+    boundaries past the end of the shorter tensor.
+    """
+    sides = (("q", cu_seqlens_q, cu_seqlens_q_padded), ("k", cu_seqlens_k, cu_seqlens_k_padded))
+    for side, cu, cu_padded in sides:
+        name, name_padded = f"cu_seqlens_{side}", f"cu_seqlens_{side}_padded"
+        _check_index_tensor(name, cu, device)
+        if cu_padded is None:
+            continue
+        _check_index_tensor(name_padded, cu_padded, device)
+        if cu_padded.numel() != cu.numel():
+            raise ValueError(
+                f"{name_padded} has {cu_padded.numel() - 1} sequences but {name} has "
+                f"{cu.numel() - 1}; both describe the same batch and need the same length."
+            )
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(
+            f"cu_seqlens_q describes {cu_seqlens_q.numel() - 1} sequences but cu_seqlens_k "
+            f"describes {cu_seqlens_k.numel() - 1}; q and k must come from the same batch "
+            "(batch+1 boundaries each)."
+        )
+    return cu_seqlens_q.numel() - 1
+
+
+def _as_host_list(name: str, cu: torch.Tensor) -> list[int]:
     values = cu.tolist()
     if values[0] != 0:
         raise ValueError(
@@ -136,25 +173,19 @@ def _as_host_list(name: str, cu: object, device: torch.device | None) -> list[in
 
 def _check_side(
     side: str,
-    cu: object,
-    cu_padded: object | None,
+    cu: torch.Tensor,
+    cu_padded: torch.Tensor | None,
     total: int | None,
     max_seqlen: object,
-    device: torch.device | None,
 ) -> list[int]:
-    """Checks one side (q or k); returns the real lengths."""
+    """Checks the values of one side (q or k), tensors already checked; returns the real lengths."""
     name, name_padded = f"cu_seqlens_{side}", f"cu_seqlens_{side}_padded"
-    real = _as_host_list(name, cu, device)
+    real = _as_host_list(name, cu)
     lengths = [b - a for a, b in zip(real, real[1:])]
     if cu_padded is None:
         padded, layout = real, name
     else:
-        padded, layout = _as_host_list(name_padded, cu_padded, device), name_padded
-        if len(padded) != len(real):
-            raise ValueError(
-                f"{name_padded} has {len(padded) - 1} sequences but {name} has "
-                f"{len(real) - 1}; both describe the same batch and need the same length."
-            )
+        padded, layout = _as_host_list(name_padded, cu_padded), name_padded
         for i, length in enumerate(lengths):
             room = padded[i + 1] - padded[i]
             if length > room:
@@ -206,13 +237,15 @@ def check_cu_seqlens(
     rows beyond the padded end are TAIL padding and legal. `device`, when given, is where
     the metadata must live (q's device).
     """
-    lengths_q = _check_side("q", cu_seqlens_q, cu_seqlens_q_padded, total_q, max_seqlen_q, device)
-    lengths_k = _check_side("k", cu_seqlens_k, cu_seqlens_k_padded, total_k, max_seqlen_k, device)
-    if len(lengths_q) != len(lengths_k):
-        raise ValueError(
-            f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k describes "
-            f"{len(lengths_k)}; q and k must come from the same batch (batch+1 boundaries each)."
-        )
+    check_cu_seqlens_tensors(
+        cu_seqlens_q,
+        cu_seqlens_k,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_k_padded,
+        device=device,
+    )
+    lengths_q = _check_side("q", cu_seqlens_q, cu_seqlens_q_padded, total_q, max_seqlen_q)
+    lengths_k = _check_side("k", cu_seqlens_k, cu_seqlens_k_padded, total_k, max_seqlen_k)
     return lengths_q, lengths_k
 
 
