@@ -1,8 +1,26 @@
-"""The `workbench` command line."""
+"""The `workbench` command line.
+
+    workbench info                      versions, device, interpreter mode
+    workbench list                      post-mortems with status and last built verdict
+    workbench repro ID [--device D] [--record FILE]
+                                        run a post-mortem's claims without Jupyter
+    workbench build [--no-execute]      build the static site into site/_build
+    workbench new ID "TITLE"            scaffold postmortems/<module>.py + notebooks/ID.ipynb
+    workbench lab                       JupyterLab on notebooks/
+
+Exit status: 0 success, 1 a claim does not hold or the build failed, 2 bad usage or input.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -14,20 +32,173 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(rows: list[tuple[str, ...]]) -> str:
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join([*(f"{c:<{w}}" for c, w in zip(r, width)), r[-1]]).rstrip() for r in rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
+def _list(args: argparse.Namespace) -> int:
+    """The verdict column is the one recorded by the last site build (running every post-mortem
+    would take minutes); `workbench repro ID` checks one now."""
+    from workbench.registry import Registry, read_manifest
+
+    registry = Registry()
+    site = Path(args.site) if args.site else registry.root / "site" / "_build"
+    built = {row["id"]: row["verdict"] for row in read_manifest(site).get("postmortems", [])}
+    rows = [("id", "title", "status", "verdict (last site build)")]
+    for pm in registry.postmortems():
+        rows.append((pm.id, pm.meta.title, pm.meta.upstream_status, built.get(pm.id, "not built")))
+    if len(rows) == 1:
+        print(f"no post-mortems in {registry.package_dir}; `workbench new ID \"TITLE\"` starts one.")
+        return 0
+    print(_table(rows))
+    return 0
+
+
+def jsonable(value: Any) -> Any:
+    """Results as JSON: records with `summary()` give their summary, Cases their fields,
+    small tensors their values, anything else its repr (so a record never fails to write)."""
+    import torch
+
+    from workbench.layout import Case
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Case):
+        return value.to_dict()
+    if hasattr(value, "summary") and callable(value.summary):
+        return jsonable(value.summary())
+    if isinstance(value, dict):
+        return [{"key": jsonable(k), "value": jsonable(v)} for k, v in value.items()] if any(
+            not isinstance(k, str) for k in value
+        ) else {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.tolist() if value.numel() <= 1024 else {"shape": list(value.shape), "dtype": str(value.dtype)}
+    return repr(value)
+
+
+def _repro(args: argparse.Namespace) -> int:
+    import torch
+
+    from kernels import DEVICE
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"workbench repro: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.", file=sys.stderr)
+        return EXIT_USAGE
+    if args.device and args.device != DEVICE:
+        # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
+        env = {**os.environ, "WORKBENCH_DEVICE": args.device}
+        record = ["--record", args.record] if args.record else []
+        return subprocess.call([sys.executable, "-m", "workbench.cli", "repro", args.id, *record], env=env)
+    from workbench.postmortem import overall_verdict, verdict_table
+    from workbench.provenance import provenance
+    from workbench.registry import Registry
+
+    pm = Registry().get(args.id)
+    print(f"{pm.id}: {pm.meta.title}", flush=True)
+    results = pm.reproduce(device=args.device)
+    verdicts = pm.claims.check(results)
+    print(verdict_table(verdicts))
+    print(overall_verdict(verdicts))
+    if args.record:
+        record = {
+            "id": pm.id,
+            "title": pm.meta.title,
+            "verdict": overall_verdict(verdicts),
+            "claims": [{"claim": v.claim, "holds": v.holds, "evidence": v.evidence} for v in verdicts],
+            "results": jsonable(results),
+            "provenance": provenance(),
+        }
+        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"recorded to {args.record}")
+    return 0 if all(v.holds for v in verdicts) else EXIT_FAILED
+
+
+def _build(args: argparse.Namespace) -> int:
+    from workbench.site import build
+
+    build(out=Path(args.out) if args.out else None, execute_notebooks=not args.no_execute, jobs=args.jobs)
+    return 0
+
+
+def _new(args: argparse.Namespace) -> int:
+    from workbench.registry import Registry
+    from workbench.site import execute_in_place
+
+    registry = Registry()
+    module_path, notebook_path = registry.scaffold(args.id, args.title)
+    print(f"wrote {module_path}\nwrote {notebook_path}\nexecuting it (it is committed with its outputs)...", flush=True)
+    execute_in_place(notebook_path, registry.root)
+    print(
+        f"done. Next: edit {module_path.name} (META, CASES, reproduce, claims), then `workbench lab` to write the "
+        f"notebook; `workbench repro {args.id}` checks the claims, `make test` runs nbval over the notebook."
+    )
+    return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    from workbench.registry import Registry
+
+    notebooks = Registry().notebooks_dir
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks}", *args.jupyter_args]
+    return subprocess.call(command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="Post-mortem workbench for silent numerical bugs in packed (varlen/THD) attention.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
     info = commands.add_parser("info", help="versions, device and interpreter mode of this machine")
     info.set_defaults(func=_info)
+
+    listing = commands.add_parser("list", help="post-mortems with status and the verdict of the last site build")
+    listing.add_argument("--site", help="built site to read verdicts from (default: site/_build)")
+    listing.set_defaults(func=_list)
+
+    repro = commands.add_parser("repro", help="run a post-mortem's reproduction and claims without Jupyter")
+    repro.add_argument("id", help="post-mortem id, e.g. torch-varlen-176793 (see `workbench list`)")
+    repro.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
+    repro.add_argument("--record", metavar="FILE", help="write verdicts and results with provenance as JSON")
+    repro.set_defaults(func=_repro)
+
+    build = commands.add_parser("build", help="execute every notebook and build the static site (site/_build)")
+    build.add_argument("--no-execute", action="store_true", help="render the committed outputs instead of executing (fast)")
+    build.add_argument("--out", help="output directory (default: site/_build)")
+    build.add_argument("--jobs", type=int, help="notebooks executed in parallel (default: one per CPU core)")
+    build.set_defaults(func=_build)
+
+    new = commands.add_parser("new", help="scaffold a post-mortem module and its notebook, executed")
+    new.add_argument("id", help="lowercase letters, digits and '-', e.g. flash-dmattn-121")
+    new.add_argument("title", help="one line, in quotes")
+    new.set_defaults(func=_new)
+
+    lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (extra arguments go to jupyter lab)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="e.g. --no-browser --port 8890")
+    lab.set_defaults(func=_lab)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from workbench.registry import RegistryError
+    from workbench.site import BuildError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except RegistryError as exc:
+        print(f"workbench {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BuildError as exc:
+        print(f"workbench {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -1,0 +1,254 @@
+"""The registry of post-mortems: `postmortems/<module>.py` + `notebooks/<id>.ipynb`.
+
+A post-mortem's id names files and URLs ("torch-varlen-176793"); its module name is the id
+with '-' turned into '_' ("torch_varlen_176793"), so that `from postmortems import ...`
+works. The registry is the only place that maps one to the other and the only place that
+imports post-mortem modules for the CLI and the site (DESIGN: `workbench` never imports
+`postmortems` except through here).
+
+A notebook under `notebooks/` whose name is not a post-mortem id (the instruments demo) is a
+plain notebook: it is executed, tested and published, but has no META, claims or verdict.
+
+Notebook conventions, checked by `check_notebook` so that a broken convention fails CI:
+
+* the first cell is a code cell tagged `wb-header` that imports the post-mortem module and
+  displays `META.header_markdown()` (the site replaces it with a header rendered from META);
+* the last code cell calls `.claims.report(...)` and is marked for nbval (`# NBVAL_CHECK_OUTPUT`
+  comment or `nbval-check-output` tag), so its printed verdict table is compared exactly.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import keyword
+import pkgutil
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import nbformat
+
+PACKAGE = "postmortems"
+HEADER_TAG = "wb-header"
+CHECK_OUTPUT_MARKERS = ("# NBVAL_CHECK_OUTPUT", "nbval-check-output")
+
+
+class RegistryError(ValueError):
+    """A post-mortem module or notebook does not have the shape the pipeline needs."""
+
+
+def module_name(postmortem_id: str) -> str:
+    """The module that holds post-mortem `postmortem_id` ('te-thd-2892' -> 'te_thd_2892')."""
+    name = postmortem_id.replace("-", "_")
+    if not name.isidentifier() or keyword.iskeyword(name) or not name.isascii() or name.startswith("_"):
+        raise RegistryError(
+            f"post-mortem id {postmortem_id!r} does not map to a Python module name; use lowercase "
+            "letters, digits and '-', starting with a letter (e.g. 'torch-varlen-176793')."
+        )
+    return name
+
+
+def postmortem_id(module: str) -> str:
+    """The id of the post-mortem in module `module` (the inverse of `module_name`)."""
+    return module.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class PostMortem:
+    """A validated post-mortem module and where its notebook lives."""
+
+    module: ModuleType
+    notebook: Path
+
+    @property
+    def meta(self):  # workbench.postmortem.Meta
+        return self.module.META
+
+    @property
+    def id(self) -> str:
+        return self.module.META.id
+
+    @property
+    def name(self) -> str:
+        return self.module.__name__.rpartition(".")[2]
+
+    @property
+    def claims(self):  # workbench.postmortem.Claims
+        return self.module.claims
+
+    def reproduce(self, device: str | None = None) -> Any:
+        return self.module.reproduce(device=device)
+
+
+def validate_module(module: ModuleType) -> None:
+    """Raises `RegistryError` naming the module, the attribute and the fix when a post-mortem
+    module lacks META, CASES, reproduce(device=...) or claims."""
+    from workbench.layout import Case
+    from workbench.postmortem import Claims, Meta
+
+    where = f"post-mortem module {module.__name__} ({getattr(module, '__file__', '?')})"
+    meta = getattr(module, "META", None)
+    if not isinstance(meta, Meta):
+        raise RegistryError(f"{where}: META must be a workbench.postmortem.Meta, got {type(meta).__name__}.")
+    short = module.__name__.rpartition(".")[2]
+    if module_name(meta.id) != short:
+        raise RegistryError(
+            f"{where}: META.id = {meta.id!r} belongs in module {module_name(meta.id)!r}; rename the "
+            f"file to {module_name(meta.id)}.py or set META.id = {postmortem_id(short)!r}."
+        )
+    cases = getattr(module, "CASES", None)
+    if not isinstance(cases, Sequence) or not cases or not all(isinstance(c, Case) for c in cases):
+        raise RegistryError(f"{where}: CASES must be a non-empty tuple of workbench.Case (the cases the post-mortem studies).")
+    reproduce = getattr(module, "reproduce", None)
+    if not callable(reproduce) or "device" not in inspect.signature(reproduce).parameters:
+        raise RegistryError(f"{where}: define reproduce(device=None) returning the results its claims check.")
+    claims = getattr(module, "claims", None)
+    if not isinstance(claims, Claims) or not len(claims):
+        raise RegistryError(f"{where}: claims must be a workbench.postmortem.Claims with at least one registered claim.")
+
+
+def _source(cell) -> str:
+    return cell.source if isinstance(cell.source, str) else "".join(cell.source)
+
+
+def _code_cells(nb) -> list[tuple[int, Any]]:
+    return [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
+
+def check_notebook(pm: PostMortem, nb=None) -> None:
+    """Raises `RegistryError` naming the notebook and the fix when it breaks the conventions."""
+    if not pm.notebook.exists():
+        raise RegistryError(f"post-mortem {pm.id!r} has no notebook: expected {pm.notebook} (`workbench new` writes one).")
+    nb = nb if nb is not None else nbformat.read(pm.notebook, as_version=4)
+    first = nb.cells[0] if nb.cells else None
+    if (
+        first is None
+        or first.cell_type != "code"
+        or HEADER_TAG not in first.metadata.get("tags", [])
+        or pm.name not in _source(first)
+        or "header_markdown()" not in _source(first)
+    ):
+        raise RegistryError(
+            f"{pm.notebook}: the first cell must be a code cell tagged {HEADER_TAG!r} that imports "
+            f"postmortems.{pm.name} and displays META.header_markdown() (see workbench/templates/notebook.tmpl)."
+        )
+    index, last = _code_cells(nb)[-1]
+    if ".claims.report(" not in _source(last) or not _marked_for_check(last):
+        raise RegistryError(
+            f"{pm.notebook}: the last code cell (cell {index}) must call <module>.claims.report(results) and "
+            "carry the nbval marker '# NBVAL_CHECK_OUTPUT', so CI compares the verdict table."
+        )
+
+
+def _marked_for_check(cell) -> bool:
+    lines = [line.strip() for line in _source(cell).splitlines()]
+    return CHECK_OUTPUT_MARKERS[0] in lines or CHECK_OUTPUT_MARKERS[1] in cell.metadata.get("tags", [])
+
+
+def recorded_verdicts(pm: PostMortem, nb) -> list:
+    """The claims' verdicts as printed by an executed notebook's claims cell.
+
+    Rows are found by the exact claim statements the module registers, so the fixed-width table
+    needs no guessing; a claim missing from the output is a `RegistryError`.
+    """
+    from workbench.postmortem import Verdict
+
+    index, cell = _code_cells(nb)[-1]
+    printed = "".join(
+        o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")
+        for o in cell.get("outputs", [])
+    )
+    verdicts = []
+    for statement in pm.claims.statements:
+        row = re.search(rf"^(HOLDS|FAILS)  +{re.escape(statement)}(?:  +(.*))?$", printed, re.MULTILINE)
+        if row is None:
+            raise RegistryError(f"{pm.notebook}: cell {index} did not print a verdict for claim {statement!r}.")
+        verdicts.append(Verdict(statement, row[1] == "HOLDS", row[2] or ""))
+    return verdicts
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The post-mortems of one package and the notebooks next to it.
+
+    `package` is importable by name; its parent directory is the project root and holds
+    `notebooks/`. Tests point it at a scaffolded package in a temporary directory.
+    """
+
+    package: str = PACKAGE
+
+    @property
+    def package_dir(self) -> Path:
+        return Path(importlib.import_module(self.package).__file__).parent
+
+    @property
+    def root(self) -> Path:
+        return self.package_dir.parent
+
+    @property
+    def notebooks_dir(self) -> Path:
+        return self.root / "notebooks"
+
+    def ids(self) -> list[str]:
+        names = [m.name for m in pkgutil.iter_modules([str(self.package_dir)]) if not m.name.startswith("_")]
+        return sorted(postmortem_id(n) for n in names)
+
+    def get(self, postmortem_id: str) -> PostMortem:
+        """Imports and validates one post-mortem; unknown ids get the list of known ones."""
+        name = module_name(postmortem_id)
+        if postmortem_id not in self.ids():
+            known = ", ".join(self.ids()) or "none yet"
+            raise RegistryError(f"no post-mortem {postmortem_id!r} in {self.package_dir} (known: {known}).")
+        module = importlib.import_module(f"{self.package}.{name}")
+        validate_module(module)
+        return PostMortem(module, self.notebooks_dir / f"{module.META.id}.ipynb")
+
+    def postmortems(self) -> list[PostMortem]:
+        return [self.get(i) for i in self.ids()]
+
+    def notebooks(self) -> list[tuple[Path, PostMortem | None]]:
+        """Every notebook under notebooks/ with its post-mortem (None for a plain notebook)."""
+        by_notebook = {pm.notebook: pm for pm in self.postmortems()}
+        missing = [pm.notebook for pm in by_notebook.values() if not pm.notebook.exists()]
+        if missing:
+            raise RegistryError(f"post-mortem notebooks are missing: {', '.join(map(str, missing))} (`workbench new` writes one).")
+        return [(path, by_notebook.get(path)) for path in sorted(self.notebooks_dir.glob("*.ipynb"))]
+
+    def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:
+        """Writes postmortems/<module>.py and notebooks/<id>.ipynb from the templates.
+
+        Returns both paths; the notebook is not executed yet (see `workbench.site.execute_in_place`).
+        """
+        from workbench.scaffold import render_module, render_notebook
+
+        name = module_name(postmortem_id)
+        module_path = self.package_dir / f"{name}.py"
+        notebook_path = self.notebooks_dir / f"{postmortem_id}.ipynb"
+        for path in (module_path, notebook_path):
+            if path.exists():
+                raise RegistryError(f"{path} already exists; pick another id or edit the existing post-mortem.")
+        if not title.strip() or "\n" in title:
+            raise RegistryError(f"title {title!r} must be one non-empty line; give it in quotes.")
+        module_path.write_text(render_module(postmortem_id, title.strip(), self.package))
+        importlib.invalidate_caches()
+        # Validate before writing the notebook: a template that breaks the shape must not leave files behind.
+        try:
+            validate_module(importlib.import_module(f"{self.package}.{name}"))
+        except Exception:
+            module_path.unlink()
+            sys.modules.pop(f"{self.package}.{name}", None)
+            raise
+        self.notebooks_dir.mkdir(exist_ok=True)
+        nbformat.write(render_notebook(postmortem_id, self.package), notebook_path)
+        return module_path, notebook_path
+
+
+def read_manifest(site_dir: Path) -> dict[str, Any]:
+    """The last site build's manifest (verdicts, provenance), or {} if the site was never built."""
+    path = site_dir / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {}

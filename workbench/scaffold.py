@@ -1,0 +1,68 @@
+"""Renders the templates `workbench new` starts a post-mortem from (workbench/templates/)."""
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+from string import Template
+
+import nbformat
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_MARKER = re.compile(r"^# %%(?P<markdown> \[markdown\])?(?: tags=(?P<tags>[\w,-]+))?\s*$")
+
+
+def _fields(postmortem_id: str, package: str) -> dict[str, str]:
+    from workbench.registry import module_name
+
+    return {
+        "id": postmortem_id,
+        "module": module_name(postmortem_id),
+        "package": package,
+        "today": datetime.date.today().isoformat(),
+    }
+
+
+def render_module(postmortem_id: str, title: str, package: str) -> str:
+    text = (TEMPLATES / "postmortem.py.tmpl").read_text()
+    # repr() keeps quotes and backslashes valid in the generated literal; '$$' survives substitution.
+    text = text.replace('"$title"', repr(title).replace("$", "$$"))
+    return Template(text).substitute(_fields(postmortem_id, package))
+
+
+def parse_cells(text: str) -> list:
+    """Cells of a percent-format template: `# %%` / `# %% [markdown]`, optional ` tags=a,b`."""
+    cells, kind, tags, lines = [], None, [], []
+
+    def close():
+        if kind is not None:
+            source = "\n".join(lines).strip("\n")
+            make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
+            cell = make(source)
+            if tags:
+                cell.metadata["tags"] = tags
+            cells.append(cell)
+
+    for line in text.splitlines():
+        match = _MARKER.match(line)
+        if match:
+            close()
+            kind = "markdown" if match["markdown"] else "code"
+            tags = match["tags"].split(",") if match["tags"] else []
+            lines = []
+        else:
+            lines.append(line)
+    close()
+    return cells
+
+
+def render_notebook(postmortem_id: str, package: str):
+    text = Template((TEMPLATES / "notebook.tmpl").read_text()).substitute(_fields(postmortem_id, package))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = parse_cells(text)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    # Deterministic cell ids: a re-scaffold gives the same file, and diffs stay readable.
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i}"
+    return nb

@@ -1,0 +1,339 @@
+"""The static post-mortem site: execute every notebook, render it, index it, swap it in.
+
+`build()` executes each notebook under notebooks/ afresh with nbclient (in parallel, one
+kernel per notebook, on the default device: the Triton interpreter without a GPU), renders it
+with nbconvert and the templates under site/templates/, and writes site/_build/:
+
+* `<id>.html` for each post-mortem: a header rendered from META (status badge, upstream links,
+  fix type), the executed notebook (its header cell dropped: the page header replaces it), the
+  static explorer frames, and a provenance footer;
+* `<name>.html` for each plain notebook (no META: the instruments demo), listed apart;
+* `index.html`: every post-mortem with id, title, component, status, tags and verdict,
+  filterable by tag; `manifest.json`: the same rows for `workbench list`.
+
+The build writes into a sibling directory and swaps it in only when every notebook executed,
+every claim held and no page references anything off-site, so a failed build leaves the
+previous site untouched. Pages are deterministic apart from the provenance footer (and the
+manifest's provenance).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import nbformat
+
+from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
+
+SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
+CELL_TIMEOUT_S = 900
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# A request the page would make by itself (not a link a reader may follow).
+_EXTERNAL = re.compile(
+    r"""<(?:script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*["']?((?:https?:)?//[^"'\s>]+)"""
+    r"""|url\(\s*["']?((?:https?:)?//[^"')\s]+)|@import\s+["']((?:https?:)?//[^"']+)""",
+    re.IGNORECASE,
+)
+
+
+class BuildError(RuntimeError):
+    """A notebook failed to execute, a claim failed, or a page would reach off-site."""
+
+
+# -- execution ----------------------------------------------------------------------------
+
+
+def _first_error(nb) -> tuple[int, Any, Any] | None:
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                return index, cell, output
+    return None
+
+
+def _describe(path: Path, index: int, cell, output) -> str:
+    line = next((s for s in cell.source.splitlines() if s.strip() and not s.startswith("#")), "")
+    return f"{path}: cell {index} (`{line.strip()[:60]}`) raised {output.ename}: {output.evalue}"
+
+
+def kernel_env(root: Path) -> dict[str, str]:
+    """The kernel's environment: ours, with the project root first on the import path."""
+    paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
+def execute(path: Path, root: Path) -> Any:
+    """Runs `path` top to bottom in a fresh kernel in its own directory; returns the notebook.
+
+    Raises `BuildError` naming the notebook, the cell and the error (for a claim that no
+    longer holds, `ClaimFailed` names the claim).
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,  # timestamps would make every build differ
+        store_widget_state=False,  # live widget state is for JupyterLab; the site uses static frames
+    )
+    try:
+        client.execute(env=kernel_env(root))
+    except CellTimeoutError as exc:
+        raise BuildError(f"{path}: a cell ran longer than {CELL_TIMEOUT_S} s: {exc}") from None
+    except CellExecutionError as exc:
+        failed = _first_error(nb)
+        if failed is None:
+            raise BuildError(f"{path}: {exc}") from None
+        raise BuildError(_describe(path, *failed)) from None
+    return nb
+
+
+def execute_in_place(path: Path, root: Path) -> None:
+    """Executes a notebook and saves it with its outputs (how `workbench new` commits one)."""
+    nbformat.write(execute(path, root), path)
+
+
+def _execute_job(path: str, root: str) -> tuple[str, str, float]:
+    start = time.perf_counter()
+    nb = execute(Path(path), Path(root))
+    return path, nbformat.writes(nb), time.perf_counter() - start
+
+
+def execute_all(paths: list[Path], root: Path, jobs: int, log: Callable[[str], None]) -> dict[Path, Any]:
+    """Executes notebooks in `jobs` processes; collects every failure before raising."""
+    executed, failures = {}, []
+    # spawn: the parent has torch loaded, and forking a process that holds its threads is unsafe.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(_execute_job, str(p), str(root)) for p in paths]
+        for done, future in enumerate(as_completed(futures), 1):
+            try:
+                path, text, seconds = future.result()
+            except BuildError as exc:
+                failures.append(str(exc))
+                log(f"  [{done}/{len(paths)}] FAILED {exc}")
+                continue
+            executed[Path(path)] = nbformat.reads(text, as_version=4)
+            log(f"  [{done}/{len(paths)}] {Path(path).name} executed in {seconds:.1f} s")
+    if failures:
+        raise BuildError("site not built; " + "; ".join(failures))
+    return executed
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page:
+    """One rendered notebook: its file name and, for a post-mortem, its index row."""
+
+    source: Path
+    file: str
+    title: str
+    postmortem: PostMortem | None
+    verdicts: tuple = ()
+
+    def row(self) -> dict[str, Any]:
+        from workbench.postmortem import overall_verdict
+
+        meta = self.postmortem.meta
+        return {
+            "id": meta.id,
+            "title": meta.title,
+            "component": meta.component,
+            "status": meta.upstream_status,
+            "status_note": meta.status_note,
+            "fix_type": meta.fix_type,
+            "tags": list(meta.tags),
+            "page": self.file,
+            "verdict": overall_verdict(self.verdicts),
+            "all_hold": all(v.holds for v in self.verdicts),
+        }
+
+
+def status_class(status: str) -> str:
+    """CSS class of a status badge ('partially fixed' -> 'wb-status-partially-fixed')."""
+    return "wb-status-" + re.sub(r"[^a-z]+", "-", status.lower()).strip("-")
+
+
+def for_site(nb, postmortem: PostMortem | None) -> Any:
+    """The executed notebook as the site shows it.
+
+    The header cell goes (the page header renders META). Live widget views go: their
+    JavaScript manager lives on a CDN, and the explorer's static frames (text/html in the same
+    output) stand in for them.
+    """
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))  # a deep copy; the executed notebook stays intact
+    nb.metadata.pop("widgets", None)
+    if postmortem is not None:
+        nb.cells = [c for c in nb.cells if HEADER_TAG not in c.metadata.get("tags", [])]
+    for cell in nb.cells:
+        outputs = []
+        for output in cell.get("outputs", []):
+            data = output.get("data")
+            if data is not None and WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+                if set(data) <= {"text/plain"}:
+                    continue  # only the widget's Python repr is left: nothing a reader can use
+            outputs.append(output)
+        if cell.cell_type == "code":
+            cell.outputs = outputs
+    return nb
+
+
+def external_resources(text: str) -> list[str]:
+    """URLs a page would fetch by itself: scripts, styles, images, CSS imports off-site."""
+    return sorted({next(g for g in m.groups() if g) for m in _EXTERNAL.finditer(text)})
+
+
+def _exporter(site_dir: Path):
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="postmortem", extra_template_basedirs=[str(site_dir / "templates")])
+    exporter.exclude_anchor_links = True
+    return exporter
+
+
+def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> str:
+    exporter = _exporter(site_dir)
+    # nbconvert names some output divs with uuid4(): a per-page counter keeps pages deterministic.
+    counter = itertools.count()
+    exporter.environment.globals["uuid4"] = lambda: f"wb-output-{next(counter)}"
+    resources = {
+        "metadata": {"name": page.title},
+        "wb": {
+            "meta": page.postmortem.meta if page.postmortem else None,
+            "row": page.row() if page.postmortem else None,
+            "verdicts": page.verdicts,
+            "status_class": status_class(page.postmortem.meta.upstream_status) if page.postmortem else "",
+            "provenance": provenance,
+        },
+    }
+    body, _ = exporter.from_notebook_node(nb, resources=resources)
+    return body
+
+
+def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        # postmortem/ holds the macros the notebook pages share (the provenance footer).
+        loader=jinja2.FileSystemLoader([site_dir / "templates", site_dir / "templates" / "postmortem"]),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["status_class"] = status_class
+    rows = [p.row() for p in pages if p.postmortem]
+    tags = sorted({t for r in rows for t in r["tags"]})
+    others = [p for p in pages if not p.postmortem]
+    return env.get_template("site-index.html.j2").render(rows=rows, tags=tags, others=others, provenance=provenance)
+
+
+# -- the build ----------------------------------------------------------------------------
+
+
+def _print(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Replaces `out` by `staging` with two renames (a reader sees the old or the new site)."""
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build(
+    registry: Registry | None = None,
+    out: Path | None = None,
+    *,
+    execute_notebooks: bool = True,
+    jobs: int | None = None,
+    log: Callable[[str], None] = _print,
+) -> list[Page]:
+    """Builds the site into `out` (default site/_build); see the module docstring."""
+    from workbench.postmortem import verdict_table
+    from workbench.provenance import provenance
+
+    registry = registry or Registry()
+    site_dir = SITE
+    out = Path(out) if out is not None else registry.root / "site" / "_build"
+    started = time.perf_counter()
+    notebooks = registry.notebooks()
+    if not notebooks:
+        raise BuildError(f"no notebooks under {registry.notebooks_dir}; `workbench new <id> <title>` starts one.")
+    for path, pm in notebooks:
+        if pm is not None:
+            check_notebook(pm)
+
+    stamp = provenance()
+    if execute_notebooks:
+        jobs = jobs or min(len(notebooks), os.cpu_count() or 1)
+        log(f"executing {len(notebooks)} notebooks with {jobs} kernels ({stamp['device']}, {stamp['mode']})")
+        executed = execute_all([p for p, _ in notebooks], registry.root, jobs, log)
+    else:
+        log(f"rendering {len(notebooks)} committed notebooks without executing them")
+        executed = {p: nbformat.read(p, as_version=4) for p, _ in notebooks}
+        failed = [_describe(p, *e) for p, nb in executed.items() if (e := _first_error(nb))]
+        if failed:
+            raise BuildError("site not built; committed notebooks hold errors: " + "; ".join(failed))
+
+    pages = []
+    for path, pm in notebooks:
+        nb = executed[path]
+        if pm is None:
+            pages.append(Page(path, f"{path.stem}.html", path.stem, None))
+            continue
+        try:
+            verdicts = tuple(recorded_verdicts(pm, nb))
+        except RegistryError as exc:
+            raise BuildError(f"site not built; {exc}") from None
+        failing = [v for v in verdicts if not v.holds]
+        if failing:
+            raise BuildError(
+                f"site not built; {path}: claims do not hold: {', '.join(repr(v.claim) for v in failing)}\n{verdict_table(verdicts)}"
+            )
+        pages.append(Page(path, f"{pm.id}.html", pm.meta.title, pm, verdicts))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        shutil.copytree(site_dir / "static", staging / "static")
+        for page in pages:
+            text = render_page(for_site(executed[page.source], page.postmortem), page, stamp, site_dir)
+            _write_checked(staging / page.file, text)
+        _write_checked(staging / "index.html", render_index(pages, stamp, site_dir))
+        manifest = {"postmortems": [p.row() for p in pages if p.postmortem], "notebooks": [p.file for p in pages if not p.postmortem], "provenance": stamp}
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        _swap_in(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"site built: {len(pages)} pages in {out} ({time.perf_counter() - started:.0f} s)")
+    return pages
+
+
+def _write_checked(path: Path, text: str) -> None:
+    external = external_resources(text)
+    if external:
+        raise BuildError(f"site not built; {path.name} would fetch off-site resources (the site must work offline): {', '.join(external)}")
+    path.write_text(text)
+
