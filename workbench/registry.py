@@ -26,7 +26,7 @@ import pkgutil
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -177,10 +177,11 @@ class Registry:
     """The post-mortems of one package and the notebooks next to it.
 
     `package` is importable by name; its parent directory is the project root and holds
-    `notebooks/`. Tests point it at a scaffolded package in a temporary directory.
+    `notebooks/`. The default is read when a Registry is made, so tests can point the CLI at a
+    scaffolded package in a temporary directory.
     """
 
-    package: str = PACKAGE
+    package: str = field(default_factory=lambda: PACKAGE)
 
     @property
     def package_dir(self) -> Path:
