@@ -1,0 +1,318 @@
+"""Does the installed Triton interpreter compute `tl.dot` on bfloat16 correctly?
+
+Under `TRITON_INTERPRET=1` numpy holds every tensor, and numpy has no bfloat16: the interpreter
+stores bf16 as its raw uint16 bits. Its `create_dot` converts only 8-bit float operands before
+`np.matmul`, so a bf16 `tl.dot` multiplies bit patterns as integers (triton-lang/triton#11584;
+fix PR #11585 closed as "not supported yet"). The result is finite and wrong by ~1e9.
+
+Our kernels work around it with a compile-time flag that upcasts bf16 `tl.dot` operands to
+fp32, and only when this module says the bug is present, so the workaround retires itself the
+day the interpreter is fixed and never exists in native code:
+
+    from kernels.interpreter import dot_upcast_needed
+    DOT_UPCAST=dot_upcast_needed(q.dtype)          # launch argument, a tl.constexpr
+    if DOT_UPCAST: a, b = a.to(tl.float32), b.to(tl.float32)   # in the kernel, before tl.dot
+
+Natively `dot_upcast_needed` is False without running anything, so the branch is compiled out.
+
+The check runs in whatever mode this process is in (Triton decides at decoration time). To
+test the interpreter on a machine with a GPU, run it in a child process:
+
+    WORKBENCH_DEVICE=cpu python -m kernels.interpreter      # prints the report as JSON
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from kernels._compat import INTERPRETED, default_device
+from kernels.contract import check_scale, check_varlen_inputs
+
+HOPPER = 90  # compute capability of the GPU machine (H200)
+
+BLOCK = 16  # the smallest tl.dot shape every backend accepts
+
+# A dot is "correct" when its error relative to the largest exact entry is below this: far above
+# any rounding (fp32 accumulation of 16 products: ~1e-7; fp32 output of an fp64 sum) and far
+# below what multiplying raw bit patterns gives (~1e9).
+RELATIVE_TOLERANCE = 1e-2
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr, UPCAST: tl.constexpr):
+    offsets = tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :]
+    a = tl.load(a_ptr + offsets)
+    b = tl.load(b_ptr + offsets)
+    if UPCAST:  # the workaround, as our attention kernels apply it (compiled out when False)
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    # fp32 accumulator as in attention kernels; "ieee": fp32 operands get a true fp32 product
+    # natively (not TF32), as in kernels.varlen_attention; no effect on fp16/bf16.
+    tl.store(c_ptr + offsets, tl.dot(a, b, input_precision="ieee"))
+
+
+@dataclass(frozen=True)
+class DotCheck:
+    """One 16x16 `tl.dot` in `dtype`, compared with the exact (float64) product of its inputs."""
+
+    dtype: str
+    interpreted: bool
+    upcast: bool  # operands converted to fp32 in the kernel before tl.dot
+    error: float  # max |tl.dot - exact product|
+    scale: float  # max |exact product|
+
+    @property
+    def relative(self) -> float:
+        return self.error / self.scale
+
+    @property
+    def correct(self) -> bool:
+        return self.relative <= RELATIVE_TOLERANCE
+
+
+def dot_operands(dtype: torch.dtype, device: torch.device | str | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two deterministic 16x16 standard-normal matrices in `dtype` (drawn on the CPU, then moved)."""
+    generator = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(2, BLOCK, BLOCK, generator=generator).to(dtype).unbind(0)
+    device = default_device() if device is None else torch.device(device)
+    return a.to(device).contiguous(), b.to(device).contiguous()
+
+
+def triton_dot(a: torch.Tensor, b: torch.Tensor, *, upcast: bool = False) -> torch.Tensor:
+    """`tl.dot(a, b)` of two 16x16 matrices, accumulated and returned in float32.
+
+    `upcast=True` converts the operands to fp32 inside the kernel first (the workaround).
+    """
+    for name, x in (("a", a), ("b", b)):
+        if x.shape != (BLOCK, BLOCK):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; triton_dot takes {BLOCK}x{BLOCK} matrices.")
+    if a.dtype != b.dtype or a.device != b.device:
+        raise ValueError(f"a and b must share dtype and device; got {a.dtype}/{a.device} and {b.dtype}/{b.device}.")
+    c = torch.empty(BLOCK, BLOCK, dtype=torch.float32, device=a.device)
+    _dot_kernel[(1,)](a.contiguous(), b.contiguous(), c, N=BLOCK, UPCAST=upcast)
+    return c
+
+
+def check_dot(dtype: torch.dtype | str, device: torch.device | str | None = None, *, upcast: bool = False) -> DotCheck:
+    """Runs one 16x16 `tl.dot` in `dtype` in this process's mode and measures its error."""
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype = {dtype!r} must be one of {tuple(DTYPES)} (or the torch dtype).")
+        dtype = DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype = {dtype} must be one of {tuple(DTYPES.values())}.")
+    a, b = dot_operands(dtype, device)
+    exact = a.double().cpu() @ b.double().cpu()
+    got = triton_dot(a, b, upcast=upcast).double().cpu()
+    return DotCheck(str(dtype).removeprefix("torch."), INTERPRETED, upcast, float((got - exact).abs().max()), float(exact.abs().max()))
+
+
+@functools.cache
+def bf16_dot_is_broken() -> bool:
+    """True when this process's interpreter gets a bf16 `tl.dot` wrong. Natively always False.
+
+    Native compilation converts bf16 properly, so nothing is run there; under the interpreter
+    one 16x16 dot is run once and the answer cached.
+    """
+    return INTERPRETED and not check_dot(torch.bfloat16, device="cpu").correct
+
+
+def dot_upcast_needed(dtype: torch.dtype) -> bool:
+    """Whether a kernel must upcast `dtype` operands of `tl.dot` to fp32 to get a right answer."""
+    return dtype == torch.bfloat16 and bf16_dot_is_broken()
+
+
+# A whole sequence fits in one block: enough for the reproduction, small enough for the interpreter.
+SINGLE_BLOCK_MAX_SEQLEN = 128
+
+
+@triton.jit
+def _single_block_attention_kernel(
+    Q, K, V, Out, cu_q, cu_k, cu_q_padded, cu_k_padded, scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(cu_q_padded + seq)
+    k_start = tl.load(cu_k_padded + seq)
+    len_q = tl.load(cu_q + seq + 1) - tl.load(cu_q + seq)
+    len_k = tl.load(cu_k + seq + 1) - tl.load(cu_k + seq)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=(rows < len_q)[:, None], other=0.0)
+    kv_offsets = (k_start + cols)[:, None] * stride_kt + (head // GROUP) * stride_kh + dims[None, :]
+    k = tl.load(K + kv_offsets, mask=(cols < len_k)[:, None], other=0.0)
+    v = tl.load(V + (k_start + cols)[:, None] * stride_vt + (head // GROUP) * stride_vh + dims[None, :], mask=(cols < len_k)[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    visible = (rows[:, None] < len_q) & (cols[None, :] < len_k)
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None] + (len_k - len_q))
+    s = tl.where(visible, tl.dot(q, tl.trans(k), input_precision="ieee") * scale, float("-inf"))
+    row_max = tl.max(s, axis=1)
+    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)  # a row with no visible key
+    p = tl.exp(s - row_max[:, None])
+    total = tl.sum(p, axis=1)
+    out = tl.dot(p.to(v.dtype), v, input_precision="ieee") / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :], out.to(Out.dtype.element_ty), mask=(rows < len_q)[:, None])
+
+
+def single_block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    cu_seqlens_q_padded: torch.Tensor | None = None,
+    cu_seqlens_k_padded: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Forward-only varlen attention as a user's reproduction would write it: one program per
+    (sequence, head), the whole sequence in one block, plain softmax, two `tl.dot`s.
+
+    With `upcast=False` (the default, like most Triton attention kernels) it meets the
+    interpreter's bf16 bug head on; `upcast=True` applies our workaround. Same contract and
+    signature as `kernels.varlen_attention` (padding rows of the output are 0), forward only,
+    sequences up to `SINGLE_BLOCK_MAX_SEQLEN` tokens.
+    """
+    shape = check_varlen_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded,
+        scale=scale, dtypes=tuple(DTYPES.values()), head_dims=(16, 32, 64),
+    )
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if n > SINGLE_BLOCK_MAX_SEQLEN:
+            raise ValueError(
+                f"{name} = {n} exceeds SINGLE_BLOCK_MAX_SEQLEN = {SINGLE_BLOCK_MAX_SEQLEN}: this "
+                "reproduction holds a whole sequence in one block; use kernels.varlen_attention."
+            )
+    q, k, v = (t.contiguous() for t in (q, k, v))  # the kernel assumes unit stride in head_dim
+    out = torch.zeros_like(q)
+    block_m = max(BLOCK, triton.next_power_of_2(max_seqlen_q))
+    block_n = max(BLOCK, triton.next_power_of_2(max_seqlen_k))
+    _single_block_attention_kernel[(cu_seqlens_q.numel() - 1, shape.heads)](
+        q, k, v, out, cu_seqlens_q, cu_seqlens_k,
+        cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
+        cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
+        check_scale(scale, shape.head_dim),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        GROUP=shape.heads // shape.kv_heads, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=shape.head_dim, UPCAST=upcast,
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class NativeDot:
+    """What the 16x16 dot kernel becomes when compiled for a GPU (compiling needs no GPU)."""
+
+    arch: int
+    upcast: bool
+    dot: str  # the tt.dot of the Triton IR, with its operand types
+    conversions: int  # arith.extf (widening) ops in the Triton IR
+    mma: tuple[str, ...]  # distinct tensor-core instructions in the PTX
+    fma: int  # scalar fp32 fused multiply-adds in the PTX (what a dot without tensor cores costs)
+
+    @property
+    def operand_type(self) -> str:
+        """Element type of tl.dot's operands, e.g. 'bf16' or 'f32'."""
+        return self.dot.split(": tensor<")[1].split(">")[0].split("x")[-1]
+
+
+def compile_dot_natively(upcast: bool, *, dtype: str = "bf16", arch: int = HOPPER) -> NativeDot:
+    """Compiles the 16x16 dot kernel for CUDA `arch` in this process, interpreted or not.
+
+    It shows what the `UPCAST` constexpr costs natively: with False the branch is gone from the
+    IR and bf16 goes to the tensor cores as it is. Uses the `ASTSource` API of Triton 3.6.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    # Under the interpreter `_dot_kernel` is an InterpretedFunction; its plain function compiles.
+    native = JITFunction(_dot_kernel.fn)
+    signature = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": "*fp32", "N": "constexpr", "UPCAST": "constexpr"}
+    source = ASTSource(native, signature=signature, constexprs={"N": BLOCK, "UPCAST": upcast})
+    asm = triton.compile(source, target=GPUTarget("cuda", arch, 32)).asm
+    ttir = [line.strip() for line in asm["ttir"].splitlines()]
+    dots = [line.split(" loc(")[0] for line in ttir if "tt.dot" in line]
+    opcodes = [line.split()[0] for line in asm["ptx"].splitlines() if line.strip()]
+    mma = tuple(dict.fromkeys(op for op in opcodes if "mma" in op))
+    fma = sum(op.startswith("fma.") and op.endswith(".f32") for op in opcodes)
+    return NativeDot(arch, upcast, dots[0], sum("arith.extf" in line for line in ttir), mma, fma)
+
+
+def bit_pattern_product(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    """What the interpreter computes for a bf16 `tl.dot`: numpy's float32 matmul of the raw uint16
+    bit patterns (bf16 1.0 is 0x3F80 = 16256, so products land near 16256**2 * 16 ~ 4e9)."""
+    bits = [x.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint16) for x in (a, b)]
+    return np.matmul(*bits, dtype=np.float32)
+
+
+def bit_pattern_gap() -> float:
+    """max |interpreted bf16 tl.dot - bit_pattern_product|: 0.0 exactly when that is the mechanism."""
+    if not INTERPRETED:
+        raise RuntimeError("bit_pattern_gap() describes the interpreter; run it with TRITON_INTERPRET=1 (see interpreter_report).")
+    a, b = dot_operands(torch.bfloat16, "cpu")
+    return float(np.abs(triton_dot(a, b).numpy() - bit_pattern_product(a, b)).max())
+
+
+def _row(check: DotCheck) -> dict:
+    return asdict(check) | {"relative": check.relative, "correct": check.correct}
+
+
+def report() -> dict:
+    """This process's answer, JSON-ready: Triton version, mode, each dtype's dot, the workaround,
+    the mechanism check (interpreter only) and the detector's verdict."""
+    return {
+        "triton": triton.__version__,
+        "interpreted": INTERPRETED,
+        "device": str(default_device()),
+        "checks": {name: _row(check_dot(name)) for name in DTYPES},
+        "workaround": _row(check_dot("bfloat16", upcast=True)),
+        "bit_pattern_gap": bit_pattern_gap() if INTERPRETED else None,
+        "bf16_dot_is_broken": bf16_dot_is_broken(),
+    }
+
+
+def run_interpreted(module: str, timeout: float = 300.0) -> dict:
+    """Runs `python -m module` under the Triton interpreter on CPU and parses the JSON it prints.
+
+    A process cannot switch modes once its kernels are decorated, so this is how a native (GPU)
+    process gets the interpreter's answer.
+    """
+    env = os.environ | {"WORKBENCH_DEVICE": "cpu", "TRITON_INTERPRET": "1"}
+    child = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=timeout)
+    if child.returncode != 0:
+        raise RuntimeError(f"`python -m {module}` under the interpreter failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
+    return json.loads(child.stdout)
+
+
+def interpreter_report() -> dict:
+    """`report()` from the Triton interpreter: this process if interpreted, else a child process."""
+    return report() if INTERPRETED else run_interpreted(__name__)
+
+
+if __name__ == "__main__":
+    print(json.dumps(report(), indent=1))

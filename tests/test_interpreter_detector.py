@@ -1,0 +1,160 @@
+"""The bf16 `tl.dot` detector (kernels.interpreter) against what the installed Triton really does.
+
+Every assertion is phrased against an independent observation, so the tests hold under the
+interpreter (where triton 3.6 has the bug), natively on a GPU, and on a future Triton that fixes
+the interpreter, and fail if the detector and reality ever disagree.
+"""
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import INTERPRETED
+from kernels.interpreter import (
+    BLOCK,
+    SINGLE_BLOCK_MAX_SEQLEN,
+    bf16_dot_is_broken,
+    bit_pattern_gap,
+    check_dot,
+    compile_dot_natively,
+    dot_operands,
+    dot_upcast_needed,
+    run_interpreted,
+    single_block_attention,
+    triton_dot,
+)
+from workbench import Case, pack, probe
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dot_matches_torch(dtype: torch.dtype) -> bool:
+    """An observation independent of `check_dot`: allclose against torch's fp64 product."""
+    a, b = dot_operands(dtype)
+    return torch.allclose(triton_dot(a, b).double().cpu(), a.double().cpu() @ b.double().cpu(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp32_and_fp16_dots_are_correct(dtype):
+    check = check_dot(dtype)
+    assert check.correct, check
+    assert check.relative < 1e-5
+    assert _dot_matches_torch(dtype)
+
+
+def test_detector_matches_an_independent_observation():
+    assert bf16_dot_is_broken() == (INTERPRETED and not _dot_matches_torch(torch.bfloat16))
+
+
+def test_detector_reports_the_interpreter_bug_as_orders_of_magnitude():
+    if not bf16_dot_is_broken():
+        pytest.skip("this Triton computes bf16 tl.dot correctly here (native, or an interpreter fixed upstream)")
+    assert check_dot(torch.bfloat16).relative > 1e6
+
+
+def test_bug_is_the_product_of_raw_bit_patterns():
+    if not bf16_dot_is_broken():
+        pytest.skip("no bf16 dot bug in this mode: nothing to explain")
+    assert bit_pattern_gap() == 0.0
+
+
+def test_bit_pattern_gap_refuses_native_mode():
+    if INTERPRETED:
+        pytest.skip("native-mode refusal; this process runs the interpreter")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        bit_pattern_gap()
+
+
+def test_workaround_makes_bf16_dot_correct():
+    check = check_dot("bfloat16", upcast=True)
+    assert check.correct and check.relative < 1e-5, check
+
+
+def test_upcast_is_needed_for_bf16_only_and_exactly_when_broken():
+    assert dot_upcast_needed(torch.bfloat16) == bf16_dot_is_broken()
+    assert not dot_upcast_needed(torch.float16)
+    assert not dot_upcast_needed(torch.float32)
+
+
+def test_detector_runs_once():
+    bf16_dot_is_broken()
+    before = bf16_dot_is_broken.cache_info()
+    bf16_dot_is_broken()
+    after = bf16_dot_is_broken.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+
+
+def test_native_mode_answers_false_without_launching_anything():
+    # On a machine without a GPU a native launch raises ("0 active drivers"), so a clean False
+    # proves that the native answer is decided without running a kernel.
+    env = os.environ | {"TRITON_INTERPRET": "0", "WORKBENCH_DEVICE": "cpu" if not torch.cuda.is_available() else "cuda"}
+    code = "import torch; from kernels.interpreter import dot_upcast_needed as f; print(f(torch.bfloat16), f(torch.float16))"
+    child = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["False", "False"]
+
+
+def test_interpreter_report_in_a_child_process():
+    report = run_interpreted("kernels.interpreter")
+    assert report["interpreted"] is True and report["device"] == "cpu"
+    assert report["checks"]["float16"]["correct"] and report["checks"]["float32"]["correct"]
+    assert report["workaround"]["correct"]
+    # The detector's verdict is what its own check observed, and the mechanism explains it.
+    assert report["bf16_dot_is_broken"] == (not report["checks"]["bfloat16"]["correct"])
+    if report["bf16_dot_is_broken"]:
+        assert report["bit_pattern_gap"] == 0.0
+
+
+def test_native_compilation_drops_the_upcast_branch():
+    off, on = compile_dot_natively(False), compile_dot_natively(True)
+    # Flag off: bf16 goes straight to the tensor cores, no conversion in the IR.
+    assert off.operand_type == "bf16" and off.conversions == 0
+    assert off.mma and all("bf16" in op for op in off.mma) and off.fma == 0
+    # Flag on: two widening conversions, an fp32 dot on scalar FMAs ("ieee": no TF32).
+    assert on.operand_type == "f32" and on.conversions == 2
+    assert not on.mma and on.fma > 0
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: check_dot("int8"), "dtype = 'int8'"),
+        (lambda: check_dot(torch.int32), "dtype = torch.int32"),
+        (lambda: triton_dot(torch.zeros(8, BLOCK), torch.zeros(BLOCK, BLOCK)), "a has shape"),
+        (lambda: triton_dot(torch.zeros(BLOCK, BLOCK), torch.zeros(BLOCK, BLOCK, dtype=torch.float16)), "share dtype"),
+    ],
+)
+def test_bad_arguments_get_clear_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# One padded, causal GQA case with NaN in its padding: small enough for the interpreter.
+CASE = Case(seqlens_q=(21, 40, 3), padded_q=(24, 40, 8), tail_q=3, heads=2, kv_heads=1, head_dim=32, causal=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_single_block_attention_is_right_in_fp32_and_fp16(dtype):
+    record = probe(single_block_attention, pack(replace(CASE, dtype=dtype)), backward=False)
+    assert record.real_within_bound, record.errors
+    assert record.padding_exactly_zero
+
+
+def test_single_block_attention_in_bf16_is_finite_and_wrong_exactly_when_the_detector_says_so():
+    batch = pack(replace(CASE, dtype="bfloat16"))
+    raw = probe(single_block_attention, batch, backward=False)
+    fixed = probe(partial(single_block_attention, upcast=True), batch, backward=False)
+    assert raw.real_finite and raw.padding_exactly_zero
+    assert raw.real_within_bound == (not bf16_dot_is_broken()), raw.errors
+    assert fixed.real_within_bound, fixed.errors
+
+
+def test_single_block_attention_refuses_long_sequences():
+    batch = pack(Case(seqlens_q=(SINGLE_BLOCK_MAX_SEQLEN + 1,), heads=1, head_dim=16))
+    with pytest.raises(ValueError, match="max_seqlen_q = 129 exceeds SINGLE_BLOCK_MAX_SEQLEN"):
+        batch.call(single_block_attention)
