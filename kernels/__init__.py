@@ -7,10 +7,12 @@ from kernels._compat import DEVICE, INTERPRETED, default_device  # noqa: F401  (
 from kernels.contract import (  # noqa: F401
     VarlenShape,
     check_cu_seqlens,
+    check_cu_seqlens_tensors,
     check_scale,
     check_varlen_inputs,
     check_varlen_tensors,
 )
+from kernels.varlen import varlen_attention  # noqa: F401
 
 __all__ = [
     "DEVICE",
@@ -18,7 +20,9 @@ __all__ = [
     "default_device",
     "VarlenShape",
     "check_cu_seqlens",
+    "check_cu_seqlens_tensors",
     "check_scale",
     "check_varlen_inputs",
     "check_varlen_tensors",
+    "varlen_attention",
 ]
