@@ -43,7 +43,7 @@ CATALOGUE = [
     ("cu-decreasing", dict(cu_seqlens_k=torch.tensor([0, 3, 2, 9], dtype=I32)), ValueError, r"cu_seqlens_k decreases at index 2: cu_seqlens_k\[1\] = 3 > cu_seqlens_k\[2\] = 2"),
     ("padded-decreasing", dict(cu_seqlens_q_padded=torch.tensor([0, 4, 3, 13], dtype=I32)), ValueError, r"cu_seqlens_q_padded decreases at index 2"),
     ("padded-not-from-zero", dict(cu_seqlens_k_padded=torch.tensor([2, 4, 8, 13], dtype=I32)), ValueError, r"cu_seqlens_k_padded\[0\] = 2"),
-    ("batch-mismatch-q-k", dict(cu_seqlens_k=torch.tensor([0, 3, 9], dtype=I32), cu_seqlens_k_padded=None), ValueError, r"cu_seqlens_q describes 3 sequences but cu_seqlens_k describes 2"),
+    ("batch-mismatch-q-k", dict(cu_seqlens_k=torch.tensor([0, 3, 9], dtype=I32), cu_seqlens_k_padded=None, max_seqlen_k=6), ValueError, r"cu_seqlens_q describes 3 sequences but cu_seqlens_k describes 2"),
     ("batch-mismatch-padded", dict(cu_seqlens_q_padded=torch.tensor([0, 4, 13], dtype=I32)), ValueError, r"cu_seqlens_q_padded has 2 sequences but cu_seqlens_q has 3"),
     ("real-longer-than-padded", dict(cu_seqlens_q=torch.tensor([0, 3, 8, 9], dtype=I32), max_seqlen_q=5), ValueError, r"sequence 1 has 5 real tokens .*only 4 rows in the padded layout.*swap"),
     ("padded-end-past-q", dict(q=torch.randn(12, 4, 16)), ValueError, r"cu_seqlens_q_padded\[-1\] = 13 exceeds q\.shape\[0\] = 12"),
