@@ -1,0 +1,311 @@
+"""Speed and memory of the fixed kernel against the attention a torch user can pick, side by side.
+
+Every configuration is timed in one process with CUDA events after warm-up, for: our kernel;
+torch `varlen_attn` (FlashAttention-2); SDPA on the dense padded batch (default backend, and
+the cuDNN and flash backends forced where they accept the call); FlexAttention with a
+document mask (compiled). Throughput counts only real work, per document:
+4*h*d*sum(s_i^2) FLOPs forward, halved when causal, and 3.5x that for forward+backward.
+Ratios are ours / peer measured in the same run, so a noisy machine shifts both alike.
+
+CUDA only; `python -m workbench.bench --record FILE` or `workbench bench`.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from workbench.layout import Case, Fill, pack, thd_to_bshd
+from workbench.provenance import provenance
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    case: Case
+
+    def flops(self, backward: bool) -> float:
+        c = self.case
+        per_doc = sum(lq * lk for lq, lk in zip(c.real_lengths("q"), c.real_lengths("k")))
+        forward = 4 * c.heads * c.head_dim * per_doc * (0.5 if c.causal else 1.0)
+        return forward * (3.5 if backward else 1.0)
+
+    def bytes_moved(self, backward: bool) -> float:
+        """Compulsory HBM traffic: q, k, v read and out written once (plus dO/dq/dk/dv in backward)."""
+        c = self.case
+        elem = torch.empty((), dtype=c.torch_dtype).element_size()
+        tokens_q, tokens_k = sum(c.real_lengths("q")), sum(c.real_lengths("k"))
+        kv = c.kv_heads or c.heads
+        forward = (2 * tokens_q * c.heads + 2 * tokens_k * kv) * c.head_dim * elem
+        return forward * (3.0 if backward else 1.0)
+
+
+def long_tailed_lengths(total: int, seed: int, shortest: int = 16, longest: int = 4096) -> tuple[int, ...]:
+    """Document lengths from a Pareto(1.2) law (many short, few long) summing to `total`."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        u = float(torch.rand((), generator=generator))
+        lengths.append(int(min(longest, shortest / (1.0 - u) ** (1 / 1.2))))
+    lengths[-1] -= sum(lengths) - total
+    return tuple(n for n in lengths if n > 0)
+
+
+def workloads(quick: bool = False) -> list[Workload]:
+    """The issue's configurations (hidden 2048, bf16); `quick` keeps one of each kind."""
+    out = []
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            out.append(Workload(f"8x2048 d{head_dim}{' causal' if causal else ''}", Case((2048,) * 8, heads=2048 // head_dim, head_dim=head_dim, dtype="bfloat16", causal=causal, fill=Fill.ZEROS)))
+    docs = long_tailed_lengths(16384, seed=0)
+    packed = Case(docs, heads=16, head_dim=128, dtype="bfloat16", causal=True, fill=Fill.ZEROS)
+    out.append(Workload(f"16k long-tail ({len(docs)} docs) d128 causal", packed))
+    out.append(Workload("16k long-tail padded (align 64, tail 256)", packed.with_(align=64, tail_q=256, tail_k=256, fill=Fill.NAN)))
+    short = Case(long_tailed_lengths(16384, seed=1, longest=512), heads=16, head_dim=128, dtype="bfloat16", causal=True, fill=Fill.ZEROS)
+    out.append(Workload(f"16k short docs ({short.batch} docs, <=512) d128 causal", short))
+    if quick:
+        return [out[3], out[4], out[5]]
+    return out
+
+
+# -- implementations: each returns a zero-argument callable producing the output -----------
+
+
+def _ours(batch):
+    from kernels import varlen_attention
+
+    return lambda: batch.call(varlen_attention, validate=False)
+
+
+def _torch_varlen(batch):
+    from torch.nn.attention.varlen import varlen_attn
+
+    if batch.case.padded_q is not None or batch.case.align is not None or batch.case.tail_q:
+        return None  # no padded layout in its API
+    params = inspect.signature(varlen_attn).parameters
+    causal = batch.case.causal
+    kwargs = {"is_causal": causal} if "is_causal" in params else ({"window_size": (-1, 0)} if causal else {})
+    args = batch.args()
+    return lambda: varlen_attn(*args, **kwargs)
+
+
+def _dense(batch):
+    """(B, H, S, D) padded copies and the key-padding mask, built once outside the timing."""
+    tensors = []
+    for t, cu, cu_pad, n in ((batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded, batch.max_seqlen_q),
+                             (batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k),
+                             (batch.v, batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k)):
+        dense, mask = thd_to_bshd(t.detach(), cu, cu_pad, n)
+        tensors.append(dense.transpose(1, 2).contiguous().requires_grad_())
+    _, key_mask = thd_to_bshd(batch.k.detach(), batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k)
+    return tensors, key_mask
+
+
+def _sdpa(backend_name: str | None):
+    def make(batch):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+
+        (q, k, v), key_mask = _dense(batch)
+        equal = bool(key_mask.all())
+        mask = None
+        if not equal:
+            if backend_name is not None:
+                return None  # flash and cuDNN take no arbitrary mask
+            mask = key_mask[:, None, None, :]
+            if batch.case.causal:
+                mask = mask & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        group = q.shape[1] // k.shape[1]
+        kwargs = {"enable_gqa": True} if group > 1 else {}
+        causal = batch.case.causal and mask is None
+
+        def run():
+            if backend_name is None:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **kwargs)
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kwargs)
+
+        return run
+
+    return make
+
+
+def _flex(batch):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if batch.case.seqlens_k is not None:
+        return None  # the document mask below assumes self-attention
+    # Document id of every row, -1 on padding: padding rows see nothing and are seen by nobody.
+    doc = torch.full((batch.q.shape[0],), -1, dtype=torch.long)
+    starts, ends = batch.cu_seqlens_q_padded.tolist(), batch.cu_seqlens_q.tolist()
+    for i in range(batch.case.batch):
+        doc[starts[i] : starts[i] + ends[i + 1] - ends[i]] = i
+    doc = doc.to(batch.device)
+    total = doc.numel()
+    causal = batch.case.causal
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = (doc[q_idx] == doc[kv_idx]) & (doc[q_idx] >= 0)
+        return same & (kv_idx <= q_idx) if causal else same
+
+    block_mask = create_block_mask(mask_mod, None, None, total, total, device=batch.device)
+    compiled = torch.compile(flex_attention)
+    q, k, v = (t.detach().transpose(0, 1)[None].contiguous().requires_grad_() for t in (batch.q, batch.k, batch.v))
+    group = q.shape[1] // k.shape[1]
+    kwargs = {"enable_gqa": True} if group > 1 else {}
+    return lambda: compiled(q, k, v, block_mask=block_mask, **kwargs)
+
+
+IMPLEMENTATIONS: dict[str, Callable] = {
+    "ours": _ours,
+    "torch varlen_attn": _torch_varlen,
+    "SDPA dense (auto)": _sdpa(None),
+    "SDPA dense (cuDNN)": _sdpa("CUDNN_ATTENTION"),
+    "SDPA dense (flash)": _sdpa("FLASH_ATTENTION"),
+    "FlexAttention (compiled)": _flex,
+}
+
+
+@dataclass
+class Timing:
+    forward_ms: float | None = None
+    forward_backward_ms: float | None = None
+    peak_mb: float | None = None
+    error: str | None = None
+
+
+def _time(fn: Callable[[], None], warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def measure(make: Callable, batch, warmup: int = 3, iters: int = 10) -> Timing | None:
+    try:
+        run = make(batch)
+        if run is None:
+            return None
+        out = run()
+        grad = torch.randn_like(out)
+
+        def forward_backward():
+            o = run()
+            o.backward(grad)
+
+        forward_ms = _time(lambda: run(), warmup, iters)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fb_ms = _time(forward_backward, warmup, iters)
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        return Timing(forward_ms, fb_ms, peak)
+    except Exception as exc:  # a peer that cannot run a configuration is a result, not a crash
+        return Timing(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+
+
+@dataclass
+class Row:
+    workload: str
+    impl: str
+    timing: Timing
+    tflops_fwd: float | None = None
+    tflops_fwd_bwd: float | None = None
+    gbs_fwd: float | None = None
+    ratios: dict[str, float] = field(default_factory=dict)
+
+
+def run_benchmark(quick: bool = False, warmup: int = 3, iters: int = 10, impls: list[str] | None = None) -> list[Row]:
+    if not torch.cuda.is_available():
+        raise RuntimeError("workbench bench needs CUDA: it times kernels with CUDA events. Run it on a GPU machine.")
+    rows: list[Row] = []
+    for workload in workloads(quick):
+        batch = pack(workload.case, device="cuda")
+        results = {}
+        for name in impls or IMPLEMENTATIONS:
+            timing = measure(IMPLEMENTATIONS[name], batch, warmup, iters)
+            if timing is None:
+                continue
+            row = Row(workload.name, name, timing)
+            if timing.forward_ms:
+                row.tflops_fwd = workload.flops(False) / timing.forward_ms / 1e9
+                row.gbs_fwd = workload.bytes_moved(False) / timing.forward_ms / 1e6
+            if timing.forward_backward_ms:
+                row.tflops_fwd_bwd = workload.flops(True) / timing.forward_backward_ms / 1e9
+            results[name] = row
+            rows.append(row)
+            torch.cuda.empty_cache()
+        ours = results.get("ours")
+        if ours and ours.timing.forward_ms:
+            for name, row in results.items():
+                if name != "ours" and row.timing.forward_ms:
+                    ours.ratios[name] = row.timing.forward_backward_ms / ours.timing.forward_backward_ms if row.timing.forward_backward_ms else math.nan
+                    ours.ratios[name + " (fwd)"] = row.timing.forward_ms / ours.timing.forward_ms
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = [f"{'workload':<44} {'impl':<26} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd GB/s':>9} {'peak MB':>8}"]
+    for r in rows:
+        t = r.timing
+        if t.error:
+            lines.append(f"{r.workload:<44} {r.impl:<26} failed: {t.error}")
+            continue
+        lines.append(f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f}")
+    ours = {r.workload: r for r in rows if r.impl == "ours" and not r.timing.error}
+    for name, row in ours.items():
+        if "padded" in name:
+            unpadded = next((r for n, r in ours.items() if n != name and n.startswith(name.split(" padded")[0])), None)
+            if unpadded:
+                cost = row.timing.forward_backward_ms / unpadded.timing.forward_backward_ms - 1
+                lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
+    lines.append("")
+    lines.append("ratios (peer time / our time; > 1 means ours is faster), forward+backward and forward:")
+    for r in rows:
+        if r.impl == "ours" and r.ratios:
+            pairs = ", ".join(f"{k} {v:.2f}x" for k, v in r.ratios.items())
+            lines.append(f"  {r.workload}: {pairs}")
+    return "\n".join(lines)
+
+
+def to_record(rows: list[Row], command: str) -> dict:
+    return {
+        "provenance": {**provenance(), "command": command},
+        "rows": [
+            {"workload": r.workload, "impl": r.impl, **{k: v for k, v in vars(r.timing).items()},
+             "tflops_fwd": r.tflops_fwd, "tflops_fwd_bwd": r.tflops_fwd_bwd, "gbs_fwd": r.gbs_fwd, "ratios": r.ratios}
+            for r in rows
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbench bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one configuration of each kind")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--record", metavar="FILE", help="write the results with provenance as JSON")
+    args = parser.parse_args(argv)
+    rows = run_benchmark(quick=args.quick, iters=args.iters)
+    print(format_table(rows))
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump(to_record(rows, "python -m workbench.bench " + " ".join(argv or [])), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
