@@ -66,6 +66,12 @@ def test_wrong_scale_is_outside_the_bound_while_finite():
     assert record.errors["out"].ratio > 100
 
 
+def test_semantic_keywords_reach_the_oracle_too():
+    batch = pack(Case((9, 5), heads=2, head_dim=16, causal=False))
+    assert probe(in_dtype, batch, scale=0.9).real_within_bound
+    assert probe(in_dtype, batch, causal=True).real_within_bound
+
+
 def test_grad_out_kinds_and_errors():
     batch = pack(Case((4,), heads=1, head_dim=8))
     ones = probe(in_dtype, batch, grad_out="ones")

@@ -19,6 +19,8 @@ from workbench.poison import poisoned_memory
 from workbench.reference import reference_attention
 
 TENSORS = ("out", "dq", "dk", "dv")
+# Keyword arguments that change the attention computed, so the oracle must see them too.
+SEMANTIC_KWARGS = ("scale", "causal", "cu_seqlens_q_padded", "cu_seqlens_k_padded")
 GRAD_OUT_KINDS = ("randn", "ones")
 
 
@@ -62,10 +64,11 @@ def _run(impl: Callable, batch: PackedBatch, d_out: torch.Tensor, backward: bool
     return tensors, forward_s, backward_s
 
 
-def _oracle(batch: PackedBatch, d_out: torch.Tensor, dtype: torch.dtype, backward: bool) -> dict[str, torch.Tensor]:
+def _oracle(batch: PackedBatch, d_out: torch.Tensor, dtype: torch.dtype, backward: bool, kwargs: dict) -> dict[str, torch.Tensor]:
     """Reference tensors with the computation done in `dtype` (float64: the oracle)."""
     leaves = [t.detach().to(dtype).requires_grad_(backward) for t in (batch.q, batch.k, batch.v)]
-    out = reference_attention(*leaves, *batch.args()[3:], **batch.kwargs(), compute_dtype=dtype, validate=False)
+    semantic = {k: v for k, v in kwargs.items() if k in SEMANTIC_KWARGS}
+    out = reference_attention(*leaves, *batch.args()[3:], **{**batch.kwargs(), **semantic}, compute_dtype=dtype, validate=False)
     tensors = {"out": out.detach()}
     if backward:
         out.backward(d_out.to(dtype))
@@ -180,8 +183,8 @@ def probe(
 
     errors: dict[str, ErrorCheck] = {}
     if reference:
-        oracle = _oracle(fresh, d_out, torch.float64, backward)
-        baseline = _oracle(fresh, d_out, fresh.q.dtype, backward)
+        oracle = _oracle(fresh, d_out, torch.float64, backward, impl_kwargs)
+        baseline = _oracle(fresh, d_out, fresh.q.dtype, backward, impl_kwargs)
         for tname, t in tensors.items():
             real = fresh.regions(tname) == Region.REAL
             errors[tname] = error_check(tname, t[real], oracle[tname].cpu()[real], baseline[tname].cpu()[real], fresh.q.dtype)
