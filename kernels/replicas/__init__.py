@@ -1,0 +1,5 @@
+"""Faithful replicas of upstream buggy mechanisms: each reproduces a bug's cause, not only its symptom.
+
+One module per upstream bug; add a line below for yours.
+"""
+from kernels.replicas.torch_varlen import replica_varlen_attn  # noqa: F401  (pytorch/pytorch#176793)

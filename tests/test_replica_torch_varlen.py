@@ -1,0 +1,124 @@
+"""The replica of torch varlen_attn's padding bug: broken exactly where upstream is, right elsewhere.
+
+Under poisoned memory every row the kernels never write is NaN, so "TAIL rows are NaN, REAL rows
+match the fp64 oracle" is a deterministic statement about which rows are written.
+"""
+import inspect
+
+import pytest
+import torch
+
+from kernels.replicas.torch_varlen import contract_adapter, replica, replica_varlen_attn
+from workbench import Case, Fill, pack, poisoned_memory, probe
+
+TENSORS = ("out", "dq", "dk", "dv")
+
+CASES = [
+    pytest.param(Case(seqlens_q=(18, 36, 64), tail_q=2, tail_k=2, heads=2, head_dim=32, dtype="float16"), id="seed-layout/8-fp16"),
+    pytest.param(Case(seqlens_q=(70, 5), tail_q=9, tail_k=3, heads=2, head_dim=16, dtype="float32", causal=True), id="causal-fp32-multiblock"),
+    pytest.param(
+        Case(seqlens_q=(9, 20), seqlens_k=(30, 4), tail_q=1, tail_k=5, heads=4, kv_heads=2, head_dim=32, dtype="bfloat16", causal=True),
+        id="gqa-cross-bf16-causal",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_poisoned_tail_is_nan_and_real_rows_match_oracle(case):
+    record = probe(replica, pack(case), poisoned=True)
+    for name in TENSORS:
+        rows = case.tail_q if name in ("out", "dq") else case.tail_k
+        heads = case.heads if name in ("out", "dq") else (case.kv_heads or case.heads)
+        # Every element of every TAIL row: the kernels never touch them.
+        assert record.nonfinite[name]["TAIL"] == rows * heads * case.head_dim, name
+    assert record.real_finite
+    assert record.real_within_bound, {n: str(e) for n, e in record.errors.items()}
+
+
+def test_without_tail_rows_the_replica_is_correct_even_poisoned():
+    record = probe(replica, pack(CASES[0].values[0].with_(tail_q=0, tail_k=0)), poisoned=True)
+    assert record.nonfinite_in("REAL") == 0 and record.nonfinite_in("TAIL") == 0
+    assert record.real_within_bound
+
+
+def test_nan_comes_from_memory_not_from_inputs():
+    """Padding inputs hold zeros here: the NaN in every TAIL row can only be the poisoned allocation."""
+    case = Case(seqlens_q=(12, 7), tail_q=4, tail_k=4, heads=1, head_dim=16, fill=Fill.ZEROS)
+    record = probe(replica, pack(case), poisoned=True, reference=False)
+    for name in TENSORS:
+        assert torch.isnan(record.tensors[name][-4:]).all(), name
+        assert torch.isfinite(record.tensors[name][:-4]).all(), name
+
+
+def test_torch_style_call_shape_and_errors():
+    batch = pack(Case(seqlens_q=(5, 6), tail_q=1, tail_k=1, heads=2, kv_heads=1, head_dim=16))
+    q, k, v = (t.detach() for t in (batch.q, batch.k, batch.v))
+    args = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        replica_varlen_attn(q, k, v, *args)
+    out = replica_varlen_attn(q, k, v, *args, True, enable_gqa=True)  # is_causal positional, as in 2.10
+    assert out.shape == q.shape
+    with pytest.raises(ValueError, match="query must be 3-D"):
+        replica_varlen_attn(q.flatten(1), k, v, *args)
+    assert list(inspect.signature(replica_varlen_attn).parameters)[:8] == [
+        "query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal"
+    ]
+
+
+def _spy(signature_kind):
+    """A torch-style function with a given release's signature that records how it was called."""
+    calls = []
+    if signature_kind == "2.10":
+        def fn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+            calls.append({"is_causal": is_causal})
+            return query
+    else:
+        def fn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+            calls.append({"window_size": window_size, "scale": scale})
+            return query
+    return fn, calls
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_adapter_maps_causal_onto_each_release_signature(causal):
+    batch = pack(Case(seqlens_q=(3,), tail_q=2, tail_k=2, heads=1, head_dim=16, causal=causal))
+    fn, calls = _spy("2.10")
+    batch.call(contract_adapter(fn))
+    assert calls == [{"is_causal": causal}]
+    fn, calls = _spy("2.11")
+    batch.call(contract_adapter(fn), scale=0.5)
+    assert calls == [{"window_size": (-1, 0) if causal else (-1, -1), "scale": 0.5}]
+
+
+def test_adapter_refuses_what_the_upstream_signature_cannot_express():
+    fn, _ = _spy("2.10")
+    batch = pack(Case(seqlens_q=(3, 4), heads=1, head_dim=16))
+    with pytest.raises(ValueError, match="takes no scale"):
+        batch.call(contract_adapter(fn), scale=0.5)
+    gqa = pack(Case(seqlens_q=(3,), heads=2, kv_heads=1, head_dim=16))
+    with pytest.raises(ValueError, match="enable_gqa"):
+        gqa.call(contract_adapter(fn))
+    gaps = pack(Case(seqlens_q=(3, 4), padded_q=(4, 4), heads=1, head_dim=16))
+    with pytest.raises(ValueError, match="GAP rows"):
+        gaps.call(contract_adapter(fn))
+    # Padding only after the last sequence is the same memory as TAIL rows: accepted.
+    end_only = pack(Case(seqlens_q=(3, 4), padded_q=(3, 8), heads=1, head_dim=16))
+    end_only.call(contract_adapter(fn))
+
+
+def test_poisoned_runs_are_deterministic():
+    batch = pack(CASES[0].values[0])
+    first, second = (probe(replica, batch, poisoned=True, reference=False) for _ in range(2))
+    for name in TENSORS:
+        assert torch.equal(first.tensors[name].nan_to_num(nan=7.0), second.tensors[name].nan_to_num(nan=7.0)), name
+
+
+def test_custom_ops_compile_without_graph_breaks():
+    """Like upstream (a custom op, no host read), the replica traces into one graph."""
+    batch = pack(Case(seqlens_q=(5, 6), tail_q=2, tail_k=2, heads=1, head_dim=16))
+    torch._dynamo.reset()
+    compiled = torch.compile(replica_varlen_attn, fullgraph=True, backend="eager")
+    with poisoned_memory():
+        out = compiled(*(t.detach() for t in (batch.q, batch.k, batch.v)), batch.cu_seqlens_q, batch.cu_seqlens_k, 6, 6)
+    torch._dynamo.reset()
+    assert torch.isnan(out[-2:]).all() and torch.isfinite(out[:-2]).all()
