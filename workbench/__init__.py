@@ -19,11 +19,32 @@ from workbench.layout import (
     thd_to_bshd,
     unpad_thd,
 )
+from workbench.explorer import Explorer, explore
+from workbench.health import GradientHealth, State, Thresholds, token_norms
+from workbench.nantrace import NaNTrace, trace_nans
+from workbench.plots import attention_mask, plot_errors, plot_health, plot_layout, plot_nan_map, plot_token_norms
 from workbench.poison import poisoned_memory
 from workbench.probe import ProbeRecord, grad_output, probe
 from workbench.reference import reference_attention
+from workbench.sweep import SweepResult, sweep
 
 __all__ = [
+    "Explorer",
+    "explore",
+    "GradientHealth",
+    "State",
+    "Thresholds",
+    "token_norms",
+    "NaNTrace",
+    "trace_nans",
+    "attention_mask",
+    "plot_errors",
+    "plot_health",
+    "plot_layout",
+    "plot_nan_map",
+    "plot_token_norms",
+    "SweepResult",
+    "sweep",
     "Case",
     "ErrorCheck",
     "Fill",
