@@ -1,0 +1,144 @@
+"""Post-mortem te-thd-2892: real vs padded cu_seqlens in THD, FP8 alignment padding,
+sequence-parallel sizing (NVIDIA/TransformerEngine#2892).
+
+The report (seed 004) claimed a SIGSEGV in FP8-blockwise fused attention when
+`cu_seqlens_q != cu_seqlens_q_padded`, an unpadded output with FP8 delayed scaling, and a
+training collapse (ppl 3.7 -> 3055) from VERL's workaround of passing identical boundaries.
+Upstream established: the reporter withdrew the SIGSEGV (a side effect of their own
+workarounds), TE 2.12 had no FP8 THD attention at all (THD ran in BF16, FP8 touched only the
+GEMMs), and the remaining corruption came from extending `cu_seqlens_padded[-1]` for FP8
+alignment (follow-up PR #2911).
+
+This module studies the whole contract the report is about, one part per function:
+
+1. `layout_contract` / `te_recipe` — TE's docstring example and TE's own test recipe through
+   the fixed kernel and the fp64 oracle;
+2. `workaround_error` / `train_three_ways` — what `cu_seqlens = cu_seqlens_padded` does to
+   real rows, and to a tiny causal LM trained on packed data;
+3. `fp8_study` — blockwise FP8 scales from real rows only vs from every row;
+4. `seqpar_study` — sequence-parallel all-gather / scatter sized from real vs padded boundaries;
+5. `rope_study` — RoPE positions from the padded layout vs from real boundaries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import varlen_attention
+from workbench.bounds import ErrorCheck, error_check
+from workbench.layout import Case, Fill, Region, pack, real_rows, unpad_thd
+from workbench.postmortem import Claims, Link, Meta
+from workbench.probe import ProbeRecord, grad_output, probe
+from workbench.reference import reference_attention
+
+META = Meta(
+    id="te-thd-2892",
+    title="Real vs padded cu_seqlens in THD attention: FP8 alignment padding, VERL's workaround, sequence-parallel sizing",
+    component="TransformerEngine / DotProductAttention (THD) + Megatron-Core sequence parallelism",
+    upstream_status="withdrawn",
+    status_note="SIGSEGV withdrawn by the reporter; tail-padding corruption followed up in PR #2911",
+    detection="training perplexity collapse and exploding gradient norm with packed, FP8-aligned sequences",
+    fix_type="contract: mask by real boundaries, lay out and communicate by padded ones; FP8 scales from real rows",
+    tags=("thd", "cu_seqlens_padded", "fp8", "sequence-parallel", "rope", "training"),
+    reported="2026-04-16",
+    published="2026-05-01",
+    links=(
+        Link("TE#2892", "https://github.com/NVIDIA/TransformerEngine/issues/2892"),
+        Link("TE PR #2911", "https://github.com/NVIDIA/TransformerEngine/pull/2911"),
+        Link("TE#3331", "https://github.com/NVIDIA/TransformerEngine/issues/3331"),
+        Link("TE#2391", "https://github.com/NVIDIA/TransformerEngine/issues/2391"),
+        Link("TE PR #3205", "https://github.com/NVIDIA/TransformerEngine/pull/3205"),
+    ),
+    seed="004_c27650584a0de2fe.txt",
+)
+
+# TE's DotProductAttention docstring: [a a a 1 b b 2 2 c c c c 3] (digits are padding), i.e.
+# cu_seqlens_q = [0, 3, 5, 9] and cu_seqlens_q_padded = [0, 4, 8, 13].
+TE_DOCSTRING = Case(seqlens_q=(3, 2, 4), padded_q=(4, 4, 5), heads=2, head_dim=16, dtype="float16", causal=True, fill=Fill.NAN)
+
+# TE's test tolerances for its THD-with-padding tests (atol = rtol), by dtype.
+TE_TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 1.5e-2}
+
+
+def layout_contract(case: Case = TE_DOCSTRING, impl=varlen_attention, device=None) -> ProbeRecord:
+    """The fixed kernel on a padded layout, forward and backward, NaN in every padding row and
+    NaN-poisoned memory: the probe records shape, padding rows and REAL-row error vs the oracle."""
+    return probe(impl, pack(case, device), name=getattr(impl, "__name__", "impl"), poisoned=True)
+
+
+@dataclass(frozen=True)
+class RecipeResult:
+    """TE's THD-padding test recipe applied to one implementation."""
+
+    case: Case
+    pads: tuple[int, ...]  # padding rows appended to each sequence
+    te_tolerance: float
+    te_error: dict[str, float]  # tensor -> max(|x - ref| - rtol |ref|): <= atol passes TE's allclose
+    checks: dict[str, ErrorCheck]  # tensor -> our relative bound (FlashAttention style)
+    padding_max_abs: float  # largest |x| on padding rows of out, dq, dk, dv
+
+    @property
+    def te_passes(self) -> bool:
+        return all(e <= self.te_tolerance for e in self.te_error.values())
+
+    @property
+    def within_bound(self) -> bool:
+        return all(c.within for c in self.checks.values())
+
+
+def te_case(seqlens: tuple[int, ...], *, dtype: str = "float16", causal: bool = True, heads: int = 2, head_dim: int = 32, seed: int = 0) -> tuple[Case, tuple[int, ...]]:
+    """TE's layout: 0-3 padding rows appended to each sequence (drawn from `seed`), padding zeroed."""
+    generator = torch.Generator().manual_seed(seed)
+    pads = tuple(int(p) for p in torch.randint(0, 4, (len(seqlens),), generator=generator))
+    case = Case(
+        seqlens_q=seqlens, padded_q=tuple(n + p for n, p in zip(seqlens, pads)),
+        heads=heads, head_dim=head_dim, dtype=dtype, causal=causal, seed=seed, fill=Fill.ZEROS,
+    )
+    return case, pads
+
+
+def _unpadded_attention(batch, dtype: torch.dtype, d_out: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The reference of TE's recipe: the same attention on unpadded copies (no padding exists)."""
+    cu_q, cu_k = batch.cu_seqlens_q, batch.cu_seqlens_k
+    leaves = [
+        unpad_thd(t.detach(), cu, pad).to(dtype).requires_grad_()
+        for t, cu, pad in ((batch.q, cu_q, batch.cu_seqlens_q_padded), (batch.k, cu_k, batch.cu_seqlens_k_padded), (batch.v, cu_k, batch.cu_seqlens_k_padded))
+    ]
+    out = reference_attention(*leaves, cu_q, cu_k, batch.max_seqlen_q, batch.max_seqlen_k, causal=batch.case.causal, compute_dtype=dtype)
+    out.backward(unpad_thd(d_out, cu_q, batch.cu_seqlens_q_padded).to(dtype))
+    return {"out": out.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
+
+
+def te_recipe(impl, seqlens: tuple[int, ...], *, dtype: str = "float16", causal: bool = True, heads: int = 2, head_dim: int = 32, seed: int = 0, device=None) -> RecipeResult:
+    """TE's own test of THD with padding between sequences, run on `impl`.
+
+    Append 0-3 padding rows per sequence, zero padding rows of q, k, v and of the output
+    gradient, run `impl` on the padded layout, run the reference on unpadded copies, and
+    compare valid rows only: TE's allclose (atol = rtol = `TE_TOLERANCE[dtype]`) and our
+    relative bound (error <= FlashAttention factor x PyTorch's own error in `dtype`).
+    """
+    case, pads = te_case(seqlens, dtype=dtype, causal=causal, heads=heads, head_dim=head_dim, seed=seed)
+    batch = pack(case, device)
+    torch_dtype = case.torch_dtype
+    if torch_dtype not in TE_TOLERANCE:
+        raise ValueError(f"dtype = {dtype!r}: TE's recipe states tolerances for {sorted(str(d) for d in TE_TOLERANCE)} only.")
+    d_out = grad_output(batch).masked_fill((batch.regions_q != Region.REAL).to(batch.device)[:, None, None], 0.0)
+    out = batch.call(impl)
+    out.backward(d_out)
+    got = {"out": out.detach(), "dq": batch.q.grad, "dk": batch.k.grad, "dv": batch.v.grad}
+    oracle = _unpadded_attention(batch, torch.float64, d_out)
+    baseline = _unpadded_attention(batch, torch_dtype, d_out)
+    tol = TE_TOLERANCE[torch_dtype]
+    te_error, checks, padding = {}, {}, 0.0
+    for name, value in got.items():
+        side = "q" if name in ("out", "dq") else "k"
+        cu, cu_padded = getattr(batch, f"cu_seqlens_{side}"), getattr(batch, f"cu_seqlens_{side}_padded")
+        valid = unpad_thd(value, cu, cu_padded).double().cpu()
+        ref = oracle[name].cpu()
+        te_error[name] = float(((valid - ref).abs() - tol * ref.abs()).max())
+        checks[name] = error_check(name, valid, ref, baseline[name].cpu(), torch_dtype)
+        rows = batch.regions(name) != Region.REAL
+        if rows.any():
+            padding = max(padding, float(value.detach().cpu()[rows].abs().max()))
+    return RecipeResult(case, pads, tol, te_error, checks, padding)
