@@ -27,10 +27,13 @@ import torch
 
 from kernels import varlen_attention
 from workbench.bounds import ErrorCheck, error_check
+from workbench.health import GradientHealth
 from workbench.layout import Case, Fill, Region, pack, real_rows, unpad_thd
 from workbench.postmortem import Claims, Link, Meta
+from workbench.poison import poisoned_memory
 from workbench.probe import ProbeRecord, grad_output, probe
 from workbench.reference import reference_attention
+from workbench.tinylm import LMConfig, SyntheticTask, TrainingRun, dense_attention, train
 
 META = Meta(
     id="te-thd-2892",
@@ -142,3 +145,142 @@ def te_recipe(impl, seqlens: tuple[int, ...], *, dtype: str = "float16", causal:
         if rows.any():
             padding = max(padding, float(value.detach().cpu()[rows].abs().max()))
     return RecipeResult(case, pads, tol, te_error, checks, padding)
+
+
+# -- 2. VERL's workaround: cu_seqlens = cu_seqlens_padded ------------------------------------
+
+
+def workaround_call(batch, impl=varlen_attention):
+    """What VERL does: the padded boundaries passed as the real ones, so padding rows count as tokens."""
+    longest_q = int(batch.cu_seqlens_q_padded.diff().max())
+    longest_k = int(batch.cu_seqlens_k_padded.diff().max())
+    return impl(
+        batch.q, batch.k, batch.v, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded, longest_q, longest_k,
+        cu_seqlens_q_padded=batch.cu_seqlens_q_padded, cu_seqlens_k_padded=batch.cu_seqlens_k_padded, causal=batch.case.causal,
+    )
+
+
+def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorCheck:
+    """REAL-row output error of the workaround against the fp64 oracle of the correct contract."""
+    batch = pack(case, device, requires_grad=False)
+    real = (batch.regions_q == Region.REAL)
+    oracle = batch.call(reference_attention).cpu()[real]
+    baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype).cpu()[real]
+    return error_check("out", workaround_call(batch, impl).cpu()[real], oracle, baseline, case.torch_dtype)
+
+
+SWEEP_SEQLENS = (24, 40, 17, 31)
+PADDING_FRACTIONS = (0.0, 0.1, 0.2, 0.35, 0.5)
+
+
+def padding_case(fraction: float, *, causal: bool, seqlens: tuple[int, ...] = SWEEP_SEQLENS, fill: Fill = Fill.ZEROS, **case_fields) -> Case:
+    """Sequences padded so that about `fraction` of every sequence's rows are padding.
+
+    Padding holds zeros by default (TE's recipe zeroes it; VERL pads token ids, whose q/k/v
+    are finite vectors): a zero key scores 0 and steals softmax mass, a visible damage.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction = {fraction} must be in [0, 1): the share of padding rows.")
+    padded = tuple(n + round(fraction * n / (1.0 - fraction)) for n in seqlens)
+    return Case(seqlens_q=seqlens, padded_q=padded, padded_k=padded, causal=causal, fill=fill, **{"heads": 2, "head_dim": 16, **case_fields})
+
+
+def workaround_sweep(impl, fractions=PADDING_FRACTIONS, **case_fields) -> dict[bool, list[tuple[float, ErrorCheck]]]:
+    """Workaround error on REAL rows vs padding fraction, non-causal and causal."""
+    return {
+        causal: [(f, workaround_error(padding_case(f, causal=causal, **case_fields), impl)) for f in fractions]
+        for causal in (False, True)
+    }
+
+
+# -- 2b. Training a tiny causal LM three ways (and the tail mechanism of PR #2911) ------------
+
+TRAIN_STEPS = 80
+TRAIN_SEQS = 8  # sequences per packed batch
+ALIGN = 16  # FP8 alignment: every padded length (or the total) a multiple of 16 rows
+EVAL_SEQLENS = (20, 33, 12, 27, 9, 40, 11, 30)
+
+
+class _Truncate(torch.autograd.Function):
+    """x[:end] whose backward leaves rows >= end of the gradient uninitialised (`torch.empty`)."""
+
+    @staticmethod
+    def forward(ctx, x, end):
+        ctx.shape, ctx.end = x.shape, end
+        return x[:end].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = grad.new_empty(ctx.shape)
+        full[: ctx.end] = grad
+        return full, None
+
+
+class _Extend(torch.autograd.Function):
+    """x extended to `total` rows whose rows >= len(x) are left uninitialised (`torch.empty`)."""
+
+    @staticmethod
+    def forward(ctx, x, total):
+        ctx.rows = x.shape[0]
+        full = x.new_empty((total, *x.shape[1:]))
+        full[: x.shape[0]] = x
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[: ctx.rows], None
+
+
+def tail_blind(attention):
+    """TE 2.12's path for padding only at the end, built on a correct `attention`.
+
+    TE decides `pad_between_seqs` by comparing `cu_seqlens_padded[:-1]` with `cu_seqlens[:-1]`
+    (TE#3331), blind to tail padding, so it hands the batch to a backend that knows only
+    `cu_seqlens`: rows from `cu_seqlens[-1]` on are never written in the output nor in
+    dq/dk/dv (FA3 leaves garbage there; TE's CP tests note it, PR #3205 makes zeros a
+    requirement). Real rows stay exact: the damage is only what is not written.
+    """
+
+    def tail_blind_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, **kwargs):
+        total, end_q, end_k = q.shape[0], int(cu_seqlens_q[-1]), int(cu_seqlens_k[-1])
+        q, k, v = _Truncate.apply(q, end_q), _Truncate.apply(k, end_k), _Truncate.apply(v, end_k)
+        out = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+        return _Extend.apply(out, total)
+
+    return tail_blind_attention
+
+
+TRAINING_RUNS = ("correct", "workaround", "padding at the end", "padding at the end, tail-blind backend")
+
+
+def train_three_ways(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, tuple[TrainingRun, GradientHealth]]:
+    """The tiny LM trained on the same packed sequences with each layout / metadata choice.
+
+    * correct — every sequence padded to a multiple of `ALIGN`, masked by real boundaries;
+    * workaround — same layout, `cu_seqlens = cu_seqlens_padded` (VERL);
+    * padding at the end — sequences back to back, only `cu_seqlens_padded[-1]` extended;
+    * padding at the end, tail-blind backend — the same through `tail_blind` (TE#3331's
+      backend choice), under `poisoned_memory()` so unwritten rows hold NaN on every run.
+
+    Attention is `workbench.tinylm.dense_attention` (the contract as one masked matmul,
+    tested against the fp64 oracle): the interpreted Triton kernel costs seconds per step.
+    Every run is evaluated with the correct contract on the same held-out batch.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    seqlens = [tuple(torch.randint(6, 40, (TRAIN_SEQS,), generator=generator).tolist()) for _ in range(steps)]
+
+    def batches(**layout):
+        task = SyntheticTask(seed=seed)  # same sequences for every run
+        return [task.batch(lengths, **layout) for lengths in seqlens]
+
+    eval_batch = SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN)
+    common = dict(eval_batch=eval_batch, config=LMConfig(seed=seed), monitor_factory=GradientHealth)
+    correct, workaround, end, blind = TRAINING_RUNS
+    runs = {
+        correct: train(correct, batches(align=ALIGN), **common),
+        workaround: train(workaround, batches(align=ALIGN), workaround=True, **common),
+        end: train(end, batches(tail_align=ALIGN), **common),
+    }
+    with poisoned_memory():
+        runs[blind] = train(blind, batches(tail_align=ALIGN), attention=tail_blind(dense_attention), **common)
+    return runs
