@@ -13,6 +13,7 @@ import torch
 import triton
 
 from kernels._compat import INTERPRETED
+from kernels.interpreter import dot_upcast_needed
 from kernels.varlen.triton_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
@@ -88,11 +89,6 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _dot_upcast(dtype: torch.dtype) -> bool:
-    """Interpreter-only bf16 upcast before tl.dot (see `_dot` in triton_kernels)."""
-    return INTERPRETED and dtype == torch.bfloat16
-
-
 def fill_padding_rows(x: torch.Tensor, value: float, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> None:
     """Writes `value` into the padding rows of the 2-D (rows, cols) view `x`, any strides."""
     n_rows, n_cols = x.shape
@@ -134,7 +130,7 @@ def attention_forward(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         GROUP=heads // k.shape[1], CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        HEAD_DIM=head_dim, DOT_UPCAST=_dot_upcast(q.dtype),
+        HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     fill_padding_rows(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded)
@@ -167,7 +163,7 @@ def attention_backward(
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     delta = torch.empty_like(lse)  # only REAL rows are written, and only they are read
     tiles = choose_tiles(head_dim, q.dtype)
-    common = dict(GROUP=heads // kv_heads, CAUSAL=causal, HEAD_DIM=head_dim, DOT_UPCAST=_dot_upcast(q.dtype))
+    common = dict(GROUP=heads // kv_heads, CAUSAL=causal, HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                    d_out.stride(0), d_out.stride(1))

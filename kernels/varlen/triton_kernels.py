@@ -73,10 +73,10 @@ def _query_start(col_start, len_q, len_k, CAUSAL: tl.constexpr):
 @triton.jit
 def _dot(a, b, DOT_UPCAST: tl.constexpr):
     # Under the Triton interpreter, tl.dot on bfloat16 multiplies the raw bit patterns
-    # (triton-lang/triton#11584). There, and only there (DOT_UPCAST is decided at compile time
-    # from kernels._compat.INTERPRETED), bf16 operands are upcast to fp32: exact, since every
-    # bf16 is an fp32, so the result is the native bf16 dot up to summation order. Natively the
-    # operands go to the tensor cores as they are.
+    # (triton-lang/triton#11584). There, and only there, bf16 operands are upcast to fp32:
+    # exact, since every bf16 is an fp32, so the result is the native bf16 dot up to summation
+    # order. DOT_UPCAST is a constexpr from kernels.interpreter.dot_upcast_needed, False
+    # natively, so the branch is compiled out and bf16 goes to the tensor cores as it is.
     if DOT_UPCAST:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
