@@ -129,8 +129,11 @@ class Explorer:
             controls = []
             for name, values in self.axes.items():
                 options = [(str(v), i) for i, v in enumerate(values)]
-                kind = widgets.SelectionSlider if _numeric(values) else widgets.Dropdown
-                controls.append(kind(options=options, value=0, description=name, continuous_update=False, style={"description_width": "initial"}))
+                common = dict(options=options, value=0, description=name, style={"description_width": "initial"})
+                if _numeric(values):
+                    controls.append(widgets.SelectionSlider(continuous_update=False, **common))  # redraw on release
+                else:
+                    controls.append(widgets.Dropdown(**common))
             image = widgets.Image(value=self.frame(tuple(0 for _ in controls)), format="png")
 
             def redraw(_change: Any = None) -> None:

@@ -23,7 +23,11 @@ How it measures, and why:
   looked at (every comparison with NaN is false, which is how a threshold-only detector calls a
   NaN gradient healthy). A norm that overflows to Inf while every element is finite is EXPLODING.
 * With an optimizer, `step()` also checks the optimizer's state tensors (Adam's moments...) and
-  the parameters themselves, so the chain can say what the bad gradient did next.
+  the parameters themselves, so the chain can say what the bad gradient did next. By default
+  (`optimizer_checks="on-nonfinite"`) only in steps whose loss or some gradient is non-finite:
+  a parameter that an update alone turns NaN (all gradients finite) then shows one step later,
+  through the loss. `"every-step"` catches it in its own step, for about one more norm per
+  state tensor.
 
 `token_norms(x)` gives per-row gradient norms of a packed (THD) tensor; `watch_tokens` records
 them for an activation during training, labelled REAL / GAP / TAIL.
@@ -37,6 +41,9 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.layout import Region
+
+
+OPTIMIZER_CHECKS = ("on-nonfinite", "every-step")
 
 
 class State(str, enum.Enum):
@@ -184,7 +191,7 @@ def _floats(tensors: list[torch.Tensor]) -> list[float]:
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
     for indices in by_device.values():
-        stacked = torch.stack([tensors[i].double() for i in indices]).tolist()
+        stacked = torch.stack([tensors[i] for i in indices]).tolist()  # stack promotes mixed dtypes
         for i, v in zip(indices, stacked):
             values[i] = v
     return values
@@ -194,7 +201,7 @@ def _grad_norm(grad: torch.Tensor) -> torch.Tensor:
     # Half-precision gradients are reduced in float32 so that the norm of finite elements does
     # not overflow at 65504 and masquerade as exploding.
     dtype = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else None
-    return torch.linalg.vector_norm(grad.detach(), dtype=dtype)
+    return torch.linalg.vector_norm(grad, dtype=dtype)
 
 
 class GradientHealth:
@@ -210,6 +217,7 @@ class GradientHealth:
         optimizer: torch.optim.Optimizer | None = None,
         *,
         thresholds: Thresholds = Thresholds(),
+        optimizer_checks: str = "on-nonfinite",
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -217,7 +225,10 @@ class GradientHealth:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}.")
         if not isinstance(thresholds, Thresholds):
             raise TypeError("thresholds must be a workbench.health.Thresholds(vanishing=..., exploding=...).")
+        if optimizer_checks not in OPTIMIZER_CHECKS:
+            raise ValueError(f"optimizer_checks = {optimizer_checks!r} must be one of {OPTIMIZER_CHECKS}.")
         self.model, self.optimizer, self.thresholds = model, optimizer, thresholds
+        self.optimizer_checks = optimizer_checks
         self.names = {p: name for name, p in model.named_parameters() if p.requires_grad}
         self._params = {name: p for p, name in self.names.items()}
         if not self.names:
@@ -285,8 +296,9 @@ class GradientHealth:
             if stats.state is not self._state[name]:
                 self.transitions.append(Transition(name, index, self._state[name], stats.state))
                 self._state[name] = stats.state
-        state_bad, params_bad = self._check_optimizer()
         loss_value = None if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        suspicious = any(s.state is State.NONFINITE for s in params.values()) or (loss_value is not None and not math.isfinite(loss_value))
+        state_bad, params_bad = self._check_optimizer() if suspicious or self.optimizer_checks == "every-step" else ([], [])
         record = StepRecord(index, params, loss_value, state_bad, params_bad)
         self.history.append(record)
         if self._tokens:

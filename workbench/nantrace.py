@@ -106,7 +106,7 @@ def _shapes(values: list[Any]) -> tuple[tuple[int, ...], ...]:
 def _user_stack() -> tuple[str, ...]:
     """Source lines of the current Python stack outside torch and this module."""
     frames = traceback.extract_stack()[:-1]
-    keep = [f for f in frames if "/torch/" not in f.filename and not f.filename.endswith("nantrace.py")]
+    keep = [f for f in frames if "/torch/" not in f.filename and f.filename != __file__]
     return tuple(f"{f.filename}:{f.lineno} {f.line}" for f in keep)
 
 
