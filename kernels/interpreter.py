@@ -5,9 +5,9 @@ stores bf16 as its raw uint16 bits. Its `create_dot` converts only 8-bit float o
 `np.matmul`, so a bf16 `tl.dot` multiplies bit patterns as integers (triton-lang/triton#11584;
 fix PR #11585 closed as "not supported yet"). The result is finite and wrong by ~1e9.
 
-Our kernels work around it with a compile-time flag that upcasts bf16 `tl.dot` operands to
-fp32, and only when this module says the bug is present, so the workaround retires itself the
-day the interpreter is fixed and never exists in native code:
+The workaround is a compile-time flag that upcasts bf16 `tl.dot` operands to fp32. Deciding it
+here, from an observation rather than from "are we interpreted?", lets it retire itself the day
+the interpreter is fixed, and it never exists in native code. A kernel consumes it as:
 
     from kernels.interpreter import dot_upcast_needed
     DOT_UPCAST=dot_upcast_needed(q.dtype)          # launch argument, a tl.constexpr
@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -240,20 +241,13 @@ class NativeDot:
         return self.dot.split(": tensor<")[1].split(">")[0].split("x")[-1]
 
 
-def compile_dot_natively(upcast: bool, *, dtype: str = "bf16", arch: int = HOPPER) -> NativeDot:
-    """Compiles the 16x16 dot kernel for CUDA `arch` in this process, interpreted or not.
-
-    It shows what the `UPCAST` constexpr costs natively: with False the branch is gone from the
-    IR and bf16 goes to the tensor cores as it is. Uses the `ASTSource` API of Triton 3.6.
-    """
+def _compile_dot(upcast: bool, arch: int) -> NativeDot:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
-    # Under the interpreter `_dot_kernel` is an InterpretedFunction; its plain function compiles.
-    native = JITFunction(_dot_kernel.fn)
-    signature = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": "*fp32", "N": "constexpr", "UPCAST": "constexpr"}
-    source = ASTSource(native, signature=signature, constexprs={"N": BLOCK, "UPCAST": upcast})
+    signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "N": "constexpr", "UPCAST": "constexpr"}
+    source = ASTSource(JITFunction(_dot_kernel.fn), signature=signature, constexprs={"N": BLOCK, "UPCAST": upcast})
     asm = triton.compile(source, target=GPUTarget("cuda", arch, 32)).asm
     ttir = [line.strip() for line in asm["ttir"].splitlines()]
     dots = [line.split(" loc(")[0] for line in ttir if "tt.dot" in line]
@@ -261,6 +255,22 @@ def compile_dot_natively(upcast: bool, *, dtype: str = "bf16", arch: int = HOPPE
     mma = tuple(dict.fromkeys(op for op in opcodes if "mma" in op))
     fma = sum(op.startswith("fma.") and op.endswith(".f32") for op in opcodes)
     return NativeDot(arch, upcast, dots[0], sum("arith.extf" in line for line in ttir), mma, fma)
+
+
+@functools.cache
+def native_dots(arch: int = HOPPER) -> dict[bool, NativeDot]:
+    """The bf16 16x16 dot kernel compiled for CUDA `arch` with the upcast flag off and on.
+
+    It shows what the flag costs natively: off, the branch is gone from the IR and bf16 goes to
+    the tensor cores as it is. Compiling needs no GPU. An interpreted process compiles in a
+    native child process, because the interpreter leaves `triton.language` patched after jit
+    helpers run, which breaks native code generation in the same process. Uses the
+    `ASTSource` API of Triton 3.6.
+    """
+    if INTERPRETED:
+        rows = _run_module(__name__, ["--native-dots", str(arch)], interpret=False)
+        return {row["upcast"]: NativeDot(**row | {"mma": tuple(row["mma"])}) for row in rows}
+    return {flag: _compile_dot(flag, arch) for flag in (False, True)}
 
 
 def bit_pattern_product(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
@@ -296,17 +306,26 @@ def report() -> dict:
     }
 
 
+def _run_module(module: str, args: list[str], *, interpret: bool, timeout: float = 300.0):
+    """Runs `python -m module *args` on the CPU, interpreted or native, and parses its JSON."""
+    # The child imports the same source tree as this process, installed or not.
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))
+    env = os.environ | {"WORKBENCH_DEVICE": "cpu", "TRITON_INTERPRET": "1" if interpret else "0", "PYTHONPATH": path}
+    child = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if child.returncode != 0:
+        mode = "under the interpreter" if interpret else "natively"
+        raise RuntimeError(f"`python -m {module}` {mode} failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
+    return json.loads(child.stdout)
+
+
 def run_interpreted(module: str, timeout: float = 300.0) -> dict:
     """Runs `python -m module` under the Triton interpreter on CPU and parses the JSON it prints.
 
     A process cannot switch modes once its kernels are decorated, so this is how a native (GPU)
     process gets the interpreter's answer.
     """
-    env = os.environ | {"WORKBENCH_DEVICE": "cpu", "TRITON_INTERPRET": "1"}
-    child = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=timeout)
-    if child.returncode != 0:
-        raise RuntimeError(f"`python -m {module}` under the interpreter failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
-    return json.loads(child.stdout)
+    return _run_module(module, [], interpret=True, timeout=timeout)
 
 
 def interpreter_report() -> dict:
@@ -315,4 +334,7 @@ def interpreter_report() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(report(), indent=1))
+    if sys.argv[1:2] == ["--native-dots"]:  # the child process of `native_dots`
+        print(json.dumps([asdict(d) for d in native_dots(int(sys.argv[2])).values()]))
+    else:
+        print(json.dumps(report(), indent=1))

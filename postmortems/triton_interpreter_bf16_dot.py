@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +27,7 @@ import torch
 from kernels import DEVICE, INTERPRETED, varlen_attention
 from kernels.interpreter import (
     DTYPES,
-    compile_dot_natively,
+    native_dots,
     report,
     run_interpreted,
     single_block_attention,
@@ -41,7 +42,7 @@ META = Meta(
     upstream_status="closed (not fixed)",
     status_note='#11584 closed; fix PR #11585 closed with "No, we just don\'t support it yet"; bf16 documented as unsupported in the interpreter',
     detection="finite results ~1e9 too large; probe: REAL rows finite but error far beyond the bound",
-    fix_type="upstream: none; ours: interpreter-only fp32 upcast of tl.dot operands, a constexpr gated by a runtime detector",
+    fix_type="upstream: none; ours: interpreter-only fp32 upcast of tl.dot operands (a constexpr), with a runtime detector of the bug",
     tags=("triton", "interpreter", "bfloat16", "tl.dot", "cpu", "silent"),
     reported="2026-09-04",
     published="2026-11-29",
@@ -124,14 +125,10 @@ def study() -> dict[str, Any]:
 
 def compiled() -> dict[str, dict[str, Any]]:
     """The 16x16 dot kernel compiled for sm_90 with the upcast flag off and on (no GPU needed)."""
-    out = {}
-    for flag in (False, True):
-        native = compile_dot_natively(flag)
-        out["on" if flag else "off"] = {
-            "dot": native.dot, "operand_type": native.operand_type, "conversions": native.conversions,
-            "mma": list(native.mma), "fma": native.fma, "arch": native.arch,
-        }
-    return out
+    return {
+        "on" if flag else "off": asdict(native) | {"mma": list(native.mma), "operand_type": native.operand_type}
+        for flag, native in native_dots().items()
+    }
 
 
 def reproduce(device: str | torch.device | None = None) -> dict[str, Any]:

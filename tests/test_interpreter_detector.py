@@ -21,9 +21,9 @@ from kernels.interpreter import (
     bf16_dot_is_broken,
     bit_pattern_gap,
     check_dot,
-    compile_dot_natively,
     dot_operands,
     dot_upcast_needed,
+    native_dots,
     run_interpreted,
     single_block_attention,
     triton_dot,
@@ -111,7 +111,7 @@ def test_interpreter_report_in_a_child_process():
 
 
 def test_native_compilation_drops_the_upcast_branch():
-    off, on = compile_dot_natively(False), compile_dot_natively(True)
+    off, on = native_dots()[False], native_dots()[True]
     # Flag off: bf16 goes straight to the tensor cores, no conversion in the IR.
     assert off.operand_type == "bf16" and off.conversions == 0
     assert off.mma and all("bf16" in op for op in off.mma) and off.fma == 0

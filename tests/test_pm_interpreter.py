@@ -137,4 +137,4 @@ def test_tables_show_each_mode_present(results):
     with_native = copy.deepcopy(results) | {"native": _native(results, broken=False)}
     table = pm.dot_table(with_native)
     assert table.count("interpreter ") == 4 and table.count("native ") == 4
-    assert pm.dot_table(results).count("native ") == 0
+    assert pm.dot_table({**results, "native": None}).count("native ") == 0
