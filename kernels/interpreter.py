@@ -263,9 +263,9 @@ def native_dots(arch: int = HOPPER) -> dict[bool, NativeDot]:
 
     It shows what the flag costs natively: off, the branch is gone from the IR and bf16 goes to
     the tensor cores as it is. Compiling needs no GPU. An interpreted process compiles in a
-    native child process, because the interpreter leaves `triton.language` patched after jit
-    helpers run, which breaks native code generation in the same process. Uses the
-    `ASTSource` API of Triton 3.6.
+    native child process: after interpreted kernels run, triton 3.6 leaves functions of
+    `triton.language.core` (arange, full, broadcast, ...) patched with the interpreter's, which
+    can break native code generation in the same process. Uses the `ASTSource` API of Triton 3.6.
     """
     if INTERPRETED:
         rows = _run_module(__name__, ["--native-dots", str(arch)], interpret=False)
