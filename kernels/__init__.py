@@ -13,6 +13,7 @@ from kernels.contract import (  # noqa: F401
     check_varlen_tensors,
 )
 from kernels.varlen import varlen_attention  # noqa: F401
+from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8  # noqa: F401
 
 __all__ = [
     "DEVICE",
@@ -25,4 +26,7 @@ __all__ = [
     "check_varlen_inputs",
     "check_varlen_tensors",
     "varlen_attention",
+    "Fp8Blockwise",
+    "quantize_fp8_blockwise",
+    "varlen_attention_fp8",
 ]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import varlen_attention
+from kernels.fp8 import quantize_fp8_blockwise, quantize_reference, varlen_attention_fp8
 from workbench.bounds import ErrorCheck, error_check
 from workbench.health import GradientHealth
 from workbench.layout import Case, Fill, Region, pack, real_rows, unpad_thd
@@ -284,3 +285,43 @@ def train_three_ways(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, tuple
     with poisoned_memory():
         runs[blind] = train(blind, batches(tail_align=ALIGN), attention=tail_blind(dense_attention), **common)
     return runs
+
+
+# -- 3. FP8 blockwise: scales from REAL rows vs from every row ----------------------------------
+
+FP8_CASE = Case(seqlens_q=(20, 13, 30), align=16, heads=2, head_dim=32, dtype="bfloat16", causal=True, seed=3)
+FP8_FILLS = (Fill.GARBAGE, Fill.HUGE, Fill.NAN)
+
+
+def _quantized(batch, scales_from: str, quantize=quantize_fp8_blockwise):
+    return [
+        quantize(x, cu, cu_padded, scales_from=scales_from)
+        for x, cu, cu_padded in (
+            (batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded),
+            (batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded),
+            (batch.v, batch.cu_seqlens_k, batch.cu_seqlens_k_padded),
+        )
+    ]
+
+
+def fp8_error(case: Case, scales_from: str, device=None) -> ErrorCheck:
+    """REAL-row error of the FP8 forward against the fp64 oracle on the unquantized inputs.
+
+    The bound follows FlashAttention's rule with FP8 as the precision: at most 2x the error of
+    PyTorch doing the same FP8 computation (torch's own e4m3 cast with per-(block, head) scales
+    from real rows, then exact attention), plus one ulp of the output dtype. e4m3 keeps 3
+    mantissa bits (2^-4 relative rounding), so that baseline is large: the bound is about
+    what FP8 costs, not about the kernel.
+    """
+    batch = pack(case, device, requires_grad=False)
+    real = batch.regions_q == Region.REAL
+    oracle = batch.call(reference_attention).cpu()[real]
+    emulated = [x.dequantize() for x in _quantized(batch, "real", quantize_reference)]
+    baseline = reference_attention(*emulated, *batch.args()[3:], **batch.kwargs()).cpu()[real]
+    out = varlen_attention_fp8(*_quantized(batch, scales_from), *batch.args()[3:], **batch.kwargs(), out_dtype=case.torch_dtype)
+    return error_check("out", out.cpu()[real], oracle, baseline, case.torch_dtype)
+
+
+def fp8_study(case: Case = FP8_CASE, fills=FP8_FILLS, device=None) -> dict[tuple[str, str], ErrorCheck]:
+    """(padding fill, scales_from) -> REAL-row error check of the FP8 forward."""
+    return {(fill.value, mode): fp8_error(case.with_(fill=fill), mode, device) for fill in fills for mode in ("real", "all")}

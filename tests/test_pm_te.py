@@ -83,3 +83,11 @@ def test_training_three_ways():
     assert not math.isfinite(blind.final_loss)
     chain = runs[pm.TRAINING_RUNS[-1]][1].causal_chain()
     assert chain.origin.step == 0 and chain.first_parameter == "norm.weight"
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
+def test_fp8_scales_from_real_rows_survive_poisoned_padding():
+    study = pm.fp8_study(fills=(pm.Fill.HUGE, pm.Fill.NAN))
+    assert study[("huge", "real")].within and study[("nan", "real")].within
+    assert not study[("huge", "all")].within and study[("huge", "all")].ratio > 10  # real tokens rounded to 0
+    assert math.isnan(study[("nan", "all")].error)
