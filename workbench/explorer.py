@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import itertools
 import json
 import math
@@ -32,15 +31,10 @@ from typing import Any, Callable, Sequence
 
 from matplotlib.figure import Figure
 
+from workbench.plots import render_png
+
 MODES = ("auto", "live", "static")
 MAX_FRAMES = 64  # the static page carries every frame: keep axes small
-
-
-def render_png(fig: Figure) -> bytes:
-    """The figure as PNG bytes on its own (white) face."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, facecolor=fig.get_facecolor(), metadata={"Software": None})
-    return buffer.getvalue()
 
 
 def _numeric(values: Sequence[Any]) -> bool:
@@ -74,7 +68,7 @@ class Explorer:
                     f"explore: fn({', '.join(f'{k}={v!r}' for k, v in point.items())}) returned "
                     f"{type(fig).__name__}; it must return a matplotlib Figure (e.g. a workbench.plots function's result)."
                 )
-            self._frames[index] = render_png(fig)
+            self._frames[index] = render_png(fig, dpi=90)
         return self._frames[index]
 
     def indices(self) -> list[tuple[int, ...]]:

@@ -14,6 +14,7 @@ explicit white face and dark ink, so they read the same whatever the page or the
 """
 from __future__ import annotations
 
+import io
 import math
 from typing import Any, Callable, Sequence
 
@@ -55,6 +56,28 @@ STYLE = {
     "axes.spines.right": False,
     "axes.prop_cycle": matplotlib.cycler(color=SERIES),
 }
+
+
+def render_png(fig: Figure, dpi: int = 100) -> bytes:
+    """The figure as PNG bytes on its own (white) face, without volatile metadata."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, facecolor=fig.get_facecolor(), metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _display_figures_in_ipython() -> None:
+    """Lets a cell ending with a Figure show it: figures made without pyplot have no display
+    of their own until a backend registers one (that happens only when pyplot is imported)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["image/png"].for_type(Figure, render_png)
+
+
+_display_figures_in_ipython()
 
 
 def _figure(nrows: int = 1, ncols: int = 1, *, width: float = 7.0, height: float = 2.6, **kwargs: Any) -> tuple[Figure, np.ndarray]:
