@@ -7,6 +7,8 @@
     workbench build [--no-execute]      build the static site into site/_build
     workbench new ID "TITLE"            scaffold postmortems/<module>.py + notebooks/ID.ipynb
     workbench lab                       JupyterLab on notebooks/
+    workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--notebook PATH] [--record FILE]
+                                        check any varlen attention against the padding contract
 
 Exit status: 0 success, 1 a claim does not hold or the build failed, 2 bad usage or input.
 """
@@ -149,6 +151,12 @@ def _lab(args: argparse.Namespace) -> int:
     return subprocess.call(command)
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from workbench.audit import run_command
+
+    return run_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
@@ -183,6 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
     lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (extra arguments go to jupyter lab)")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="e.g. --no-browser --port 8890")
     lab.set_defaults(func=_lab)
+
+    audit = commands.add_parser("audit", help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer")
+    audit.add_argument("target", help="MODULE:FUNCTION, e.g. kernels:varlen_attention or torch.nn.attention.varlen:varlen_attn")
+    audit.add_argument("--adapter", help="how to call it: ours, contract, torch-varlen, flash-attn, te-thd, bshd or a registered one (default: guessed)")
+    audit.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="import first (e.g. the module registering your adapter)")
+    audit.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
+    audit.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="dtype of the checks' cases (default: float32 on CPU, float16 on CUDA)")
+    audit.add_argument("--budget", type=int, metavar="N", help="layouts the fuzzer tries (default: 20 on CPU, 1000 on CUDA; 0: none)")
+    audit.add_argument("--seed", type=int, default=0, help="fuzzer seed (default 0)")
+    audit.add_argument("--time-limit", type=float, metavar="S", help="stop fuzzing after S seconds")
+    audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
+    audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
+    audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
+    audit.set_defaults(func=_audit)
     return parser
 
 

@@ -1,0 +1,236 @@
+"""`workbench audit`: check any varlen attention against the padding contract.
+
+    from workbench.audit import audit
+    report = audit(my_varlen_attention)           # or "module:function"; adapter guessed
+    print(report)                                 # verdict table, fuzzer summary, reproductions
+
+`audit` wraps the function in an adapter (`workbench.audit.adapters`: ours, contract,
+torch-varlen, flash-attn, te-thd, bshd, or your own via `register_adapter`), runs every check of
+`workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), including the
+bad-input campaign (`workbench.audit.campaign`), then fuzzes `budget` random layouts
+(`workbench.audit.fuzz`) and shrinks the first failure of each check to a minimal layout printed
+as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
+
+Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
+[--dtype D] [--notebook PATH] [--record FILE]`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from workbench.audit.adapters import (
+    ADAPTERS,
+    FEATURES,
+    Adapted,
+    Adapter,
+    AdapterRefused,
+    adapt,
+    detect,
+    load,
+    register_adapter,
+)
+from workbench.audit.checks import CHECKS, CheckResult, Context, Finding, Verdict, layout_findings, single_threaded
+from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
+
+DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
+
+
+@dataclass
+class AuditReport:
+    target: str
+    adapter: str
+    device: str
+    dtype: str
+    results: list[CheckResult]
+    fuzz: FuzzResult | None
+    seconds: float
+
+    def result(self, name: str) -> CheckResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(f"no check {name!r} in this report; it ran {[r.name for r in self.results]}.")
+
+    @property
+    def failed(self) -> list[str]:
+        """Names of failing checks, then of checks the fuzzer found failing layouts for."""
+        names = [r.name for r in self.results if r.verdict is Verdict.FAIL]
+        return names + [f"fuzz:{f.check}" for f in (self.fuzz.failures if self.fuzz else [])]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def verdicts(self) -> dict[str, str]:
+        return {r.name: r.verdict.value for r in self.results}
+
+    def table(self) -> str:
+        """Fixed-width verdict table: check, verdict, evidence."""
+        rows = [("check", "verdict", "evidence")] + [(r.name, r.verdict.value, r.evidence) for r in self.results]
+        width = [max(len(row[i]) for row in rows) for i in range(2)]
+        lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
+        lines.insert(1, "-" * max(len(line) for line in lines[:1] + lines[1:]))
+        return "\n".join(lines)
+
+    def campaign_table(self) -> str:
+        """The bad-input campaign, one line per malformed call."""
+        rows = next((r.rows for r in self.results if r.name == "bad-input"), ())
+        width = max((len(row["id"]) for row in rows), default=0)
+        outcome = max((len(row["outcome"]) for row in rows), default=0)
+        return "\n".join(f"{row['id']:<{width}}  {row['outcome']:<{outcome}}  {row['evidence']}" for row in rows)
+
+    def __str__(self) -> str:
+        lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})", "", self.table()]
+        if self.fuzz is not None:
+            lines += ["", self.fuzz.summary()]
+            for failure in self.fuzz.failures:
+                lines += ["", f"smallest failing layout for {failure.check} ({failure.shrink_probes} shrink probes):", failure.snippet]
+        lines += ["", "PASSED: every applicable check holds" if self.passed else f"FAILED: {', '.join(self.failed)}"]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        from workbench.provenance import provenance
+
+        return {
+            "target": self.target, "adapter": self.adapter, "device": self.device, "dtype": self.dtype,
+            "passed": self.passed, "failed": self.failed, "seconds": round(self.seconds, 2),
+            "checks": [r.to_dict() for r in self.results],
+            "fuzz": self.fuzz.to_dict() if self.fuzz else None,
+            "provenance": provenance(),
+        }
+
+    def write_notebook(self, path, *, execute: bool = True):
+        from workbench.audit.notebook import write_notebook
+
+        return write_notebook(self, path, execute=execute)
+
+
+def _default_dtype(impl: Adapted) -> str:
+    declared = impl.adapter.dtypes or ("float32", "float16", "bfloat16")
+    preferred = "float16" if impl.device.type == "cuda" else "float32"
+    return preferred if preferred in declared else declared[0]
+
+
+def audit(
+    fn: Callable | str | Adapted,
+    adapter: str | Adapter | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    budget: int | None = None,
+    checks: Sequence[str] | None = None,
+    seed: int = 0,
+    time_limit: float | None = None,
+    log: Callable[[str], None] | None = None,
+) -> AuditReport:
+    """Runs the checks (all, or `checks` by name) and the fuzzer (`budget` layouts; 0: none).
+
+    `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer.
+    """
+    start = time.perf_counter()
+    impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
+    names = list(CHECKS) if checks is None else list(checks)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
+    ctx = Context(impl, dtype or _default_dtype(impl))
+    results = []
+    with single_threaded(impl.device):
+        for name in names:
+            results.append(CHECKS[name](ctx))
+            if log:
+                log(f"{name}: {results[-1].verdict.value} ({results[-1].seconds:.1f} s)")
+    if budget is None:
+        budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
+    fuzzed = None
+    if budget and not impl.why_not():
+        fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit)
+        if log:
+            log(fuzzed.summary())
+    target = impl.target or impl.name
+    return AuditReport(target, impl.adapter.name, str(impl.device), ctx.dtype, results, fuzzed, time.perf_counter() - start)
+
+
+def _argv(args) -> list[str]:
+    """The command line that gives `args` again (for the re-run under another device)."""
+    argv = [args.target]
+    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "checks", "notebook", "record"):
+        value = getattr(args, name)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    for module in args.imports:
+        argv += ["--import", module]
+    return argv
+
+
+def run_command(args) -> int:
+    """`workbench audit` (see workbench.cli): exit 0 all applicable checks hold, 1 something
+    fails, 2 bad usage."""
+    import importlib
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from kernels import DEVICE
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"workbench audit: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.", file=sys.stderr)
+        return 2
+    if args.device and args.device != DEVICE:
+        # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
+        env = {**os.environ, "WORKBENCH_DEVICE": args.device}
+        return subprocess.call([sys.executable, "-m", "workbench.cli", "audit", *_argv(args)], env=env)
+    try:
+        for module in args.imports:
+            importlib.import_module(module)
+        report = audit(
+            args.target, args.adapter, device=args.device, dtype=args.dtype, budget=args.budget, seed=args.seed,
+            time_limit=args.time_limit, checks=args.checks.split(",") if args.checks else None,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except (ValueError, ImportError) as exc:
+        print(f"workbench audit: {exc}", file=sys.stderr)
+        return 2
+    print(report)
+    if any(r.rows for r in report.results):
+        print("\nbad-input campaign:\n" + report.campaign_table())
+    if args.record:
+        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        print(f"recorded to {args.record}")
+    if args.notebook:
+        path = report.write_notebook(args.notebook)
+        print(f"wrote {path}")
+    return 0 if report.passed else 1
+
+
+__all__ = [
+    "ADAPTERS",
+    "CHECKS",
+    "DEFAULT_BUDGET",
+    "FEATURES",
+    "PROFILES",
+    "Adapted",
+    "Adapter",
+    "AdapterRefused",
+    "AuditReport",
+    "CheckResult",
+    "Finding",
+    "FuzzResult",
+    "Verdict",
+    "adapt",
+    "audit",
+    "case_source",
+    "detect",
+    "fuzz",
+    "layout_findings",
+    "load",
+    "register_adapter",
+    "run_command",
+]

@@ -1,0 +1,432 @@
+"""Adapters: any varlen attention behind the padding contract's signature.
+
+The audit drives every implementation through one call shape, `kernels.varlen_attention`'s:
+
+    impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+         cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None)
+
+An adapter wraps a function of another shape into that one and says what the function cannot
+express (no padded layout, no GQA, CUDA only...): checks that need it are "not applicable",
+with the adapter's reason, instead of failing. Built in:
+
+    ours         kernels.varlen_attention (declares its dtypes and head dims)
+    contract     any callable with the contract's signature (e.g. workbench.reference_attention)
+    torch-varlen torch.nn.attention.varlen.varlen_attn: 2.10 (is_causal) and 2.11+ (window_size)
+    flash-attn   flash_attn.flash_attn_varlen_func
+    te-thd       TransformerEngine-style THD: DotProductAttention(..., qkv_format="thd",
+                 cu_seqlens_q/kv(_padded)=..., attn_mask_type="padding"|"padding_causal...")
+    bshd         a callable taking padded (batch, seq, heads, dim) tensors and a bool mask
+
+Registering your own takes a few lines: a function that wraps `fn` into the contract's shape,
+and what it lacks (a dict, or a function of (fn, device) returning one):
+
+    from workbench.audit import register_adapter
+
+    @register_adapter("my-attn", lacks={"padded": "my_attn has no padded layout (GAP rows)"})
+    def my_attn_adapter(fn):
+        def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                 cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+            return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal=causal, sm_scale=scale)
+        return call
+
+    # then: workbench audit mypkg.attn:my_attn --adapter my-attn
+
+Features an adapter can lack (`FEATURES`): padded, tail, gqa, causal, unequal, scale, metadata,
+and `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from workbench.layout import Fill, bshd_to_thd, pad_thd, thd_to_bshd
+
+FEATURES = {
+    "run": "the function runs on this device",
+    "padded": "a padded layout (cu_seqlens_*_padded): GAP rows between sequences",
+    "tail": "TAIL rows after the last sequence (more rows than cu_seqlens[-1])",
+    "gqa": "fewer key/value heads than query heads (GQA/MQA)",
+    "causal": "causal masking",
+    "unequal": "query and key sequences of different lengths",
+    "scale": "a custom softmax scale",
+    "metadata": "the function receives cu_seqlens/max_seqlen itself (the bad-input campaign feeds it malformed ones)",
+}
+CONTRACT_PARAMS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+Lacks = Mapping[str, str]  # feature -> why the function cannot express it
+
+
+class AdapterRefused(ValueError):
+    """The adapter cannot express this call for the wrapped function (not the function's fault)."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How to call one family of functions through the contract's signature."""
+
+    name: str
+    wrap: Callable[[Callable], Callable]
+    lacks: Lacks | Callable[[Callable, torch.device], Lacks] = field(default_factory=dict)
+    detect: Callable[[Callable, set[str]], bool] | None = None  # (fn, its parameter names) -> is it ours?
+    aliases: Mapping[str, str] = field(default_factory=dict)  # contract argument -> the function's name for it
+    dtypes: tuple[str, ...] | None = None  # declared supported dtypes (None: not declared)
+    head_dims: tuple[int, ...] | None = None
+    case_kwargs: Callable[[Any], dict[str, Any]] | None = None  # Case -> extra keywords of the wrapped call
+    doc: str = ""
+
+    def lacks_for(self, fn: Callable, device: torch.device) -> dict[str, str]:
+        lacks = self.lacks(fn, device) if callable(self.lacks) else self.lacks
+        unknown = set(lacks) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"adapter {self.name!r} lacks unknown features {sorted(unknown)}; use some of {sorted(FEATURES)}.")
+        return dict(lacks)
+
+
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def register_adapter(
+    name: str,
+    *,
+    lacks: Lacks | Callable[[Callable, torch.device], Lacks] | None = None,
+    detect: Callable[[Callable, set[str]], bool] | None = None,
+    aliases: Mapping[str, str] | None = None,
+    dtypes: tuple[str, ...] | None = None,
+    head_dims: tuple[int, ...] | None = None,
+    case_kwargs: Callable[[Any], dict[str, Any]] | None = None,
+) -> Callable[[Callable[[Callable], Callable]], Callable[[Callable], Callable]]:
+    """Decorator registering `wrap(fn) -> contract-shaped callable` as adapter `name`."""
+
+    def register(wrap: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+        if name in ADAPTERS:
+            raise ValueError(f"adapter {name!r} is already registered; pick another name.")
+        ADAPTERS[name] = Adapter(
+            name, wrap, lacks or {}, detect, aliases or {}, dtypes, head_dims, case_kwargs,
+            doc=(inspect.getdoc(wrap) or "").partition("\n")[0],
+        )
+        return wrap
+
+    return register
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """A function wrapped by an adapter, bound to a device: what the checks call."""
+
+    fn: Callable
+    adapter: Adapter
+    device: torch.device
+    impl: Callable  # the contract-shaped callable
+    name: str
+    target: str | None  # "module:function" when known: reproduction snippets import it from there
+    lacks: dict[str, str]
+    aliases: dict[str, str]
+
+    def __call__(self, *args, **kwargs):
+        return self.impl(*args, **kwargs)
+
+    @property
+    def __name__(self) -> str:  # probe() names its records after impl.__name__
+        return self.name
+
+    def case_kwargs(self, case) -> dict[str, Any]:
+        return self.adapter.case_kwargs(case) if self.adapter.case_kwargs else {}
+
+    def why_not(self, *features: str) -> str | None:
+        """The reason the first lacking feature cannot be expressed, or None if all can."""
+        for feature in ("run", *features):
+            if feature in self.lacks:
+                return self.lacks[feature]
+        return None
+
+
+def load(target: str) -> Callable:
+    """Imports "module:attr[.attr...]" (e.g. "torch.nn.attention.varlen:varlen_attn")."""
+    module_name, colon, attrs = target.partition(":")
+    if not colon or not module_name or not attrs:
+        raise ValueError(f"target {target!r} must look like module:function, e.g. kernels:varlen_attention.")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"target {target!r}: cannot import module {module_name!r} ({exc}); is it installed and on PYTHONPATH?") from exc
+    for attr in attrs.split("."):
+        if not hasattr(obj, attr):
+            raise ValueError(f"target {target!r}: {type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {attr!r}.")
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ValueError(f"target {target!r} is a {type(obj).__name__}, not a callable.")
+    return obj
+
+
+def _params(fn: Callable) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins without a signature
+        return []
+
+
+def detect(fn: Callable) -> Adapter:
+    """The adapter whose `detect` recognises `fn` (by its parameter names); the first that does."""
+    names = set(_params(fn))
+    for adapter in ADAPTERS.values():
+        if adapter.detect is not None and adapter.detect(fn, names):
+            return adapter
+    raise ValueError(
+        f"no adapter recognises {getattr(fn, '__qualname__', fn)!r} (parameters: {_params(fn)}); pass adapter= "
+        f"one of {sorted(ADAPTERS)} (`bshd` is never guessed), or register your own with register_adapter."
+    )
+
+
+def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torch.device | str | None = None) -> Adapted:
+    """`fn` (a callable or "module:function") behind the contract's signature on `device`."""
+    from kernels import default_device
+
+    target = fn if isinstance(fn, str) else _target_of(fn)
+    if isinstance(fn, str):
+        fn = load(fn)
+    if adapter is None:
+        chosen = detect(fn)
+    elif isinstance(adapter, Adapter):
+        chosen = adapter
+    elif adapter in ADAPTERS:
+        chosen = ADAPTERS[adapter]
+    else:
+        raise ValueError(f"adapter = {adapter!r} is not registered; known adapters: {', '.join(sorted(ADAPTERS))}.")
+    device = torch.device(device) if device is not None else default_device()
+    params = _params(fn)
+    aliases = {**dict(zip(("q", "k", "v"), params[:3])), **chosen.aliases}
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return Adapted(fn, chosen, device, chosen.wrap(fn), name, target, chosen.lacks_for(fn, device), aliases)
+
+
+def _target_of(fn: Callable) -> str | None:
+    """"module:qualname" if importing it gives back `fn` (so a snippet can import it)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        return None
+    try:
+        return f"{module}:{qualname}" if load(f"{module}:{qualname}") is fn else None
+    except ValueError:
+        return None
+
+
+# -- shared pieces ------------------------------------------------------------------------
+
+
+def _refuse_padded(name: str, cu_q, cu_k, padded_q, padded_k) -> None:
+    """Functions without a padded layout can still run the contract's unpadded calls."""
+    for side, cu, padded in (("q", cu_q, padded_q), ("k", cu_k, padded_k)):
+        if padded is not None and not (isinstance(cu, torch.Tensor) and isinstance(padded, torch.Tensor) and torch.equal(padded, cu)):
+            raise AdapterRefused(f"{name} has no padded layout: cu_seqlens_{side}_padded must be None or equal cu_seqlens_{side}.")
+
+
+def _first(out):
+    """Many varlen functions return (out, lse, ...) on request; the audit needs out."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _heads_differ(q, k) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k)) and q.shape[1] != k.shape[1]
+
+
+def _cuda_only(what: str, device: torch.device) -> dict[str, str]:
+    return {} if device.type == "cuda" else {"run": f"{what} runs on CUDA only; audit it with --device cuda on a GPU"}
+
+
+# -- the built-in adapters ----------------------------------------------------------------
+
+
+def _is_ours(fn: Callable, names: set[str]) -> bool:
+    import kernels
+
+    return fn is kernels.varlen_attention
+
+
+def _contract_shaped(fn: Callable, names: set[str]) -> bool:
+    return {"cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "causal"} <= names
+
+
+@register_adapter(
+    "ours",
+    detect=_is_ours,
+    dtypes=("float32", "float16", "bfloat16"),
+    head_dims=(16, 32, 64, 128, 256),
+)
+def _ours(fn: Callable) -> Callable:
+    """kernels.varlen_attention: the contract itself, with its declared dtypes and head dims."""
+    return fn
+
+
+@register_adapter("contract", detect=_contract_shaped)
+def _contract(fn: Callable) -> Callable:
+    """Any callable with the contract's signature (padded layout, causal, scale keywords)."""
+    return fn
+
+
+def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
+    params = set(_params(fn))
+    lacks = {
+        **_cuda_only("torch varlen_attn (FlashAttention-2 kernels)", device),
+        "padded": "varlen_attn has no padded layout (no cu_seqlens_*_padded), so GAP rows cannot be expressed",
+    }
+    if "enable_gqa" not in params:
+        lacks["gqa"] = "this varlen_attn has no enable_gqa (added in torch 2.12): q and k need the same number of heads"
+    if "scale" not in params:
+        lacks["scale"] = "this varlen_attn (torch 2.10) takes no scale"
+    if "is_causal" not in params and "window_size" not in params:
+        lacks["causal"] = "this varlen_attn takes neither is_causal nor window_size"
+    return lacks
+
+
+@register_adapter(
+    "torch-varlen",
+    lacks=_torch_lacks,
+    detect=lambda fn, names: {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= names,
+    aliases={"cu_seqlens_q": "cu_seq_q", "cu_seqlens_k": "cu_seq_k", "max_seqlen_q": "max_q", "max_seqlen_k": "max_k"},
+    dtypes=("float16", "bfloat16"),
+)
+def _torch_varlen(fn: Callable) -> Callable:
+    """torch.nn.attention.varlen.varlen_attn: 2.10's is_causal, 2.11+'s window_size=(-1, 0)."""
+    params = set(_params(fn))
+
+    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+        _refuse_padded("varlen_attn", cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+        kwargs: dict[str, Any] = {}
+        if "is_causal" in params:  # torch 2.10
+            kwargs["is_causal"] = causal
+        elif causal:  # torch 2.11+: causal is a (-1, 0) window, bottom-right aligned like FlashAttention-2
+            kwargs["window_size"] = (-1, 0)
+        if scale is not None:
+            kwargs["scale"] = scale
+        if _heads_differ(q, k) and "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        return _first(fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs))
+
+    return call
+
+
+@register_adapter(
+    "flash-attn",
+    lacks={"padded": "flash_attn_varlen_func has no padded layout (no cu_seqlens_*_padded), so GAP rows cannot be expressed"},
+    detect=lambda fn, names: {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "softmax_scale", "dropout_p"} <= names,
+    aliases={"scale": "softmax_scale"},
+    dtypes=("float16", "bfloat16"),
+)
+def _flash_attn(fn: Callable) -> Callable:
+    """FlashAttention's flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)."""
+
+    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+        _refuse_padded("flash_attn_varlen_func", cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+        return _first(fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         dropout_p=0.0, softmax_scale=scale, causal=causal))
+
+    return call
+
+
+def _te_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
+    if "softmax_scale" in _params(fn):
+        return {}
+    return {"scale": "TransformerEngine's DotProductAttention takes softmax_scale in its constructor, not per call"}
+
+
+@register_adapter(
+    "te-thd",
+    lacks=_te_lacks,
+    detect=lambda fn, names: {"cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"} <= names,
+    aliases={
+        "cu_seqlens_k": "cu_seqlens_kv", "cu_seqlens_k_padded": "cu_seqlens_kv_padded",
+        "max_seqlen_k": "max_seqlen_kv", "scale": "softmax_scale",
+    },
+)
+def _te_thd(fn: Callable) -> Callable:
+    """TransformerEngine-style THD call: qkv_format="thd", cu_seqlens_q/kv(_padded), attn_mask_type."""
+    takes_scale = "softmax_scale" in _params(fn)
+
+    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+        kwargs: dict[str, Any] = {}
+        if scale is not None:
+            if not takes_scale:
+                raise AdapterRefused("this TE-style function takes no softmax_scale per call.")
+            kwargs["softmax_scale"] = scale
+        out = fn(
+            q, k, v, qkv_format="thd",
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k,
+            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_k_padded,
+            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k,
+            # TE's "padding_causal" is top-left aligned; the contract's causal is bottom-right.
+            attn_mask_type="padding_causal_bottom_right" if causal else "padding",
+            **kwargs,
+        )
+        out = _first(out)
+        # TE returns THD output flattened to (tokens, heads * head_dim).
+        return out.view(q.shape) if isinstance(out, torch.Tensor) and out.dim() == 2 else out
+
+    return call
+
+
+def bshd_mask(lengths_q: list[int], lengths_k: list[int], seq_q: int, seq_k: int, causal: bool, device) -> torch.Tensor:
+    """(B, S_q, S_k) bool, True where query i of sequence b may attend key j.
+
+    Keys past a sequence's length are masked; query rows are not (the usual key-padding mask:
+    padded query rows attend to real keys and are discarded). Causal is bottom-right aligned.
+    """
+    lq = torch.tensor(lengths_q, device=device)[:, None, None]
+    lk = torch.tensor(lengths_k, device=device)[:, None, None]
+    rows = torch.arange(seq_q, device=device)[None, :, None]
+    cols = torch.arange(seq_k, device=device)[None, None, :]
+    mask = cols < lk
+    if causal:
+        mask = mask & (cols <= rows + lk - lq)
+    return mask
+
+
+def _bshd_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
+    why = "the function sees padded (batch, seq) tensors; the adapter gathers real rows back, so THD padding rows never reach it"
+    return {
+        "padded": why, "tail": why,
+        "metadata": "the function never receives cu_seqlens/max_seqlen: the adapter turns them into a mask",
+        **({} if "scale" in _params(fn) else {"scale": "the function takes no scale keyword"}),
+    }
+
+
+@register_adapter("bshd", lacks=_bshd_lacks, case_kwargs=lambda case: {"padding_fill": case.fill})
+def _bshd(fn: Callable) -> Callable:
+    """fn(q, k, v, mask) on padded (B, S, H, D) tensors; mask (B, S_q, S_k) bool, True = may attend.
+
+    The padded positions of the (B, S) tensors hold the case's fill (`padding_fill`), so a
+    function that lets masked positions reach real outputs (0 * NaN) is caught.
+    """
+    takes_scale = "scale" in _params(fn)
+
+    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None,
+             padding_fill: Fill | str = Fill.ZEROS):
+        generator = torch.Generator().manual_seed(0)
+
+        def padded(x, cu, cu_padded, seq):
+            x4, real = thd_to_bshd(x, cu, cu_padded, max(seq, 1))
+            filler = Fill(padding_fill).values(x4.shape, x4.dtype, generator).to(x4.device)
+            return torch.where(real[:, :, None, None], x4, filler), real
+
+        q4, real_q = padded(q, cu_seqlens_q, cu_seqlens_q_padded, max_seqlen_q)
+        k4, _ = padded(k, cu_seqlens_k, cu_seqlens_k_padded, max_seqlen_k)
+        v4, _ = padded(v, cu_seqlens_k, cu_seqlens_k_padded, max_seqlen_k)
+        mask = bshd_mask(cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device)
+        kwargs = {}
+        if scale is not None:
+            if not takes_scale:
+                raise AdapterRefused("this BSHD function takes no scale keyword.")
+            kwargs["scale"] = scale
+        out4 = _first(fn(q4, k4, v4, mask, **kwargs))
+        flat, _, _ = bshd_to_thd(out4, real_q)
+        layout = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
+        return pad_thd(flat, cu_seqlens_q, layout, total_rows=q.shape[0])
+
+    return call

@@ -1,0 +1,282 @@
+"""The audit's checks: named probes of the padding contract, each with a verdict.
+
+A check builds a few `workbench.Case`s, probes the adapted implementation on them and returns a
+`CheckResult`: pass, FAIL with evidence (the case and what went wrong), or n/a with the
+adapter's reason when the implementation cannot express what the check needs.
+
+`layout_findings(record)` is the per-layout judgement the checks and the fuzzer share: REAL
+rows within FlashAttention's bound of the fp64 oracle (so finite), GAP and TAIL rows of out,
+dq, dk, dv exactly 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from workbench.audit.adapters import Adapted, AdapterRefused
+from workbench.audit.campaign import run_campaign, summarize
+from workbench.layout import Case, Fill, Region, pack
+from workbench.probe import TENSORS, ProbeRecord, probe
+
+
+class Verdict(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "FAIL"
+    NA = "n/a"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One way a layout broke the contract."""
+
+    check: str
+    evidence: str
+
+
+@dataclass
+class CheckResult:
+    name: str
+    verdict: Verdict
+    evidence: str
+    cases: tuple[Case, ...] = ()  # the cases probed; on FAIL the failing one comes first
+    rows: tuple[dict[str, Any], ...] = ()  # per-case detail (the bad-input campaign)
+    seconds: float = 0.0
+    records: tuple[ProbeRecord, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "verdict": self.verdict.value, "evidence": self.evidence,
+            "cases": [c.to_dict() for c in self.cases], "rows": list(self.rows), "seconds": round(self.seconds, 3),
+        }
+
+
+@contextlib.contextmanager
+def single_threaded(device: torch.device) -> Iterator[None]:
+    """On CPU, one intra-op thread: the audit's tensors are tiny, and extra threads only spin
+    (measured: the oracle 17x slower with 2 threads on a busy 2-core machine)."""
+    if device.type != "cpu":
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+# -- judging one probe record -------------------------------------------------------------
+
+
+def _region_evidence(record: ProbeRecord, region: str) -> str:
+    parts = []
+    for name in TENSORS:
+        if name not in record.max_abs or record.max_abs[name][region] == 0.0:
+            continue
+        rows = int((record.regions(name) == Region[region]).sum())
+        bad = record.nonfinite[name][region]
+        parts.append(f"{name}: {bad} non-finite values in {rows} {region} rows" if bad else f"{name}: max |x| {record.max_abs[name][region]:.3g} in {rows} {region} rows")
+    return "; ".join(parts)
+
+
+def _accuracy_evidence(record: ProbeRecord) -> str:
+    parts = []
+    for name, check in record.errors.items():
+        bad = record.nonfinite.get(name, {}).get("REAL", 0)
+        if bad:
+            parts.append(f"{name}: {bad} non-finite REAL values")
+        elif not check.within:
+            parts.append(f"{name}: error {check.error:.3g} > bound {check.bound:.3g} ({check.ratio:.3g}x PyTorch's own error)")
+    return "; ".join(parts)
+
+
+def layout_findings(record: ProbeRecord) -> list[Finding]:
+    """Every contract violation one (poisoned) probe shows: real-accuracy, gap-rows, tail-rows."""
+    findings = []
+    if not record.real_within_bound:
+        findings.append(Finding("real-accuracy", _accuracy_evidence(record) or "no oracle comparison"))
+    for region, check in (("GAP", "gap-rows"), ("TAIL", "tail-rows")):
+        evidence = _region_evidence(record, region)
+        if evidence:
+            findings.append(Finding(check, evidence))
+    return findings
+
+
+def max_ratio(records: list[ProbeRecord]) -> str:
+    """'worst error 0.42x of the bound (dq)': how much room the passing checks left."""
+    worst = max(((e.error / e.bound if e.bound else 0.0, n) for r in records for n, e in r.errors.items()), default=None)
+    return f"worst REAL error {worst[0]:.2f} of the bound ({worst[1]})" if worst else "no oracle comparison"
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What a check needs: the implementation, and the dtype and head dim cases are built with."""
+
+    impl: Adapted
+    dtype: str
+    head_dim: int = 32
+
+    @property
+    def native(self) -> bool:
+        return self.impl.device.type == "cuda"
+
+    def case(self, seqlens_q, *, padded_q=None, padded_k=None, tail_q=0, tail_k=0, **fields) -> Case:
+        """A case with the padding the implementation can express (GAP and TAIL rows are dropped
+        where it cannot: checks that are *about* them are n/a instead)."""
+        if "padded" in self.impl.lacks:
+            padded_q = padded_k = None
+        if "tail" in self.impl.lacks:
+            tail_q = tail_k = 0
+        fields = {"heads": 2, "head_dim": self.head_dim, "dtype": self.dtype, **fields}
+        return Case(seqlens_q, padded_q=padded_q, padded_k=padded_k, tail_q=tail_q, tail_k=tail_k, **fields)
+
+    def probe(self, case: Case, **kwargs: Any) -> ProbeRecord:
+        batch = pack(case, self.impl.device)
+        return probe(self.impl, batch, name=self.impl.name, **{**self.impl.case_kwargs(case), **kwargs})
+
+    def judge(self, cases: list[Case], checks: tuple[str, ...], *, poisoned: bool = True, passed: str = "") -> CheckResult:
+        """Probes each case; the first one with a finding among `checks` is the FAIL evidence."""
+        records = []
+        for case in cases:
+            record = self.probe(case, poisoned=poisoned)
+            records.append(record)
+            bad = [f for f in layout_findings(record) if f.check in checks]
+            if bad:
+                evidence = f"{case.label()} ({case.fill.value} padding): " + "; ".join(f.evidence for f in bad)
+                return CheckResult("", Verdict.FAIL, evidence, (case, *[c for c in cases if c is not case]), records=tuple(records))
+        return CheckResult("", Verdict.PASS, passed or max_ratio(records), tuple(cases), records=tuple(records))
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    needs: tuple[str, ...]  # features of FEATURES the check cannot do without
+    doc: str
+    run: Callable[[Context], CheckResult]
+
+    def __call__(self, ctx: Context) -> CheckResult:
+        start = time.perf_counter()
+        why = ctx.impl.why_not(*self.needs)
+        if why:
+            result = CheckResult(self.name, Verdict.NA, why)
+        else:
+            try:
+                result = self.run(ctx)
+            except AdapterRefused as exc:
+                result = CheckResult(self.name, Verdict.NA, str(exc))
+            except Exception as exc:  # a crash on valid input is a finding, never an aborted audit
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                result = CheckResult(self.name, Verdict.FAIL, f"raised {type(exc).__name__}: {exc} (at {where.name}, {where.filename.rpartition('/')[2]}:{where.lineno})")
+        result.name, result.seconds = self.name, time.perf_counter() - start
+        return result
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def check(name: str, doc: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[[Context], CheckResult]], Check]:
+    def register(run: Callable[[Context], CheckResult]) -> Check:
+        CHECKS[name] = Check(name, needs, doc, run)
+        return CHECKS[name]
+
+    return register
+
+
+@check("real-accuracy", "REAL rows of out, dq, dk, dv within FlashAttention's bound of the fp64 oracle")
+def _real_accuracy(ctx: Context) -> CheckResult:
+    cases = [
+        ctx.case((5, 3, 7), padded_q=(8, 4, 7), padded_k=(6, 3, 9), tail_q=3, tail_k=2, fill=Fill.ZEROS),
+        ctx.case((17, 40), causal="causal" not in ctx.impl.lacks, fill=Fill.ZEROS, seed=1),
+    ]
+    return ctx.judge(cases, ("real-accuracy",), poisoned=False)
+
+
+@check("tail-rows", "TAIL rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("tail",))
+def _tail_rows(ctx: Context) -> CheckResult:
+    cases = [ctx.case((5, 3), tail_q=4, tail_k=3, fill=Fill.GARBAGE)]
+    return ctx.judge(cases, ("tail-rows",), passed="TAIL rows of out, dq, dk, dv exactly 0 (poisoned memory, garbage inputs)")
+
+
+@check("gap-rows", "GAP rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("padded",))
+def _gap_rows(ctx: Context) -> CheckResult:
+    cases = [ctx.case((5, 3, 2), padded_q=(8, 4, 2), padded_k=(6, 7, 3), fill=Fill.GARBAGE)]
+    return ctx.judge(cases, ("gap-rows",), passed="GAP rows of out, dq, dk, dv exactly 0 (poisoned memory, garbage inputs)")
+
+
+LEAK_FILLS = (Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE)
+
+
+@check("padding-leak", "NaN / +-Inf / huge values planted in padding inputs never reach REAL rows")
+def _padding_leak(ctx: Context) -> CheckResult:
+    if {"padded", "tail"} <= set(ctx.impl.lacks) and ctx.impl.adapter.case_kwargs is None:
+        return CheckResult("", Verdict.NA, "the implementation has neither GAP nor TAIL rows to plant values in")
+    cases = [ctx.case((5, 3, 4), padded_q=(7, 4, 6), padded_k=(8, 3, 4), tail_q=2, tail_k=3, fill=fill) for fill in LEAK_FILLS]
+    return ctx.judge(cases, ("real-accuracy",), poisoned=False, passed=f"REAL rows within the bound with {', '.join(f.value for f in LEAK_FILLS)} in padding")
+
+
+@check("empty-sequences", "sequences of length 0 (query, key, both; also the last one) are handled")
+def _empty_sequences(ctx: Context) -> CheckResult:
+    cases = [ctx.case((3, 0, 4, 0), tail_q=2, tail_k=1)]
+    if "unequal" not in ctx.impl.lacks:
+        cases.append(ctx.case((3, 2, 0, 4), seqlens_k=(3, 0, 2, 0), seed=1))
+    return ctx.judge(cases, ("real-accuracy", "gap-rows", "tail-rows"))
+
+
+@check("fully-masked-rows", "query rows with no visible key give 0 and gradient 0, never NaN", needs=("unequal", "causal"))
+def _fully_masked(ctx: Context) -> CheckResult:
+    cases = [ctx.case((3, 2, 4), seqlens_k=(3, 0, 2), causal=True, fill=Fill.NAN)]
+    return ctx.judge(cases, ("real-accuracy",))
+
+
+@check("causal-unequal", "causal masking is bottom-right aligned when len_q != len_k", needs=("unequal", "causal"))
+def _causal_unequal(ctx: Context) -> CheckResult:
+    cases = [ctx.case((5, 3), seqlens_k=(9, 7), causal=True), ctx.case((6, 9), seqlens_k=(4, 9), causal=True, seed=1)]
+    return ctx.judge(cases, ("real-accuracy",), poisoned=False)
+
+
+@check("gqa", "grouped-query (H_kv < H) and multi-query (H_kv = 1) attention match the oracle", needs=("gqa",))
+def _gqa(ctx: Context) -> CheckResult:
+    cases = [ctx.case((5, 3), heads=4, kv_heads=2), ctx.case((4, 6), heads=4, kv_heads=1, causal=True, seed=1)]
+    return ctx.judge(cases, ("real-accuracy",), poisoned=False)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN matching NaN."""
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@check("determinism", "two runs of the same call give bitwise identical REAL rows of out, dq, dk, dv")
+def _determinism(ctx: Context) -> CheckResult:
+    # Natively, long sequences and many heads make split-key backward passes (atomic dq
+    # accumulation) actually race; under the interpreter programs run one at a time.
+    if ctx.native:
+        case = ctx.case((300, 1000, 77, 512), heads=8, head_dim=64, causal=True)
+    else:
+        case = ctx.case((37, 64, 20), heads=2)
+    first, second = (ctx.probe(case, reference=False) for _ in range(2))
+    differ = []
+    for name in TENSORS:
+        real = first.regions(name) == Region.REAL
+        a, b = first.tensors[name][real], second.tensors[name][real]
+        if not _same(a, b):
+            differ.append(f"{name}: {int((a != b).sum())} values differ, max |diff| {float((a.double() - b.double()).abs().nan_to_num(0).max()):.3g}")
+    if differ:
+        return CheckResult("", Verdict.FAIL, f"{case.label()}: " + "; ".join(differ), (case,), records=(first, second))
+    return CheckResult("", Verdict.PASS, f"{case.label()}: identical", (case,), records=(first, second))
+
+
+@check("bad-input", "every malformed call of workbench.malformed gets a clear error naming the argument", needs=("metadata",))
+def _bad_input(ctx: Context) -> CheckResult:
+    rows = run_campaign(ctx.impl, ctx.dtype)
+    ok, evidence = summarize(rows)
+    verdict = Verdict.NA if ok is None else Verdict.PASS if ok else Verdict.FAIL
+    return CheckResult("", verdict, evidence, rows=tuple(rows))

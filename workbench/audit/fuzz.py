@@ -1,0 +1,321 @@
+"""The layout fuzzer: seeded random `Case`s, and the smallest failing one, shrunk greedily.
+
+Each layout (a `workbench.Case`: lengths including 0 and 1, GAP rows, TAIL rows, GQA, causal,
+the padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
+`layout_findings` (REAL rows within the bound, GAP and TAIL rows exactly 0); an exception on a
+valid layout is a finding too. The first failure of each check is shrunk: drop sequences,
+shorten them, remove padding, heads, causality... keeping a change only if the case gets
+smaller and still fails the same check. The result is printed as a runnable snippet.
+
+Two profiles: `tiny` for the Triton interpreter (a few dozen rows: CI runs hundreds of layouts)
+and `native` for GPUs (up to a few thousand rows, block-edge lengths, head dims 32-128).
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+from workbench.audit.adapters import Adapted, AdapterRefused
+from workbench.audit.checks import Finding, layout_findings, single_threaded
+from workbench.layout import Case, Fill, pack
+from workbench.probe import probe
+
+RAISES = "raises-on-valid-layout"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The space layouts are drawn from."""
+
+    name: str
+    batch: int  # at most this many sequences
+    lengths: tuple[int, ...]  # lengths drawn from these (edge values) ...
+    longest: int  # ... or uniformly up to this
+    extra_padding: int  # GAP rows per sequence, at most
+    tail: int  # TAIL rows, at most
+    heads: tuple[int, ...]
+    head_dims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    shrink_probes: int  # probes spent shrinking one failure, at most
+
+
+PROFILES = {
+    # Interpreter cost grows with sequences x heads (one program each): few of both.
+    "tiny": Profile("tiny", 3, (0, 1, 2, 3, 5, 8), 12, 3, 3, (1, 1, 2, 2, 4), (16, 32), ("float32", "float16", "bfloat16"), 40),
+    "native": Profile(
+        "native", 8, (0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257), 1100, 70, 100,
+        (1, 2, 4, 8), (32, 64, 128), ("float16", "bfloat16"), 200,
+    ),
+}
+
+
+def default_profile(impl: Adapted) -> Profile:
+    return PROFILES["native" if impl.device.type == "cuda" else "tiny"]
+
+
+def _allowed(profile: Profile, impl: Adapted) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    dtypes = tuple(d for d in profile.dtypes if impl.adapter.dtypes is None or d in impl.adapter.dtypes) or (impl.adapter.dtypes or ("float32",))[:1]
+    dims = tuple(d for d in profile.head_dims if impl.adapter.head_dims is None or d in impl.adapter.head_dims) or profile.head_dims[:1]
+    return dtypes, dims
+
+
+def random_case(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
+    """One layout the implementation can express, drawn from `profile`, with at least one row
+    of q and of k (a probe of zero-row tensors has nothing to look at)."""
+    while True:
+        case = _draw(rng, impl, profile)
+        if case.total_rows("q") and case.total_rows("k"):
+            return case
+
+
+def _draw(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
+    lacks = impl.lacks
+    batch = rng.randint(1, profile.batch)
+
+    def length() -> int:
+        return rng.choice(profile.lengths) if rng.random() < 0.6 else rng.randint(0, profile.longest)
+
+    seqlens_q = tuple(length() for _ in range(batch))
+    seqlens_k = tuple(length() for _ in range(batch)) if "unequal" not in lacks and rng.random() < 0.5 else None
+    padded = {}
+    if "padded" not in lacks and rng.random() < 0.6:
+        padded["padded_q"] = tuple(n + rng.randint(0, profile.extra_padding) for n in seqlens_q)
+        padded["padded_k"] = tuple(n + rng.randint(0, profile.extra_padding) for n in (seqlens_k or seqlens_q))
+    tails = {}
+    if "tail" not in lacks and rng.random() < 0.6:
+        tails = {"tail_q": rng.randint(0, profile.tail), "tail_k": rng.randint(0, profile.tail)}
+    heads = rng.choice(profile.heads)
+    kv_heads = rng.choice([d for d in range(1, heads) if heads % d == 0] or [None]) if "gqa" not in lacks and rng.random() < 0.5 else None
+    dtypes, dims = _allowed(profile, impl)
+    return Case(
+        seqlens_q, seqlens_k, **padded, **tails, heads=heads, kv_heads=kv_heads,
+        head_dim=rng.choice(dims), dtype=rng.choice(dtypes),
+        causal="causal" not in lacks and rng.random() < 0.5,
+        seed=rng.randrange(2**16), fill=rng.choice(list(Fill)),
+    )
+
+
+def run_layout(impl: Adapted, case: Case) -> list[Finding]:
+    """The contract violations of one layout: one poisoned probe against the oracle."""
+    try:
+        record = probe(impl, pack(case, impl.device), name=impl.name, poisoned=True, **impl.case_kwargs(case))
+    except AdapterRefused:
+        return []
+    except Exception as exc:  # a valid layout must never raise
+        return [Finding(RAISES, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")]
+    return layout_findings(record)
+
+
+# -- shrinking ----------------------------------------------------------------------------
+
+_FILL_RANK = {fill: i for i, fill in enumerate((Fill.ZEROS, Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE, Fill.GARBAGE))}
+
+
+def size(case: Case) -> tuple:
+    """What 'smaller' means: fewer rows first, then fewer sequences, heads, dims, features."""
+    return (
+        case.total_rows("q") + case.total_rows("k"), case.batch, case.heads, case.kv_heads or case.heads, case.head_dim,
+        case.seqlens_k is not None, case.padded_q is not None, case.causal, _FILL_RANK[case.fill], case.dtype != "float32", case.seed,
+    )
+
+
+def _normalised(case: Case) -> Case:
+    """Drops descriptions that say nothing: seqlens_k equal to seqlens_q, padding equal to real."""
+    changes: dict[str, Any] = {}
+    if case.seqlens_k == case.seqlens_q:
+        changes["seqlens_k"] = None
+    for side in ("q", "k"):
+        padded = getattr(case, f"padded_{side}")
+        if padded is not None and padded == case.real_lengths(side):
+            changes[f"padded_{side}"] = None
+    if case.kv_heads == case.heads:
+        changes["kv_heads"] = None
+    return case.with_(**changes) if changes else case
+
+
+def _per_sequence(case: Case) -> list[str]:
+    return [f.name for f in fields(case) if f.name in ("seqlens_q", "seqlens_k", "padded_q", "padded_k") and getattr(case, f.name) is not None]
+
+
+def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
+    """Simpler variants of `case` (some invalid or not smaller: the caller filters)."""
+    out: list[dict[str, Any]] = []
+    per_seq = _per_sequence(case)
+    for i in range(case.batch):
+        if case.batch > 1:
+            out.append({n: getattr(case, n)[:i] + getattr(case, n)[i + 1:] for n in per_seq})
+    for name in per_seq:
+        values = getattr(case, name)
+        for i, n in enumerate(values):
+            for smaller in {0, 1, n // 2, n - 1}:
+                if 0 <= smaller < n:
+                    changed = {name: values[:i] + (smaller,) + values[i + 1:]}
+                    if name.startswith("seqlens"):  # keep the padded layout valid: shrink it along
+                        side = "q" if name == "seqlens_q" else "k"
+                        padded = getattr(case, f"padded_{side}")
+                        if padded is not None:
+                            changed[f"padded_{side}"] = padded[:i] + (padded[i] - (n - smaller),) + padded[i + 1:]
+                    out.append(changed)
+    for name in ("seqlens_k", "padded_q", "padded_k"):
+        if getattr(case, name) is not None:
+            out.append({name: None})
+    for name in ("tail_q", "tail_k"):
+        n = getattr(case, name)
+        out += [{name: m} for m in {0, 1, n // 2} if m < n]
+    out += [{"heads": 1, "kv_heads": None}, {"kv_heads": None}, {"heads": case.heads // 2, "kv_heads": None}]
+    if case.kv_heads:
+        out.append({"heads": case.heads // 2, "kv_heads": max(case.kv_heads // 2, 1)})
+    dtypes, dims = _allowed(profile, impl)
+    out += [{"head_dim": d} for d in dims if d < case.head_dim]
+    out += [{"causal": False}, {"fill": Fill.ZEROS}, {"fill": Fill.NAN}, {"seed": 0}]
+    if "float32" in dtypes:
+        out.append({"dtype": "float32"})
+    variants = []
+    for changes in out:
+        try:
+            variant = _normalised(case.with_(**changes))
+        except (ValueError, TypeError):  # an invalid variant (e.g. heads not a multiple of kv_heads)
+            continue
+        if variant.total_rows("q") and variant.total_rows("k"):
+            variants.append(variant)
+    return variants
+
+
+def shrink(impl: Adapted, case: Case, finding: Finding, profile: Profile, budget: int | None = None) -> tuple[Case, Finding, int]:
+    """The smallest variant of failing `case` that still fails `finding.check` (greedy), with its
+    finding and the probes spent."""
+    budget = profile.shrink_probes if budget is None else budget
+    current, spent, improved = case, 0, True
+    while improved and spent < budget:
+        improved = False
+        for candidate in sorted(set(candidates(current, impl, profile)), key=size):
+            if size(candidate) >= size(current):
+                continue
+            if spent >= budget:
+                break
+            spent += 1
+            hit = next((f for f in run_layout(impl, candidate) if f.check == finding.check), None)
+            if hit:
+                current, finding, improved = candidate, hit, True
+                break
+    return current, finding, spent
+
+
+# -- the fuzzer ---------------------------------------------------------------------------
+
+
+@dataclass
+class FuzzFailure:
+    """The smallest layout found that fails one check."""
+
+    check: str
+    evidence: str
+    case: Case  # shrunk
+    original: Case  # as first drawn
+    shrink_probes: int
+    snippet: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check, "evidence": self.evidence, "case": self.case.to_dict(), "original": self.original.to_dict(),
+            "shrink_probes": self.shrink_probes, "snippet": self.snippet,
+        }
+
+
+@dataclass
+class FuzzResult:
+    tried: int
+    seconds: float
+    seed: int
+    profile: str
+    failures: list[FuzzFailure] = field(default_factory=list)
+    failing_layouts: int = 0  # layouts with any finding (the first of each check is shrunk)
+    stopped_early: str = ""  # why fewer layouts than the budget were tried
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tried": self.tried, "seconds": round(self.seconds, 2), "seed": self.seed, "profile": self.profile,
+            "failing_layouts": self.failing_layouts, "stopped_early": self.stopped_early,
+            "failures": [f.to_dict() for f in self.failures],
+        }
+
+    def summary(self) -> str:
+        rate = f"{self.tried / self.seconds:.1f} layouts/s" if self.seconds else ""
+        head = f"fuzzer: {self.tried} layouts ({self.profile} profile, seed {self.seed}) in {self.seconds:.1f} s, {rate}; "
+        head += f"{self.failing_layouts} failing" + (f"; stopped early: {self.stopped_early}" if self.stopped_early else "")
+        return head
+
+
+def fuzz(
+    impl: Adapted,
+    budget: int,
+    *,
+    seed: int = 0,
+    profile: Profile | str | None = None,
+    time_limit: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> FuzzResult:
+    """Tries `budget` random layouts; shrinks the first failure of each check to a minimal case.
+
+    `time_limit` (seconds) stops early, saying so in the result; shrinking counts against it.
+    """
+    if budget < 0:
+        raise ValueError(f"budget = {budget} must be >= 0 (the number of layouts to try).")
+    profile = PROFILES[profile] if isinstance(profile, str) else (profile or default_profile(impl))
+    rng = random.Random(seed)
+    result = FuzzResult(0, 0.0, seed, profile.name)
+    start = time.perf_counter()
+    shrunk: set[str] = set()
+    with single_threaded(impl.device):
+        for i in range(budget):
+            if time_limit is not None and time.perf_counter() - start > time_limit:
+                result.stopped_early = f"time limit of {time_limit:g} s reached"
+                break
+            case = random_case(rng, impl, profile)
+            findings = run_layout(impl, case)
+            result.tried += 1
+            result.failing_layouts += bool(findings)
+            for finding in findings:
+                if finding.check not in shrunk:
+                    shrunk.add(finding.check)
+                    small, small_finding, spent = shrink(impl, case, finding, profile)
+                    result.failures.append(FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding)))
+            if progress:
+                progress(i + 1, budget)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+# -- reproduction snippets ----------------------------------------------------------------
+
+
+def case_source(case: Case) -> str:
+    """Python source constructing `case`: only the fields that differ from the defaults."""
+    defaults = Case(case.seqlens_q)
+    parts = [f"seqlens_q={case.seqlens_q!r}"]
+    for f in fields(case):
+        value = getattr(case, f.name)
+        if f.name == "seqlens_q" or value == getattr(defaults, f.name):
+            continue
+        parts.append(f"{f.name}=Fill.{value.name}" if isinstance(value, Fill) else f"{f.name}={value!r}")
+    return f"Case({', '.join(parts)})"
+
+
+def snippet(impl: Adapted, case: Case, finding: Finding) -> str:
+    """A ready-to-run reproduction: build the case, probe the implementation, print what broke."""
+    if impl.target:
+        load = f'impl = adapt("{impl.target}", adapter="{impl.adapter.name}", device="{impl.device.type}")'
+    else:
+        load = f'impl = adapt(your_function, adapter="{impl.adapter.name}", device="{impl.device.type}")  # your_function: {impl.name}'
+    return "\n".join([
+        f"# {finding.check}: {finding.evidence}",
+        "from workbench import Case, Fill, pack, probe",
+        "from workbench.audit import adapt, layout_findings",
+        "",
+        load,
+        f"case = {case_source(case)}",
+        "record = probe(impl, pack(case, impl.device), poisoned=True, **impl.case_kwargs(case))",
+        "print(layout_findings(record))",
+    ])
