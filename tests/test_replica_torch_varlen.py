@@ -8,8 +8,12 @@ import inspect
 import pytest
 import torch
 
-from kernels.replicas.torch_varlen import contract_adapter, replica, replica_varlen_attn
+from kernels.replicas.torch_varlen import replica_varlen_attn
 from workbench import Case, Fill, pack, poisoned_memory, probe
+from workbench.audit import adapt
+
+# Through the same adapter that drives torch's own varlen_attn (2.10 or 2.11+ signature).
+replica = adapt(replica_varlen_attn, "torch-varlen")
 
 TENSORS = ("out", "dq", "dk", "dv")
 
@@ -63,47 +67,6 @@ def test_torch_style_call_shape_and_errors():
     assert list(inspect.signature(replica_varlen_attn).parameters)[:8] == [
         "query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal"
     ]
-
-
-def _spy(signature_kind):
-    """A torch-style function with a given release's signature that records how it was called."""
-    calls = []
-    if signature_kind == "2.10":
-        def fn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
-            calls.append({"is_causal": is_causal})
-            return query
-    else:
-        def fn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
-            calls.append({"window_size": window_size, "scale": scale})
-            return query
-    return fn, calls
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_adapter_maps_causal_onto_each_release_signature(causal):
-    batch = pack(Case(seqlens_q=(3,), tail_q=2, tail_k=2, heads=1, head_dim=16, causal=causal))
-    fn, calls = _spy("2.10")
-    batch.call(contract_adapter(fn))
-    assert calls == [{"is_causal": causal}]
-    fn, calls = _spy("2.11")
-    batch.call(contract_adapter(fn), scale=0.5)
-    assert calls == [{"window_size": (-1, 0) if causal else (-1, -1), "scale": 0.5}]
-
-
-def test_adapter_refuses_what_the_upstream_signature_cannot_express():
-    fn, _ = _spy("2.10")
-    batch = pack(Case(seqlens_q=(3, 4), heads=1, head_dim=16))
-    with pytest.raises(ValueError, match="takes no scale"):
-        batch.call(contract_adapter(fn), scale=0.5)
-    gqa = pack(Case(seqlens_q=(3,), heads=2, kv_heads=1, head_dim=16))
-    with pytest.raises(ValueError, match="enable_gqa"):
-        gqa.call(contract_adapter(fn))
-    gaps = pack(Case(seqlens_q=(3, 4), padded_q=(4, 4), heads=1, head_dim=16))
-    with pytest.raises(ValueError, match="GAP rows"):
-        gaps.call(contract_adapter(fn))
-    # Padding only after the last sequence is the same memory as TAIL rows: accepted.
-    end_only = pack(Case(seqlens_q=(3, 4), padded_q=(3, 8), heads=1, head_dim=16))
-    end_only.call(contract_adapter(fn))
 
 
 def test_poisoned_runs_are_deterministic():

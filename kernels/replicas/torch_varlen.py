@@ -12,20 +12,16 @@ These kernels keep exactly that mechanism — same allocation, same grid, same "
 stores — with a small FlashAttention-2 forward and a three-kernel backward (delta, dk/dv, dq)
 of our own. Real rows are computed correctly: the bug is what is *not* written.
 
-`replica_varlen_attn` has torch 2.10's call shape (`is_causal` positional); `contract_adapter`
-maps the workbench contract (`varlen_attention`'s signature) onto it, or onto torch's own
-`varlen_attn` whichever release's signature it has, so one probe drives both.
+`replica_varlen_attn` has torch 2.10's call shape (`is_causal` positional), plus 2.12's
+`enable_gqa` and 2.11's keyword `scale`, so the workbench's "torch-varlen" adapter
+(`workbench.audit.adapt`) drives the replica and torch's own function alike.
 """
 from __future__ import annotations
-
-import inspect
-from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._compat import INTERPRETED
 from kernels.interpreter import dot_upcast_needed
 
 BLOCK_M = 64  # query rows per program
@@ -345,49 +341,3 @@ def replica_varlen_attn(
     scale = query.shape[2] ** -0.5 if scale is None else float(scale)
     out, lse = _ReplicaVarlen.apply(query, key, value, cu_seq_q, cu_seq_k, int(max_q), int(max_k), bool(is_causal), scale)
     return (out, lse) if return_lse else out
-
-
-def contract_adapter(varlen_fn: Callable, name: str | None = None) -> Callable:
-    """`varlen_fn` (torch-style: `is_causal`, or 2.11+'s `window_size=(-1, 0)`) behind the
-    workbench contract's signature, so `workbench.probe` can drive it.
-
-    torch-style functions have no padded layout. A `cu_seqlens_*_padded` that differs from
-    `cu_seqlens_*` only in its last entry describes rows after the last real token, which a
-    torch-style call sees as rows beyond `cu_seqlens[-1]`: the same memory, the same bug. Any
-    other difference (GAP rows between sequences) is refused. Comparing the boundaries reads
-    them on the host, which only probes and CPU studies do.
-    """
-    params = inspect.signature(varlen_fn).parameters
-
-    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
-        for side, cu, padded in (("q", cu_seqlens_q, cu_seqlens_q_padded), ("k", cu_seqlens_k, cu_seqlens_k_padded)):
-            if padded is not None and not torch.equal(padded[:-1], cu[:-1]):
-                raise ValueError(
-                    f"cu_seqlens_{side}_padded places sequences at other rows than cu_seqlens_{side} "
-                    "(GAP rows between sequences); torch-style varlen_attn has no padded layout. "
-                    "Study rows after the last sequence only (Case(tail_q=..., tail_k=...))."
-                )
-        kwargs = {}
-        if "is_causal" in params:  # torch 2.10
-            kwargs["is_causal"] = causal
-        elif "window_size" in params:  # torch 2.11+: causal is a (-1, 0) window
-            kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
-        elif causal:
-            raise ValueError(f"{varlen_fn.__qualname__} takes neither is_causal nor window_size; causal=True is unsupported.")
-        if scale is not None:
-            if "scale" not in params:
-                raise ValueError(f"{varlen_fn.__qualname__} takes no scale (torch 2.10); pass scale=None (1/sqrt(head_dim)).")
-            kwargs["scale"] = scale
-        if q.shape[1] != k.shape[1]:
-            if "enable_gqa" not in params:
-                raise ValueError(f"q has {q.shape[1]} heads and k {k.shape[1]}: this varlen_attn predates enable_gqa (torch 2.12).")
-            kwargs["enable_gqa"] = True
-        return varlen_fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
-
-    call.__name__ = call.__qualname__ = name or varlen_fn.__name__
-    return call
-
-
-replica = contract_adapter(replica_varlen_attn, "replica")
-"""The replica behind the contract's signature (what probes, sweeps and notebooks call)."""
