@@ -69,7 +69,6 @@ FIXED = "fixed kernel"
 TIMING_REPEATS = 2
 GPU_DATA = Path(__file__).resolve().parent.parent / "data" / "gpu"
 RECORD_COMMAND = "workbench repro triton-interpreter-bf16-dot --device cuda --record data/gpu/triton-interpreter-bf16-dot-<gpu>.json"
-CHILD_COMMAND = "WORKBENCH_DEVICE=cpu python -m kernels.interpreter"
 
 
 def _attention_row(impl: str, record) -> dict[str, Any]:
