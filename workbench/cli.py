@@ -188,8 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("title", help="one line, in quotes")
     new.set_defaults(func=_new)
 
-    lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (extra arguments go to jupyter lab)")
-    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="e.g. --no-browser --port 8890")
+    lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)")
     lab.set_defaults(func=_lab)
 
     audit = commands.add_parser("audit", help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer")
@@ -212,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     from workbench.registry import RegistryError
     from workbench.site import BuildError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "lab":
+        args.jupyter_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except RegistryError as exc:

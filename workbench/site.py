@@ -66,14 +66,19 @@ def _describe(path: Path, index: int, cell, output) -> str:
     return f"{path}: cell {index} (`{line.strip()[:60]}`) raised {output.ename}: {output.evalue}"
 
 
-def kernel_env(root: Path) -> dict[str, str]:
-    """The kernel's environment: ours, with the project root first on the import path."""
+def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
+    """A kernel's environment: ours, with the project root first on the import path, and with
+    `static`, explorers in their static form (precomputed frames, see workbench.explorer)."""
     paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    if static:
+        env["WORKBENCH_STATIC"] = "1"
+    return env
 
 
 def execute(path: Path, root: Path) -> Any:
-    """Runs `path` top to bottom in a fresh kernel in its own directory; returns the notebook.
+    """Runs `path` top to bottom in a fresh kernel in its own directory, for publication
+    (explorers static: a page and a committed notebook carry every frame); returns the notebook.
 
     Raises `BuildError` naming the notebook, the cell and the error (for a claim that no
     longer holds, `ClaimFailed` names the claim).
@@ -91,7 +96,7 @@ def execute(path: Path, root: Path) -> Any:
         store_widget_state=False,  # live widget state is for JupyterLab; the site uses static frames
     )
     try:
-        client.execute(env=kernel_env(root))
+        client.execute(env=kernel_env(root, static=True))
     except CellTimeoutError as exc:
         raise BuildError(f"{path}: a cell ran longer than {CELL_TIMEOUT_S} s: {exc}") from None
     except CellExecutionError as exc:

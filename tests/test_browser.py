@@ -1,0 +1,259 @@
+"""The published site and the live notebooks in a real headless Chromium (Debian's chromium,
+driven by Playwright with executable_path; `make test` installs it with scripts/system-deps.sh).
+
+Static site: the index loads without console errors or off-site requests, every page it links
+resolves, every image renders, the tag filter filters, and moving an explorer slider changes
+the plot. Live: JupyterLab on localhost runs a scaffolded post-mortem notebook, and moving the
+explorer's slider redraws the plot from the kernel.
+"""
+import functools
+import http.server
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from workbench.registry import Registry
+from workbench.site import build, kernel_env
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: `make test` installs it (scripts/system-deps.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+class Watched:
+    """A page that records console errors, uncaught exceptions and every off-site request
+    (which it also blocks, so the test never depends on the network)."""
+
+    def __init__(self, browser, allowed_origin: str):
+        self.context = browser.new_context()
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.errors, self.external = [], []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+        def route(route):
+            url = route.request.url
+            if url.startswith((allowed_origin, "data:", "blob:")):
+                route.continue_()
+            else:
+                self.external.append(url)
+                route.abort()
+
+        self.page.route("**/*", route)
+
+    def close(self):
+        self.context.close()
+
+
+def _serve(directory: Path):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+@pytest.fixture(scope="module", params=["scaffold", "repository"])
+def site(request, tmp_path_factory):
+    """The test project's executed site, and the repository's own notebooks rendered as
+    committed (`workbench build --no-execute`): the pages a reader actually gets."""
+    if request.param == "scaffold":
+        _, out, _ = request.getfixturevalue("built_site")
+    else:
+        if not Registry().notebooks():
+            pytest.skip("the repository has no notebooks yet")
+        out = tmp_path_factory.mktemp("repository-site") / "_build"
+        build(out=out, execute_notebooks=False, log=lambda message: None)
+    server, url = _serve(out)
+    yield out, url
+    server.shutdown()
+
+
+def _links(page, selector):
+    return page.eval_on_selector_all(selector, "links => links.map(a => a.getAttribute('href'))")
+
+
+def test_index_loads_clean_and_filters_by_tag(browser, site):
+    out, url = site
+    watched = Watched(browser, url)
+    page = watched.page
+    assert page.goto(url + "index.html").ok
+    rows = page.locator("table.wb-postmortems tbody tr[data-tags]")
+    assert rows.count() >= 1
+    tags = [t for t in page.eval_on_selector_all(".wb-tag-filter", "bs => bs.map(b => b.dataset.tag)") if t]
+    for tag in tags:
+        page.click(f'.wb-tag-filter[data-tag="{tag}"]')
+        shown = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]:not([hidden])", "rs => rs.map(r => r.dataset.tags.split(' '))")
+        expected = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]", f"rs => rs.filter(r => r.dataset.tags.split(' ').includes({tag!r})).length")
+        assert shown and all(tag in row_tags for row_tags in shown) and len(shown) == expected
+        assert page.url.endswith(f"#tag={tag}")
+    page.click('.wb-tag-filter[data-tag=""]')
+    assert page.locator("table.wb-postmortems tbody tr[data-tags]:not([hidden])").count() == rows.count()
+    assert watched.errors == [] and watched.external == []
+    watched.close()
+
+
+def test_every_page_resolves_and_every_image_renders(browser, site):
+    out, url = site
+    watched = Watched(browser, url)
+    page = watched.page
+    page.goto(url + "index.html")
+    postmortems = _links(page, "a.wb-postmortem-link")
+    pages = postmortems + _links(page, "a.wb-notebook-link")
+    assert pages, "the index links no page"
+    images = 0
+    for href in pages:
+        response = page.goto(url + href)
+        assert response is not None and response.ok, href
+        if href in postmortems:
+            assert page.locator("h1.wb-title").count() == 1, href
+            assert page.locator("footer.wb-provenance").inner_text().startswith("Built with Python"), href
+        page.wait_for_load_state("load")
+        broken = page.eval_on_selector_all("img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt || i.src.slice(0, 60))")
+        assert broken == [], f"{href}: images that do not render: {broken}"
+        images += page.locator("img").count()
+    assert images > 0, "no page shows a single image"
+    assert watched.errors == [], watched.errors
+    assert watched.external == [], watched.external
+    watched.close()
+
+
+def test_moving_a_static_explorer_slider_changes_the_plot(browser, site):
+    out, url = site
+    watched = Watched(browser, url)
+    page = watched.page
+    explorers = []
+    for html_file in sorted(out.glob("*.html")):
+        if 'class="wb-explorer"' in html_file.read_text():
+            explorers.append(html_file.name)
+    if not explorers:
+        pytest.skip("no page of this site carries a static explorer")
+    for name in explorers:
+        page.goto(url + name)
+        explorer = page.locator(".wb-explorer").first
+        slider = explorer.locator("input[type=range].wb-explorer-slider, select.wb-explorer-slider").first
+        image = explorer.locator("img.wb-explorer-img")
+        before = image.get_attribute("src")
+        if slider.evaluate("e => e.tagName") == "SELECT":
+            slider.select_option(index=1)
+        else:
+            slider.focus()
+            page.keyboard.press("ArrowRight")  # a real user's input: fires `input` and `change`
+        after = image.get_attribute("src")
+        assert after != before, f"{name}: moving the slider left the plot unchanged"
+        assert image.evaluate("i => i.complete && i.naturalWidth > 0"), f"{name}: the new frame does not render"
+    assert watched.errors == [] and watched.external == []
+    watched.close()
+
+
+# -- live: JupyterLab --------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(built_site, tmp_path):
+    """JupyterLab on localhost (random free port, random token) over a copy of the scaffold's
+    notebook, so that autosave cannot touch the notebook other tests read."""
+    project, _, _ = built_site
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    shutil.copy(project.notebooks_dir / "scaffold-demo.ipynb", notebooks)
+    port, token = _free_port(), secrets.token_hex(16)
+    env = kernel_env(project.root)
+    env.pop("WORKBENCH_STATIC", None)  # live explorers
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_WORKSPACES_DIR", "JUPYTERLAB_SETTINGS_DIR"):
+        env[name] = str(tmp_path / name.lower())
+    command = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
+        "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly", *(["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root
+    ]
+    log = open(tmp_path / "jupyterlab.log", "w")
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail(f"JupyterLab did not start: {(tmp_path / 'jupyterlab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    yield url, token
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
+def test_live_explorer_redraws_from_the_kernel(browser, jupyterlab):
+    url, token = jupyterlab
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{url}/lab/tree/scaffold-demo.ipynb?token={token}")
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+    page.wait_for_function("window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.connectionStatus === 'connected'", timeout=120_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+    # The claims cell printed its table: the whole notebook ran in the live kernel.
+    # (run-all stops at the first error, and a failing claim raises: HOLDS alone proves both absent).
+    page.wait_for_selector(".jp-OutputArea-output >> text=HOLDS", timeout=300_000)
+
+    explorer = page.locator(".jp-OutputArea .wb-explorer").first
+    image = explorer.locator("img.wb-explorer-img")
+    image.wait_for(timeout=120_000)
+    before = image.get_attribute("src")
+    handle = explorer.locator(".wb-explorer-slider .noUi-handle").first
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    # The kernel recomputes the frame (a probe through the Triton interpreter) and sends it back.
+    page.wait_for_function(
+        "([img, before]) => img.src !== before && img.complete && img.naturalWidth > 0",
+        arg=[image.element_handle(), before],
+        timeout=180_000,
+    )
+    context.close()

@@ -1,0 +1,107 @@
+"""The `workbench` command line: list, repro (verdicts, exit status, records), new, lab."""
+import json
+import sys
+
+import pytest
+import torch
+from conftest import FAST_FIX, PLANTED_BUG, scaffold_variant
+
+from workbench import Case, cli
+from workbench.registry import read_manifest
+
+
+def test_every_command_is_wired():
+    parser = cli.build_parser()
+    for argv in (["info"], ["list"], ["repro", "x"], ["build"], ["new", "x", "t"], ["lab"]):
+        assert callable(parser.parse_args(argv).func)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["repro", "x", "--device", "tpu"])
+
+
+def test_new_scaffolds_an_executed_postmortem(scaffolded, capsys):
+    pm = scaffolded.get("scaffold-demo")
+    assert pm.meta.title == "A scaffolded post-mortem"
+    import nbformat
+
+    nb = nbformat.read(pm.notebook, as_version=4)
+    assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code"), "committed with outputs"
+    claims_output = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert claims_output.count("HOLDS") == 2 and "FAILS" not in claims_output
+
+
+def test_new_rejects_bad_input_with_exit_2(project, capsys):
+    assert cli.main(["new", "Bad Id", "Title"]) == cli.EXIT_USAGE
+    assert "does not map to a Python module name" in capsys.readouterr().err
+    assert project.ids() == []
+
+
+def test_repro_prints_verdicts_and_records_with_provenance(project, tmp_path, capsys):
+    scaffold_variant(project, "holds", FAST_FIX)
+    record = tmp_path / "out" / "holds.json"
+    assert cli.main(["repro", "holds", "--device", "cpu", "--record", str(record)]) == 0
+    printed = capsys.readouterr().out
+    assert "HOLDS    padding rows of out, dq, dk, dv are exactly 0" in printed
+    assert "2/2 claims hold" in printed
+    data = json.loads(record.read_text())
+    assert data["id"] == "holds" and data["verdict"] == "2/2 claims hold"
+    assert [c["holds"] for c in data["claims"]] == [True, True]
+    assert set(data["provenance"]) >= {"python", "torch", "triton", "device", "mode", "commit", "date"}
+    (row,) = data["results"]  # one case: a key/value pair, since Case keys are not strings
+    assert row["key"]["seqlens_q"] == [5, 3]
+    assert row["value"]["padding_exactly_zero"] is True and row["value"]["nonfinite_real"] == 0
+
+
+def test_repro_exits_1_naming_the_failing_claims(project, capsys):
+    scaffold_variant(project, "planted-bug", PLANTED_BUG)
+    assert cli.main(["repro", "planted-bug"]) == cli.EXIT_FAILED
+    printed = capsys.readouterr().out
+    assert "FAILS    padding rows of out, dq, dk, dv are exactly 0" in printed
+    assert "FAILS    real rows match the fp64 reference" in printed
+    assert "0/2 claims hold" in printed
+
+
+def test_repro_unknown_id_and_missing_cuda_exit_2(project, capsys):
+    assert cli.main(["repro", "no-such-bug"]) == cli.EXIT_USAGE
+    assert "no post-mortem 'no-such-bug'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        scaffold_variant(project, "needs-gpu", FAST_FIX)
+        assert cli.main(["repro", "needs-gpu", "--device", "cuda"]) == cli.EXIT_USAGE
+        assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def test_list_shows_status_and_the_last_built_verdict(project, capsys):
+    scaffold_variant(project, "listed", FAST_FIX)
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["id", "title", "status", "verdict", "(last", "site", "build)"]
+    assert lines[2].startswith("listed") and lines[2].endswith("not built")
+
+    site = project.root / "site" / "_build"
+    site.mkdir(parents=True)
+    (site / "manifest.json").write_text(json.dumps({"postmortems": [{"id": "listed", "verdict": "2/2 claims hold"}]}))
+    assert read_manifest(site)["postmortems"][0]["id"] == "listed"
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].endswith("2/2 claims hold")
+
+
+def test_list_without_postmortems_says_how_to_start(project, capsys):
+    assert cli.main(["list"]) == 0
+    assert "workbench new" in capsys.readouterr().out
+
+
+def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda command: calls.append(command) or 0)
+    assert cli.main(["lab", "--no-browser", "--port", "8899"]) == 0
+    (command,) = calls
+    assert command[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert f"--ServerApp.root_dir={project.notebooks_dir}" in command
+    assert command[-3:] == ["--no-browser", "--port", "8899"]
+
+
+def test_jsonable_results():
+    case = Case(seqlens_q=(3,))
+    assert cli.jsonable({"a": (1, 2.5, None), "t": torch.arange(3)}) == {"a": [1, 2.5, None], "t": [0, 1, 2]}
+    assert cli.jsonable({case: True}) == [{"key": case.to_dict(), "value": True}]
+    assert cli.jsonable(torch.zeros(2000)) == {"shape": [2000], "dtype": "torch.float32"}
+    assert cli.jsonable(object()).startswith("<object object")

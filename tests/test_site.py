@@ -1,0 +1,159 @@
+"""The site build: executed pages, index, determinism, offline pages, loud failures, atomic swap;
+and nbval over a scaffolded notebook (it passes untouched, and fails naming a broken claim)."""
+import json
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from conftest import FAST_FIX, PLANTED_BUG, plain_notebook as _plain_notebook, scaffold_variant
+
+from workbench.postmortem import Verdict, verdict_table
+from workbench.registry import Registry
+from workbench.site import SITE, BuildError, build, execute_in_place, external_resources, for_site, kernel_env
+
+FOOTER = re.compile(r'<footer class="wb-provenance">.*?</footer>', re.DOTALL)
+
+
+def _pages(out):
+    """Every file of a built site, the provenance footer blanked (the one part that may differ)."""
+    files = {p.relative_to(out).as_posix(): p.read_text() for p in sorted(out.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("provenance")
+    return {name: FOOTER.sub("<footer/>", text) for name, text in files.items()}, manifest
+
+
+def test_pages_index_and_manifest(built_site):
+    project, out, pages = built_site
+    assert sorted(p.file for p in pages) == ["oracle-variant.html", "plain-notes.html", "scaffold-demo.html"]
+    page = (out / "scaffold-demo.html").read_text()
+    assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
+    assert 'class="wb-status wb-status-open"' in page and "2/2 claims hold" in page
+    assert "header_markdown()" not in page, "the header cell is replaced by the page header"
+    assert "HOLDS" in page and "padding exactly zero: True" in page
+    assert re.search(r"Built with Python [\d.]+, torch \S+, triton \S+\s+on .+ \((Triton interpreter|native)\), commit", page)
+    assert "42" in (out / "plain-notes.html").read_text()
+
+    index = (out / "index.html").read_text()
+    assert '<a class="wb-postmortem-link" href="scaffold-demo.html">' in index
+    assert '<tr data-tags="scaffold">' in index and 'data-tag="scaffold"' in index
+    assert '<a class="wb-notebook-link" href="plain-notes.html">plain-notes</a>' in index
+    assert (out / "static" / "site.css").exists() and (out / "static" / "site.js").exists()
+
+    rows = json.loads((out / "manifest.json").read_text())["postmortems"]
+    assert [(r["id"], r["verdict"], r["tags"]) for r in rows] == [
+        ("oracle-variant", "2/2 claims hold", ["scaffold", "oracle"]),
+        ("scaffold-demo", "2/2 claims hold", ["scaffold"]),
+    ]
+
+
+def test_pages_request_nothing_off_site(built_site):
+    _, out, _ = built_site
+    for page in out.glob("*.html"):
+        assert external_resources(page.read_text()) == [], page.name
+
+
+def test_execution_is_deterministic(built_site, tmp_path):
+    """Executing afresh gives the committed outputs exactly: an executed build and a build of
+    the committed notebooks agree on every file apart from the provenance footer."""
+    project, out, _ = built_site
+    build(project, tmp_path / "again", execute_notebooks=False, log=lambda message: None)
+    (again, again_manifest), (first, first_manifest) = _pages(tmp_path / "again"), _pages(out)
+    assert sorted(again) == sorted(first) and again_manifest == first_manifest
+    for name in first:
+        assert again[name] == first[name], name
+
+
+def test_off_site_resources_are_detected():
+    page = """<script src="https://cdn.example/require.js"></script><link href="//cdn.example/x.css" rel="stylesheet">
+    <img src='http://example.org/a.png'><style>@import "https://fonts.example/f.css"; b { background: url(https://x.example/b.png) }</style>
+    <a href="https://github.com/pytorch/pytorch/issues/1">links a reader follows are fine</a><img src="data:image/png;base64,AAAA">"""
+    assert external_resources(page) == [
+        "//cdn.example/x.css",
+        "http://example.org/a.png",
+        "https://cdn.example/require.js",
+        "https://fonts.example/f.css",
+        "https://x.example/b.png",
+    ]
+
+
+def test_for_site_drops_live_widgets_and_the_header_cell(scaffolded):
+    pm = scaffolded.get("scaffold-demo")
+    nb = nbformat.read(pm.notebook, as_version=4)
+    widget = {"application/vnd.jupyter.widget-view+json": {"model_id": "abc"}, "text/plain": "IntSlider(value=1)"}
+    both = dict(widget, **{"text/html": '<div class="wb-explorer">frames</div>'})
+    nb.metadata["widgets"] = {"state": {}}
+    nb.cells[1:1] = [nbformat.v4.new_code_cell("explore()", outputs=[nbformat.v4.new_output("display_data", data=d) for d in (widget, both)])]
+    shown = for_site(nb, pm)
+    assert "widgets" not in shown.metadata and "widgets" in nb.metadata, "the executed notebook stays intact"
+    assert "header_markdown()" not in shown.cells[0].source
+    assert [o.data for o in shown.cells[0].outputs] == [{"text/plain": "IntSlider(value=1)", "text/html": '<div class="wb-explorer">frames</div>'}]
+
+
+def test_failures_name_notebook_and_cell_and_keep_the_old_site(project, tmp_path):
+    out = tmp_path / "site" / "_build"
+    _plain_notebook(project.notebooks_dir / "fine.ipynb", "x = 1")
+    build(project, out, log=lambda message: None)
+    before = _pages(out)
+
+    _plain_notebook(project.notebooks_dir / "broken.ipynb", "x = 1", "import math\nmath.sqrt(-1)")
+    with pytest.raises(BuildError, match=r"broken\.ipynb: cell 2 \(`import math`\) raised ValueError: math domain error"):
+        build(project, out, log=lambda message: None)
+    assert _pages(out) == before
+
+    # This one fails while pages are being written: the half-built site must vanish.
+    cdn = "from IPython.display import HTML\nHTML('<script src=\"https://cdn.example/widgets.js\"></script>')"
+    _plain_notebook(project.notebooks_dir / "broken.ipynb", cdn)
+    with pytest.raises(BuildError, match=r"broken\.html would fetch off-site resources .*: https://cdn\.example/widgets\.js"):
+        build(project, out, log=lambda message: None)
+    assert _pages(out) == before
+    assert [p.name for p in out.parent.iterdir()] == ["_build"], "no staging directory is left behind"
+
+
+def test_failing_claim_is_named_in_execute_and_render_modes(project, tmp_path):
+    module_path, notebook_path = scaffold_variant(project, "planted-bug", PLANTED_BUG)
+    with pytest.raises(BuildError, match=r"planted-bug\.ipynb: cell \d+ .*ClaimFailed: 2 of 2 claims do not hold: 'padding rows of out"):
+        build(project, tmp_path / "_build", log=lambda message: None)
+
+    # A committed notebook whose claims cell printed FAILS (say, it called claims.check) is refused too.
+    nb = nbformat.read(notebook_path, as_version=4)
+    failed = [Verdict(s, False, "0/1 cases") for s in project.get("planted-bug").claims.statements]
+    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=verdict_table(failed) + "\n")]
+    nbformat.write(nb, notebook_path)
+    with pytest.raises(BuildError, match=r"claims do not hold: 'padding rows of out, dq, dk, dv are exactly 0'"):
+        build(project, tmp_path / "_build", execute_notebooks=False, log=lambda message: None)
+    assert not (tmp_path / "_build").exists()
+
+
+def _nbval(project, notebook):
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--nbval-lax",
+               "--nbval-current-env", "--nbval-sanitize-with", str(SITE.parent / "tests" / "nbval-sanitize.cfg"), str(notebook)]
+    run = subprocess.run(command, cwd=project.root, env=kernel_env(project.root), capture_output=True, text=True, timeout=600)
+    return run.returncode, re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # nbval colours its report
+
+
+def test_scaffold_passes_nbval_untouched(scaffolded):
+    notebook = scaffolded.get("scaffold-demo").notebook
+    status, report = _nbval(scaffolded, notebook)
+    assert status == 0, report
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(notebook, as_version=4).cells)
+    assert re.search(rf"\b{code_cells} passed", report), report
+
+
+def test_nbval_fails_naming_the_claim_that_no_longer_holds(project):
+    """Committed while its claims held; then the code regresses; nbval names the claim."""
+    module_path, notebook_path = scaffold_variant(project, "regresses", FAST_FIX)
+    execute_in_place(notebook_path, project.root)
+    module_path.write_text(module_path.read_text().replace(FAST_FIX, PLANTED_BUG))
+    status, report = _nbval(project, notebook_path)
+    assert status == 1, report
+    assert "ClaimFailed: 2 of 2 claims do not hold: 'padding rows of out, dq, dk, dv are exactly 0'" in report, report
+
+
+def test_registry_errors_stop_the_build(project, tmp_path):
+    project.scaffold("no-notebook", "Title")
+    (project.notebooks_dir / "no-notebook.ipynb").unlink()
+    with pytest.raises(ValueError, match="notebooks are missing"):
+        build(project, tmp_path / "_build", log=lambda message: None)
+    assert Registry(project.package).ids() == ["no-notebook"]
