@@ -63,6 +63,11 @@ class AuditReport:
     def passed(self) -> bool:
         return not self.failed
 
+    @property
+    def ran(self) -> bool:
+        """False when no check could run at all (e.g. CUDA-only code audited on a CPU)."""
+        return any(r.verdict is not Verdict.NA for r in self.results)
+
     def verdicts(self) -> dict[str, str]:
         return {r.name: r.verdict.value for r in self.results}
 
@@ -87,7 +92,10 @@ class AuditReport:
             lines += ["", self.fuzz.summary()]
             for failure in self.fuzz.failures:
                 lines += ["", f"smallest failing layout for {failure.check} ({failure.shrink_probes} shrink probes):", failure.snippet]
-        lines += ["", "PASSED: every applicable check holds" if self.passed else f"FAILED: {', '.join(self.failed)}"]
+        if not self.ran:
+            lines += ["", f"NOTHING RAN: {self.results[0].evidence if self.results else 'no checks selected'}"]
+        else:
+            lines += ["", "PASSED: every applicable check holds" if self.passed else f"FAILED: {', '.join(self.failed)}"]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,10 +109,11 @@ class AuditReport:
             "provenance": provenance(),
         }
 
-    def write_notebook(self, path, *, execute: bool = True):
+    def write_notebook(self, path, *, execute: bool = True, root=None):
+        """A post-mortem notebook of this audit at `path`, executed (workbench.audit.notebook)."""
         from workbench.audit.notebook import write_notebook
 
-        return write_notebook(self, path, execute=execute)
+        return write_notebook(self, path, execute=execute, root=root)
 
 
 def _default_dtype(impl: Adapted) -> str:
@@ -167,7 +176,7 @@ def _argv(args) -> list[str]:
 
 def run_command(args) -> int:
     """`workbench audit` (see workbench.cli): exit 0 all applicable checks hold, 1 something
-    fails, 2 bad usage."""
+    fails, 2 bad usage (or nothing could run here, e.g. CUDA-only code on a CPU)."""
     import importlib
     import json
     import os
@@ -186,6 +195,8 @@ def run_command(args) -> int:
         # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         return subprocess.call([sys.executable, "-m", "workbench.cli", "audit", *_argv(args)], env=env)
+    if os.getcwd() not in sys.path:  # like `python -m`: the user's modules in the working directory import
+        sys.path.insert(0, os.getcwd())
     try:
         for module in args.imports:
             importlib.import_module(module)
@@ -205,8 +216,15 @@ def run_command(args) -> int:
         Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
         print(f"recorded to {args.record}")
     if args.notebook:
-        path = report.write_notebook(args.notebook)
-        print(f"wrote {path}")
+        from workbench.site import BuildError
+
+        try:
+            print(f"wrote {report.write_notebook(args.notebook)} (executed)")
+        except (ValueError, BuildError) as exc:
+            print(f"workbench audit: notebook not written: {exc}", file=sys.stderr)
+            return 1
+    if not report.ran:
+        return 2
     return 0 if report.passed else 1
 
 

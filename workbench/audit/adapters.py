@@ -374,14 +374,15 @@ def _te_thd(fn: Callable) -> Callable:
 def bshd_mask(lengths_q: list[int], lengths_k: list[int], seq_q: int, seq_k: int, causal: bool, device) -> torch.Tensor:
     """(B, S_q, S_k) bool, True where query i of sequence b may attend key j.
 
-    Keys past a sequence's length are masked; query rows are not (the usual key-padding mask:
-    padded query rows attend to real keys and are discarded). Causal is bottom-right aligned.
+    Padded positions are masked on both sides, so a padded query row is fully masked, like a
+    real row with no visible key: the function can tell both from the mask alone. Causal is
+    bottom-right aligned.
     """
     lq = torch.tensor(lengths_q, device=device)[:, None, None]
     lk = torch.tensor(lengths_k, device=device)[:, None, None]
     rows = torch.arange(seq_q, device=device)[None, :, None]
     cols = torch.arange(seq_k, device=device)[None, None, :]
-    mask = cols < lk
+    mask = (rows < lq) & (cols < lk)
     if causal:
         mask = mask & (cols <= rows + lk - lq)
     return mask

@@ -38,6 +38,9 @@ class Finding:
     check: str
     evidence: str
 
+    def __str__(self) -> str:
+        return f"{self.check}: {self.evidence}"
+
 
 @dataclass
 class CheckResult:
@@ -136,7 +139,8 @@ class Context:
             padded_q = padded_k = None
         if "tail" in self.impl.lacks:
             tail_q = tail_k = 0
-        fields = {"heads": 2, "head_dim": self.head_dim, "dtype": self.dtype, **fields}
+        # Zero padding by default: each check isolates its subject; padding-leak plants the rest.
+        fields = {"heads": 2, "head_dim": self.head_dim, "dtype": self.dtype, "fill": Fill.ZEROS, **fields}
         return Case(seqlens_q, padded_q=padded_q, padded_k=padded_k, tail_q=tail_q, tail_k=tail_k, **fields)
 
     def probe(self, case: Case, **kwargs: Any) -> ProbeRecord:
@@ -194,8 +198,8 @@ def check(name: str, doc: str, needs: tuple[str, ...] = ()) -> Callable[[Callabl
 @check("real-accuracy", "REAL rows of out, dq, dk, dv within FlashAttention's bound of the fp64 oracle")
 def _real_accuracy(ctx: Context) -> CheckResult:
     cases = [
-        ctx.case((5, 3, 7), padded_q=(8, 4, 7), padded_k=(6, 3, 9), tail_q=3, tail_k=2, fill=Fill.ZEROS),
-        ctx.case((17, 40), causal="causal" not in ctx.impl.lacks, fill=Fill.ZEROS, seed=1),
+        ctx.case((5, 3, 7), padded_q=(8, 4, 7), padded_k=(6, 3, 9), tail_q=3, tail_k=2),
+        ctx.case((17, 40), causal="causal" not in ctx.impl.lacks, seed=1),
     ]
     return ctx.judge(cases, ("real-accuracy",), poisoned=False)
 
@@ -233,7 +237,7 @@ def _empty_sequences(ctx: Context) -> CheckResult:
 
 @check("fully-masked-rows", "query rows with no visible key give 0 and gradient 0, never NaN", needs=("unequal", "causal"))
 def _fully_masked(ctx: Context) -> CheckResult:
-    cases = [ctx.case((3, 2, 4), seqlens_k=(3, 0, 2), causal=True, fill=Fill.NAN)]
+    cases = [ctx.case((3, 2, 4), seqlens_k=(3, 0, 2), causal=True)]
     return ctx.judge(cases, ("real-accuracy",))
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from workbench.audit.adapters import Adapted, AdapterRefused
 from workbench.audit.checks import Finding, layout_findings, single_threaded
 from workbench.layout import Case, Fill, pack
-from workbench.probe import probe
+from workbench.probe import ProbeRecord, probe
 
 RAISES = "raises-on-valid-layout"
 
@@ -97,15 +97,20 @@ def _draw(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
     )
 
 
-def run_layout(impl: Adapted, case: Case) -> list[Finding]:
-    """The contract violations of one layout: one poisoned probe against the oracle."""
+def probe_layout(impl: Adapted, case: Case) -> tuple[ProbeRecord | None, list[Finding]]:
+    """One poisoned probe of `case` against the oracle, and the contract violations it shows
+    (an exception on this valid layout is one; a layout the adapter refuses shows none)."""
     try:
         record = probe(impl, pack(case, impl.device), name=impl.name, poisoned=True, **impl.case_kwargs(case))
     except AdapterRefused:
-        return []
+        return None, []
     except Exception as exc:  # a valid layout must never raise
-        return [Finding(RAISES, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")]
-    return layout_findings(record)
+        return None, [Finding(RAISES, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")]
+    return record, layout_findings(record)
+
+
+def run_layout(impl: Adapted, case: Case) -> list[Finding]:
+    return probe_layout(impl, case)[1]
 
 
 # -- shrinking ----------------------------------------------------------------------------

@@ -1,0 +1,340 @@
+"""`workbench audit`: adapters, checks, the bad-input campaign, reports and the CLI.
+
+Implementations here are the fp64 oracle with one planted bug each (fast: no interpreter), and
+fakes with the exact signatures of torch's varlen_attn (2.10 and 2.11), FlashAttention's
+flash_attn_varlen_func, a TransformerEngine THD call and a BSHD + mask callable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from workbench import Case, reference_attention
+from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, register_adapter
+from workbench.audit.campaign import Outcome, classify, run_campaign
+from workbench.cli import main
+from workbench.malformed import CATALOGUE, base_args, split_call
+
+BY_ID = {c.id: c for c in CATALOGUE}
+
+
+def oracle(q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None, validate=False):
+    """The oracle in q's dtype; validate=False: like most kernels, it trusts its metadata."""
+    return reference_attention(
+        q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_k_padded, causal=causal, scale=scale, validate=validate,
+    ).to(q.dtype)
+
+
+def _layout(cu, padded):
+    return cu if padded is None else padded
+
+
+# -- planted bugs: each breaks exactly one promise of the contract --------------------------
+
+
+def tail_unwritten(q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded=None, **kw):
+    """torch varlen_attn's bug: rows past the layout's end come from torch.empty."""
+    out = oracle(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_seqlens_q_padded, **kw)
+    end = int(_layout(cu_q, cu_seqlens_q_padded)[-1])
+    return torch.cat([out[:end], torch.empty_like(out[end:])])
+
+
+def gap_unwritten(q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded=None, **kw):
+    """GAP rows come from torch.empty: only real rows are written."""
+    out = oracle(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_seqlens_q_padded, **kw)
+    layout = _layout(cu_q, cu_seqlens_q_padded)
+    keep = torch.zeros(q.shape[0], dtype=torch.bool)
+    for i, (a, b) in enumerate(zip(cu_q.tolist(), cu_q[1:].tolist())):
+        keep[int(layout[i]): int(layout[i]) + b - a] = True
+    keep[int(layout[-1]):] = True
+    return torch.where(keep[:, None, None], out, torch.empty_like(out))
+
+
+def padding_reaches_real_rows(q, *args, **kw):
+    """A reduction over every row lets NaN padding reach every output (conftest's planted bug)."""
+    return oracle(q, *args, **kw) + 0 * q.sum()
+
+
+def top_left_causal(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, **kw):
+    """Causal aligned top-left (TE's "padding_causal"): wrong whenever len_q != len_k."""
+    if not causal:
+        return oracle(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+    out = torch.zeros_like(q)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        lq, lk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        one = oracle(q[cq[i]:cq[i + 1]], k[ck[i]:ck[i] + min(lq, lk)], v[ck[i]:ck[i] + min(lq, lk)],
+                     torch.tensor([0, lq], dtype=torch.int32), torch.tensor([0, min(lq, lk)], dtype=torch.int32), lq, lk, causal=True)
+        out = torch.cat([out[:cq[i]], one, out[cq[i + 1]:]])
+    return out
+
+
+def gqa_interleaved(q, k, v, *args, **kw):
+    """GQA with the wrong head mapping (kv head h % H_kv instead of h // group)."""
+    group = q.shape[1] // k.shape[1]
+    return oracle(q, k.repeat(1, group, 1), v.repeat(1, group, 1), *args, **kw)
+
+
+def nondeterministic(q, *args, **kw):
+    out = oracle(q, *args, **kw)
+    return out + 1e-6 * torch.rand(()) * out
+
+
+PLANTED = [
+    (tail_unwritten, "tail-rows", "out: .* non-finite values in 4 TAIL rows"),
+    (gap_unwritten, "gap-rows", "out: .* non-finite values in .* GAP rows"),
+    (padding_reaches_real_rows, "padding-leak", r"\(nan padding\): out: .* non-finite REAL values"),
+    (top_left_causal, "causal-unequal", "error .* > bound"),
+    (gqa_interleaved, "gqa", "H=4/2 .* error .* > bound"),
+    (nondeterministic, "determinism", "values differ"),
+]
+
+
+@pytest.mark.parametrize("impl, check, evidence", PLANTED, ids=[p[1] for p in PLANTED])
+def test_each_check_catches_its_planted_bug(impl, check, evidence):
+    report = audit(impl, "contract", budget=0, checks=[check])
+    result = report.result(check)
+    assert result.verdict is Verdict.FAIL, result
+    assert result.evidence and __import__("re").search(evidence, result.evidence), result.evidence
+
+
+def test_the_oracle_passes_every_check():
+    report = audit(reference_attention, budget=0)
+    assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == []
+    assert report.passed and report.ran
+    assert report.result("bad-input").evidence == "27/27 clear errors (2 n/a)"  # no declared dtypes/head dims
+
+
+# -- adapters -------------------------------------------------------------------------------
+
+
+def varlen_attn_210(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    """torch 2.10's signature; FlashAttention-2's mechanism: out = empty_like(q), covered rows written."""
+    return tail_unwritten(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal=is_causal)
+
+
+CALLS: list[dict] = []
+
+
+def varlen_attn_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+    """torch 2.11's signature: causal is window_size=(-1, 0), scale keyword-only."""
+    CALLS.append({"window_size": window_size, "scale": scale})
+    assert window_size in ((-1, -1), (-1, 0)), window_size
+    return oracle(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal=window_size == (-1, 0), scale=scale)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attn 2's signature, computed by the oracle, trusting its metadata as FA does."""
+    assert dropout_p == 0.0
+    out = oracle(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=softmax_scale)
+    return (out, None, None) if return_attn_probs else out
+
+
+def te_dot_product_attention(query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, cu_seqlens_q=None,
+                             cu_seqlens_kv=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, max_seqlen_q=None,
+                             max_seqlen_kv=None, attn_mask_type=None, window_size=None):
+    """DotProductAttention.forward's keywords; THD output flattened to (tokens, heads * dim), as TE returns it."""
+    assert qkv_format == "thd" and attn_mask_type in ("padding", "padding_causal_bottom_right"), attn_mask_type
+    out = reference_attention(
+        query_layer, key_layer, value_layer, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_kv_padded,
+        causal=attn_mask_type == "padding_causal_bottom_right",
+    ).to(query_layer.dtype)
+    return out.flatten(1)
+
+
+def sdpa_bshd(q, k, v, mask):
+    """The textbook padded-batch attention: SDPA with a boolean mask (NaN on fully masked rows)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None], enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def sdpa_bshd_guarded(q, k, v, mask):
+    """The same, with masked keys zeroed and fully masked rows set to 0: what the contract asks."""
+    seen_keys, live_rows = mask.any(1)[:, :, None, None], mask.any(-1)[:, :, None, None]
+    q, k, v = torch.where(live_rows, q, 0), torch.where(seen_keys, k, 0), torch.where(seen_keys, v, 0)
+    safe = mask | ~mask.any(-1, keepdim=True)  # fully masked rows attend anything, then are zeroed
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=safe[:, None], enable_gqa=True)
+    return out.transpose(1, 2) * live_rows
+
+
+def test_adapters_are_detected_from_signatures():
+    from torch.nn.attention.varlen import varlen_attn
+
+    assert detect(kernels.varlen_attention).name == "ours"
+    assert detect(reference_attention).name == "contract"
+    assert detect(varlen_attn).name == detect(varlen_attn_210).name == detect(varlen_attn_211).name == "torch-varlen"
+    assert detect(flash_attn_varlen_func).name == "flash-attn"
+    assert detect(te_dot_product_attention).name == "te-thd"
+    with pytest.raises(ValueError, match=r"no adapter recognises .*sdpa_bshd.*`bshd` is never guessed"):
+        detect(sdpa_bshd)
+    with pytest.raises(ValueError, match=r"adapter = 'nope' is not registered; known adapters: .*torch-varlen"):
+        adapt(reference_attention, "nope")
+    with pytest.raises(ValueError, match=r"target 'workbench:nothing_here'.*has no attribute 'nothing_here'"):
+        adapt("workbench:nothing_here")
+    with pytest.raises(ValueError, match=r"must look like module:function"):
+        adapt("workbench.reference_attention")
+
+
+def test_torch_varlen_on_cpu_is_not_applicable_with_the_reason():
+    from torch.nn.attention.varlen import varlen_attn
+
+    report = audit(varlen_attn, device="cpu", budget=5)
+    assert {r.verdict for r in report.results} == {Verdict.NA} and report.fuzz is None and not report.ran
+    assert "CUDA only" in report.results[0].evidence and "NOTHING RAN" in str(report)
+
+
+def _runnable_here(name: str):
+    """The adapter as it is, except the CUDA-only limit: fakes of CUDA-only functions run on CPU."""
+    adapter = ADAPTERS[name]
+    return dataclasses.replace(adapter, lacks=lambda fn, device: {k: v for k, v in adapter.lacks_for(fn, device).items() if k != "run"})
+
+
+def test_torch_210_adapter_finds_the_tail_bug_and_knows_what_210_lacks():
+    report = audit(varlen_attn_210, _runnable_here("torch-varlen"), budget=0, dtype="float16")
+    verdicts = report.verdicts()
+    assert verdicts["tail-rows"] == "FAIL" and "non-finite values in 4 TAIL rows" in report.result("tail-rows").evidence
+    assert verdicts["gap-rows"] == verdicts["gqa"] == "n/a"
+    assert "enable_gqa" in report.result("gqa").evidence and "no padded layout" in report.result("gap-rows").evidence
+    assert verdicts["real-accuracy"] == verdicts["causal-unequal"] == verdicts["fully-masked-rows"] == "pass"
+    rows = {r["id"]: r for r in report.result("bad-input").rows}
+    assert rows["scale-nan"]["outcome"] == "n/a" and "2.10" in rows["scale-nan"]["evidence"]
+    assert rows["padded-decreasing"]["outcome"] == "n/a"
+    # Trusted, like FlashAttention; the base call has TAIL rows, left unwritten: NaN under poisoning.
+    assert rows["max-seqlen-too-small"]["outcome"] == Outcome.SILENT_NAN.value
+    assert rows["dtype-unsupported"]["outcome"] != "n/a"  # torch declares fp16/bf16 only
+
+
+def test_torch_211_adapter_passes_causal_as_a_window_and_scale_by_keyword():
+    CALLS.clear()
+    report = audit(varlen_attn_211, _runnable_here("torch-varlen"), budget=0, dtype="float16", checks=["causal-unequal", "tail-rows"])
+    assert report.verdicts() == {"causal-unequal": "pass", "tail-rows": "pass"}
+    assert {"window_size": (-1, 0), "scale": None} in CALLS
+    positional, _ = split_call(base_args(padded=False, kv_heads=4))
+    adapt(varlen_attn_211, _runnable_here("torch-varlen"))(*positional, scale=0.5)
+    assert CALLS[-1] == {"window_size": (-1, -1), "scale": 0.5}
+
+
+def test_flash_attn_adapter_on_a_fake_of_its_signature():
+    report = audit(flash_attn_varlen_func, budget=0, dtype="float16")
+    verdicts = report.verdicts()
+    assert verdicts.pop("gap-rows") == "n/a" and verdicts.pop("bad-input") == "FAIL"
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    rows = {r["id"]: r["outcome"] for r in report.result("bad-input").rows}
+    # The fake trusts its metadata: a list crashes deep inside, a short max_seqlen is ignored.
+    assert rows["cu-not-tensor"] == Outcome.CRASH.value
+    assert rows["max-seqlen-too-small"] == Outcome.SILENT_WRONG.value
+
+
+def test_te_adapter_maps_thd_keywords_and_bottom_right_causal():
+    report = audit(te_dot_product_attention, budget=0)
+    verdicts = report.verdicts()
+    assert set(verdicts.values()) == {"pass"}, report.table()
+    rows = {r["id"]: r for r in report.result("bad-input").rows}
+    assert rows["scale-nan"]["outcome"] == "n/a" and "constructor" in rows["scale-nan"]["evidence"]
+    assert rows["cu-decreasing"]["outcome"] == Outcome.CLEAR.value  # named cu_seqlens_k: the oracle validates
+
+
+def test_bshd_adapter_catches_sdpa_letting_masked_nan_through_and_passes_a_guarded_one():
+    report = audit(sdpa_bshd, "bshd", budget=0)
+    verdicts = report.verdicts()
+    assert verdicts.pop("tail-rows") == verdicts.pop("gap-rows") == verdicts.pop("bad-input") == "n/a"
+    # Masked scores are -inf, but probability 0 times a NaN value at a padded position is NaN.
+    assert verdicts.pop("padding-leak") == "FAIL" and "(nan padding): out:" in report.result("padding-leak").evidence
+    assert set(verdicts.values()) == {"pass"}, report.table()  # torch >= 2.5 SDPA gives 0 on fully masked rows
+    guarded = audit(sdpa_bshd_guarded, "bshd", budget=4)
+    assert guarded.passed, str(guarded)
+
+
+def test_a_user_adapter_in_a_few_lines():
+    def self_attention(x_q, x_k, x_v, boundaries, longest, causal):
+        return oracle(x_q, x_k, x_v, boundaries, boundaries, longest, longest, causal=causal)
+
+    @register_adapter("test-self-attention", lacks={"unequal": "self-attention only: one cu_seqlens", "padded": "no padded layout"})
+    def wrap(fn):
+        def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+            return fn(q, k, v, cu_seqlens_q, max_seqlen_q, causal)
+
+        return call
+
+    try:
+        report = audit(self_attention, "test-self-attention", budget=10, checks=["real-accuracy", "causal-unequal", "tail-rows", "gqa"])
+        assert report.verdicts() == {"real-accuracy": "pass", "causal-unequal": "n/a", "tail-rows": "pass", "gqa": "pass"}
+        assert report.result("causal-unequal").evidence == "self-attention only: one cu_seqlens"
+        assert report.fuzz.tried == 10 and not report.fuzz.failures
+    finally:
+        ADAPTERS.pop("test-self-attention")
+    with pytest.raises(ValueError, match="already registered"):
+        register_adapter("ours")(lambda fn: fn)
+
+
+# -- the bad-input campaign -----------------------------------------------------------------
+
+
+def _raises(exc):
+    def impl(*args, **kwargs):
+        raise exc
+
+    return impl
+
+
+@pytest.mark.parametrize("impl, outcome", [
+    (_raises(ValueError("cu_seqlens_k is not monotonic")), Outcome.CLEAR),
+    (_raises(ValueError("bad metadata")), Outcome.VAGUE),
+    (_raises(IndexError("index 9 is out of bounds")), Outcome.CRASH),
+    (lambda q, *a, **kw: torch.full_like(q, math.nan), Outcome.SILENT_NAN),
+    (lambda q, *a, **kw: torch.zeros_like(q), Outcome.SILENT_WRONG),
+], ids=["clear", "vague", "crash", "silent-nan", "silent-wrong"])
+def test_campaign_classifies_what_an_implementation_does(impl, outcome):
+    adapted = adapt(impl, "contract")
+    assert classify(adapted, BY_ID["cu-decreasing"], base_args())[0] is outcome
+
+
+def test_campaign_accepts_the_implementations_own_argument_names():
+    adapted = adapt(varlen_attn_210, _runnable_here("torch-varlen"))
+    outcome, evidence = classify(adapted, BY_ID["cu-decreasing"], base_args(padded=False, kv_heads=4))
+    assert outcome is Outcome.CRASH or outcome is Outcome.SILENT_WRONG or outcome is Outcome.SILENT_NAN, evidence
+    named = adapt(_raises(ValueError("cu_seq_k must be non-decreasing")), _runnable_here("torch-varlen"))
+    assert classify(named, BY_ID["cu-decreasing"], base_args(padded=False, kv_heads=4))[0] is Outcome.CLEAR
+
+
+def test_campaign_of_our_kernel_is_all_clear_errors():
+    rows = run_campaign(adapt(kernels.varlen_attention), "float32")
+    assert {r["outcome"] for r in rows} == {Outcome.CLEAR.value}, [r for r in rows if r["outcome"] != "clear error"]
+    assert len(rows) == len(CATALOGUE)
+
+
+# -- reports and the command line -----------------------------------------------------------
+
+
+def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
+    record = tmp_path / "audit.json"
+    assert main(["audit", "workbench:reference_attention", "--budget", "3", "--checks", "real-accuracy,bad-input", "--record", str(record)]) == 0
+    data = json.loads(record.read_text())
+    assert data["passed"] and data["fuzz"]["tried"] == 3 and data["provenance"]["torch"] == torch.__version__
+    assert [c["name"] for c in data["checks"]] == ["real-accuracy", "bad-input"] and len(data["checks"][1]["rows"]) == len(CATALOGUE)
+    assert "PASSED" in capsys.readouterr().out
+
+    assert main(["audit", "test_audit:tail_unwritten", "--adapter", "contract", "--budget", "0", "--checks", "tail-rows"]) == 1
+    assert "FAILED: tail-rows" in capsys.readouterr().out
+    assert main(["audit", "torch.nn.attention.varlen:varlen_attn", "--device", "cpu", "--budget", "0", "--checks", "tail-rows"]) == 2
+    assert main(["audit", "no_such_module_xyz:f"]) == 2
+    assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
+    assert main(["audit", "workbench:reference_attention", "--checks", "tail-rows,nope"]) == 2
+    assert "checks = ['nope'] are unknown" in capsys.readouterr().err
+
+
+def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():
+    report = audit(tail_unwritten, "contract", budget=0, checks=["tail-rows", "bad-input"])
+    lines = report.table().splitlines()
+    assert lines[0].split() == ["check", "verdict", "evidence"] and set(lines[1]) == {"-"}
+    assert lines[2].startswith("tail-rows  FAIL") and lines[3].startswith("bad-input  FAIL")
+    assert [line.split()[0] for line in report.campaign_table().splitlines()] == [c.id for c in CATALOGUE]

@@ -1,0 +1,154 @@
+"""`workbench audit --notebook PATH`: a post-mortem notebook started from an audit.
+
+The notebook is thin, like every notebook of the workbench: it re-runs the audit's checks,
+reproduces each failing case (the failing checks' cases and the fuzzer's smallest layouts)
+with a per-token norm plot, and ends with a claims cell (`workbench.postmortem.Claims`) whose
+verdict table nbval compares exactly: "check X: FAIL", "case N still fails tail-rows". When the
+implementation is fixed the claims stop holding and CI says so: update the notebook then.
+
+Cells are written in the percent format of `workbench new`'s template and parsed by
+`workbench.scaffold.parse_cells`; the notebook is executed in place, as `workbench new` does.
+"""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from workbench.audit.checks import Finding
+from workbench.audit.fuzz import case_source
+from workbench.postmortem import Claims
+from workbench.scaffold import parse_cells
+
+# Failing checks whose failing case is a layout (the others: determinism, bad-input).
+_FINDING_OF = {
+    "real-accuracy": "real-accuracy", "tail-rows": "tail-rows", "gap-rows": "gap-rows", "padding-leak": "real-accuracy",
+    "empty-sequences": None, "fully-masked-rows": "real-accuracy", "causal-unequal": "real-accuracy", "gqa": "real-accuracy",
+}
+
+
+def reproductions(report) -> list[tuple[str, str | None, Any, str]]:
+    """(label, finding to expect, case, where it came from) for each failing case of `report`;
+    a finding of None means any finding."""
+    out = []
+    for result in report.results:
+        if result.verdict.value == "FAIL" and result.name in _FINDING_OF and result.cases:
+            out.append((result.name, _FINDING_OF[result.name], result.cases[0], f"The failing case of check `{result.name}`"))
+    for failure in report.fuzz.failures if report.fuzz else []:
+        out.append((f"fuzz {failure.check}", failure.check, failure.case, f"The fuzzer's smallest layout failing `{failure.check}` ({failure.shrink_probes} shrink probes)"))
+    return out
+
+
+def audit_claims(expected: dict[str, str], expected_findings: dict[str, str | None]) -> Claims:
+    """Claims that the audit still says what it said: every check's verdict, and every
+    reproduction still failing. Results: {"report": AuditReport, "reproductions": {label: findings}}."""
+    claims = Claims()
+    for name, verdict in expected.items():
+        def same_verdict(results, name=name, verdict=verdict):
+            now = results["report"].verdicts().get(name)
+            return now == verdict, "" if now == verdict else f"now {now}"
+
+        claims(f"check {name}: {verdict}")(same_verdict)
+    for label, finding in expected_findings.items():
+        def still_fails(results, label=label, finding=finding):
+            found: list[Finding] = results["reproductions"][label]
+            hit = [f.check for f in found if finding is None or f.check == finding]
+            return bool(hit), ", ".join(sorted(set(hit))) or "no longer fails"
+
+        claims(f"case {label!r} still fails {finding or 'a check'}")(still_fails)
+    return claims
+
+
+def _markdown(text: str) -> str:
+    return "# %% [markdown]\n" + text.strip("\n")
+
+
+def _code(text: str) -> str:
+    return "# %%\n" + text.strip("\n")
+
+
+def notebook_source(report, *, today: str | None = None) -> str:
+    """The notebook in percent format."""
+    today = today or datetime.date.today().isoformat()
+    failing = ", ".join(f"`{n}`" for n in report.failed)
+    verdict = f"It fails {failing}." if failing else "Every applicable check holds."
+    checks = [r.name for r in report.results]
+    cells = [
+        _markdown(f"""
+# Audit of `{report.target}`
+
+Written by `workbench audit --notebook` on {today}: the implementation behind adapter `{report.adapter}`,
+on {report.device}, checked against the padding contract (DESIGN.md). {verdict}
+
+The sections below re-run the audit and reproduce every failing case; the claims at the end are
+re-checked whenever this notebook runs (nbval in CI), so it stays true or fails loudly.
+"""),
+        _code(f"""
+from workbench import Case, Fill, plot_token_norms
+from workbench.audit import adapt, audit
+from workbench.audit.fuzz import probe_layout
+from workbench.audit.notebook import audit_claims
+
+impl = adapt({report.target!r}, adapter={report.adapter!r}, device={report.device!r})
+report = audit(impl, dtype={report.dtype!r}, budget=0, checks={checks!r})
+print(report.table())
+found = {{}}
+"""),
+    ]
+    if any(r.rows for r in report.results):
+        cells += [
+            _markdown("## Bad inputs\n\nEvery malformed call of `workbench.malformed`, and what the implementation did with it."),
+            _code("print(report.campaign_table())"),
+        ]
+    repros = reproductions(report)
+    if repros:
+        cells.append(_markdown(
+            "## Failing cases\n\nEach case is probed forward and backward under NaN-poisoned memory and compared with the "
+            "fp64 oracle; the plot shows per-row norms of out, dq, dk, dv with GAP and TAIL rows shaded."
+        ))
+    for i, (label, _, case, origin) in enumerate(repros, 1):
+        cells += [
+            _markdown(f"### {i}. {label}\n\n{origin}: `{case.label()}`, padding filled with {case.fill.value}."),
+            _code(f"""
+case = {case_source(case)}
+record, found[{label!r}] = probe_layout(impl, case)
+print(*found[{label!r}], sep="\\n")
+plot_token_norms(record) if record is not None else None
+"""),
+        ]
+    expected = report.verdicts()
+    findings = {label: finding for label, finding, _, _ in repros}
+    cells += [
+        _markdown("## Claims\n\nWhat the audit found, checked again on the results above. CI compares the table exactly."),
+        _code(f"""
+# NBVAL_CHECK_OUTPUT
+claims = audit_claims({expected!r}, {findings!r})
+verdicts = claims.report({{"report": report, "reproductions": found}})
+"""),
+    ]
+    return "\n".join(cells) + "\n"
+
+
+def write_notebook(report, path: str | Path, *, execute: bool = True, root: str | Path | None = None) -> Path:
+    """Writes the notebook of `report` to `path` (refusing to overwrite) and executes it in
+    place, with `root` (default: the working directory) first on the kernel's import path."""
+    from workbench.site import execute_in_place
+
+    path = Path(path)
+    if path.suffix != ".ipynb":
+        raise ValueError(f"notebook path {str(path)!r} must end in .ipynb.")
+    if path.exists():
+        raise ValueError(f"{path} already exists; pick another --notebook path.")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = parse_cells(notebook_source(report))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, cell in enumerate(nb.cells):  # deterministic ids, as `workbench new` writes them
+        cell.id = f"cell-{i}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    if execute:
+        execute_in_place(path, Path(root) if root is not None else Path.cwd())
+    return path
