@@ -2,9 +2,10 @@
 import json
 import sys
 
+import nbformat
 import pytest
 import torch
-from conftest import FAST_FIX, PLANTED_BUG, scaffold_variant
+from conftest import FAST_FIX, PLANTED_BUG, plain_notebook, scaffold_variant
 
 from workbench import Case, cli
 from workbench.registry import read_manifest
@@ -12,7 +13,7 @@ from workbench.registry import read_manifest
 
 def test_every_command_is_wired():
     parser = cli.build_parser()
-    for argv in (["info"], ["list"], ["repro", "x"], ["build"], ["new", "x", "t"], ["lab"]):
+    for argv in (["info"], ["list"], ["repro", "x"], ["build"], ["new", "x", "t"], ["execute", "x"], ["lab"]):
         assert callable(parser.parse_args(argv).func)
     with pytest.raises(SystemExit):
         parser.parse_args(["repro", "x", "--device", "tpu"])
@@ -21,8 +22,6 @@ def test_every_command_is_wired():
 def test_new_scaffolds_an_executed_postmortem(scaffolded, capsys):
     pm = scaffolded.get("scaffold-demo")
     assert pm.meta.title == "A scaffolded post-mortem"
-    import nbformat
-
     nb = nbformat.read(pm.notebook, as_version=4)
     assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code"), "committed with outputs"
     claims_output = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
@@ -87,6 +86,15 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
 def test_list_without_postmortems_says_how_to_start(project, capsys):
     assert cli.main(["list"]) == 0
     assert "workbench new" in capsys.readouterr().out
+
+
+def test_execute_saves_notebooks_with_outputs(project, capsys):
+    plain_notebook(project.notebooks_dir / "notes.ipynb", "print(6 * 7)")
+    assert cli.main(["execute", "notes"]) == 0
+    cell = nbformat.read(project.notebooks_dir / "notes.ipynb", as_version=4).cells[1]
+    assert cell.execution_count == 1 and cell.outputs[0].text == "42\n"
+    assert cli.main(["execute", "missing"]) == cli.EXIT_USAGE
+    assert "missing.ipynb does not exist" in capsys.readouterr().err
 
 
 def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch):

@@ -6,6 +6,7 @@
                                         run a post-mortem's claims without Jupyter
     workbench build [--no-execute]      build the static site into site/_build
     workbench new ID "TITLE"            scaffold postmortems/<module>.py + notebooks/ID.ipynb
+    workbench execute NAME...           re-execute notebooks in place, to commit their outputs
     workbench lab                       JupyterLab on notebooks/
     workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--notebook PATH] [--record FILE]
                                         check any varlen attention against the padding contract
@@ -143,6 +144,21 @@ def _new(args: argparse.Namespace) -> int:
     return 0
 
 
+def _execute(args: argparse.Namespace) -> int:
+    from workbench.registry import Registry
+    from workbench.site import execute_in_place
+
+    registry = Registry()
+    for name in args.notebooks:
+        path = Path(name) if name.endswith(".ipynb") else registry.notebooks_dir / f"{name}.ipynb"
+        if not path.exists():
+            print(f"workbench execute: {path} does not exist; give a notebook path or a name under {registry.notebooks_dir}.", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"executing {path}", flush=True)
+        execute_in_place(path, registry.root)
+    return 0
+
+
 def _lab(args: argparse.Namespace) -> int:
     from workbench.registry import Registry
 
@@ -187,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("id", help="lowercase letters, digits and '-', e.g. flash-dmattn-121")
     new.add_argument("title", help="one line, in quotes")
     new.set_defaults(func=_new)
+
+    execute = commands.add_parser("execute", help="re-execute notebooks in place (as the site does), to commit them with outputs")
+    execute.add_argument("notebooks", nargs="+", metavar="NAME", help="post-mortem id / notebook name, or a path to an .ipynb")
+    execute.set_defaults(func=_execute)
 
     lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)")
     lab.set_defaults(func=_lab)
