@@ -85,9 +85,18 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) 
     half = x.shape[-1] // 2
     freq = base ** (-torch.arange(half, dtype=torch.float64) / half)
     angle = positions.to(torch.float64)[:, None] * freq[None, :]
-    cos, sin = angle.cos().to(x.dtype)[:, None, :], angle.sin().to(x.dtype)[:, None, :]
+    cos, sin = (f(angle).to(x.device, x.dtype)[:, None, :] for f in (torch.cos, torch.sin))
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def attention_metadata(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor, causal: bool = True) -> dict:
+    """The keyword arguments of a self-attention call on a packed layout (the contract's names)."""
+    longest = int(cu_seqlens.diff().max())
+    return dict(
+        cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=longest, max_seqlen_k=longest,
+        cu_seqlens_q_padded=cu_seqlens_padded, cu_seqlens_k_padded=cu_seqlens_padded, causal=causal,
+    )
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,7 @@ class LMConfig:
     heads: int = 2
     layers: int = 2
     seed: int = 0
+    causal: bool = True  # False: a bidirectional encoder (train it on a masked-token objective)
 
     @property
     def head_dim(self) -> int:
@@ -180,7 +190,7 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """Embedding, `layers` pre-norm blocks with RoPE and causal varlen attention, tied head."""
+    """Embedding, `layers` pre-norm blocks with RoPE and varlen attention (causal unless `config.causal` is False), tied head."""
 
     def __init__(self, config: LMConfig = LMConfig(), attention: Callable = dense_attention):
         super().__init__()
@@ -194,12 +204,7 @@ class TinyLM(nn.Module):
     def forward(self, batch: PackedTokens, *, cu_seqlens: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (T, vocab). `cu_seqlens` overrides the real boundaries given to attention
         (the workaround passes `batch.cu_seqlens_padded`); `positions` overrides RoPE positions."""
-        cu = batch.cu_seqlens if cu_seqlens is None else cu_seqlens
-        max_seqlen = int(cu.diff().max())
-        metadata = dict(
-            cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
-            cu_seqlens_q_padded=batch.cu_seqlens_padded, cu_seqlens_k_padded=batch.cu_seqlens_padded, causal=True,
-        )
+        metadata = attention_metadata(batch.cu_seqlens if cu_seqlens is None else cu_seqlens, batch.cu_seqlens_padded, self.config.causal)
         if positions is None:
             positions = rope_positions(batch.cu_seqlens, batch.cu_seqlens_padded, batch.tokens.numel())
         x = self.embed(batch.tokens)

@@ -1,0 +1,79 @@
+"""Sequence-parallel sizing on torch.distributed: padded boundaries exact, real boundaries a clear error."""
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workbench.seqpar import (
+    SizingError,
+    _spawn,
+    gather_tokens,
+    gathered_rows,
+    layer_forward,
+    run_sequence_parallel,
+    shard,
+)
+from workbench.tinylm import LMConfig, SyntheticTask, TinyLM
+
+
+@pytest.fixture
+def one_rank_group():
+    """A world of one, in this process: the collectives' size checks without spawning."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def packed_layer():
+    model = TinyLM(LMConfig(seed=1))
+    batch = SyntheticTask(seed=2).batch((20, 13, 27, 9), align=16)  # 69 real tokens in 96 rows
+    with torch.no_grad():
+        return model.blocks[0], model.embed(batch.tokens), batch
+
+
+def test_two_ranks_padded_sizing_is_exact_and_real_sizing_fails_clearly():
+    block, x, batch = packed_layer()
+    study = run_sequence_parallel(block, x, batch.cu_seqlens, batch.cu_seqlens_padded)
+    assert (study.world_size, study.layout_rows, study.real_rows) == (2, 96, 69)
+    padded, real, unchecked = study.run("padded"), study.run("real"), study.run("real", validate=False)
+    assert padded.exact and padded.errors == (None, None) and padded.out.shape == x.shape
+    with torch.no_grad():  # the study's reference is the layer in this process
+        assert torch.allclose(study.reference, layer_forward(block, x, batch.cu_seqlens, batch.cu_seqlens_padded), atol=1e-6)
+    assert real.rows == 69 and real.out is None and not real.exact
+    assert all(e.startswith("SizingError: sequence-parallel all-gather sized from cu_seqlens[-1] = 69 rows") for e in real.errors)
+    assert "48 rows each (96 rows" in real.error and "from cu_seqlens_padded[-1]" in real.error
+    assert unchecked.out is None and unchecked.error.startswith("RuntimeError")  # torch's own words, no hint of the fix
+    assert "cu_seqlens" not in unchecked.error
+
+
+def test_gather_checks_its_size(one_rank_group):
+    local = torch.arange(12.0).view(6, 2)
+    assert torch.equal(gather_tokens(local, 6), local)
+    with pytest.raises(SizingError, match=r"sized from cu_seqlens\[-1\] = 4 rows, but the 1 ranks hold 6 rows each"):
+        gather_tokens(local, 4, size_from="real")
+    with pytest.raises(RuntimeError):  # what the collective says without our check
+        gather_tokens(local, 4, size_from="real", validate=False)
+
+
+def test_sizing_arguments_are_checked():
+    cu, cu_padded = torch.tensor([0, 3, 5]), torch.tensor([0, 4, 8])
+    assert (gathered_rows(cu, cu_padded), gathered_rows(cu, cu_padded, "real")) == (8, 5)
+    with pytest.raises(ValueError, match="size_from = 'tokens' must be one of"):
+        gathered_rows(cu, cu_padded, "tokens")
+    with pytest.raises(ValueError, match="7 rows, not a multiple of world_size = 2: pad the packed batch"):
+        shard(torch.zeros(7, 2), 0, 2)
+    block, x, batch = packed_layer()
+    with pytest.raises(ValueError, match="x has 95 rows but cu_seqlens_padded"):
+        run_sequence_parallel(block, x[:95], batch.cu_seqlens, batch.cu_seqlens_padded)
+
+
+def test_ranks_are_killed_and_joined_on_timeout(tmp_path):
+    # The ranks need seconds to import torch: a 0.1 s budget runs out while they start.
+    with pytest.raises(TimeoutError, match="did not finish within 0.1 s"):
+        _spawn(2, str(tmp_path), "gloo", timeout_s=0.1)
+    assert not multiprocessing.active_children()
