@@ -161,7 +161,7 @@ class MaskCase:
 
 # The seed's configuration: 1 x 256 x 1 x 64, causal, bf16, no mask, torch.manual_seed(42).
 SEED = MaskCase("seed config (no mask)", "none", seqlen=256, head_dim=64, causal=True, seed=42)
-CASES = (
+MASK_CASES = (
     SEED,
     MaskCase("8 fully masked rows", "rows", amount=8),
     MaskCase("leading block masked, 16 rows", "leading", amount=16),
@@ -170,9 +170,16 @@ CASES = (
     MaskCase("left-padded batch (40), causal", "left_pad", amount=40, batch=2, causal=True),
 )
 # A case "fails" when the replica returns a non-finite tensor; these are the ones the patch is judged on.
-LEADING = CASES[2]
-RAGGED = CASES[4]
-PADDED = CASES[5]
+LEADING = MASK_CASES[2]
+RAGGED = MASK_CASES[4]
+PADDED = MASK_CASES[5]
+# PADDED packed for varlen_attention: item 1's 40 padding tokens become an empty sequence whose
+# padded segment holds them (GAP rows), so no query sees them. The registry's CASES: the one
+# packed (THD) layout this post-mortem studies; the dense cases are MASK_CASES.
+_N, _PAD = PADDED.seqlen, int(PADDED.amount)
+PACKED = Case(seqlens_q=(_N, 0, _N - _PAD), padded_q=(_N, _PAD, _N - _PAD), padded_k=(_N, _PAD, _N - _PAD),
+              heads=PADDED.heads, head_dim=PADDED.head_dim, dtype=PADDED.dtype, causal=PADDED.causal, fill=Fill.ZEROS)
+CASES = (PACKED,)
 
 
 # -- running one variant on one case ----------------------------------------------------------
@@ -366,20 +373,11 @@ def write_coverage(device=None) -> list[Coverage]:
 
 
 def packed_equivalent(case: MaskCase = PADDED, device=None):
-    """`case`'s left-padded dense batch as a packed (THD) batch for `varlen_attention`.
-
-    Item 1's `amount` padding tokens come before its real ones; in THD they become an empty
-    sequence whose padded segment holds them (GAP rows), so no query ever sees them and their
-    rows are defined as 0. Same q/k/v values as the dense batch.
-    """
-    if case.pattern != "left_pad" or case.batch != 2 or case.heads != 1:
-        raise ValueError("packed_equivalent takes a 2-item, 1-head left_pad MaskCase (like PADDED).")
-    pad, n = int(case.amount), case.seqlen
-    layout = Case(seqlens_q=(n, 0, n - pad), padded_q=(n, pad, n - pad), padded_k=(n, pad, n - pad),
-                  heads=case.heads, head_dim=case.head_dim,
-                  dtype=case.dtype, causal=case.causal, fill=Fill.ZEROS, seed=case.seed)
+    """`case`'s left-padded dense batch as the packed batch `PACKED` (same q/k/v values), and dO packed likewise."""
+    if case != PADDED:
+        raise ValueError("packed_equivalent takes PADDED, the left_pad MaskCase that PACKED lays out.")
     x = case.inputs(device)
-    batch = pack(layout, x["q"].device)
+    batch = pack(PACKED, x["q"].device)
     flat = {name: x[name].reshape(-1, case.heads, case.head_dim).detach().clone().requires_grad_() for name in ("q", "k", "v")}
     return replace(batch, **flat), x["d_out"].reshape(-1, case.heads, case.head_dim)
 
@@ -438,7 +436,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def case_table(results: Results) -> str:
     """Per case and variant: non-finite entries of each tensor, and the worst error in units of the bound."""
     rows = []
-    for case in CASES:
+    for case in MASK_CASES:
         for variant in VARIANTS:
             r = results.get(case, variant)
             worst = max(r.error_ratio(n) for n in TENSORS)
@@ -449,7 +447,7 @@ def case_table(results: Results) -> str:
 def diagnosis_table(results: Results) -> str:
     """Per case: NaN rows predicted by the first-visited-block rule vs observed in the replica."""
     rows = []
-    for case in CASES:
+    for case in MASK_CASES:
         predicted, observed = predict_nan_rows(case), observed_nan_rows(results.get(case, "replica"))
         rows.append([case.name, str(int(predicted["lse"].sum())), str(int(observed["lse"].sum())),
                      str(int(predicted["out"].sum())), str(int(observed["out"].sum())), str(results.predictions[case.name])])
@@ -589,7 +587,7 @@ class Results:
 
     def failing(self) -> list[MaskCase]:
         """Cases where the unpatched replica returns a non-finite tensor."""
-        return [c for c in CASES if not self.get(c, "replica").all_finite]
+        return [c for c in MASK_CASES if not self.get(c, "replica").all_finite]
 
     def summary(self) -> dict:
         return {"runs": [r.summary() for r in self.runs.values()], "isfinite_error": self.isfinite_error,
@@ -598,11 +596,11 @@ class Results:
 
 def reproduce(device=None) -> Results:
     """Every case x variant, NaN through dO, the patch as written, write coverage, the sweep, padding."""
-    runs = {(c.name, v): run(c, v, device) for c in CASES for v in VARIANTS}
+    runs = {(c.name, v): run(c, v, device) for c in MASK_CASES for v in VARIANTS}
     nan_do = {v: run(SEED, v, device, d_out_nan_row=NAN_DO_ROW) for v in ("replica", "patch")}
     nan_oracle = oracle(SEED, None if device is None else str(device), NAN_DO_ROW)["oracle"]
     predictions = {}
-    for case in CASES:
+    for case in MASK_CASES:
         predicted, observed = predict_nan_rows(case), observed_nan_rows(runs[(case.name, "replica")])
         predictions[case.name] = all(torch.equal(predicted[k], observed[k]) for k in ("lse", "out"))
     return Results(
@@ -630,7 +628,7 @@ def _leading_block_nan(r: Results):
 
 @claims("guard (the maintainers' fix) on every case: all finite and within the oracle's bound")
 def _guard_everywhere(r: Results):
-    fixed = [r.get(c, "guard") for c in CASES]
+    fixed = [r.get(c, "guard") for c in MASK_CASES]
     good = sum(f.all_finite and f.all_within for f in fixed)
     worst = max(f.error_ratio(n) for f in fixed for n in TENSORS)
     return good == len(fixed), f"{good}/{len(fixed)} cases; worst error {worst:.2f} x bound"

@@ -91,7 +91,7 @@ def test_packed_equivalent_holds_the_dense_values():
     assert batch.cu_seqlens_q.tolist() == [0, n, n, 2 * n - pad]
     assert batch.cu_seqlens_q_padded.tolist() == [0, n, n + pad, 2 * n]
     assert torch.equal(batch.q.detach(), x["q"].reshape(-1, 1, pm.PADDED.head_dim)) and d_out.shape == batch.q.shape
-    with pytest.raises(ValueError, match="left_pad"):
+    with pytest.raises(ValueError, match="PADDED"):
         pm.packed_equivalent(pm.LEADING)
 
 
