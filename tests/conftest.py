@@ -1,4 +1,7 @@
 """Shared test settings: bounded hypothesis runs so the suite fits CI's budget."""
+# `kernels` first: without CUDA it switches Triton to the interpreter, which must happen before
+# any test module imports triton.language (else tl.* stay compiled-mode functions).
+import kernels  # noqa: F401
 from hypothesis import HealthCheck, settings
 
 # The Triton interpreter is slow and timing on shared CI machines is noisy: no deadlines,
