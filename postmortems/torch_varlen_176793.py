@@ -52,7 +52,7 @@ META = Meta(
     # The issue's own date is not in our sources; this is the earliest dated public account of
     # the mechanism (flash-attention#2324, by varlen_attn's author).
     reported="2026-03-10",
-    published="2026-07-20",
+    published="2026-11-29",
     links=(
         Link("pytorch#176793", "https://github.com/pytorch/pytorch/issues/176793"),
         Link("PR #186786 (closed)", "https://github.com/pytorch/pytorch/pull/186786"),
@@ -72,8 +72,8 @@ STUDY = Case(
     heads=2, head_dim=32, dtype="float16", fill=Fill.ZEROS, seed=176793,
 )
 # The NaN map's grid, kept small for the interpreter: trailing rows (q and k alike) on its x axis
-# (1: the smallest tail, 2: the seed's, 64: a whole block of the replica), sequence lengths on y.
-PADS = (0, 1, 2, 64)
+# (2: the seed's, 64: a whole block of the replica), sequence lengths on y.
+PADS = (0, 2, 64)
 LAYOUTS = ((17,), STUDY.seqlens_q, (40, 5))
 
 # On a GPU, the seed's layout itself, with varlen_attn's usual shapes and dtype.
@@ -326,7 +326,7 @@ def probe_point(case: Case, impl: str, device: str | torch.device | None = None)
     Returns the probe's summary plus the record itself (for token-norm plots and the explorer).
     """
     case = case.with_(tail_k=case.tail_q)
-    record = probe(IMPLS[impl], pack(case, device), name=impl, poisoned=True, reference=impl != "oracle")
+    record = probe(IMPLS[impl], pack(case, device), name=impl, poisoned=True)
     return {**record.summary(), "record": record}
 
 
@@ -437,6 +437,32 @@ def reproduce(device: str | torch.device | None = None) -> Results:
         check=assess_proposed_check(device),
         training=training() if INTERPRETED else None,
     )
+
+
+def fixes_table(results: Results, gpu_record: dict[str, Any] | None = None) -> str:
+    """The two fixes side by side, every cell read from the results (CUDA graphs from a GPU record)."""
+    check, fixed = results.check, results.at("fixed")
+    compile_ = check.compile
+    graphs = (gpu_record or {}).get("capture", {}).get("cuda_graph", {})
+
+    def outcome(o: dict[str, Any] | None) -> str:
+        if o is None:
+            return "GPU only: no record yet"
+        return "captured" if o["ok"] else o["error"][:60]
+
+    fixed_tail = "TAIL rows exactly 0" if fixed.padding_exactly_zero else "TAIL rows NOT zero"
+    fixed_real = "REAL within bound" if fixed.real_within_bound else "REAL OUTSIDE bound"
+    rows = [
+        ("", "proposed check (PRs #186786/#188933)", "fixed kernel (ours)"),
+        (f"{STUDY.tail_q} trailing rows (legal)", (check.rejects_tail["error"] or "passes")[:60], f"{fixed_tail}, {fixed_real}"),
+        ("no trailing rows", "passes" if check.accepts_no_tail["ok"] else check.accepts_no_tail["error"][:60], "same kernel, same contract"),
+        ("host sync per call", "yes: cu_seq_q[-1].item()", "none with validate=False"),
+        ("torch.compile(fullgraph=True)", "compiles" if compile_["replica + proposed check"]["ok"] else compile_["replica + proposed check"]["error"][:60],
+         "compiles" if compile_["fixed kernel, validate=False"]["ok"] else compile_["fixed kernel, validate=False"]["error"][:60]),
+        ("CUDA graph capture", outcome(graphs.get("varlen_attn + proposed check")), outcome(graphs.get("fixed kernel, validate=False"))),
+    ]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}".rstrip() for r in rows)
 
 
 # -- claims ---------------------------------------------------------------------------------------
