@@ -322,5 +322,5 @@ def snippet(impl: Adapted, case: Case, finding: Finding) -> str:
         load,
         f"case = {case_source(case)}",
         "record = probe(impl, pack(case, impl.device), poisoned=True, **impl.case_kwargs(case))",
-        "print(layout_findings(record))",
+        "print(*layout_findings(record), sep=\"\\n\")",
     ])

