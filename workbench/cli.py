@@ -220,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--budget", type=int, metavar="N", help="layouts the fuzzer tries (default: 20 on CPU, 1000 on CUDA; 0: none)")
     audit.add_argument("--seed", type=int, default=0, help="fuzzer seed (default 0)")
     audit.add_argument("--time-limit", type=float, metavar="S", help="stop fuzzing after S seconds")
+    audit.add_argument("--workers", type=int, default=1, metavar="N", help="fuzz in N processes (natively: compilation and Python are the bottleneck)")
     audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
     audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
     audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
