@@ -132,11 +132,13 @@ def audit(
     checks: Sequence[str] | None = None,
     seed: int = 0,
     time_limit: float | None = None,
+    workers: int = 1,
     log: Callable[[str], None] | None = None,
 ) -> AuditReport:
     """Runs the checks (all, or `checks` by name) and the fuzzer (`budget` layouts; 0: none).
 
-    `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer.
+    `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer's
+    search, `workers` runs it in that many processes (see `workbench.audit.fuzz.fuzz`).
     """
     start = time.perf_counter()
     impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
@@ -155,7 +157,7 @@ def audit(
         budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
     fuzzed = None
     if budget and not impl.why_not():
-        fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit)
+        fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers)
         if log:
             log(fuzzed.summary())
     target = impl.target or impl.name
@@ -165,7 +167,7 @@ def audit(
 def _argv(args) -> list[str]:
     """The command line that gives `args` again (for the re-run under another device)."""
     argv = [args.target]
-    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "checks", "notebook", "record"):
+    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "checks", "notebook", "record"):
         value = getattr(args, name)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
@@ -202,7 +204,7 @@ def run_command(args) -> int:
             importlib.import_module(module)
         report = audit(
             args.target, args.adapter, device=args.device, dtype=args.dtype, budget=args.budget, seed=args.seed,
-            time_limit=args.time_limit, checks=args.checks.split(",") if args.checks else None,
+            time_limit=args.time_limit, workers=args.workers, checks=args.checks.split(",") if args.checks else None,
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (ValueError, ImportError) as exc:

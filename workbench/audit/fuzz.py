@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from workbench.audit.adapters import Adapted, AdapterRefused
+from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, adapt
 from workbench.audit.checks import Finding, layout_findings, single_threaded
 from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
@@ -44,9 +44,11 @@ class Profile:
 PROFILES = {
     # Interpreter cost grows with sequences x heads (one program each): few of both.
     "tiny": Profile("tiny", 3, (0, 1, 2, 3, 5, 8), 12, 3, 3, (1, 1, 2, 2, 4), (16, 32), ("float32", "float16", "bfloat16"), 40),
+    # Natively every (head_dim, dtype, GQA group, causal) is a Triton compilation per kernel:
+    # few of those, and all the variety in lengths, padding and fills, where the bugs live.
     "native": Profile(
-        "native", 8, (0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257), 1100, 70, 100,
-        (1, 2, 4, 8), (32, 64, 128), ("float16", "bfloat16"), 200,
+        "native", 6, (0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257), 600, 24, 40,
+        (2,), (64, 128), ("bfloat16",), 200,
     ),
 }
 
@@ -253,6 +255,27 @@ class FuzzResult:
         return head
 
 
+def layout(impl: Adapted, profile: Profile, seed: int, index: int) -> Case:
+    """Layout number `index` of fuzzing run `seed`: the same whichever worker draws it."""
+    return random_case(random.Random(seed * 1_000_003 + index), impl, profile)
+
+
+def _scan(impl: Adapted, profile: Profile, seed: int, indices: range, deadline: float | None) -> tuple[int, list[tuple[int, Finding]]]:
+    """Probes the layouts `indices` until `deadline` (time.time()); (layouts tried, (index, finding)s)."""
+    tried, found = 0, []
+    with single_threaded(impl.device):
+        for index in indices:
+            if deadline is not None and time.time() > deadline:
+                break
+            found += [(index, f) for f in run_layout(impl, layout(impl, profile, seed, index))]
+            tried += 1
+    return tried, found
+
+
+def _scan_in_worker(target: str, adapter: str, device: str, profile: Profile, seed: int, indices: range, deadline: float | None):
+    return _scan(adapt(target, adapter, device), profile, seed, indices, deadline)
+
+
 def fuzz(
     impl: Adapted,
     budget: int,
@@ -260,35 +283,50 @@ def fuzz(
     seed: int = 0,
     profile: Profile | str | None = None,
     time_limit: float | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
 ) -> FuzzResult:
     """Tries `budget` random layouts; shrinks the first failure of each check to a minimal case.
 
-    `time_limit` (seconds) stops early, saying so in the result; shrinking counts against it.
+    `time_limit` (seconds) stops the search early, saying so in the result (shrinking comes
+    after, bounded by the profile's `shrink_probes`). `workers` > 1 probes in that many
+    processes (natively: Python and Triton compilation are the bottleneck, not the GPU); the
+    target must then be importable ("module:function") and its adapter registered.
     """
     if budget < 0:
         raise ValueError(f"budget = {budget} must be >= 0 (the number of layouts to try).")
+    if workers < 1:
+        raise ValueError(f"workers = {workers} must be >= 1.")
     profile = PROFILES[profile] if isinstance(profile, str) else (profile or default_profile(impl))
-    rng = random.Random(seed)
-    result = FuzzResult(0, 0.0, seed, profile.name)
     start = time.perf_counter()
+    deadline = None if time_limit is None else time.time() + time_limit
+    if workers == 1 or budget < 2:
+        tried, found = _scan(impl, profile, seed, range(budget), deadline)
+    else:
+        if impl.target is None or ADAPTERS.get(impl.adapter.name) is not impl.adapter:
+            raise ValueError("workers > 1 needs an importable target (module:function) and a registered adapter; use workers=1.")
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            parts = [
+                pool.submit(_scan_in_worker, impl.target, impl.adapter.name, str(impl.device), profile, seed, range(w, budget, workers), deadline)
+                for w in range(workers)
+            ]
+            tried, found = 0, []
+            for part in parts:
+                n, f = part.result()
+                tried, found = tried + n, found + f
+    result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
+    if tried < budget:
+        result.stopped_early = f"time limit of {time_limit:g} s reached"
     shrunk: set[str] = set()
-    with single_threaded(impl.device):
-        for i in range(budget):
-            if time_limit is not None and time.perf_counter() - start > time_limit:
-                result.stopped_early = f"time limit of {time_limit:g} s reached"
-                break
-            case = random_case(rng, impl, profile)
-            findings = run_layout(impl, case)
-            result.tried += 1
-            result.failing_layouts += bool(findings)
-            for finding in findings:
-                if finding.check not in shrunk:
-                    shrunk.add(finding.check)
-                    small, small_finding, spent = shrink(impl, case, finding, profile)
-                    result.failures.append(FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding)))
-            if progress:
-                progress(i + 1, budget)
+    for index, finding in sorted(found, key=lambda x: x[0]):
+        if finding.check not in shrunk:
+            shrunk.add(finding.check)
+            case = layout(impl, profile, seed, index)
+            with single_threaded(impl.device):
+                small, small_finding, spent = shrink(impl, case, finding, profile)
+            result.failures.append(FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding)))
     result.seconds = time.perf_counter() - start
     return result
 
