@@ -63,7 +63,7 @@ def _round_to_e4m3(y):
 
     The cast to float8 is then exact. Triton 3.6's interpreter rounds fp32 -> fp8 wrongly
     (the round-up bit is added after masking, so 124.3 becomes 64, not 128; ties go up):
-    ~18% of random values differ from torch's cast. Rounding here is right on every backend.
+    see `plain_cast_e4m3`. Rounding here is right on every backend.
     """
     exponent = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     exponent = tl.maximum(exponent, -6)  # below 2^-6 e4m3 is subnormal: a fixed step of 2^-9
@@ -94,6 +94,28 @@ def _quantize_kernel(
     q = _round_to_e4m3(tl.clamp(x / scale, -448.0, 448.0))  # x / scale may round a hair past 448
     tl.store(Out + rows[:, None] * stride_ot + head * stride_oh + dims[None, :], q.to(tl.float8e4nv), mask=in_bounds[:, None])
     tl.store(Scale + block * tl.num_programs(1) + head, scale)
+
+
+@triton.jit
+def _plain_cast_kernel(X, Out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Out + offs, tl.load(X + offs, mask=offs < n).to(tl.float8e4nv), mask=offs < n)
+
+
+def plain_cast_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> e4m3 by Triton's own cast (`x.to(tl.float8e4nv)`), no rounding of ours.
+
+    Natively this rounds to nearest even, like torch's cast. Under Triton 3.6's interpreter it
+    does not: a mantissa carry is lost (124.3 -> 64, torch: 128) and ties round up (17 -> 18,
+    torch: 16). `quantize_fp8_blockwise` rounds explicitly (`_round_to_e4m3`) because of it.
+    """
+    if x.dtype != torch.float32:
+        raise ValueError(f"x must be float32 (the cast under study is fp32 -> e4m3), got {x.dtype}.")
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=FP8, device=x.device)
+    if x.numel():
+        _plain_cast_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return out
 
 
 def quantize_reference(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None = None, *, block: int = 16, scales_from: str = "real") -> Fp8Blockwise:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels import varlen_attention
+from kernels import INTERPRETED, varlen_attention
 from postmortems import te_thd_2892 as pm
 from workbench import Region, pack, probe, reference_attention
 from workbench.tinylm import dense_attention
@@ -21,8 +21,8 @@ def ignores_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
 
 def test_te_docstring_example_through_the_fixed_kernel():
     record = pm.layout_contract()
-    assert pm.TE_DOCSTRING.padded_lengths("q") == (4, 4, 5)  # cu_seqlens_q_padded = [0, 4, 8, 13]
-    assert record.tensors["out"].shape == (13, 2, 16)
+    assert pm.TE_DOCSTRING.padded_lengths("q") == pm.TE_DOCSTRING.padded_lengths("k") == (4, 4, 5)  # cu_seqlens_q_padded = [0, 4, 8, 13]
+    assert record.tensors["out"].shape == (13, 2, 16) and record.tensors["dk"].shape == (13, 2, 16)
     assert (record.regions_q == Region.REAL).sum() == 9  # cu_seqlens_q = [0, 3, 5, 9]
     assert record.real_finite and record.padding_exactly_zero and record.real_within_bound
 
@@ -61,9 +61,13 @@ def test_workaround_error_grows_with_padding():
     assert all(c.within for _, c in sweep[True])
 
 
-def test_padding_case_rejects_bad_fractions():
+def test_padding_case_fraction_and_alignment():
+    assert pm.padding_case(0.2, causal=True, seqlens=(24, 5)).padded_q == (30, 6)
+    assert pm.padding_case(0.2, causal=True, seqlens=(24, 5), align=16).padded_q == (32, 16)
     with pytest.raises(ValueError, match="fraction = 1.0 must be in"):
         pm.padding_case(1.0, causal=True)
+    with pytest.raises(ValueError, match="align = 0 must be >= 1"):
+        pm.padding_case(0.1, causal=True, align=0)
 
 
 def test_tail_blind_backend_leaves_tail_rows_unwritten():
@@ -91,3 +95,51 @@ def test_fp8_scales_from_real_rows_survive_poisoned_padding():
     assert study[("huge", "real")].within and study[("nan", "real")].within
     assert not study[("huge", "all")].within and study[("huge", "all")].ratio > 10  # real tokens rounded to 0
     assert math.isnan(study[("nan", "all")].error)
+
+
+def test_bidirectional_model_sees_padding_under_the_workaround():
+    runs = pm.train_bidirectional(steps=3)
+    correct, workaround = runs["correct"], runs["workaround"]
+    # Same weights and data at step 0: only the visible padding keys differ.
+    assert correct.losses[0] != workaround.losses[0]
+    assert all(math.isfinite(x) for x in correct.losses + workaround.losses)
+
+
+def test_interpreter_cast_and_quantizer_rounding():
+    found = pm.cast_study()
+    values = found["values"]
+    assert values["torch"][:5].tolist() == [128.0, -128.0, 16.0, 192.0, 1.0]  # carry, ties to even
+    assert values["quantizer_matches"] and found["sample"]["quantizer_matches"]
+    if INTERPRETED:  # Triton 3.6's interpreter: the carry is lost and ties round up
+        assert values["triton"][:5].tolist() == [64.0, -64.0, 18.0, 208.0, 1.125]
+    else:
+        assert torch.equal(values["triton"], values["torch"]) and found["sample"]["triton_differs"] == 0
+
+
+def test_rope_positions_study():
+    study = pm.rope_study(pm.TE_DOCSTRING.with_(dtype="float32"))
+    # [a a a 1 b b 2 2 c c c c 3]: real boundaries restart inside b and shift c by 3.
+    assert study.from_padded.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4]
+    assert study.from_real.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5, 6, 7]
+    assert study.consistent
+    assert [(s.kind, s.offset, s.check.within) for s in study.sequences] == [("exact", 0, True), ("restarted", 1, False), ("shifted", 3, True)]
+
+
+def test_claims_fail_when_facts_change():
+    rope = pm.rope_study(pm.TE_DOCSTRING.with_(dtype="float32"))
+    results = {"rope": rope, "cast": pm.cast_study()}
+    held = {v.claim: v.holds for v in pm.claims.check(results)}
+    rope_claims = [c for c in pm.claims.statements if c.startswith("RoPE")]
+    assert all(held[c] for c in rope_claims) and held[next(c for c in held if c.startswith("fp32 -> e4m3"))]
+    # A layout without padding has nothing to restart: the corruption claim must stop holding.
+    results["rope"] = pm.rope_study(pm.TE_DOCSTRING.with_(padded_q=None, padded_k=None, dtype="float32"))
+    assert not {v.claim: v.holds for v in pm.claims.check(results)}[rope_claims[1]]
+    # A claim whose results are missing fails, it does not vanish.
+    assert not {v.claim: v.holds for v in pm.claims.check({})}[rope_claims[0]]
+
+
+def test_explorer_frame():
+    fig = pm.plot_workaround_layout("TE docstring (3, 2, 4)", 16, 0.2, False)
+    assert "ABOVE bound" in fig.axes[1].get_title(loc="left")
+    fig = pm.plot_workaround_layout("TE docstring (3, 2, 4)", 16, 0.2, True)
+    assert "within bound" in fig.axes[1].get_title(loc="left")

@@ -12,8 +12,10 @@ from workbench.tinylm import (
     PAD_TOKEN,
     LMConfig,
     SyntheticTask,
+    TinyLM,
     apply_rope,
     dense_attention,
+    mask_tokens,
     rope_positions,
     train,
 )
@@ -74,3 +76,25 @@ def test_training_learns_the_task():
     run, _ = train("t", batches, SyntheticTask(seed=1).batch((12, 20, 9, 15), align=8), config=LMConfig(layers=1))
     assert run.final_loss < run.losses[0] - 0.5
     assert math.isfinite(run.eval_perplexity) and run.eval_perplexity < math.exp(run.losses[0])
+
+
+def test_mask_tokens_hides_only_real_tokens():
+    batch = SyntheticTask(seed=0).batch((20, 13), align=16)
+    masked = mask_tokens(batch, 24, 0.5, torch.Generator().manual_seed(0))
+    hidden = masked.tokens == 24
+    assert hidden.any() and torch.equal(masked.targets[hidden], batch.tokens[hidden])
+    assert (masked.targets[~hidden] == IGNORE).all() and (masked.tokens[batch.tokens == PAD_TOKEN] == PAD_TOKEN).all()
+    with pytest.raises(ValueError, match="rate = 1.0 must be in"):
+        mask_tokens(batch, 24, 1.0, torch.Generator())
+
+
+def test_bidirectional_config_sees_later_tokens():
+    batch = SyntheticTask(seed=0).batch((12, 9), align=8)
+    later = batch.tokens.clone()
+    later[5] = (later[5] % 23) + 1  # change one token in the middle of the first sequence
+    changed = type(batch)(later, batch.targets, batch.cu_seqlens, batch.cu_seqlens_padded, batch.max_seqlen)
+    for causal in (True, False):
+        model = TinyLM(LMConfig(causal=causal))
+        with torch.no_grad():
+            moved = (model(batch) - model(changed)).abs().amax(-1)
+        assert bool(moved[:5].any()) is not causal  # rows before the change see it only without the causal mask

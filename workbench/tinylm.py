@@ -158,6 +158,21 @@ class SyntheticTask:
         return PackedTokens(tokens, targets, cu, cu_padded, max(seqlens))
 
 
+def mask_tokens(batch: PackedTokens, mask_token: int, rate: float, generator: torch.Generator) -> PackedTokens:
+    """`batch` for a masked-token objective: a `rate` share of real tokens replaced by
+    `mask_token`, targets the original tokens there and IGNORE elsewhere.
+
+    A bidirectional model (`LMConfig(causal=False)`) would read next-token targets straight
+    from its input; masked tokens are predictable only from the rest of their own sequence.
+    """
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"rate = {rate} must be in (0, 1): the share of real tokens to mask.")
+    _, _, real = _row_layout(batch.cu_seqlens, batch.cu_seqlens_padded, batch.tokens.numel())
+    picked = real & (torch.rand(batch.tokens.shape, generator=generator) < rate)
+    targets = torch.where(picked, batch.tokens, torch.full_like(batch.tokens, IGNORE))
+    return PackedTokens(batch.tokens.masked_fill(picked, mask_token), targets, batch.cu_seqlens, batch.cu_seqlens_padded, batch.max_seqlen)
+
+
 @dataclass(frozen=True)
 class LMConfig:
     vocab: int = 24
