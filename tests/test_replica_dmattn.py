@@ -20,6 +20,8 @@ from postmortems.flash_dmattn_121 import dense_reference
 from workbench import poisoned_memory
 from workbench.bounds import error_check
 
+DEVICE = kernels.default_device()  # CUDA natively: Triton cannot read CPU tensors there
+
 
 def _inputs(batch=1, seqlen_q=48, seqlen_k=None, heads=1, kv_heads=None, head_dim=16, dtype=torch.float16, seed=0):
     generator = torch.Generator().manual_seed(seed)
@@ -28,19 +30,21 @@ def _inputs(batch=1, seqlen_q=48, seqlen_k=None, heads=1, kv_heads=None, head_di
     q = torch.randn(batch, seqlen_q, heads, head_dim, generator=generator).to(dtype)
     k, v = (torch.randn(batch, seqlen_k, kv_heads, head_dim, generator=generator).to(dtype) for _ in range(2))
     d_out = torch.randn(q.shape, generator=generator).to(dtype)
-    return q, k, v, d_out
+    return tuple(t.to(DEVICE) for t in (q, k, v, d_out))
 
 
 def _grads(fn, q, k, v, d_out, mask=None, bias=None, causal=False, **kwargs):
+    """Forward and backward on DEVICE; every result back on the CPU for the assertions."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    bias = None if bias is None else bias.detach().clone().requires_grad_()
+    mask = None if mask is None else mask.to(DEVICE)
+    bias = None if bias is None else bias.detach().to(DEVICE).requires_grad_()
     with np.errstate(invalid="ignore", divide="ignore"):
         out, lse = fn(*leaves, mask, bias, causal, **kwargs)
         out.backward(d_out.to(out.dtype))
     grads = {"out": out.detach(), "lse": lse.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
     if bias is not None:
         grads["dbias"] = bias.grad
-    return grads
+    return {name: t.cpu() for name, t in grads.items()}
 
 
 def _kernel(*args, **kwargs):
@@ -162,7 +166,7 @@ def _finite_or_zero_kernel(X, Y, N: tl.constexpr):
 
 
 def test_finite_or_zero_is_where_isfinite():
-    x = torch.tensor([1.5, math.nan, math.inf, -math.inf, -2.0, 0.0, 1e30, -1e-30] * 2)
+    x = torch.tensor([1.5, math.nan, math.inf, -math.inf, -2.0, 0.0, 1e30, -1e-30] * 2, device=DEVICE)
     y = torch.empty_like(x)
     _finite_or_zero_kernel[(1,)](x, y, N=x.numel())
     assert torch.equal(y, torch.where(torch.isfinite(x), x, torch.zeros_like(x)))
