@@ -72,3 +72,12 @@ if INTERPRETED:
 def default_device() -> torch.device:
     """The device packed batches and kernels use unless told otherwise."""
     return torch.device(DEVICE)
+
+
+def check_kernel_device(name: str, tensor: torch.Tensor) -> None:
+    """Natively, Triton reads only CUDA memory: say so instead of crashing inside the launcher."""
+    if not INTERPRETED and tensor.device.type != "cuda":
+        raise ValueError(
+            f"{name} is on {tensor.device}, but the Triton kernels run natively on CUDA here; "
+            f"move the tensors with .to('cuda'), or set WORKBENCH_DEVICE=cpu to use the CPU interpreter."
+        )

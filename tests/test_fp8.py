@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import default_device
 from kernels.fp8 import FP8, FP8_MAX, Fp8Blockwise, quantize_fp8_blockwise, quantize_reference, varlen_attention_fp8
 from workbench import Case, Fill, Region, cumulative, pack, reference_attention
 
@@ -23,8 +24,8 @@ def test_rounding_matches_torch_over_the_whole_e4m3_range():
     # One block, one head: amax 448 gives scale 1, so the data are x rounded to e4m3.
     x = torch.cat([torch.linspace(-448, 448, 4096), torch.randn(4096) * 3, torch.randn(8192) * 0.01])
     x[0] = 448.0
-    x = x.view(-1, 1, 16)
-    cu = cumulative([x.shape[0]])
+    x = x.view(-1, 1, 16).to(default_device())
+    cu = cumulative([x.shape[0]], x.device)
     got = quantize_fp8_blockwise(x, cu, block=128 if x.shape[0] % 128 == 0 else 16)
     ref = quantize_reference(x, cu, block=got.block)
     assert torch.equal(got.scale, ref.scale) and same_values(got.data, ref.data)
@@ -82,7 +83,7 @@ def test_fp8_arguments_are_checked():
     with pytest.raises(ValueError, match="block = 8 rows per scale must be one of"):
         quantize_fp8_blockwise(batch.q, cu, block=8)
     with pytest.raises(ValueError, match="head_dim 12 is not supported"):
-        quantize_fp8_blockwise(torch.zeros(16, 1, 12), cu)
+        quantize_fp8_blockwise(torch.zeros(16, 1, 12, device=cu.device), cu)
     with pytest.raises(ValueError, match="exceeds q.shape"):
         quantize_fp8_blockwise(batch.q[:8], cu)
     x = quantize_fp8_blockwise(batch.q, cu)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import assume, given, strategies as st
 
-from kernels import varlen_attention
+from kernels import default_device, varlen_attention
 from workbench import Case, Fill, Region, error_check, grad_output, pack, probe, reference_attention
 from workbench.bounds import lse_error
 
@@ -77,9 +77,10 @@ def test_no_fill_of_padding_reaches_real_rows():
 
 def test_zero_rows():
     """A batch of empty sequences and no padding: (0, H, D) tensors in, (0, H, D) out."""
-    q = torch.empty(0, 2, 16, requires_grad=True)
-    k, v = (torch.empty(0, 1, 16, requires_grad=True) for _ in range(2))
-    cu = torch.zeros(3, dtype=torch.int32)
+    device = default_device()
+    q = torch.empty(0, 2, 16, device=device, requires_grad=True)
+    k, v = (torch.empty(0, 1, 16, device=device, requires_grad=True) for _ in range(2))
+    cu = torch.zeros(3, dtype=torch.int32, device=device)
     out, lse = varlen_attention(q, k, v, cu, cu, 0, 0, causal=True, return_lse=True)
     assert out.shape == (0, 2, 16) and lse.shape == (2, 0)
     out.sum().backward()

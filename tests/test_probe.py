@@ -94,3 +94,9 @@ def test_probe_leaves_the_callers_batch_untouched():
     batch = pack(Case((4,), heads=1, head_dim=8))
     probe(in_dtype, batch)
     assert batch.q.grad is None
+
+
+def test_probe_handles_a_batch_with_no_rows():
+    record = probe(in_dtype, pack(Case((0, 0), heads=1, head_dim=8)))
+    assert record.nonfinite["out"] == {"REAL": 0, "GAP": 0, "TAIL": 0}
+    assert record.padding_exactly_zero and record.token_norms["dq"].shape == (0,)

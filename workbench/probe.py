@@ -133,7 +133,7 @@ def _nan_first(x: float) -> float:
 
 
 def _region_stats(x: torch.Tensor, regions: torch.Tensor) -> tuple[dict[str, int], dict[str, float]]:
-    flat = x.detach().reshape(x.shape[0], -1)
+    flat = x.detach().flatten(1)  # (rows, heads*dim); works for 0 rows too
     counts, peaks = {}, {}
     for region in Region:
         rows = flat[regions == region]
@@ -179,7 +179,7 @@ def probe(
     for tname, t in tensors.items():
         regions = fresh.regions(tname)
         nonfinite[tname], max_abs[tname] = _region_stats(t, regions)
-        norms[tname] = t.double().reshape(t.shape[0], -1).norm(dim=1)
+        norms[tname] = t.double().flatten(1).norm(dim=1)
 
     errors: dict[str, ErrorCheck] = {}
     if reference:

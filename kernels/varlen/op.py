@@ -8,6 +8,7 @@ from typing import Optional, Union
 
 import torch
 
+from kernels._compat import check_kernel_device
 from kernels.contract import (
     check_cu_seqlens_tensors,
     check_scale,
@@ -119,6 +120,7 @@ def varlen_attention(
     only sync-free checks, for CUDA graphs and `torch.compile(fullgraph=True)`. `max_seqlen_*`
     are only validated: the grid is bounded by the row counts, so no value goes unprocessed.
     """
+    check_kernel_device("q", q)
     if validate:
         check_varlen_inputs(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
