@@ -146,7 +146,8 @@ def audit(
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
-    ctx = Context(impl, dtype or _default_dtype(impl))
+    # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
+    ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
     results = []
     with single_threaded(impl.device):
         for name in names:

@@ -43,7 +43,7 @@ class Profile:
 
 PROFILES = {
     # Interpreter cost grows with sequences x heads (one program each): few of both.
-    "tiny": Profile("tiny", 3, (0, 1, 2, 3, 5, 8), 12, 3, 3, (1, 1, 2, 2, 4), (16, 32), ("float32", "float16", "bfloat16"), 40),
+    "tiny": Profile("tiny", 3, (0, 1, 2, 3, 5, 8), 12, 3, 3, (1, 1, 2), (16, 32), ("float32", "float16", "bfloat16"), 40),
     # Natively every (head_dim, dtype, GQA group, causal) is a Triton compilation per kernel:
     # few of those, and all the variety in lengths, padding and fills, where the bugs live.
     "native": Profile(
