@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from workbench import Case, reference_attention
+from workbench import reference_attention
 from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, register_adapter
 from workbench.audit.campaign import Outcome, classify, run_campaign
 from workbench.cli import main

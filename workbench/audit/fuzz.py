@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, adapt
 from workbench.audit.checks import Finding, layout_findings, single_threaded
