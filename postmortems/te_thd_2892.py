@@ -600,14 +600,14 @@ def plot_training(results: dict):
             causal.plot(torch.where(losses.isfinite(), losses, torch.nan), lw=1.2, ls=("-", "--", ":", "-")[k], color=SERIES[k], label=name)
             if not losses.isfinite().all():
                 first = int((~losses.isfinite()).nonzero()[0])
-                causal.annotate(f"{name}: NaN from step {first}", (first, float(losses[losses.isfinite()].max(initial=3.0))), fontsize=8, color=SERIES[k])
+                causal.annotate(f"{name}: NaN from step {first}", (first, run.losses[0]), xytext=(8, 0), textcoords="offset points", fontsize=8, color=SERIES[k])
         for k, (name, run) in enumerate(results["bidirectional"].items()):
             bidirectional.plot(run.losses, lw=1.2, color=SERIES[k], label=f"{name} (final {run.final_loss:.3f})")
         for ax, title in ((causal, "causal LM: the workaround's curve lies exactly under the correct one"), (bidirectional, "bidirectional, masked tokens: padding keys visible")):
             ax.set_xlabel("step")
             ax.set_ylabel("training loss")
             ax.set_title(title, loc="left")
-            ax.legend()
+            ax.legend(loc="lower left")
     return fig
 
 
