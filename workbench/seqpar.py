@@ -159,7 +159,7 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, backend: str, t
     job = torch.load(Path(workdir) / "job.pt", weights_only=False)
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device(job["device"])
     comm = device if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
+    if backend == "nccl":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:
@@ -181,11 +181,9 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, backend: str, t
         dist.destroy_process_group()
 
 
-def _spawn(world_size: int, workdir: str, backend: str, timeout_s: float) -> None:
-    """Runs `_worker` on `world_size` spawned processes; always joins them, kills them on timeout."""
-    context = mp.start_processes(
-        _worker, args=(world_size, _free_port(), workdir, backend, timeout_s), nprocs=world_size, join=False, start_method="spawn",
-    )
+def _spawn(fn, args: tuple, world_size: int, timeout_s: float) -> None:
+    """Runs `fn(rank, *args)` on `world_size` spawned processes; always joins them, kills them on timeout."""
+    context = mp.start_processes(fn, args=args, nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=1.0):  # raises ProcessRaisedException / ProcessExitedException
@@ -228,7 +226,7 @@ def run_sequence_parallel(
         job = dict(block=block, x=x.detach().cpu(), cu_seqlens=cu_seqlens.cpu(), cu_seqlens_padded=cu_seqlens_padded.cpu(),
                    runs=tuple(runs), device=str(device))
         torch.save(job, Path(workdir) / "job.pt")
-        _spawn(world_size, workdir, backend, timeout_s)
+        _spawn(_worker, (world_size, _free_port(), workdir, backend, timeout_s), world_size, timeout_s)
         per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     seconds = time.perf_counter() - start
     results = []
