@@ -26,7 +26,7 @@ def _attention(results, impl, dtype="bfloat16"):
 
 
 def test_module_and_committed_notebook_follow_the_pipeline_conventions():
-    postmortem = Registry().get(pm.META.id)
+    postmortem = Registry("postmortems").get(pm.META.id)
     nb = nbformat.read(postmortem.notebook, as_version=4)
     check_notebook(postmortem, nb)
     verdicts = recorded_verdicts(postmortem, nb)

@@ -16,7 +16,7 @@ TINY = Case(seqlens_q=(9, 5), tail_q=2, tail_k=2, heads=1, head_dim=16, dtype="f
 def test_registered_with_a_conforming_notebook():
     from workbench.registry import check_notebook
 
-    post_mortem = Registry().get("torch-varlen-176793")
+    post_mortem = Registry("postmortems").get("torch-varlen-176793")
     check_notebook(post_mortem)
     assert post_mortem.meta.seed == "000_1019a3997e440af2.txt"
     assert pm.STUDY in pm.CASES and all(c.tail_q == c.tail_k for c in pm.CASES)
