@@ -1,16 +1,25 @@
-"""Launchers of the varlen attention kernels: tile sizes, strides, grids. No host sync.
+"""Launchers of the varlen attention kernels: work lists, tiles (timed natively), grids. No host sync.
 
 Outputs are allocated with `torch.empty` and every row is written by a kernel: REAL rows by
 the attention kernels, padding rows (GAP and TAIL) by `fill_padding_rows_kernel`. Nothing
 relies on the allocator handing out zeros, and nothing pays for a full-buffer memset.
+
+Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
+so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
+call of a shape class and keeps the fastest; the attention kernels write disjoint rows and
+never read what they write, so timing them on the caller's own tensors is harmless.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import triton
+import triton.testing
+from triton.runtime.errors import OutOfResources
 
 from kernels._compat import INTERPRETED
 from kernels.interpreter import dot_upcast_needed
@@ -19,6 +28,7 @@ from kernels.varlen.triton_kernels import (
     attention_backward_dq_kernel,
     attention_backward_preprocess_kernel,
     attention_forward_kernel,
+    block_starts_kernel,
     fill_padding_rows_kernel,
 )
 
@@ -32,57 +42,173 @@ class Tile:
     num_warps: int
     num_stages: int
 
-
-@dataclass(frozen=True)
-class Tiles:
-    forward: Tile
-    dq: Tile  # also the preprocess pass, which shares its blocks of query rows
-    dkdv: Tile
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
 
 
-def choose_tiles(head_dim: int, dtype: torch.dtype) -> Tiles:
-    """Tile sizes per (head_dim, dtype, device); issue 10 replaces the native ones by autotuning.
+# Under the interpreter 64x64 runs a few hundred tokens ~4x faster than 32x32, ~10x than 16x16.
+INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 
-    Native choices are sized for Hopper's 228 KB of shared memory by the bytes of one row:
-    wider rows get smaller tiles (all fit in <= 131 KB, checked by compiling for sm_90). Under
-    the interpreter (CPU) every op costs a numpy call whatever its size, so the fewest steps
-    win: 64x64 runs a few hundred tokens ~4x faster than 32x32 and ~10x faster than 16x16.
-    """
+# Native candidates per kernel, by the bytes of one q/k row (head_dim x itemsize); the first of
+# each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
+# compiling for sm_90 (`python -m kernels.varlen.tiles`): none spills and all fit Hopper's
+# 227 KB of shared memory; wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
+# and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over BLOCK_M query rows.
+NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
+    "forward": {
+        128: (Tile(128, 64, 8, 3), Tile(128, 128, 8, 3), Tile(64, 64, 4, 3), Tile(64, 128, 4, 3)),
+        256: (Tile(128, 64, 8, 3), Tile(128, 128, 8, 2), Tile(64, 64, 4, 3), Tile(128, 32, 8, 3)),
+        512: (Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)),
+        1024: (Tile(32, 32, 4, 2),),
+    },
+    "dkdv": {
+        128: (Tile(32, 64, 4, 3), Tile(32, 128, 8, 3), Tile(64, 128, 8, 3), Tile(64, 64, 4, 3)),
+        256: (Tile(32, 64, 4, 2), Tile(32, 128, 8, 3), Tile(64, 64, 8, 3), Tile(32, 64, 8, 3)),
+        512: (Tile(16, 32, 4, 2), Tile(32, 64, 8, 2)),
+        1024: (Tile(16, 32, 4, 1),),
+    },
+    "dq": {
+        128: (Tile(128, 32, 4, 3), Tile(128, 64, 8, 3), Tile(64, 32, 4, 3), Tile(64, 64, 4, 3)),
+        256: (Tile(64, 32, 4, 2), Tile(128, 32, 8, 3), Tile(128, 64, 8, 2), Tile(64, 64, 8, 3)),
+        512: (Tile(32, 16, 4, 2), Tile(64, 32, 8, 2)),
+        1024: (Tile(32, 16, 4, 1),),
+    },
+}
+PREPROCESS_ROWS = 64  # delta = rowsum(dO * O): memory-bound, one fixed tile
+
+
+def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[Tile, ...]:
+    """The tiles `TUNER` may pick for `kernel` ('forward', 'dkdv' or 'dq'), best guess first."""
     if INTERPRETED:
-        tile = Tile(64, 64, num_warps=4, num_stages=1)
-        return Tiles(tile, tile, tile)
+        return (INTERPRETER_TILE,)
+    by_row_bytes = NATIVE_TILES[kernel]
     row_bytes = head_dim * dtype.itemsize
-    if row_bytes <= 128:  # fp16/bf16 with d <= 64, fp32 with d <= 32
-        return Tiles(Tile(128, 64, 4, 3), Tile(128, 32, 4, 3), Tile(32, 128, 4, 3))
-    if row_bytes <= 256:  # fp16/bf16 d128, fp32 d64
-        return Tiles(Tile(128, 64, 8, 3), Tile(64, 32, 4, 2), Tile(32, 64, 4, 2))
-    if row_bytes <= 512:  # fp16/bf16 d256, fp32 d128
-        return Tiles(Tile(64, 32, 4, 2), Tile(32, 16, 4, 2), Tile(16, 32, 4, 2))
-    return Tiles(Tile(32, 32, 4, 2), Tile(32, 16, 4, 1), Tile(16, 32, 4, 1))  # fp32 d256
+    return by_row_bytes[min(b for b in by_row_bytes if b >= row_bytes)]
+
+
+# Below this many rows x heads a call is launch-bound and every tile ties: timing (and
+# compiling every candidate) would buy nothing, so the first candidate runs.
+MIN_TIMED_WORK = 1 << 16
+
+
+def _may_synchronize() -> bool:
+    """Timing needs host syncs: never while a CUDA graph is captured or torch errors on syncs."""
+    return not torch.cuda.is_current_stream_capturing() and torch.cuda.get_sync_debug_mode() == 0
+
+
+class TileTuner:
+    """Per shape class, times every candidate tile once on the real call and keeps the fastest
+    (calls under MIN_TIMED_WORK take the first candidate untimed).
+
+    A shape class is (kernel, dtype, head_dim, causal, GQA group, log2 of the mean rows per
+    sequence, log2 of rows x heads): short documents want smaller query blocks, and a small
+    grid wants more, smaller programs. `report()` lists each choice, its timings and, natively,
+    the compiled kernel's registers, spills and shared memory.
+    """
+
+    def __init__(self) -> None:
+        self.chosen: dict[tuple, Tile] = {}
+        self.timings: dict[tuple, dict[Tile, float]] = {}
+        self.resources: dict[tuple, dict[str, int]] = {}
+        self.pins: dict[str, Tile] = {}
+
+    @contextlib.contextmanager
+    def pinned(self, **tiles: Tile):
+        """Inside the block, `kernel=tile` ('forward', 'dkdv', 'dq') bypasses timing: how the
+        tests run every candidate tile, also under the interpreter."""
+        unknown = set(tiles) - set(NATIVE_TILES)
+        if unknown:
+            raise ValueError(f"pinned() got {sorted(unknown)}; the kernels with tiles are {sorted(NATIVE_TILES)}")
+        saved, self.pins = self.pins, {**self.pins, **tiles}
+        try:
+            yield
+        finally:
+            self.pins = saved
+
+    def launch(self, key: tuple, candidates: tuple[Tile, ...], launch: Callable[[Tile], object], work: int) -> None:
+        """Launches the kernel through `launch(tile)`; `work` = rows x heads of the call."""
+        if key[0] in self.pins:
+            launch(self.pins[key[0]])
+            return
+        tile = self.chosen.get(key)
+        if tile is not None:
+            launch(tile)
+            return
+        if len(candidates) == 1 or work < MIN_TIMED_WORK:
+            tile = candidates[0]
+        elif not _may_synchronize():
+            launch(candidates[0])  # not remembered: a later call can still time them
+            return
+        else:
+            tile = self._time(key, candidates, launch)
+        self.chosen[key] = tile
+        compiled = launch(tile)
+        if hasattr(compiled, "n_regs"):  # natively; the interpreter returns no compiled kernel
+            self.resources[key] = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": compiled.metadata.shared}
+
+    def _time(self, key: tuple, candidates: tuple[Tile, ...], launch: Callable[[Tile], object]) -> Tile:
+        timings = {}
+        for tile in candidates:
+            try:
+                timings[tile] = triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=25, return_mode="median")
+            except OutOfResources:
+                continue  # more shared memory or registers than the device has
+        if not timings:
+            raise RuntimeError(f"no candidate tile of {key[0]} fits this device: {', '.join(map(str, candidates))}")
+        self.timings[key] = timings
+        return min(timings, key=timings.get)
+
+    def report(self) -> list[dict]:
+        fields = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2")
+        return [
+            {**dict(zip(fields, key)), "tile": str(tile),
+             "timings_ms": {str(t): round(ms, 4) for t, ms in self.timings.get(key, {}).items()},
+             **self.resources.get(key, {})}
+            for key, tile in self.chosen.items()
+        ]
+
+
+TUNER = TileTuner()
+
+
+def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, causal: bool, group: int) -> tuple:
+    heads, head_dim = q.shape[1], q.shape[2]
+    return (kernel, str(q.dtype).removeprefix("torch."), head_dim, causal, group,
+            (total_rows // max(n_seqs, 1)).bit_length(), (total_rows * heads).bit_length())
+
+
+# Work lists are written for every block size a tile may use, in one launch.
+SMALLEST_BLOCK_LOG2 = 4
+BLOCK_SIZES = tuple(1 << i for i in range(SMALLEST_BLOCK_LOG2, 8))  # 16 .. 128
 
 
 @dataclass(frozen=True)
-class _Blocks:
-    """(sequence, block) work list of one side: block_starts[s] = blocks before sequence s."""
+class WorkList:
+    """(sequence, block) work lists of one side: starts[i][s] = blocks of BLOCK_SIZES[i] before sequence s."""
 
-    starts: torch.Tensor  # int32 (B+1,), on the device
-    grid_size: int  # an upper bound of starts[-1], known without a sync
+    starts: torch.Tensor  # int32 (len(BLOCK_SIZES), >= B+1), on the device
     n_seqs: int
-    search_steps: int
+    total_rows: int
+
+    @property
+    def search_steps(self) -> int:
+        """Binary-search steps over B+1 boundaries: ceil(log2(B + 1)) <= B.bit_length()."""
+        return self.n_seqs.bit_length()
+
+    def blocks(self, block: int) -> tuple[torch.Tensor, int]:
+        """The block starts for `block` rows and a grid that covers them without a sync:
+        cdiv(len_i, block) <= len_i / block + 1 and sum_i len_i <= total_rows."""
+        return self.starts[BLOCK_SIZES.index(block)], triton.cdiv(self.total_rows, block) + self.n_seqs
 
 
-def _blocks(cu_seqlens: torch.Tensor, total_rows: int, block: int) -> _Blocks:
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    per_seq = torch.div(lengths + (block - 1), block, rounding_mode="floor")
-    starts = torch.nn.functional.pad(per_seq.cumsum(0), (1, 0)).to(torch.int32)
+def work_list(cu_seqlens: torch.Tensor, total_rows: int) -> WorkList:
     n_seqs = cu_seqlens.numel() - 1
-    # cdiv(len_i, block) <= len_i / block + 1 and sum_i len_i <= total_rows.
-    return _Blocks(starts, triton.cdiv(total_rows, block) + n_seqs, n_seqs, _search_steps(n_seqs))
-
-
-def _search_steps(n_seqs: int) -> int:
-    """Binary-search steps over B+1 boundaries: ceil(log2(B + 1)) <= B.bit_length()."""
-    return n_seqs.bit_length()
+    # Rows padded to 4 int32 keep every row 16-byte aligned, as Triton specializes pointers on it.
+    starts = torch.empty((len(BLOCK_SIZES), (n_seqs + 4) // 4 * 4), dtype=torch.int32, device=cu_seqlens.device)
+    block_starts_kernel[(len(BLOCK_SIZES),)](
+        cu_seqlens, starts, n_seqs, starts.stride(0), SMALLEST_LOG2=SMALLEST_BLOCK_LOG2, CHUNK=1024,
+    )
+    return WorkList(starts, n_seqs, total_rows)
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +225,7 @@ def fill_padding_rows(x: torch.Tensor, value: float, cu_seqlens: torch.Tensor, c
     n_seqs = cu_seqlens.numel() - 1
     fill_padding_rows_kernel[(triton.cdiv(n_rows, block_rows), triton.cdiv(n_cols, block_cols))](
         x, x.stride(0), x.stride(1), n_rows, n_cols, value,
-        cu_seqlens, cu_seqlens_padded, n_seqs, _search_steps(n_seqs),
+        cu_seqlens, cu_seqlens_padded, n_seqs, n_seqs.bit_length(),
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
     )
 
@@ -118,21 +244,27 @@ def attention_forward(
     """Returns out (T_q, H, D) in q's dtype and lse (H, T_q) float32."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
+    group = heads // k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
-    tile = choose_tiles(head_dim, q.dtype).forward
-    blocks = _blocks(cu_seqlens_q, total_q, tile.block_m)
-    attention_forward_kernel[(blocks.grid_size, heads)](
-        q, k, v, out, lse,
-        cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded,
-        blocks.starts, blocks.n_seqs, blocks.search_steps,
-        scale * math.log2(math.e),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        GROUP=heads // k.shape[1], CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype),
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )
+    rows = work_list(cu_seqlens_q, total_q)
+
+    def launch(tile: Tile):
+        starts, grid = rows.blocks(tile.block_m)
+        return attention_forward_kernel[(grid, heads)](
+            q, k, v, out, lse,
+            cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded,
+            starts, rows.n_seqs, rows.search_steps,
+            scale * math.log2(math.e),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0),
+            GROUP=group, CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+            HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype),
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )
+
+    TUNER.launch(_shape_class("forward", q, total_q, rows.n_seqs, causal, group),
+                 candidate_tiles("forward", head_dim, q.dtype), launch, total_q * heads)
     fill_padding_rows(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded)
     fill_padding_rows(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded)
     return out, lse
@@ -158,39 +290,51 @@ def attention_backward(
     d_lse = d_lse.contiguous()
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, _ = k.shape
+    group = heads // kv_heads
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     delta = torch.empty_like(lse)  # only REAL rows are written, and only they are read
-    tiles = choose_tiles(head_dim, q.dtype)
-    common = dict(GROUP=heads // kv_heads, CAUSAL=causal, HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
+    common = dict(GROUP=group, CAUSAL=causal, HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                    d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
+    rows = work_list(cu_seqlens_q, total_q)
+    keys = rows if cu_seqlens_k is cu_seqlens_q and total_k == total_q else work_list(cu_seqlens_k, total_k)
 
-    rows = _blocks(cu_seqlens_q, total_q, tiles.dq.block_m)
-    attention_backward_preprocess_kernel[(rows.grid_size, heads)](
+    starts, grid = rows.blocks(PREPROCESS_ROWS)
+    attention_backward_preprocess_kernel[(grid, heads)](
         out, d_out, d_lse, delta,
-        cu_seqlens_q, cu_seqlens_q_padded, rows.starts, rows.n_seqs, rows.search_steps,
+        cu_seqlens_q, cu_seqlens_q_padded, starts, rows.n_seqs, rows.search_steps,
         out.stride(0), out.stride(1), d_out.stride(0), d_out.stride(1), lse.stride(0),
-        BLOCK_M=tiles.dq.block_m, HEAD_DIM=head_dim,
+        BLOCK_M=PREPROCESS_ROWS, HEAD_DIM=head_dim,
     )
-    keys = _blocks(cu_seqlens_k, total_k, tiles.dkdv.block_n)
-    attention_backward_dkdv_kernel[(keys.grid_size, kv_heads)](
-        q, k, v, d_out, lse, delta, dk, dv,
-        *cu, keys.starts, keys.n_seqs, keys.search_steps, qk_scale, scale,
-        *qkv_strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-        BLOCK_M=tiles.dkdv.block_m, BLOCK_N=tiles.dkdv.block_n, **common,
-        num_warps=tiles.dkdv.num_warps, num_stages=tiles.dkdv.num_stages,
-    )
-    attention_backward_dq_kernel[(rows.grid_size, heads)](
-        q, k, v, d_out, lse, delta, dq,
-        *cu, rows.starts, rows.n_seqs, rows.search_steps, qk_scale, scale,
-        *qkv_strides, dq.stride(0), dq.stride(1), lse.stride(0),
-        BLOCK_M=tiles.dq.block_m, BLOCK_N=tiles.dq.block_n, **common,
-        num_warps=tiles.dq.num_warps, num_stages=tiles.dq.num_stages,
-    )
+
+    def launch_dkdv(tile: Tile):
+        starts, grid = keys.blocks(tile.block_n)
+        return attention_backward_dkdv_kernel[(grid, kv_heads)](
+            q, k, v, d_out, lse, delta, dk, dv,
+            *cu, starts, keys.n_seqs, keys.search_steps, qk_scale, scale,
+            *qkv_strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **common,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )
+
+    def launch_dq(tile: Tile):
+        starts, grid = rows.blocks(tile.block_m)
+        return attention_backward_dq_kernel[(grid, heads)](
+            q, k, v, d_out, lse, delta, dq,
+            *cu, starts, rows.n_seqs, rows.search_steps, qk_scale, scale,
+            *qkv_strides, dq.stride(0), dq.stride(1), lse.stride(0),
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **common,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )
+
+    TUNER.launch(_shape_class("dkdv", q, total_k, keys.n_seqs, causal, group),
+                 candidate_tiles("dkdv", head_dim, q.dtype), launch_dkdv, total_k * heads)
+    TUNER.launch(_shape_class("dq", q, total_q, rows.n_seqs, causal, group),
+                 candidate_tiles("dq", head_dim, q.dtype), launch_dq, total_q * heads)
     fill_padding_rows(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded)
     fill_padding_rows(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded)
     fill_padding_rows(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded)

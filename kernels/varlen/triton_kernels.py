@@ -1,14 +1,20 @@
-"""Triton kernels of the fixed varlen attention: forward, backward (preprocess, dk/dv, dq), and
-the fill of padding rows.
+"""Triton kernels of the fixed varlen attention: forward, backward (preprocess, dk/dv, dq), the
+work lists they share, and the fill of padding rows.
 
 Work is split into (sequence, block) pairs: program `pid` of a launch owns block
 `pid - block_starts[seq]` of sequence `seq`, found by binary search of `block_starts` (the
-running count of blocks per sequence, computed on the device). The grid is an upper bound
-(`cdiv(T, BLOCK) + B`), so no host sync is needed, and surplus programs exit at once.
+running count of blocks per sequence, written on the device by `block_starts_kernel`). The grid
+is an upper bound (`cdiv(T, BLOCK) + B`), so no host sync is needed, and surplus programs exit.
 
 The attention kernels read and write REAL rows only: every load of q, k, v, dO, O, lse is
 masked by the real length (never the padded one), so NaN or Inf in padding never enters a
 computation. Padding rows of the outputs are written by `fill_padding_rows_kernel`.
+
+Key loops are split as in Triton's fused-attention tutorial: blocks that every row of the
+program sees in full run with no score mask and no -inf guard; only the blocks on the causal
+diagonal or holding the ragged end of the keys pay for them. Rows past the real length of
+the last block are never stored, and their zero-filled q/dO make their backward terms exactly
+0, so no loop masks them.
 
 Scores live in base 2: `qk_scale = scale * log2(e)` so that `exp2` (one instruction) replaces
 `exp`; lse is stored in natural log.
@@ -18,6 +24,26 @@ import triton.language as tl
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit(do_not_specialize=["n_seqs"])
+def block_starts_kernel(cu_seqlens, Starts, n_seqs, stride_size, SMALLEST_LOG2: tl.constexpr, CHUNK: tl.constexpr):
+    """Row i of Starts: the running count of blocks of 2**(SMALLEST_LOG2 + i) rows per sequence.
+
+    One launch writes the work lists of every block size, so that a pass costs one small
+    kernel however its tiles are chosen.
+    """
+    log2_block = SMALLEST_LOG2 + tl.program_id(0)
+    Starts += tl.program_id(0) * stride_size
+    tl.store(Starts, 0)
+    total = tl.zeros([], tl.int32)
+    for first in range(0, n_seqs, CHUNK):
+        seqs = first + tl.arange(0, CHUNK)
+        ok = seqs < n_seqs
+        lengths = tl.load(cu_seqlens + seqs + 1, mask=ok, other=0) - tl.load(cu_seqlens + seqs, mask=ok, other=0)
+        blocks = (lengths + (1 << log2_block) - 1) >> log2_block
+        tl.store(Starts + 1 + seqs, total + tl.cumsum(blocks, 0), mask=ok)
+        total += tl.sum(blocks, 0)
 
 
 @triton.jit
@@ -38,6 +64,22 @@ def _last_at_or_below(boundaries, x, n_segments, n_steps):
 
 
 @triton.jit
+def _work_item(block_starts, n_seqs, n_search_steps, REVERSE: tl.constexpr):
+    """(sequence, block of it) of this program; sequence == n_seqs for a surplus program.
+
+    REVERSE hands a sequence's blocks out last first: under a causal mask the last query
+    blocks see the most keys, and starting the longest work first shortens the final wave.
+    """
+    pid = tl.program_id(0)
+    seq = _last_at_or_below(block_starts, pid, n_seqs, n_search_steps)
+    first = tl.load(block_starts + seq)
+    block = pid - first
+    if REVERSE:
+        block = tl.load(block_starts + seq + 1, mask=seq < n_seqs, other=0) - first - 1 - block
+    return seq, block
+
+
+@triton.jit
 def _sequence(cu_real, cu_padded, seq):
     """(first row in memory, real length) of sequence `seq`; int64 rows keep offsets safe."""
     start = tl.load(cu_padded + seq).to(tl.int64)
@@ -46,32 +88,32 @@ def _sequence(cu_real, cu_padded, seq):
 
 
 @triton.jit
-def _visible(rows, cols, len_q, len_k, CAUSAL: tl.constexpr):
-    """Query `rows` see key `cols` (broadcast): both real and, if causal, bottom-right aligned."""
-    ok = (rows < len_q) & (cols < len_k)
+def _visible(rows, cols, len_k, causal_offset, CAUSAL: tl.constexpr):
+    """Query `rows` see key `cols` (broadcast): a real key and, if causal, bottom-right aligned
+    (causal_offset = len_k - len_q). Rows past len_q are not masked: they are never stored."""
+    ok = cols < len_k
     if CAUSAL:
-        ok = ok & (cols <= rows + (len_k - len_q))
+        ok = ok & (cols <= rows + causal_offset)
     return ok
 
 
 @triton.jit
-def _key_end(row_end, len_q, len_k, CAUSAL: tl.constexpr):
-    """Keys at or past the result are invisible to every query row below `row_end`."""
+def _key_ranges(row_start, len_q, len_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full_end, key_end) for query rows [row_start, row_start + BLOCK_M): key blocks below
+    full_end are real keys seen by every one of those rows; those up to key_end need a mask;
+    keys at or past key_end are seen by none."""
     if CAUSAL:
-        return tl.minimum(tl.maximum(tl.minimum(row_end, len_q) + len_k - len_q, 0), len_k)
-    return len_k
+        offset = len_k - len_q
+        key_end = tl.minimum(tl.maximum(tl.minimum(row_start + BLOCK_M, len_q) + offset, 0), len_k)
+        seen_by_all = tl.minimum(tl.maximum(row_start + offset + 1, 0), len_k)
+    else:
+        key_end = len_k
+        seen_by_all = len_k
+    return (seen_by_all // BLOCK_N) * BLOCK_N, key_end
 
 
 @triton.jit
-def _query_start(col_start, len_q, len_k, CAUSAL: tl.constexpr):
-    """Query rows below the result see no key at or past `col_start`."""
-    if CAUSAL:
-        return tl.maximum(col_start - (len_k - len_q), 0)
-    return col_start * 0
-
-
-@triton.jit
-def _dot(a, b, DOT_UPCAST: tl.constexpr):
+def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):
     # Under the Triton interpreter, tl.dot on bfloat16 multiplies the raw bit patterns
     # (triton-lang/triton#11584). There, and only there, bf16 operands are upcast to fp32:
     # exact, since every bf16 is an fp32, so the result is the native bf16 dot up to summation
@@ -81,7 +123,7 @@ def _dot(a, b, DOT_UPCAST: tl.constexpr):
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     # "ieee": fp32 operands get a true fp32 product, not TF32 (no effect on fp16/bf16).
-    return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision="ieee")
 
 
 @triton.jit
@@ -91,6 +133,52 @@ def _load_rows(base, start, rows, row_ok, stride_t, dims):
 
 
 @triton.jit
+def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constexpr):
+    """k, v tiles of keys `cols` (K, V at the sequence's first row). Row offsets are int64, as
+    in _load_rows, and recomputed each step from `cols`: a loop-carried tile of pointers would
+    hold 64 bits per element in registers for the whole loop. Unmasked: every col < len_k."""
+    rows = cols.to(tl.int64)[:, None]
+    if MASKED:
+        col_ok = (cols < len_k)[:, None]
+        k = tl.load(K + rows * stride_kt + dims[None, :], mask=col_ok, other=0.0)
+        v = tl.load(V + rows * stride_vt + dims[None, :], mask=col_ok, other=0.0)
+    else:
+        k = tl.load(K + rows * stride_kt + dims[None, :])
+        v = tl.load(V + rows * stride_vt + dims[None, :])
+    return k, v
+
+
+@triton.jit
+def _forward_blocks(
+    acc, l_i, m_i, q, K, V, stride_kt, stride_vt, dims, rows, col_lo, col_hi, len_k, causal_offset, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """Online softmax over key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
+    offs = tl.arange(0, BLOCK_N)
+    for col_start in range(col_lo, col_hi, BLOCK_N):
+        cols = col_start + offs
+        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+        qk = _dot(q, tl.trans(k), DOT_UPCAST)
+        if MASKED:
+            qk = tl.where(_visible(rows[:, None], cols[None, :], len_k, causal_offset, CAUSAL), qk, float("-inf"))
+        # Scaling the row max (qk_scale > 0) instead of every score leaves one fused
+        # multiply-add per score for exp2's argument, as in Triton's fused-attention tutorial.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED:
+            # A row that has seen no visible key yet keeps m = -inf: subtract 0 instead, so that
+            # exp2 sees -inf - 0 (= 0) and never -inf - (-inf) (= NaN).
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new  # every row sees every key of an unmasked block: m_new is finite
+        p = tl.exp2(qk * qk_scale - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, DOT_UPCAST, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_forward_kernel(
     Q, K, V, Out, Lse,
     cu_q, cu_k, cu_q_padded, cu_k_padded, block_starts, n_seqs, n_search_steps,
@@ -100,40 +188,32 @@ def attention_forward_kernel(
     HEAD_DIM: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """One block of BLOCK_M query rows of one sequence and one head: online softmax over keys."""
-    pid = tl.program_id(0)
     head = tl.program_id(1)
-    seq = _last_at_or_below(block_starts, pid, n_seqs, n_search_steps)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=CAUSAL)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
     k_start, len_k = _sequence(cu_k, cu_k_padded, seq)
-    row_start = (pid - tl.load(block_starts + seq)) * BLOCK_M
+    row_start = block * BLOCK_M
     rows = row_start + tl.arange(0, BLOCK_M)
     row_ok = rows < len_q
     dims = tl.arange(0, HEAD_DIM)
     q = _load_rows(Q + head * stride_qh, q_start, rows, row_ok, stride_qt, dims)
-    K += (head // GROUP) * stride_kh
-    V += (head // GROUP) * stride_vh
+    K += (head // GROUP) * stride_kh + k_start * stride_kt
+    V += (head // GROUP) * stride_vh + k_start * stride_vt
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for col_start in range(0, _key_end(row_start + BLOCK_M, len_q, len_k, CAUSAL), BLOCK_N):
-        cols = col_start + tl.arange(0, BLOCK_N)
-        col_ok = cols < len_k
-        k = _load_rows(K, k_start, cols, col_ok, stride_kt, dims)
-        v = _load_rows(V, k_start, cols, col_ok, stride_vt, dims)
-        s = _dot(q, tl.trans(k), DOT_UPCAST) * qk_scale
-        s = tl.where(_visible(rows[:, None], cols[None, :], len_q, len_k, CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no visible key yet keeps m = -inf: subtract 0 instead, so that
-        # exp2 sees -inf - 0 (= 0) and never -inf - (-inf) (= NaN).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_UPCAST)
-        m_i = m_new
+    full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _forward_blocks(
+        acc, l_i, m_i, q, K, V, stride_kt, stride_vt, dims, rows, 0, full_end, len_k, len_k - len_q, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+    )
+    acc, l_i, m_i = _forward_blocks(
+        acc, l_i, m_i, q, K, V, stride_kt, stride_vt, dims, rows, full_end, key_end, len_k, len_k - len_q, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+    )
 
     # Rows with no visible key have l = 0 and acc = 0: output 0 and lse = -inf, no 0/0.
     has_key = l_i > 0.0
@@ -144,7 +224,7 @@ def attention_forward_kernel(
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_backward_preprocess_kernel(
     Out, DOut, DLse, Delta,
     cu_q, cu_q_padded, block_starts, n_seqs, n_search_steps,
@@ -152,13 +232,12 @@ def attention_backward_preprocess_kernel(
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout."""
-    pid = tl.program_id(0)
     head = tl.program_id(1)
-    seq = _last_at_or_below(block_starts, pid, n_seqs, n_search_steps)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
-    rows = (pid - tl.load(block_starts + seq)) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < len_q
     dims = tl.arange(0, HEAD_DIM)
     o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims).to(tl.float32)
@@ -169,14 +248,42 @@ def attention_backward_preprocess_kernel(
 
 
 @triton.jit
-def _load_lse_log2(Lse, offsets, row_ok):
+def _load_lse_log2(Lse, rows, row_ok):
     """lse in base 2 for exp2(s - lse); -inf (row with no visible key) becomes 0 so that exp2
     never sees +inf. Such rows have every score masked anyway."""
-    lse = tl.load(Lse + offsets, mask=row_ok, other=0.0)
+    lse = tl.load(Lse + rows, mask=row_ok, other=0.0)
     return tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
 
 
 @triton.jit
+def _dkdv_blocks(
+    dk, dv, k, v, Q, DO, Lse, Delta, stride_qt, stride_dot, dims, cols, row_lo, row_hi, len_q, causal_offset,
+    qk_scale, MASKED: tl.constexpr, BLOCK_M: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """dK, dV contributions of query rows [row_lo, row_hi) of one head (Q, DO, Lse, Delta at the
+    sequence's first row). MASKED applies the causal mask; nothing else needs one: keys past
+    len_k are never stored, and rows past len_q read q = dO = 0, lse = delta = 0, which makes
+    their dV and dK terms exactly 0."""
+    offs = tl.arange(0, BLOCK_M)
+    for row_start in range(row_lo, row_hi, BLOCK_M):
+        rows = row_start + offs
+        row_ok = rows < len_q
+        rows64 = rows.to(tl.int64)
+        qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
+        do = tl.load(DO + rows64[:, None] * stride_dot + dims[None, :], mask=row_ok[:, None], other=0.0)
+        lse2 = _load_lse_log2(Lse, rows, row_ok)
+        delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
+        pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
+        if MASKED:
+            pT = tl.where(cols[:, None] <= rows[None, :] + causal_offset, pT, 0.0)
+        dv = _dot(pT.to(do.dtype), do, DOT_UPCAST, dv)
+        dpT = _dot(v, tl.trans(do), DOT_UPCAST)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST, dk)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_backward_dkdv_kernel(
     Q, K, V, DOut, Lse, Delta, DK, DV,
     cu_q, cu_k, cu_q_padded, cu_k_padded, block_starts, n_seqs, n_search_steps,
@@ -193,43 +300,44 @@ def attention_backward_dkdv_kernel(
     Tiles are kept transposed (keys x queries), as in Triton's fused-attention tutorial, so
     that P^T and dS^T feed the dots without a register transpose.
     """
-    pid = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = _last_at_or_below(block_starts, pid, n_seqs, n_search_steps)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
     k_start, len_k = _sequence(cu_k, cu_k_padded, seq)
-    col_start = (pid - tl.load(block_starts + seq)) * BLOCK_N
+    col_start = block * BLOCK_N
     cols = col_start + tl.arange(0, BLOCK_N)
     col_ok = cols < len_k
     dims = tl.arange(0, HEAD_DIM)
     k = _load_rows(K + kv_head * stride_kh, k_start, cols, col_ok, stride_kt, dims)
     v = _load_rows(V + kv_head * stride_vh, k_start, cols, col_ok, stride_vt, dims)
 
+    # Query rows below first_row see none of these keys; from masked_end on, each sees all.
+    causal_offset = len_k - len_q
+    if CAUSAL:
+        first_row = tl.maximum(col_start - causal_offset, 0)
+        rows_to_mask = tl.maximum(col_start + BLOCK_N - 1 - causal_offset - first_row, 0)
+        masked_end = tl.minimum(first_row + tl.cdiv(rows_to_mask, BLOCK_M) * BLOCK_M, len_q)
+    else:
+        first_row = col_start * 0
+        masked_end = first_row
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    first_row = _query_start(col_start, len_q, len_k, CAUSAL)
     for g in range(GROUP):
         head = kv_head * GROUP + g
-        for row_start in range(first_row, len_q, BLOCK_M):
-            rows = row_start + tl.arange(0, BLOCK_M)
-            row_ok = rows < len_q
-            qT = tl.load(
-                Q + head * stride_qh + (q_start + rows)[None, :] * stride_qt + dims[:, None],
-                mask=row_ok[None, :], other=0.0,
-            )
-            do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
-            lse_offsets = head * stride_lh + q_start + rows
-            lse2 = _load_lse_log2(Lse, lse_offsets, row_ok)
-            delta = tl.load(Delta + lse_offsets, mask=row_ok, other=0.0)
-            sT = _dot(k, qT, DOT_UPCAST) * qk_scale
-            visible = _visible(rows[None, :], cols[:, None], len_q, len_k, CAUSAL)
-            pT = tl.where(visible, tl.exp2(sT - lse2[None, :]), 0.0)
-            dv += _dot(pT.to(do.dtype), do, DOT_UPCAST)
-            dpT = _dot(v, tl.trans(do), DOT_UPCAST)
-            dsT = pT * (dpT - delta[None, :])
-            dk += _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST)
+        Q_seq = Q + head * stride_qh + q_start * stride_qt
+        DO_seq = DOut + head * stride_doh + q_start * stride_dot
+        Lse_seq = Lse + head * stride_lh + q_start
+        Delta_seq = Delta + head * stride_lh + q_start
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, Q_seq, DO_seq, Lse_seq, Delta_seq, stride_qt, stride_dot, dims, cols,
+            first_row, masked_end, len_q, causal_offset, qk_scale, MASKED=True, BLOCK_M=BLOCK_M, DOT_UPCAST=DOT_UPCAST,
+        )
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, Q_seq, DO_seq, Lse_seq, Delta_seq, stride_qt, stride_dot, dims, cols,
+            masked_end, len_q, len_q, causal_offset, qk_scale, MASKED=False, BLOCK_M=BLOCK_M, DOT_UPCAST=DOT_UPCAST,
+        )
 
     dk_ptrs = DK + kv_head * stride_dkh + (k_start + cols)[:, None] * stride_dkt + dims[None, :]
     dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims[None, :]
@@ -238,6 +346,26 @@ def attention_backward_dkdv_kernel(
 
 
 @triton.jit
+def _dq_blocks(
+    dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, dims, rows, col_lo, col_hi, len_k, causal_offset, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """dQ contributions of key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
+    offs = tl.arange(0, BLOCK_N)
+    for col_start in range(col_lo, col_hi, BLOCK_N):
+        cols = col_start + offs
+        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+        p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
+        if MASKED:
+            # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
+            p = tl.where(_visible(rows[:, None], cols[None, :], len_k, causal_offset, CAUSAL), p, 0.0)
+        dp = _dot(do, tl.trans(v), DOT_UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
+    return dq
+
+
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_backward_dq_kernel(
     Q, K, V, DOut, Lse, Delta, DQ,
     cu_q, cu_k, cu_q_padded, cu_k_padded, block_starts, n_seqs, n_search_steps,
@@ -252,43 +380,40 @@ def attention_backward_dq_kernel(
     A pass separate from dK/dV (it recomputes P and dP) so that every dQ row is owned by one
     program: deterministic, no fp32 atomics, no memset of dQ.
     """
-    pid = tl.program_id(0)
     head = tl.program_id(1)
-    seq = _last_at_or_below(block_starts, pid, n_seqs, n_search_steps)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=CAUSAL)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
     k_start, len_k = _sequence(cu_k, cu_k_padded, seq)
-    row_start = (pid - tl.load(block_starts + seq)) * BLOCK_M
+    row_start = block * BLOCK_M
     rows = row_start + tl.arange(0, BLOCK_M)
     row_ok = rows < len_q
     dims = tl.arange(0, HEAD_DIM)
     q = _load_rows(Q + head * stride_qh, q_start, rows, row_ok, stride_qt, dims)
     do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
-    lse_offsets = head * stride_lh + q_start + rows
-    lse2 = _load_lse_log2(Lse, lse_offsets, row_ok)
-    delta = tl.load(Delta + lse_offsets, mask=row_ok, other=0.0)
-    K += (head // GROUP) * stride_kh
-    V += (head // GROUP) * stride_vh
+    lse_row0 = head * stride_lh + q_start
+    lse2 = _load_lse_log2(Lse + lse_row0, rows, row_ok)
+    delta = tl.load(Delta + lse_row0 + rows, mask=row_ok, other=0.0)
+    K += (head // GROUP) * stride_kh + k_start * stride_kt
+    V += (head // GROUP) * stride_vh + k_start * stride_vt
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for col_start in range(0, _key_end(row_start + BLOCK_M, len_q, len_k, CAUSAL), BLOCK_N):
-        cols = col_start + tl.arange(0, BLOCK_N)
-        col_ok = cols < len_k
-        k = _load_rows(K, k_start, cols, col_ok, stride_kt, dims)
-        v = _load_rows(V, k_start, cols, col_ok, stride_vt, dims)
-        s = _dot(q, tl.trans(k), DOT_UPCAST) * qk_scale
-        visible = _visible(rows[:, None], cols[None, :], len_q, len_k, CAUSAL)
-        p = tl.where(visible, tl.exp2(s - lse2[:, None]), 0.0)
-        dp = _dot(do, tl.trans(v), DOT_UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, DOT_UPCAST)
+    full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    dq = _dq_blocks(
+        dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, dims, rows, 0, full_end, len_k, len_k - len_q, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+    )
+    dq = _dq_blocks(
+        dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, dims, rows, full_end, key_end, len_k, len_k - len_q,
+        qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+    )
 
     dq_ptrs = DQ + head * stride_dqh + (q_start + rows)[:, None] * stride_dqt + dims[None, :]
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def fill_padding_rows_kernel(
     X, stride_row, stride_col, n_rows, n_cols, value,
     cu_real, cu_padded, n_seqs, n_search_steps,

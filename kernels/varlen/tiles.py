@@ -1,0 +1,116 @@
+"""What each candidate tile costs on a GPU, found by compiling without one: registers, spills,
+shared memory. This is how `launch.NATIVE_TILES` was chosen: a tile that spills or overflows
+shared memory is slow or fails, and compiling tells so for free, before any GPU time is spent.
+
+    python -m kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--dtype bfloat16]
+
+prints one JSON row per (kernel, head_dim, causal, tile). Compiling is native-only, so an
+interpreted process (no GPU) compiles in a child process (`resource_table`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from kernels._compat import INTERPRETED
+from kernels.interpreter import _run_module
+from kernels.varlen.launch import NATIVE_TILES, Tile
+
+HOPPER = 90
+SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+_TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_FP32_POINTERS = {"Lse", "Delta", "DLse"}
+_FLOATS = {"qk_scale", "scale"}
+
+
+def _signature(fn, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
+    """Triton types of the kernel's arguments, and the 16-divisibility hints a launch on
+    torch-allocated tensors gets: every pointer, and every stride but lse's (its row count)."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in _FLOATS:
+            signature[name] = "fp32"
+        elif name[0].isupper():
+            signature[name] = "*fp32" if name in _FP32_POINTERS else "*" + _TRITON_TYPES[dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name.startswith("cu_") or name == "block_starts":
+            signature[name] = "*i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride_") and name != "stride_lh":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, causal: bool, arch: int = HOPPER) -> dict:
+    """Compiles one kernel with one tile for CUDA `arch`; returns its resource use."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource, compile as triton_compile, make_backend
+
+    from kernels.varlen import triton_kernels as tk
+
+    fn = {"forward": tk.attention_forward_kernel, "dkdv": tk.attention_backward_dkdv_kernel,
+          "dq": tk.attention_backward_dq_kernel}[kernel]
+    constexprs = {"GROUP": 1, "CAUSAL": causal, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
+                  "HEAD_DIM": head_dim, "DOT_UPCAST": False}
+    signature, attrs = _signature(fn, dtype, constexprs)
+    target = GPUTarget("cuda", arch, 32)
+    options = make_backend(target).parse_options({"num_warps": tile.num_warps, "num_stages": tile.num_stages})
+    compiled = triton_compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
+        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}a", ptx.name, "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return {
+        "kernel": kernel, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."), "causal": causal,
+        "tile": str(tile), "regs": int(re.search(r"Used (\d+) registers", log).group(1)),
+        "spill_bytes": int(spills.group(1)) + int(spills.group(2)), "shared": compiled.metadata.shared,
+        "fits": compiled.metadata.shared <= SHARED_LIMIT,
+        "wgmma": "wgmma" in compiled.asm["ptx"],
+    }
+
+
+def resource_table(head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER,
+                   kernels=("forward", "dkdv", "dq")) -> list[dict]:
+    """compile_tile for every candidate of NATIVE_TILES at these head dims (causal and not)."""
+    if INTERPRETED:
+        args = ["--arch", str(arch), "--dtype", str(dtype).removeprefix("torch."), "--head-dims", *map(str, head_dims),
+                "--kernels", *kernels]
+        return _run_module(__name__, args, interpret=False, timeout=1800)
+    rows = []
+    for kernel in kernels:
+        for head_dim in head_dims:
+            by_row_bytes = NATIVE_TILES[kernel]
+            row_bytes = head_dim * dtype.itemsize
+            for tile in by_row_bytes[min(b for b in by_row_bytes if b >= row_bytes)]:
+                for causal in (False, True):
+                    rows.append(compile_tile(kernel, tile, head_dim, dtype, causal, arch))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kernels.varlen.tiles", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=HOPPER)
+    parser.add_argument("--dtype", default="bfloat16", choices=[str(t).removeprefix("torch.") for t in _TRITON_TYPES])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--kernels", nargs="+", default=["forward", "dkdv", "dq"])
+    args = parser.parse_args(argv)
+    rows = resource_table(tuple(args.head_dims), getattr(torch, args.dtype), args.arch, tuple(args.kernels))
+    json.dump(rows, sys.stdout, indent=None)
+
+
+if __name__ == "__main__":
+    main()

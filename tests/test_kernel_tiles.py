@@ -1,0 +1,101 @@
+"""Tiles of the fixed kernel: every native candidate computes the contract (also under the
+interpreter, pinned), the on-device work lists, and the tuner's choices on a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import INTERPRETED, default_device, varlen_attention
+from kernels.varlen.launch import (
+    BLOCK_SIZES, MIN_TIMED_WORK, NATIVE_TILES, TUNER, Tile, TileTuner, candidate_tiles, work_list,
+)
+from tests.test_kernel_varlen import assert_contract
+from workbench import Case, pack
+
+# Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k
+# (rows that see no key), len_q < len_k, an empty sequence, GQA, gaps and a tail.
+CAUSAL_CASE = Case((140, 0, 37), seqlens_k=(129, 3, 150), align=8, tail_q=3, heads=2, kv_heads=1, causal=True, dtype="float16")
+FULL_CASE = Case((131, 20), padded_q=(133, 24), heads=2, dtype="float16")
+
+
+@pytest.mark.parametrize("row_bytes", [128, 256])
+@pytest.mark.parametrize("index", range(4))
+def test_every_native_candidate_tile_keeps_the_contract(row_bytes, index):
+    """Pinned tile `index` of each kernel's candidates for fp16 rows of `row_bytes`. The
+    interpreter runs them at head dim 16: what a tile changes is the blocking of rows and keys,
+    and numpy's cost grows with the head dim."""
+    tiles = {kernel: by_bytes[row_bytes][index] for kernel, by_bytes in NATIVE_TILES.items()}
+    head_dim = 16 if INTERPRETED else row_bytes // 2
+    # The causal case runs every mask path; without the mask only the ragged end differs.
+    cases = (CAUSAL_CASE, FULL_CASE) if index == 0 else (CAUSAL_CASE,)
+    with TUNER.pinned(**tiles):
+        for case in cases:
+            assert_contract(case.with_(head_dim=head_dim))
+
+
+def test_pinned_names_kernels():
+    with pytest.raises(ValueError, match=r"pinned\(\) got \['backward'\]"):
+        with TUNER.pinned(backward=Tile(64, 64, 4, 1)):
+            pass
+
+
+def test_work_list_counts_blocks_of_every_size():
+    """More sequences than one chunk of the kernel's running sum, empty ones included."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 300, (2500,), generator=generator)
+    lengths[::7] = 0
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(default_device())
+    work = work_list(cu, int(cu[-1]))
+    for block in BLOCK_SIZES:
+        starts, grid = work.blocks(block)
+        expected = torch.nn.functional.pad(((lengths + block - 1) // block).cumsum(0), (1, 0))
+        assert torch.equal(starts[: lengths.numel() + 1].cpu().long(), expected)
+        assert grid >= int(expected[-1])
+    assert work.search_steps >= (lengths.numel() + 1 - 1).bit_length()
+
+
+def test_candidate_tiles_cover_every_supported_row_width():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for head_dim in (16, 32, 64, 128, 256):
+            for kernel in NATIVE_TILES:
+                tiles = candidate_tiles(kernel, head_dim, dtype)
+                assert tiles and all(t.block_m in BLOCK_SIZES or kernel == "dkdv" for t in tiles)
+                assert all(t.block_n in BLOCK_SIZES or kernel != "dkdv" for t in tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="times tiles with CUDA events")
+def test_tuner_times_each_candidate_once_and_not_while_syncs_are_forbidden():
+    tuner = TileTuner()
+    launched = []
+    candidates = (Tile(64, 64, 4, 2), Tile(128, 64, 8, 3))
+
+    def launch(tile):
+        launched.append(tile)
+        torch.empty(1 << 20, device="cuda").fill_(tile.block_m)
+
+    work = MIN_TIMED_WORK
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tuner.launch(("forward", "x"), candidates, launch, work)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert launched == [candidates[0]] and not tuner.chosen  # the default, nothing remembered
+    tuner.launch(("forward", "x"), candidates, launch, work)
+    assert set(tuner.timings[("forward", "x")]) == set(candidates)
+    launched.clear()
+    tuner.launch(("forward", "x"), candidates, launch, work)
+    assert launched == [tuner.chosen[("forward", "x")]]
+    assert tuner.report()[0]["tile"] == str(tuner.chosen[("forward", "x")])
+    tuner.launch(("forward", "small"), candidates, launch, work - 1)  # launch-bound: untimed
+    assert tuner.chosen[("forward", "small")] == candidates[0] and ("forward", "small") not in tuner.timings
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="reads the compiled kernels' registers")
+def test_tuned_kernels_do_not_spill():
+    batch = pack(Case((4096, 17, 513), heads=16, head_dim=128, dtype="bfloat16", causal=True), device="cuda")
+    batch.call(varlen_attention).sum().backward()
+    resources = [r for r in TUNER.report() if r["head_dim"] == 128 and r["dtype"] == "bfloat16" and "regs" in r]
+    assert {r["kernel"] for r in resources} == {"forward", "dkdv", "dq"}
+    assert all(r["spills"] == 0 for r in resources), resources
