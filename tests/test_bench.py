@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import default_device
+
 from workbench.bench import Row, Timing, Workload, format_table, long_tailed_lengths, run_benchmark, workloads
 from workbench.layout import Case
 
@@ -45,3 +47,96 @@ def test_table_reports_ratios_and_contract_cost():
 def test_benchmark_without_cuda_says_so():
     with pytest.raises(RuntimeError, match="needs CUDA"):
         run_benchmark(quick=True)
+
+
+def _record(tmp_path, rows):
+    from workbench.bench import to_record
+
+    record = to_record(rows, "python -m workbench.bench", tiles=[{"kernel": "forward", "tile": "128x64 w8 s3"}])
+    (tmp_path / "bench-test.json").write_text(__import__("json").dumps(record))
+    return record
+
+
+def test_records_round_trip_to_the_same_table(tmp_path):
+    from workbench.bench import load_records, records_table
+
+    rows = [
+        Row("16k long-tail d128", "ours", Timing(1.0, 2.0, 10.0), 100.0, 90.0, 500.0, {"torch varlen_attn": 1.5}),
+        Row("16k long-tail d128", "SDPA dense (flash)", Timing(error="RuntimeError: no kernel")),
+    ]
+    _record(tmp_path, rows)
+    (record,) = load_records(tmp_path)
+    assert record["file"] == "bench-test.json" and record["tiles"][0]["tile"] == "128x64 w8 s3"
+    assert records_table(record) == format_table(rows)
+
+
+def test_load_records_names_the_command_when_there_are_none(tmp_path):
+    from workbench.bench import load_records
+
+    with pytest.raises(FileNotFoundError, match="--record data/gpu/bench-"):
+        load_records(tmp_path)
+
+
+def test_plot_has_one_bar_per_successful_run(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from workbench.bench import plot_records
+
+    rows = [
+        Row("a", "ours", Timing(1.0, 2.0, 10.0), 100.0, 90.0, 500.0),
+        Row("a", "peer", Timing(1.0, 3.0, 10.0), 100.0, 60.0, 500.0),
+        Row("b", "ours", Timing(1.0, 2.0, 10.0), 100.0, 80.0, 500.0),
+        Row("b", "peer", Timing(error="no")),
+    ]
+    ax = plot_records(_record(tmp_path, rows))
+    assert sorted(round(p.get_height()) for p in ax.patches) == [60, 80, 90]
+
+
+def test_shape_and_impl_filters_are_checked_before_timing():
+    with pytest.raises(ValueError, match=r"shapes \['nothing'\] match no workload; the workloads are \['8x2048 d64'"):
+        run_benchmark(shapes=["nothing"])
+    with pytest.raises(ValueError, match=r"impls \['mine'\] are not benchmarked; choose from \['ours'"):
+        run_benchmark(impls=["mine"])
+
+
+def test_compile_candidates_runs_forward_and_backward_pinned(monkeypatch):
+    """The precompile job: candidate `index` of every kernel pinned, on a small batch."""
+    from kernels.varlen import launch
+    from workbench.bench import _compile_candidates
+
+    seen = []
+    real = launch.TileTuner.launch
+
+    def spy(self, key, candidates, launch_fn, work):
+        seen.append((key[0], self.pins.get(key[0])))
+        return real(self, key, candidates, launch_fn, work)
+
+    monkeypatch.setattr(launch.TileTuner, "launch", spy)
+    _compile_candidates(Case((5,), heads=2, head_dim=16, causal=True), index=3, device=str(default_device()))
+    expected = {k: launch.candidate_tiles(k, 16, torch.float32) for k in ("forward", "dkdv", "dq")}
+    assert [k for k, _ in seen] == ["forward", "dkdv", "dq"]
+    assert all(tile == expected[k][min(3, len(expected[k]) - 1)] for k, tile in seen)
+
+
+def test_targets_judge_the_worst_configuration():
+    from workbench.bench import format_targets, targets
+
+    rows = [
+        Row("8x2048 d128", "ours", Timing(1.0, 2.0, 300.0), ratios={
+            "torch varlen_attn": 1.5, "torch varlen_attn (fwd)": 1.4,
+            "SDPA dense (cuDNN)": 0.7, "SDPA dense (cuDNN) (fwd)": 0.5,
+            "SDPA dense (flash)": 1.1, "SDPA dense (flash) (fwd)": 1.0}),
+        Row("8x2048 d128", "torch varlen_attn", Timing(1.4, 3.0, 400.0)),
+        Row("16k long-tail d128", "ours", Timing(1.0, 2.0, 500.0), ratios={"torch varlen_attn": 1.2, "torch varlen_attn (fwd)": 1.0}),
+        Row("16k long-tail d128", "torch varlen_attn", Timing(1.0, 2.4, 400.0)),
+        Row("16k long-tail padded", "ours", Timing(1.0, 2.02, 500.0)),
+    ]
+    found = {t.name.split(" ")[0] + str(t.bound): t for t in targets(rows)}
+    assert (found["forward+backward1.3"].measured, found["forward+backward1.3"].worst_case) == (1.2, "16k long-tail d128")
+    assert not found["forward+backward1.3"].met
+    assert found["forward+backward0.8"].measured == 0.7 and "cuDNN" in found["forward+backward0.8"].worst_case
+    assert found["forward0.9"].measured == 0.5
+    assert found["padding0.02"].met and abs(found["padding0.02"].measured - 0.01) < 1e-12
+    assert found["peak1.0"].measured == 1.25 and found["peak1.0"].worst_case == "16k long-tail d128"
+    assert "NO" in format_targets(list(found.values()))

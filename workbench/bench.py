@@ -7,7 +7,9 @@ document mask (compiled). Throughput counts only real work, per document:
 4*h*d*sum(s_i^2) FLOPs forward, halved when causal, and 3.5x that for forward+backward.
 Ratios are ours / peer measured in the same run, so a noisy machine shifts both alike.
 
-CUDA only; `python -m workbench.bench --record FILE` or `workbench bench`.
+CUDA only; `python -m workbench.bench --record FILE` or `workbench bench`. The committed
+records (data/gpu/bench-*.json) are read back on any machine by `load_records`, and rendered
+by `records_table` and `plot_records` (the performance notebook).
 """
 from __future__ import annotations
 
@@ -16,13 +18,17 @@ import inspect
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 from workbench.layout import Case, Fill, pack, thd_to_bshd
 from workbench.provenance import provenance
+
+GPU_DATA = Path(__file__).resolve().parent.parent / "data" / "gpu"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,37 @@ def workloads(quick: bool = False) -> list[Workload]:
     if quick:
         return [out[3], out[4], out[5]]
     return out
+
+
+def _compile_candidates(case: Case, index: int, device: str = "cuda") -> None:
+    """Runs forward+backward of a small batch of `case`'s kernel class with candidate `index`
+    of every kernel pinned: Triton compiles, and caches on disk, what the tuner will time."""
+    from kernels import varlen_attention
+    from kernels.varlen.launch import NATIVE_TILES, TUNER, candidate_tiles
+
+    dtype = case.torch_dtype
+    tiles = {k: candidate_tiles(k, case.head_dim, dtype) for k in NATIVE_TILES}
+    # 256 rows: every stride keeps the 16-divisibility the benchmark's layouts have, so the
+    # compiled specializations are the ones the timed process loads.
+    small = case.with_(seqlens_q=(200, 56), seqlens_k=None, padded_q=None, padded_k=None, align=None, tail_q=0, tail_k=0)
+    with TUNER.pinned(**{k: t[min(index, len(t) - 1)] for k, t in tiles.items()}):
+        pack(small, device=device).call(varlen_attention, validate=False).sum().backward()
+
+
+def precompile(chosen: list[Workload], jobs: int) -> None:
+    """Compiles our kernel's candidate tiles for every kernel class of `chosen` in `jobs`
+    processes. In-process tuning compiles them one after another (4 tiles x 3 kernels per
+    head dim and mask: minutes for the full set); afterwards it only loads and times them."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    from kernels.varlen.launch import NATIVE_TILES
+
+    classes = {(w.case.head_dim, w.case.heads, w.case.kv_heads, w.case.dtype, w.case.causal): w.case for w in chosen}
+    most = max(len(t) for by_bytes in NATIVE_TILES.values() for t in by_bytes.values())
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for done in [pool.submit(_compile_candidates, case, i) for case in classes.values() for i in range(most)]:
+            done.result()
 
 
 # -- implementations: each returns a zero-argument callable producing the output -----------
@@ -208,6 +245,10 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = 10) -> Timing |
             o.backward(grad)
 
         forward_ms = _time(lambda: run(), warmup, iters)
+        # One untimed pass first, so that the baseline holds what persists across passes (the
+        # inputs' .grad, allocated once) and nothing one-off (tile timing) lands in the peak:
+        # the peak is then the pass's own working memory, comparable between implementations.
+        forward_backward()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -229,11 +270,32 @@ class Row:
     ratios: dict[str, float] = field(default_factory=dict)
 
 
-def run_benchmark(quick: bool = False, warmup: int = 3, iters: int = 10, impls: list[str] | None = None) -> list[Row]:
+def select_workloads(quick: bool = False, shapes: list[str] | None = None) -> list[Workload]:
+    """The workloads whose name contains one of `shapes` (all without)."""
+    chosen = [w for w in workloads(quick) if not shapes or any(s in w.name for s in shapes)]
+    if not chosen:
+        raise ValueError(f"shapes {shapes} match no workload; the workloads are {[w.name for w in workloads(quick)]}")
+    return chosen
+
+
+def run_benchmark(
+    quick: bool = False,
+    warmup: int = 3,
+    iters: int = 10,
+    impls: list[str] | None = None,
+    shapes: list[str] | None = None,
+    progress: Callable[[list["Row"]], None] | None = None,
+) -> list[Row]:
+    """Times every implementation (or `impls`) on every workload (or those whose name contains
+    one of `shapes`); `progress(rows_so_far)` runs after each workload."""
+    unknown = set(impls or ()) - set(IMPLEMENTATIONS)
+    if unknown:
+        raise ValueError(f"impls {sorted(unknown)} are not benchmarked; choose from {list(IMPLEMENTATIONS)}")
+    chosen = select_workloads(quick, shapes)
     if not torch.cuda.is_available():
         raise RuntimeError("workbench bench needs CUDA: it times kernels with CUDA events. Run it on a GPU machine.")
     rows: list[Row] = []
-    for workload in workloads(quick):
+    for workload in chosen:
         batch = pack(workload.case, device="cuda")
         results = {}
         for name in impls or IMPLEMENTATIONS:
@@ -255,7 +317,80 @@ def run_benchmark(quick: bool = False, warmup: int = 3, iters: int = 10, impls: 
                 if name != "ours" and row.timing.forward_ms:
                     ours.ratios[name] = row.timing.forward_backward_ms / ours.timing.forward_backward_ms if row.timing.forward_backward_ms else math.nan
                     ours.ratios[name + " (fwd)"] = row.timing.forward_ms / ours.timing.forward_ms
+        if progress:
+            progress(rows)
     return rows
+
+
+def _our_rows(rows: list[Row]) -> dict[str, Row]:
+    return {r.workload: r for r in rows if r.impl == "ours" and not r.timing.error}
+
+
+def contract_costs(rows: list[Row]) -> dict[str, float]:
+    """Per padded workload: our forward+backward time over the same batch unpadded, minus 1."""
+    ours = _our_rows(rows)
+    costs = {}
+    for name, row in ours.items():
+        if "padded" in name:
+            unpadded = next((r for n, r in ours.items() if n != name and n.startswith(name.split(" padded")[0])), None)
+            if unpadded:
+                costs[name] = row.timing.forward_backward_ms / unpadded.timing.forward_backward_ms - 1
+    return costs
+
+
+EQUAL_D128 = "8x2048 d128"  # the equal-length head-dim-128 workloads, causal and not
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 10's targets, judged on its worst case over the configurations it covers."""
+
+    name: str
+    measured: float
+    bound: float
+    at_least: bool  # met when measured >= bound (else measured <= bound)
+    worst_case: str
+
+    @property
+    def met(self) -> bool:
+        return self.measured >= self.bound if self.at_least else self.measured <= self.bound
+
+
+def _worst(name: str, values: dict[str, float], bound: float, at_least: bool) -> Target | None:
+    values = {k: v for k, v in values.items() if not math.isnan(v)}
+    if not values:
+        return None
+    where = (min if at_least else max)(values, key=values.get)
+    return Target(name, values[where], bound, at_least, where)
+
+
+def targets(rows: list[Row]) -> list[Target]:
+    """The issue's targets (bf16, ratios from one run), each with its worst configuration;
+    a target whose peers did not run is left out."""
+    ours = _our_rows(rows)
+    by_impl = {(r.workload, r.impl): r for r in rows if not r.timing.error}
+    sdpa = [i for i in IMPLEMENTATIONS if i.startswith("SDPA")]
+    equal = {w: r for w, r in ours.items() if w.startswith(EQUAL_D128)}
+    found = [
+        _worst("forward+backward >= 1.3x torch varlen_attn, every configuration",
+               {w: r.ratios["torch varlen_attn"] for w, r in ours.items() if "torch varlen_attn" in r.ratios}, 1.3, True),
+        _worst("forward+backward >= 0.8x SDPA dense (fastest backend), d128 equal lengths",
+               {f"{w} vs {i}": r.ratios[i] for w, r in equal.items() for i in sdpa if i in r.ratios}, 0.8, True),
+        _worst("forward >= 0.9x SDPA dense (fastest backend), d128 equal lengths",
+               {f"{w} vs {i}": r.ratios[i + " (fwd)"] for w, r in equal.items() for i in sdpa if i in r.ratios}, 0.9, True),
+        _worst("padding contract costs <= 2% forward+backward", contract_costs(rows), 0.02, False),
+        _worst("peak memory of forward+backward <= torch varlen_attn's (ratio)",
+               {w: r.timing.peak_mb / by_impl[(w, "torch varlen_attn")].timing.peak_mb
+                for w, r in ours.items() if (w, "torch varlen_attn") in by_impl}, 1.0, False),
+    ]
+    return [t for t in found if t is not None]
+
+
+def format_targets(found: list[Target]) -> str:
+    lines = [f"{'target':<76} {'worst':>7}  {'met':<4} worst case"]
+    for t in found:
+        lines.append(f"{t.name:<76} {t.measured:>7.3f}  {'yes' if t.met else 'NO':<4} {t.worst_case}")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[Row]) -> str:
@@ -266,13 +401,8 @@ def format_table(rows: list[Row]) -> str:
             lines.append(f"{r.workload:<44} {r.impl:<26} failed: {t.error}")
             continue
         lines.append(f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f}")
-    ours = {r.workload: r for r in rows if r.impl == "ours" and not r.timing.error}
-    for name, row in ours.items():
-        if "padded" in name:
-            unpadded = next((r for n, r in ours.items() if n != name and n.startswith(name.split(" padded")[0])), None)
-            if unpadded:
-                cost = row.timing.forward_backward_ms / unpadded.timing.forward_backward_ms - 1
-                lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
+    for name, cost in contract_costs(rows).items():
+        lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
     lines.append("")
     lines.append("ratios (peer time / our time; > 1 means ours is faster), forward+backward and forward:")
     for r in rows:
@@ -282,7 +412,8 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def to_record(rows: list[Row], command: str) -> dict:
+def to_record(rows: list[Row], command: str, tiles: list[dict] | None = None) -> dict:
+    """JSON-ready results; `tiles` is what the tuner chose for our kernel (TUNER.report())."""
     return {
         "provenance": {**provenance(), "command": command},
         "rows": [
@@ -290,20 +421,87 @@ def to_record(rows: list[Row], command: str) -> dict:
              "tflops_fwd": r.tflops_fwd, "tflops_fwd_bwd": r.tflops_fwd_bwd, "gbs_fwd": r.gbs_fwd, "ratios": r.ratios}
             for r in rows
         ],
+        "tiles": tiles or [],
     }
+
+
+def rows_from_record(record: dict) -> list[Row]:
+    """The rows of a record written by `to_record`, for `format_table` and the plots."""
+    timing_fields = set(Timing.__dataclass_fields__)
+    return [
+        Row(r["workload"], r["impl"], Timing(**{k: r[k] for k in timing_fields}),
+            r["tflops_fwd"], r["tflops_fwd_bwd"], r["gbs_fwd"], dict(r["ratios"]))
+        for r in record["rows"]
+    ]
+
+
+def load_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
+    """Every committed benchmark record (data/gpu/bench-*.json), each with its file name."""
+    paths = sorted(directory.glob("bench-*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no bench-*.json under {directory}; record one on a GPU machine with "
+                                "`python -m workbench.bench --record data/gpu/bench-<gpu>.json`")
+    return [{**json.loads(p.read_text()), "file": p.name} for p in paths]
+
+
+def records_table(record: dict) -> str:
+    """The table `workbench bench` printed for this record, rebuilt from its rows."""
+    return format_table(rows_from_record(record))
+
+
+def plot_records(record: dict, ax=None):
+    """Forward+backward TFLOP/s per workload, one bar per implementation (failed runs omitted)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows_from_record(record) if r.tflops_fwd_bwd]
+    workloads_ = list(dict.fromkeys(r.workload for r in rows))
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        values = {r.workload: r.tflops_fwd_bwd for r in rows if r.impl == impl}
+        xs = [j + i * width for j, w in enumerate(workloads_) if w in values]
+        ax.bar(xs, [values[w] for w in workloads_ if w in values], width, label=impl)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads_))])
+    ax.set_xticklabels([w.replace(" (", "\n(") for w in workloads_], fontsize=7)
+    ax.set_ylabel("forward+backward TFLOP/s")
+    p = record["provenance"]
+    ax.set_title(f"{p['device']}, torch {p['torch']}, triton {p['triton']} ({p['date']})", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one configuration of each kind")
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--record", metavar="FILE", help="write the results with provenance as JSON")
+    parser.add_argument("--record", metavar="FILE", help="write the results with provenance as JSON (after each workload)")
+    parser.add_argument("--shapes", nargs="+", metavar="TEXT", help="only workloads whose name contains one of these")
+    parser.add_argument("--impls", nargs="+", metavar="NAME", choices=list(IMPLEMENTATIONS), help="only these implementations")
+    parser.add_argument("--compile-jobs", type=int, default=8, metavar="N",
+                        help="processes that compile our candidate tiles before timing (0: compile while tuning)")
     args = parser.parse_args(argv)
-    rows = run_benchmark(quick=args.quick, iters=args.iters)
+    from kernels.varlen.launch import TUNER
+
+    command = "python -m workbench.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def write(rows: list[Row]) -> None:
+        if args.record:
+            Path(args.record).write_text(json.dumps(to_record(rows, command, TUNER.report()), indent=1))
+
+    try:
+        chosen = select_workloads(args.quick, args.shapes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.compile_jobs and torch.cuda.is_available() and "ours" in (args.impls or IMPLEMENTATIONS):
+        precompile(chosen, args.compile_jobs)
+    rows = run_benchmark(quick=args.quick, iters=args.iters, impls=args.impls, shapes=args.shapes, progress=write)
     print(format_table(rows))
-    if args.record:
-        with open(args.record, "w") as f:
-            json.dump(to_record(rows, "python -m workbench.bench " + " ".join(argv or [])), f, indent=1)
+    print("\n" + format_targets(targets(rows)))
+    print("\ntiles of our kernel, per shape class (timings of each candidate, ms):")
+    for t in TUNER.report():
+        print(f"  {t}")
     return 0
 
 
