@@ -10,6 +10,8 @@
     workbench lab                       JupyterLab on notebooks/
     workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--notebook PATH] [--record FILE]
                                         check any varlen attention against the padding contract
+    workbench bench [--quick] [--shapes T..] [--record FILE]
+                                        time our kernel against torch's attention choices (CUDA)
 
 Exit status: 0 success, 1 a claim does not hold or the build failed, 2 bad usage or input.
 """
@@ -167,6 +169,12 @@ def _lab(args: argparse.Namespace) -> int:
     return subprocess.call(command)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from workbench.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
 def _audit(args: argparse.Namespace) -> int:
     from workbench.audit import run_command
 
@@ -225,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
     audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
     audit.set_defaults(func=_audit)
+
+    bench = commands.add_parser("bench", help="time our kernel against torch varlen_attn, SDPA and FlexAttention (CUDA; --help for options)", add_help=False)
+    bench.set_defaults(func=_bench)
     return parser
 
 
@@ -236,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":
         args.jupyter_args = extra
+    elif args.command == "bench":
+        args.bench_args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
