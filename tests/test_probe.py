@@ -18,7 +18,7 @@ class _LeaveTailUninitialised(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, total):
         ctx.rows = out.shape[0]
-        result = torch.empty((total, *out.shape[1:]), dtype=out.dtype)
+        result = torch.empty((total, *out.shape[1:]), dtype=out.dtype, device=out.device)
         result[: out.shape[0]] = out
         return result
 

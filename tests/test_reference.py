@@ -1,4 +1,7 @@
-"""The oracle against PyTorch's scaled_dot_product_attention, and its padding guarantees."""
+"""The oracle against PyTorch's scaled_dot_product_attention, and its padding guarantees.
+
+The oracle runs on any device; these tests pin the CPU so that the masks they build line up.
+"""
 from __future__ import annotations
 
 import math
@@ -26,9 +29,9 @@ def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
         qi = q[pq[i] : pq[i] + lq].transpose(0, 1)
         ki = k[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(group, 0)
         vi = v[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(group, 0)
-        mask = torch.ones(lq, lk, dtype=torch.bool)
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
         if causal:
-            mask = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+            mask = mask.tril(diagonal=lk - lq)
         if lk == 0:
             continue  # no key at all: the contract's output is 0
         oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
@@ -59,21 +62,21 @@ def layouts(draw):
 
 @given(layouts())
 def test_oracle_matches_sdpa_per_sequence(case):
-    batch = pack(case, requires_grad=False)
+    batch = pack(case, device="cpu", requires_grad=False)
     out = reference_attention(*batch.args(), **batch.kwargs())
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, sdpa_per_sequence(batch, case.causal), rtol=1e-10, atol=1e-12)
 
 
 def test_oracle_custom_scale_matches_sdpa():
-    batch = pack(Case((5, 9), heads=2, head_dim=16, fill=Fill.NAN), requires_grad=False)
+    batch = pack(Case((5, 9), heads=2, head_dim=16, fill=Fill.NAN), device="cpu", requires_grad=False)
     out = reference_attention(*batch.args(), **batch.kwargs(), scale=0.3)
     q, k, v = (t.double()[:5].transpose(0, 1) for t in (batch.q, batch.k, batch.v))
     torch.testing.assert_close(out[:5].transpose(0, 1), F.scaled_dot_product_attention(q, k, v, scale=0.3))
 
 
 def test_oracle_lse_is_logsumexp_of_scaled_scores():
-    batch = pack(Case((6,), seqlens_k=(4,), heads=1, head_dim=8, causal=True), requires_grad=False)
+    batch = pack(Case((6,), seqlens_k=(4,), heads=1, head_dim=8, causal=True), device="cpu", requires_grad=False)
     _, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
     q, k = batch.q.double()[:, 0], batch.k.double()[:, 0]
     scores = (q @ k.T) / math.sqrt(8)
@@ -86,7 +89,7 @@ def test_oracle_lse_is_logsumexp_of_scaled_scores():
 @pytest.mark.parametrize("fill", [Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE, Fill.GARBAGE])
 def test_oracle_padding_rows_exactly_zero_in_output_and_gradients(fill):
     case = Case((5, 0, 3), seqlens_k=(4, 2, 0), padded_q=(7, 2, 3), padded_k=(6, 2, 1), tail_q=2, tail_k=3, heads=4, kv_heads=2, head_dim=8, causal=True, fill=fill)
-    batch = pack(case)
+    batch = pack(case, device="cpu")
     out, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
     # dO is non-zero (even NaN) on padding rows: the oracle must still give zero there.
     d_out = torch.randn_like(out)
@@ -102,7 +105,7 @@ def test_oracle_padding_rows_exactly_zero_in_output_and_gradients(fill):
 
 def test_rows_without_keys_give_zero_output_zero_grad_and_minus_inf_lse():
     # Sequence 1 has no keys at all; sequence 0 is causal with len_q > len_k.
-    batch = pack(Case((5, 3), seqlens_k=(2, 0), heads=1, head_dim=8, causal=True))
+    batch = pack(Case((5, 3), seqlens_k=(2, 0), heads=1, head_dim=8, causal=True), device="cpu")
     out, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
     (out.sum() + lse[torch.isfinite(lse)].sum()).backward()
     blind = torch.tensor([1, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
@@ -111,7 +114,7 @@ def test_rows_without_keys_give_zero_output_zero_grad_and_minus_inf_lse():
 
 
 def test_low_precision_compute_dtype_is_pytorchs_own_error():
-    batch = pack(Case((33, 17), heads=2, head_dim=16, dtype="bfloat16"), requires_grad=False)
+    batch = pack(Case((33, 17), heads=2, head_dim=16, dtype="bfloat16"), device="cpu", requires_grad=False)
     exact = reference_attention(*batch.args(), **batch.kwargs())
     low = reference_attention(*batch.args(), **batch.kwargs(), compute_dtype=torch.bfloat16)
     assert low.dtype == torch.bfloat16

@@ -183,8 +183,8 @@ def test_the_patch_as_written_does_not_compile():
     [
         (dict(query=torch.zeros(4, 16, 16)), ValueError, "query must be a 4-D"),
         (dict(query=torch.zeros(1, 8, 1, 16)), TypeError, "query has dtype torch.float32"),
-        (dict(attn_mask=torch.ones(1, 1, 8, 8)), TypeError, "attn_mask has dtype"),
-        (dict(attn_mask=torch.ones(1, 1, 7, 8, dtype=torch.bool)), ValueError, "attn_mask has shape"),
+        (dict(attn_mask=torch.ones(1, 1, 8, 8, device=DEVICE)), TypeError, "attn_mask has dtype"),
+        (dict(attn_mask=torch.ones(1, 1, 7, 8, dtype=torch.bool, device=DEVICE)), ValueError, "attn_mask has shape"),
         (dict(block_m=48), ValueError, "block_m = 48"),
         (dict(query=torch.zeros(1, 8, 3, 16, dtype=torch.float16), key=torch.zeros(1, 8, 2, 16, dtype=torch.float16),
               value=torch.zeros(1, 8, 2, 16, dtype=torch.float16)), ValueError, "multiple of the kv heads"),

@@ -120,7 +120,6 @@ def varlen_attention(
     only sync-free checks, for CUDA graphs and `torch.compile(fullgraph=True)`. `max_seqlen_*`
     are only validated: the grid is bounded by the row counts, so no value goes unprocessed.
     """
-    check_kernel_device("q", q)
     if validate:
         check_varlen_inputs(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -133,6 +132,7 @@ def varlen_attention(
             cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded=cu_seqlens_q_padded,
             cu_seqlens_k_padded=cu_seqlens_k_padded, device=q.device,
         )
+    check_kernel_device("q", q)  # after the type checks: a list has no device to report
     out, lse = _forward_op(
         q, k, v, cu_seqlens_q, cu_seqlens_k,
         cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
