@@ -15,6 +15,9 @@ settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "ci"))
 # A project is a uniquely named post-mortem package in a temporary directory with notebooks/
 # next to it, importable here and (through PYTHONPATH, see workbench.site.kernel_env) in
 # notebook kernels. Nothing is ever written to the repository's postmortems/.
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -32,17 +35,16 @@ FAST_FIX = '''from workbench import reference_attention as varlen_attention
 '''
 
 
-def make_project(root: Path, mp: pytest.MonkeyPatch):
-    """An empty post-mortem package under `root`, made the CLI's default registry."""
-    from workbench import registry
+def make_project(root: Path, name: str | None = None):
+    """An empty post-mortem package under `root` (a fresh unique name unless given)."""
+    from workbench.registry import Registry
 
-    name = f"wbproject_{uuid.uuid4().hex[:8]}"
-    (root / name).mkdir(parents=True)
-    (root / name / "__init__.py").write_text('"""Post-mortems of a test project."""\n')
-    (root / "notebooks").mkdir()
-    mp.syspath_prepend(str(root))
-    mp.setattr(registry, "PACKAGE", name)
-    return registry.Registry(name)
+    name = name or f"wbproject_{uuid.uuid4().hex[:8]}"
+    if not (root / name).exists():
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text('"""Post-mortems of a test project."""\n')
+        (root / "notebooks").mkdir()
+    return Registry(name)
 
 
 def scaffold_variant(project, postmortem_id: str, impl: str):
@@ -56,22 +58,6 @@ def scaffold_variant(project, postmortem_id: str, impl: str):
     return module_path, notebook_path
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path / "project", monkeypatch)
-
-
-@pytest.fixture(scope="session")
-def scaffolded(tmp_path_factory):
-    """A project holding one untouched `workbench new` post-mortem, executed (once per worker)."""
-    from workbench.cli import main
-
-    with pytest.MonkeyPatch.context() as mp:
-        project = make_project(tmp_path_factory.mktemp("scaffolded"), mp)
-        assert main(["new", "scaffold-demo", "A scaffolded post-mortem"]) == 0
-        yield project
-
-
 def plain_notebook(path: Path, *sources: str) -> None:
     """A notebook that is not a post-mortem (no META): markdown then one code cell per source."""
     import nbformat
@@ -82,18 +68,66 @@ def plain_notebook(path: Path, *sources: str) -> None:
     nbformat.write(nb, path)
 
 
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """An empty project, importable and made the CLI's default registry for this test."""
+    from workbench import registry
+
+    monkeypatch.syspath_prepend(str(tmp_path / "project"))
+    project = make_project(tmp_path / "project")
+    monkeypatch.setattr(registry, "PACKAGE", project.package)
+    return project
+
+
+@contextlib.contextmanager
+def _once_per_run(tmp_path_factory, name: str):
+    """Yields (directory, first): a directory shared by every xdist worker of this run, and
+    whether this worker must fill it; the others wait on a lock meanwhile, then reuse it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield tmp_path_factory.mktemp(name), True
+        return
+    from filelock import FileLock  # a dependency of torch
+
+    base = tmp_path_factory.getbasetemp().parent  # this run's directory, above the workers' own
+    with FileLock(str(base / f"{name}.lock")):
+        directory, done = base / name, base / f"{name}.done"
+        first = not done.exists()
+        if first:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+        yield directory, first
+        done.touch()
+
+
 @pytest.fixture(scope="session")
-def built_site(scaffolded, tmp_path_factory):
-    """A site built by executing the scaffold, a fast variant tagged differently and a plain
-    notebook (all three also committed executed): (project, site directory, pages)."""
+def built_site(tmp_path_factory):
+    """(project, site directory), made once per test run: the untouched scaffold of `workbench
+    new` (executed by it), a fast variant tagged differently and a plain notebook, all committed
+    executed, and the site built by executing them afresh. Read-only for the tests."""
+    from workbench import registry
+    from workbench.cli import main
     from workbench.site import build, execute_in_place
 
-    module_path, notebook_path = scaffold_variant(scaffolded, "oracle-variant", FAST_FIX)
-    module_path.write_text(module_path.read_text().replace('tags=("scaffold",)', 'tags=("scaffold", "oracle")'))
-    plain = scaffolded.notebooks_dir / "plain-notes.ipynb"
-    plain_notebook(plain, "print(6 * 7)")
-    for path in (notebook_path, plain):
-        execute_in_place(path, scaffolded.root)
-    out = tmp_path_factory.mktemp("site") / "_build"
-    pages = build(scaffolded, out, log=lambda message: None)
-    return scaffolded, out, pages
+    with _once_per_run(tmp_path_factory, "built-site") as (directory, first), pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(directory))
+        project = make_project(directory, "wbproject_scaffolded")
+        if first:
+            mp.setattr(registry, "PACKAGE", project.package)  # `workbench new` scaffolds into it
+            assert main(["new", "scaffold-demo", "A scaffolded post-mortem"]) == 0
+            module_path, notebook_path = scaffold_variant(project, "oracle-variant", FAST_FIX)
+            module_path.write_text(module_path.read_text().replace('tags=("scaffold",)', 'tags=("scaffold", "oracle")'))
+            plain = project.notebooks_dir / "plain-notes.ipynb"
+            plain_notebook(plain, "print(6 * 7)")
+            for path in (notebook_path, plain):
+                execute_in_place(path, project.root)
+            build(project, directory / "site" / "_build", log=lambda message: None)
+    # The path stays importable for the session; PACKAGE is back to the repository's.
+    sys.path.insert(0, str(directory))
+    yield project, directory / "site" / "_build"
+    sys.path.remove(str(directory))
+
+
+@pytest.fixture(scope="session")
+def scaffolded(built_site):
+    """The project holding the untouched `workbench new` post-mortem 'scaffold-demo'."""
+    return built_site[0]

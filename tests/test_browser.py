@@ -8,6 +8,7 @@ explorer's slider redraws the plot from the kernel.
 """
 import functools
 import http.server
+import json
 import os
 import secrets
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -91,7 +93,7 @@ def site(request, tmp_path_factory):
     """The test project's executed site, and the repository's own notebooks rendered as
     committed (`workbench build --no-execute`): the pages a reader actually gets."""
     if request.param == "scaffold":
-        _, out, _ = request.getfixturevalue("built_site")
+        _, out = request.getfixturevalue("built_site")
     else:
         if not Registry().notebooks():
             pytest.skip("the repository has no notebooks yet")
@@ -116,10 +118,10 @@ def test_index_loads_clean_and_filters_by_tag(browser, site):
     tags = [t for t in page.eval_on_selector_all(".wb-tag-filter", "bs => bs.map(b => b.dataset.tag)") if t]
     for tag in tags:
         page.click(f'.wb-tag-filter[data-tag="{tag}"]')
-        shown = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]:not([hidden])", "rs => rs.map(r => r.dataset.tags.split(' '))")
-        expected = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]", f"rs => rs.filter(r => r.dataset.tags.split(' ').includes({tag!r})).length")
-        assert shown and all(tag in row_tags for row_tags in shown) and len(shown) == expected
-        assert page.url.endswith(f"#tag={tag}")
+        shown = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]:not([hidden])", "rs => rs.map(r => JSON.parse(r.dataset.tags))")
+        expected = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]", f"rs => rs.filter(r => JSON.parse(r.dataset.tags).includes({json.dumps(tag)})).length")
+        assert shown and all(tag in row_tags for row_tags in shown) and len(shown) == expected, tag
+        assert urllib.parse.unquote(page.url.partition("#tag=")[2]) == tag
     page.click('.wb-tag-filter[data-tag=""]')
     assert page.locator("table.wb-postmortems tbody tr[data-tags]:not([hidden])").count() == rows.count()
     assert watched.errors == [] and watched.external == []
@@ -192,7 +194,7 @@ def _free_port() -> int:
 def jupyterlab(built_site, tmp_path):
     """JupyterLab on localhost (random free port, random token) over a copy of the scaffold's
     notebook, so that autosave cannot touch the notebook other tests read."""
-    project, _, _ = built_site
+    project, _ = built_site
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     shutil.copy(project.notebooks_dir / "scaffold-demo.ipynb", notebooks)
@@ -241,7 +243,11 @@ def test_live_explorer_redraws_from_the_kernel(browser, jupyterlab):
 
     # The claims cell printed its table: the whole notebook ran in the live kernel.
     # (run-all stops at the first error, and a failing claim raises: HOLDS alone proves both absent).
-    page.wait_for_selector(".jp-OutputArea-output >> text=HOLDS", timeout=300_000)
+    try:
+        page.wait_for_selector(".jp-OutputArea-output >> text=HOLDS", timeout=300_000)
+    except Exception:
+        page.screenshot(path="/tmp/lab-failure.png", full_page=True)
+        raise
 
     explorer = page.locator(".jp-OutputArea .wb-explorer").first
     image = explorer.locator("img.wb-explorer-img")

@@ -25,8 +25,8 @@ def _pages(out):
 
 
 def test_pages_index_and_manifest(built_site):
-    project, out, pages = built_site
-    assert sorted(p.file for p in pages) == ["oracle-variant.html", "plain-notes.html", "scaffold-demo.html"]
+    project, out = built_site
+    assert sorted(p.name for p in out.glob("*.html")) == ["index.html", "oracle-variant.html", "plain-notes.html", "scaffold-demo.html"]
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
     assert 'class="wb-status wb-status-open"' in page and "2/2 claims hold" in page
@@ -37,7 +37,7 @@ def test_pages_index_and_manifest(built_site):
 
     index = (out / "index.html").read_text()
     assert '<a class="wb-postmortem-link" href="scaffold-demo.html">' in index
-    assert '<tr data-tags="scaffold">' in index and 'data-tag="scaffold"' in index
+    assert """<tr data-tags='["scaffold"]'>""" in index and 'data-tag="scaffold"' in index
     assert '<a class="wb-notebook-link" href="plain-notes.html">plain-notes</a>' in index
     assert (out / "static" / "site.css").exists() and (out / "static" / "site.js").exists()
 
@@ -49,7 +49,7 @@ def test_pages_index_and_manifest(built_site):
 
 
 def test_pages_request_nothing_off_site(built_site):
-    _, out, _ = built_site
+    _, out = built_site
     for page in out.glob("*.html"):
         assert external_resources(page.read_text()) == [], page.name
 
@@ -57,7 +57,7 @@ def test_pages_request_nothing_off_site(built_site):
 def test_execution_is_deterministic(built_site, tmp_path):
     """Executing afresh gives the committed outputs exactly: an executed build and a build of
     the committed notebooks agree on every file apart from the provenance footer."""
-    project, out, _ = built_site
+    project, out = built_site
     build(project, tmp_path / "again", execute_notebooks=False, log=lambda message: None)
     (again, again_manifest), (first, first_manifest) = _pages(tmp_path / "again"), _pages(out)
     assert sorted(again) == sorted(first) and again_manifest == first_manifest
@@ -93,9 +93,14 @@ def test_for_site_drops_live_widgets_and_the_header_cell(scaffolded):
 
 def test_failures_name_notebook_and_cell_and_keep_the_old_site(project, tmp_path):
     out = tmp_path / "site" / "_build"
-    _plain_notebook(project.notebooks_dir / "fine.ipynb", "x = 1")
+    # A cell that raises on purpose says so with the tag nbclient and nbval share.
+    _plain_notebook(project.notebooks_dir / "fine.ipynb", "x = 1", "raise KeyError('on purpose')")
+    notebook = nbformat.read(project.notebooks_dir / "fine.ipynb", as_version=4)
+    notebook.cells[2].metadata["tags"] = ["raises-exception"]
+    nbformat.write(notebook, project.notebooks_dir / "fine.ipynb")
     build(project, out, log=lambda message: None)
     before = _pages(out)
+    assert "on purpose" in before[0]["fine.html"]
 
     _plain_notebook(project.notebooks_dir / "broken.ipynb", "x = 1", "import math\nmath.sqrt(-1)")
     with pytest.raises(BuildError, match=r"broken\.ipynb: cell 2 \(`import math`\) raised ValueError: math domain error"):

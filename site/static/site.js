@@ -7,7 +7,7 @@
 
   function show(tag) {
     rows.forEach(function (row) {
-      row.hidden = tag !== "" && row.dataset.tags.split(" ").indexOf(tag) < 0;
+      row.hidden = tag !== "" && JSON.parse(row.dataset.tags).indexOf(tag) < 0;  // tags may hold spaces
     });
     buttons.forEach(function (button) {
       button.setAttribute("aria-pressed", String(button.dataset.tag === tag));
