@@ -222,7 +222,7 @@ def jupyterlab(built_site, tmp_path):
                 server.kill()
                 pytest.fail(f"JupyterLab did not start: {(tmp_path / 'jupyterlab.log').read_text()[-3000:]}")
             time.sleep(0.5)
-    yield url, token
+    yield url, token, tmp_path
     server.terminate()
     try:
         server.wait(timeout=30)
@@ -232,7 +232,7 @@ def jupyterlab(built_site, tmp_path):
 
 
 def test_live_explorer_redraws_from_the_kernel(browser, jupyterlab):
-    url, token = jupyterlab
+    url, token, logs = jupyterlab
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
@@ -246,8 +246,8 @@ def test_live_explorer_redraws_from_the_kernel(browser, jupyterlab):
     try:
         page.wait_for_selector(".jp-OutputArea-output >> text=HOLDS", timeout=300_000)
     except Exception:
-        page.screenshot(path="/tmp/lab-failure.png", full_page=True)
-        raise
+        page.screenshot(path=str(logs / "notebook.png"), full_page=True)
+        pytest.fail(f"the notebook did not finish (screenshot: {logs / 'notebook.png'}); JupyterLab said:\n{(logs / 'jupyterlab.log').read_text()[-3000:]}")
 
     explorer = page.locator(".jp-OutputArea .wb-explorer").first
     image = explorer.locator("img.wb-explorer-img")
