@@ -140,3 +140,20 @@ def test_targets_judge_the_worst_configuration():
     assert found["padding0.02"].met and abs(found["padding0.02"].measured - 0.01) < 1e-12
     assert found["peak1.0"].measured == 1.25 and found["peak1.0"].worst_case == "16k long-tail d128"
     assert "NO" in format_targets(list(found.values()))
+
+
+def test_kernel_times_attribute_a_class_to_its_first_workload():
+    from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
+    from workbench.bench import kernel_times, to_record
+
+    named = {w.name: w for w in workloads()}
+    first, second = "16k long-tail (297 docs) d128 causal", next(n for n in named if n.startswith("16k short"))
+    c = named[first].case
+    tiles = []
+    for kernel, ms in (("forward", 0.25), ("dkdv", 0.4), ("dq", 0.3)):
+        key = shape_class(kernel, c.torch_dtype, c.heads, c.head_dim, c.total_rows("q"), c.batch, c.causal, 1)
+        tiles.append({**dict(zip(SHAPE_CLASS_FIELDS, key)), "tile": "t", "timings_ms": {"t": ms, "u": 9.0}})
+    rows = [Row(first, "ours", Timing(0.5, 2.0, 1.0)), Row(second, "ours", Timing(0.5, 2.0, 1.0))]
+    times = kernel_times(to_record(rows, "cmd", tiles))
+    assert list(times) == [first]  # the short-docs batch falls in the same class, timed on the first
+    assert times[first] == pytest.approx({"forward kernel": 0.25, "forward op": 0.5, "all kernels": 0.95, "forward+backward op": 2.0})

@@ -17,6 +17,7 @@ import argparse
 import inspect
 import json
 import math
+import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -386,6 +387,44 @@ def targets(rows: list[Row]) -> list[Target]:
     return [t for t in found if t is not None]
 
 
+def kernel_times(record: dict) -> dict[str, dict[str, float]]:
+    """Per workload of the record, our attention kernels alone beside the op as the benchmark
+    timed it: the tuner's median of each chosen tile (one kernel, L2 flushed, from the record's
+    `tiles`) and the op's forward and forward+backward times. What the op adds on top is the
+    work lists, the padding fills, the delta pass, autograd's .grad accumulation and the host
+    dispatch that the per-iteration synchronization leaves exposed. A shape class is timed on
+    the first call that reaches it, so a later workload of the same class is left out."""
+    from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
+
+    tiles = {tuple(t[f] for f in SHAPE_CLASS_FIELDS): t for t in record["tiles"]}
+    ours = _our_rows(rows_from_record(record))
+    found, timed = {}, set()
+    for w in workloads():  # the benchmark's order: a class is timed on its first workload only
+        if w.name not in ours:
+            continue
+        c = w.case
+        chosen = {}
+        for kernel, side in (("forward", "q"), ("dkdv", "k"), ("dq", "q")):
+            key = shape_class(kernel, c.torch_dtype, c.heads, c.head_dim, c.total_rows(side), c.batch, c.causal,
+                              c.heads // (c.kv_heads or c.heads))
+            if key in tiles and key not in timed:
+                chosen[kernel] = tiles[key]["timings_ms"].get(tiles[key]["tile"], math.nan)
+            timed.add(key)
+        if len(chosen) == 3:
+            t = ours[w.name].timing
+            found[w.name] = {"forward kernel": chosen["forward"], "forward op": t.forward_ms,
+                             "all kernels": sum(chosen.values()), "forward+backward op": t.forward_backward_ms}
+    return found
+
+
+def format_kernel_times(times: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'workload':<44} {'fwd kernel':>10} {'fwd op':>7} {'kernels':>8} {'f+b op':>7} {'kernels/op':>10}"]
+    for name, t in times.items():
+        lines.append(f"{name:<44} {t['forward kernel']:>10.3f} {t['forward op']:>7.3f} {t['all kernels']:>8.3f} "
+                     f"{t['forward+backward op']:>7.3f} {t['all kernels'] / t['forward+backward op']:>10.0%}")
+    return "\n".join(lines)
+
+
 def format_targets(found: list[Target]) -> str:
     lines = [f"{'target':<76} {'worst':>7}  {'met':<4} worst case"]
     for t in found:
@@ -484,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from kernels.varlen.launch import TUNER
 
-    command = "python -m workbench.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = shlex.join(["python", "-m", "workbench.bench", *(argv if argv is not None else sys.argv[1:])])
 
     def write(rows: list[Row]) -> None:
         if args.record:

@@ -159,9 +159,8 @@ class TileTuner:
         return min(timings, key=timings.get)
 
     def report(self) -> list[dict]:
-        fields = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2")
         return [
-            {**dict(zip(fields, key)), "tile": str(tile),
+            {**dict(zip(SHAPE_CLASS_FIELDS, key)), "tile": str(tile),
              "timings_ms": {str(t): round(ms, 4) for t, ms in self.timings.get(key, {}).items()},
              **self.resources.get(key, {})}
             for key, tile in self.chosen.items()
@@ -171,10 +170,18 @@ class TileTuner:
 TUNER = TileTuner()
 
 
-def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, causal: bool, group: int) -> tuple:
-    heads, head_dim = q.shape[1], q.shape[2]
-    return (kernel, str(q.dtype).removeprefix("torch."), head_dim, causal, group,
+SHAPE_CLASS_FIELDS = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2")
+
+
+def shape_class(kernel: str, dtype: torch.dtype, heads: int, head_dim: int, total_rows: int, n_seqs: int,
+                causal: bool, group: int) -> tuple:
+    """The tuner's key (SHAPE_CLASS_FIELDS) of a call with `total_rows` rows in `n_seqs` sequences."""
+    return (kernel, str(dtype).removeprefix("torch."), head_dim, causal, group,
             (total_rows // max(n_seqs, 1)).bit_length(), (total_rows * heads).bit_length())
+
+
+def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, causal: bool, group: int) -> tuple:
+    return shape_class(kernel, q.dtype, q.shape[1], q.shape[2], total_rows, n_seqs, causal, group)
 
 
 # Work lists are written for every block size a tile may use, in one launch.
