@@ -6,8 +6,10 @@ kernel's max error to be at most 2x PyTorch's for the output and 3x for gradient
 error is floored at the rounding of fp32 accumulation, which every kernel here uses: sqrt(head_dim)
 float32 ulps of the oracle's magnitude (a length-D dot product's rounding). It matters only where
 PyTorch happens to be exact (one key: dS = P(dP - delta) cancels to 0 exactly in PyTorch's
-formula, while a kernel computing dP and delta by separate dots cannot); in fp16/bf16 PyTorch's
-own error is orders of magnitude larger, so the bound stays FlashAttention's.
+formula, while a kernel computing dP and delta by separate dots cannot) — and at one ulp of the
+output dtype, the unavoidable rounding of the fp32 result (one bf16 key: PyTorch's dv = dO is
+exact, a kernel's fp32 p * dO rounded to bf16 may not be). Elsewhere PyTorch's own error is the
+larger, so the bound stays FlashAttention's.
 """
 from __future__ import annotations
 
@@ -59,7 +61,10 @@ def error_check(name: str, value: torch.Tensor, oracle: torch.Tensor, baseline: 
     """Compares `value` and `baseline` (PyTorch in `dtype`) with `oracle`, all already restricted to REAL rows."""
     finite_oracle = oracle[torch.isfinite(oracle)]
     magnitude = float(finite_oracle.abs().max()) if finite_oracle.numel() else 0.0
-    floor = torch.finfo(torch.float32).eps * max(1.0, magnitude) * math.sqrt(value.shape[-1] if value.dim() else 1)
+    scale = max(1.0, magnitude)
+    accumulation = torch.finfo(torch.float32).eps * scale * math.sqrt(value.shape[-1] if value.dim() else 1)
+    storage = torch.finfo(dtype).eps * scale  # the one rounding of the fp32 result to the output dtype
+    floor = max(accumulation, storage)
     factor = FACTORS.get(name, 3.0)
     return ErrorCheck(name, _max_abs_diff(value, oracle), _max_abs_diff(baseline, oracle), factor, floor)
 
