@@ -1,6 +1,7 @@
 """Speed and memory of the fixed kernel against the attention a torch user can pick, side by side.
 
-Every configuration is timed in one process with CUDA events after warm-up, for: our kernel;
+Every configuration is timed in one process with CUDA events after warm-up, calls back to back
+(no host sync between them, as in training), for: our kernel;
 torch `varlen_attn` (FlashAttention-2); SDPA on the dense padded batch (default backend, and
 the cuDNN and flash backends forced where they accept the call); FlexAttention with a
 document mask (compiled). Throughput counts only real work, per document:
@@ -20,6 +21,7 @@ import math
 import shlex
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -215,22 +217,30 @@ class Timing:
     forward_ms: float | None = None
     forward_backward_ms: float | None = None
     peak_mb: float | None = None
+    host_ms: float | None = None  # host time to issue one forward+backward (Python, dispatch, launches)
     error: str | None = None
 
 
-def _time(fn: Callable[[], None], warmup: int, iters: int) -> float:
+def _time(fn: Callable[[], None], warmup: int, iters: int, repeats: int = 5) -> tuple[float, float]:
+    """Milliseconds per call on the GPU and on the host: `iters` calls back to back between two
+    CUDA events (medians of `repeats` runs). No host sync between calls, as in training, so the
+    GPU time is measured and host dispatch counts only where the GPU outruns it (as in
+    do_bench); the host time, issuing the calls, says when that happens."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
+    gpu, host = [], []
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        began = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        host.append((time.perf_counter() - began) * 1e3 / iters)
         end.record()
         torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+        gpu.append(start.elapsed_time(end) / iters)
+    return statistics.median(gpu), statistics.median(host)
 
 
 def measure(make: Callable, batch, warmup: int = 3, iters: int = 10) -> Timing | None:
@@ -245,7 +255,7 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = 10) -> Timing |
             o = run()
             o.backward(grad)
 
-        forward_ms = _time(lambda: run(), warmup, iters)
+        forward_ms, _ = _time(lambda: run(), warmup, iters)
         # One untimed pass first, so that the baseline holds what persists across passes (the
         # inputs' .grad, allocated once) and nothing one-off (tile timing) lands in the peak:
         # the peak is then the pass's own working memory, comparable between implementations.
@@ -253,9 +263,9 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = 10) -> Timing |
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fb_ms = _time(forward_backward, warmup, iters)
+        fb_ms, host_ms = _time(forward_backward, warmup, iters)
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        return Timing(forward_ms, fb_ms, peak)
+        return Timing(forward_ms, fb_ms, peak, host_ms)
     except Exception as exc:  # a peer that cannot run a configuration is a result, not a crash
         return Timing(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
 
@@ -392,7 +402,7 @@ def kernel_times(record: dict) -> dict[str, dict[str, float]]:
     timed it: the tuner's median of each chosen tile (one kernel, L2 flushed, from the record's
     `tiles`) and the op's forward and forward+backward times. What the op adds on top is the
     work lists, the padding fills, the delta pass, autograd's .grad accumulation and the host
-    dispatch that the per-iteration synchronization leaves exposed. A shape class is timed on
+    dispatch where it cannot keep ahead of the GPU (short documents). A shape class is timed on
     the first call that reaches it, so a later workload of the same class is left out."""
     from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
 
@@ -432,14 +442,18 @@ def format_targets(found: list[Target]) -> str:
     return "\n".join(lines)
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'workload':<44} {'impl':<26} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd GB/s':>9} {'peak MB':>8}"]
+    lines = [f"{'workload':<44} {'impl':<26} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd GB/s':>9} {'peak MB':>8} {'host ms':>8}"]
     for r in rows:
         t = r.timing
         if t.error:
             lines.append(f"{r.workload:<44} {r.impl:<26} failed: {t.error}")
             continue
-        lines.append(f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f}")
+        lines.append(f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f} {_ms(t.host_ms):>8}")
     for name, cost in contract_costs(rows).items():
         lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
     lines.append("")
@@ -468,7 +482,7 @@ def rows_from_record(record: dict) -> list[Row]:
     """The rows of a record written by `to_record`, for `format_table` and the plots."""
     timing_fields = set(Timing.__dataclass_fields__)
     return [
-        Row(r["workload"], r["impl"], Timing(**{k: r[k] for k in timing_fields}),
+        Row(r["workload"], r["impl"], Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms
             r["tflops_fwd"], r["tflops_fwd_bwd"], r["gbs_fwd"], dict(r["ratios"]))
         for r in record["rows"]
     ]

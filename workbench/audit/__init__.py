@@ -149,7 +149,7 @@ def audit(
     # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
     results = []
-    with single_threaded(impl.device):
+    with single_threaded():
         for name in names:
             results.append(CHECKS[name](ctx))
             if log:

@@ -60,12 +60,10 @@ class CheckResult:
 
 
 @contextlib.contextmanager
-def single_threaded(device: torch.device) -> Iterator[None]:
-    """On CPU, one intra-op thread: the audit's tensors are tiny, and extra threads only spin
-    (measured: the oracle 17x slower with 2 threads on a busy 2-core machine)."""
-    if device.type != "cpu":
-        yield
-        return
+def single_threaded() -> Iterator[None]:
+    """One intra-op thread: the audit's tensors are tiny and its statistics run on CPU copies
+    even natively, so extra threads only spin (measured: the oracle 17x slower with 2 threads
+    on a busy 2-core machine), and fuzzing workers would oversubscribe the cores."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

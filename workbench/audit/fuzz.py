@@ -263,7 +263,7 @@ def layout(impl: Adapted, profile: Profile, seed: int, index: int) -> Case:
 def _scan(impl: Adapted, profile: Profile, seed: int, indices: range, deadline: float | None) -> tuple[int, list[tuple[int, Finding]]]:
     """Probes the layouts `indices` until `deadline` (time.time()); (layouts tried, (index, finding)s)."""
     tried, found = 0, []
-    with single_threaded(impl.device):
+    with single_threaded():
         for index in indices:
             if deadline is not None and time.time() > deadline:
                 break
@@ -324,7 +324,7 @@ def fuzz(
         if finding.check not in shrunk:
             shrunk.add(finding.check)
             case = layout(impl, profile, seed, index)
-            with single_threaded(impl.device):
+            with single_threaded():
                 small, small_finding, spent = shrink(impl, case, finding, profile)
             result.failures.append(FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding)))
     result.seconds = time.perf_counter() - start
