@@ -7,7 +7,7 @@ import torch
 
 from kernels import INTERPRETED, default_device, varlen_attention
 from kernels.varlen.launch import (
-    BLOCK_SIZES, MIN_TIMED_WORK, NATIVE_TILES, TUNER, Tile, TileTuner, candidate_tiles, work_list,
+    BLOCK_SIZES, KEYS, MIN_TIMED_WORK, NATIVE_TILES, QUERIES, TUNER, Tile, TileTuner, WorkList, candidate_tiles, work_lists,
 )
 from tests.test_kernel_varlen import assert_contract
 from workbench import Case, pack
@@ -39,19 +39,23 @@ def test_pinned_names_kernels():
             pass
 
 
-def test_work_list_counts_blocks_of_every_size():
-    """More sequences than one chunk of the kernel's running sum, empty ones included."""
+def test_work_lists_count_blocks_of_every_size_on_both_sides():
+    """More sequences than one chunk of the kernel's running sum, empty ones included; the key
+    side differs from the query side."""
     generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(0, 300, (2500,), generator=generator)
-    lengths[::7] = 0
-    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(default_device())
-    work = work_list(cu, int(cu[-1]))
-    for block in BLOCK_SIZES:
-        starts, grid = work.blocks(block)
-        expected = torch.nn.functional.pad(((lengths + block - 1) // block).cumsum(0), (1, 0))
-        assert torch.equal(starts[: lengths.numel() + 1].cpu().long(), expected)
-        assert grid >= int(expected[-1])
-    assert work.search_steps >= (lengths.numel() + 1 - 1).bit_length()
+    lengths = {QUERIES: torch.randint(0, 300, (2500,), generator=generator), KEYS: torch.randint(0, 300, (2500,), generator=generator)}
+    lengths[QUERIES][::7] = 0
+    lengths[KEYS][::5] = 0
+    cu = {side: torch.nn.functional.pad(n.cumsum(0), (1, 0)).to(torch.int32).to(default_device()) for side, n in lengths.items()}
+    work = work_lists(cu[QUERIES], cu[KEYS])
+    for side in (QUERIES, KEYS):
+        listed = WorkList(work[side], 2500, int(cu[side][-1]))
+        for block in BLOCK_SIZES:
+            starts, grid = listed.blocks(block)
+            expected = torch.nn.functional.pad(((lengths[side] + block - 1) // block).cumsum(0), (1, 0))
+            assert torch.equal(starts[: 2501].cpu().long(), expected)
+            assert grid >= int(expected[-1])
+        assert listed.search_steps >= (2500).bit_length()
 
 
 def test_candidate_tiles_cover_every_supported_row_width():

@@ -104,19 +104,21 @@ def test_lse_matches_oracle_and_is_minus_inf_on_padding_and_blind_rows(dtype):
     assert (out[blind[0]] == 0).all()
 
 
-def test_gradient_through_lse():
-    """lse is differentiable: d lse / d scores = P, so dS gains P * d_lse."""
+@pytest.mark.parametrize("use_out", [True, False], ids=["out-and-lse", "lse-only"])
+def test_gradient_through_lse(use_out):
+    """lse is differentiable: d lse / d scores = P, so dS gains P * d_lse. With lse alone used,
+    autograd hands the backward no d_out (it is 0; dv is exactly 0)."""
     batch = pack(Case((9, 30), seqlens_k=(4, 30), padded_q=(10, 30), heads=2, head_dim=16, causal=True))
     weights = torch.randn(2, batch.q.shape[0], generator=torch.Generator().manual_seed(3)).to(batch.device)
 
     def loss(impl, leaves, **kwargs):
         out, lse = impl(*leaves, *batch.args()[3:], **batch.kwargs(), return_lse=True, **kwargs)
         finite = torch.isfinite(lse)
-        return out.sum() + (torch.where(finite, lse, 0.0) * weights).sum()
+        return (out.sum() if use_out else 0.0) + (torch.where(finite, lse, 0.0) * weights).sum()
 
     def grads(impl, dtype, **kwargs):
         leaves = [t.detach().to(dtype).requires_grad_() for t in (batch.q, batch.k, batch.v)]
-        return torch.autograd.grad(loss(impl, leaves, **kwargs), leaves)
+        return torch.autograd.grad(loss(impl, leaves, **kwargs), leaves, materialize_grads=True)  # lse-only: v unused
 
     kernel = grads(varlen_attention, torch.float32)
     oracle = grads(reference_attention, torch.float64)
@@ -124,6 +126,8 @@ def test_gradient_through_lse():
     for name, k, o, b in zip(("dq", "dk", "dv"), kernel, oracle, baseline):
         check = error_check(name, k, o, b, torch.float32)
         assert check.within, str(check)
+    if not use_out:
+        assert not kernel[2].any()
 
 
 def test_strided_inputs():

@@ -4,6 +4,11 @@ Outputs are allocated with `torch.empty` and every row is written by a kernel: R
 the attention kernels, padding rows (GAP and TAIL) by `fill_padding_rows_kernel`. Nothing
 relies on the allocator handing out zeros, and nothing pays for a full-buffer memset.
 
+Launches are few because each costs tens of microseconds of host time natively, which short
+documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
+attention, one fill of out and lse), a backward pass four (delta, dK/dV, dQ, one fill of dq,
+dk and dv), reusing the forward pass's work lists.
+
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
 call of a shape class and keeps the fastest; the attention kernels write disjoint rows and
@@ -191,7 +196,7 @@ BLOCK_SIZES = tuple(1 << i for i in range(SMALLEST_BLOCK_LOG2, 8))  # 16 .. 128
 
 @dataclass(frozen=True)
 class WorkList:
-    """(sequence, block) work lists of one side: starts[i][s] = blocks of BLOCK_SIZES[i] before sequence s."""
+    """(sequence, block) work list of one side: starts[i][s] = blocks of BLOCK_SIZES[i] before sequence s."""
 
     starts: torch.Tensor  # int32 (len(BLOCK_SIZES), >= B+1), on the device
     n_seqs: int
@@ -208,32 +213,60 @@ class WorkList:
         return self.starts[BLOCK_SIZES.index(block)], triton.cdiv(self.total_rows, block) + self.n_seqs
 
 
-def work_list(cu_seqlens: torch.Tensor, total_rows: int) -> WorkList:
-    n_seqs = cu_seqlens.numel() - 1
-    # Rows padded to 4 int32 keep every row 16-byte aligned, as Triton specializes pointers on it.
-    starts = torch.empty((len(BLOCK_SIZES), (n_seqs + 4) // 4 * 4), dtype=torch.int32, device=cu_seqlens.device)
-    block_starts_kernel[(len(BLOCK_SIZES),)](
-        cu_seqlens, starts, n_seqs, starts.stride(0), SMALLEST_LOG2=SMALLEST_BLOCK_LOG2, CHUNK=1024,
+QUERIES, KEYS = 0, 1  # the sides of `work_lists`
+
+
+def work_lists_shape(n_seqs):
+    """(side, block size, boundary): rows padded to 4 int32 keep every row 16-byte aligned, as
+    Triton specializes pointers on it. `n_seqs` may be symbolic (the op's fake implementation)."""
+    return (2, len(BLOCK_SIZES), (n_seqs + 4) // 4 * 4)
+
+
+def work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+    """Block starts of the queries and the keys for every block size, in one launch."""
+    n_seqs = cu_seqlens_q.numel() - 1
+    work = torch.empty(work_lists_shape(n_seqs), dtype=torch.int32, device=cu_seqlens_q.device)
+    block_starts_kernel[(len(BLOCK_SIZES), 2)](
+        cu_seqlens_q, cu_seqlens_k, work, n_seqs, work.stride(0), work.stride(1),
+        SMALLEST_LOG2=SMALLEST_BLOCK_LOG2, CHUNK=1024,
     )
-    return WorkList(starts, n_seqs, total_rows)
+    return work
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def fill_padding_rows(x: torch.Tensor, value: float, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> None:
-    """Writes `value` into the padding rows of the 2-D (rows, cols) view `x`, any strides."""
-    n_rows, n_cols = x.shape
-    if n_rows == 0 or n_cols == 0:
+@dataclass(frozen=True)
+class Padding:
+    """A 2-D (rows, cols) view of an output whose padding rows get `value`, and its side's metadata."""
+
+    view: torch.Tensor
+    value: float
+    cu_real: torch.Tensor
+    cu_padded: torch.Tensor
+
+
+FILL_TARGETS = 3  # views one fill launch takes
+FILL_ROWS = 64
+
+
+def fill_padding_rows(*targets: Padding) -> None:
+    """Writes each target's `value` into its padding rows, any strides: one launch for all."""
+    if len(targets) > FILL_TARGETS:
+        raise ValueError(f"fill_padding_rows takes at most {FILL_TARGETS} targets, got {len(targets)}")
+    targets = tuple(t for t in targets if t.view.numel())
+    if not targets:
         return
-    block_rows = 64
+    n_rows = max(t.view.shape[0] for t in targets)
+    n_cols = max(t.view.shape[1] for t in targets)
     block_cols = min(triton.next_power_of_2(n_cols), 256)
-    n_seqs = cu_seqlens.numel() - 1
-    fill_padding_rows_kernel[(triton.cdiv(n_rows, block_rows), triton.cdiv(n_cols, block_cols))](
-        x, x.stride(0), x.stride(1), n_rows, n_cols, value,
-        cu_seqlens, cu_seqlens_padded, n_seqs, n_seqs.bit_length(),
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
+    n_seqs = targets[0].cu_real.numel() - 1
+    slots = targets + targets[:1] * (FILL_TARGETS - len(targets))  # unused slots: no program reaches them
+    args = [a for t in slots for a in (t.view, t.view.stride(0), t.view.stride(1), t.view.shape[0], t.view.shape[1],
+                                       t.value, t.cu_real, t.cu_padded)]
+    fill_padding_rows_kernel[(triton.cdiv(n_rows, FILL_ROWS), triton.cdiv(n_cols, block_cols), len(targets))](
+        *args, n_seqs, n_seqs.bit_length(), BLOCK_ROWS=FILL_ROWS, BLOCK_COLS=block_cols,
     )
 
 
@@ -247,14 +280,16 @@ def attention_forward(
     cu_seqlens_k_padded: torch.Tensor,
     causal: bool,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns out (T_q, H, D) in q's dtype and lse (H, T_q) float32."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
+    sides (`work_lists`), which the backward pass reuses."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
     group = heads // k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
-    rows = work_list(cu_seqlens_q, total_q)
+    work = work_lists(cu_seqlens_q, cu_seqlens_k)
+    rows = WorkList(work[QUERIES], cu_seqlens_q.numel() - 1, total_q)
 
     def launch(tile: Tile):
         starts, grid = rows.blocks(tile.block_m)
@@ -272,19 +307,20 @@ def attention_forward(
 
     TUNER.launch(_shape_class("forward", q, total_q, rows.n_seqs, causal, group),
                  candidate_tiles("forward", head_dim, q.dtype), launch, total_q * heads)
-    fill_padding_rows(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded)
-    fill_padding_rows(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded)
-    return out, lse
+    fill_padding_rows(Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+                      Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded))
+    return out, lse, work
 
 
 def attention_backward(
     d_out: torch.Tensor,
-    d_lse: torch.Tensor,
+    d_lse: torch.Tensor | None,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    work: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
     cu_seqlens_q_padded: torch.Tensor,
@@ -292,9 +328,9 @@ def attention_backward(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input."""
+    """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input.
+    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists."""
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
-    d_lse = d_lse.contiguous()
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, _ = k.shape
     group = heads // kv_heads
@@ -307,15 +343,15 @@ def attention_backward(
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                    d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
-    rows = work_list(cu_seqlens_q, total_q)
-    keys = rows if cu_seqlens_k is cu_seqlens_q and total_k == total_q else work_list(cu_seqlens_k, total_k)
+    n_seqs = cu_seqlens_q.numel() - 1
+    rows, keys = WorkList(work[QUERIES], n_seqs, total_q), WorkList(work[KEYS], n_seqs, total_k)
 
     starts, grid = rows.blocks(PREPROCESS_ROWS)
     attention_backward_preprocess_kernel[(grid, heads)](
-        out, d_out, d_lse, delta,
+        out, d_out, delta if d_lse is None else d_lse.contiguous(), delta,  # no d_lse: an unread pointer
         cu_seqlens_q, cu_seqlens_q_padded, starts, rows.n_seqs, rows.search_steps,
         out.stride(0), out.stride(1), d_out.stride(0), d_out.stride(1), lse.stride(0),
-        BLOCK_M=PREPROCESS_ROWS, HEAD_DIM=head_dim,
+        BLOCK_M=PREPROCESS_ROWS, HEAD_DIM=head_dim, HAS_DLSE=d_lse is not None,
     )
 
     def launch_dkdv(tile: Tile):
@@ -342,7 +378,7 @@ def attention_backward(
                  candidate_tiles("dkdv", head_dim, q.dtype), launch_dkdv, total_k * heads)
     TUNER.launch(_shape_class("dq", q, total_q, rows.n_seqs, causal, group),
                  candidate_tiles("dq", head_dim, q.dtype), launch_dq, total_q * heads)
-    fill_padding_rows(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded)
-    fill_padding_rows(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded)
-    fill_padding_rows(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded)
+    fill_padding_rows(Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+                      Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+                      Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded))
     return dq, dk, dv

@@ -15,7 +15,7 @@ from kernels.contract import (
     check_varlen_inputs,
     check_varlen_tensors,
 )
-from kernels.varlen.launch import attention_backward, attention_forward
+from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -32,7 +32,7 @@ def _forward_op(
     cu_seqlens_k_padded: torch.Tensor,
     causal: bool,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale
     )
@@ -41,18 +41,20 @@ def _forward_op(
 @_forward_op.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale):
     total_q, heads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
+    work = q.new_empty(work_lists_shape(cu_seqlens_q.shape[0] - 1), dtype=torch.int32)
+    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32), work
 
 
 @torch.library.custom_op("workbench::varlen_attention_bwd", mutates_args=())
 def _backward_op(
     d_out: torch.Tensor,
-    d_lse: torch.Tensor,
+    d_lse: Optional[torch.Tensor],
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    work: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
     cu_seqlens_q_padded: torch.Tensor,
@@ -61,7 +63,7 @@ def _backward_op(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(
-        d_out, d_lse, q, k, v, out, lse,
+        d_out, d_lse, q, k, v, out, lse, work,
         cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale,
     )
 
@@ -73,15 +75,20 @@ def _backward_fake(d_out, d_lse, q, k, v, *rest):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *cu_seqlens, causal, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *cu_seqlens)
+    out, lse, work = output
+    ctx.mark_non_differentiable(work)
+    # An unused output's gradient stays None: no zeros to allocate, and lse's is skipped in-kernel.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, out, lse, work, *cu_seqlens)
     ctx.causal, ctx.scale = causal, scale
 
 
-def _backward(ctx, d_out, d_lse):
-    # d_lse is 0 unless the caller used lse (return_lse=True); it enters as dS += P * d_lse.
-    q, k, v, out, lse, *cu_seqlens = ctx.saved_tensors
-    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, *cu_seqlens, ctx.causal, ctx.scale)
+def _backward(ctx, d_out, d_lse, _d_work):
+    # d_lse is None unless the caller used lse (return_lse=True); it enters as dS += P * d_lse.
+    q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
+    if d_out is None:  # only lse was used
+        d_out = torch.zeros_like(out)
+    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -133,7 +140,7 @@ def varlen_attention(
             cu_seqlens_k_padded=cu_seqlens_k_padded, device=q.device,
         )
     check_kernel_device("q", q)  # after the type checks: a list has no device to report
-    out, lse = _forward_op(
+    out, lse, _ = _forward_op(
         q, k, v, cu_seqlens_q, cu_seqlens_k,
         cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,

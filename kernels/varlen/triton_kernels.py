@@ -27,14 +27,22 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit(do_not_specialize=["n_seqs"])
-def block_starts_kernel(cu_seqlens, Starts, n_seqs, stride_size, SMALLEST_LOG2: tl.constexpr, CHUNK: tl.constexpr):
-    """Row i of Starts: the running count of blocks of 2**(SMALLEST_LOG2 + i) rows per sequence.
+def block_starts_kernel(
+    cu_seqlens_q, cu_seqlens_k, Starts, n_seqs, stride_side, stride_size,
+    SMALLEST_LOG2: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Starts[side, i]: the running count of blocks of 2**(SMALLEST_LOG2 + i) rows per sequence
+    of the queries (side 0) or keys (side 1).
 
-    One launch writes the work lists of every block size, so that a pass costs one small
-    kernel however its tiles are chosen.
+    One launch writes the work lists of both sides and every block size: the forward pass
+    computes them once, and the backward pass reuses them, however its tiles are chosen.
     """
     log2_block = SMALLEST_LOG2 + tl.program_id(0)
-    Starts += tl.program_id(0) * stride_size
+    if tl.program_id(1) == 0:
+        cu_seqlens = cu_seqlens_q
+    else:
+        cu_seqlens = cu_seqlens_k
+    Starts += tl.program_id(1) * stride_side + tl.program_id(0) * stride_size
     tl.store(Starts, 0)
     total = tl.zeros([], tl.int32)
     for first in range(0, n_seqs, CHUNK):
@@ -229,9 +237,12 @@ def attention_backward_preprocess_kernel(
     Out, DOut, DLse, Delta,
     cu_q, cu_q_padded, block_starts, n_seqs, n_search_steps,
     stride_ot, stride_oh, stride_dot, stride_doh, stride_lh,
-    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
-    """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout."""
+    """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout.
+
+    Without HAS_DLSE (lse unused, the usual case) DLse is not read: dlse = 0.
+    """
     head = tl.program_id(1)
     seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
     if seq == n_seqs:
@@ -243,8 +254,10 @@ def attention_backward_preprocess_kernel(
     o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims).to(tl.float32)
     do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims).to(tl.float32)
     lse_offsets = head * stride_lh + q_start + rows
-    dlse = tl.load(DLse + lse_offsets, mask=row_ok, other=0.0)
-    tl.store(Delta + lse_offsets, tl.sum(o * do, 1) - dlse, mask=row_ok)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_offsets, mask=row_ok, other=0.0)
+    tl.store(Delta + lse_offsets, delta, mask=row_ok)
 
 
 @triton.jit
@@ -413,13 +426,12 @@ def attention_backward_dq_kernel(
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
-def fill_padding_rows_kernel(
-    X, stride_row, stride_col, n_rows, n_cols, value,
-    cu_real, cu_padded, n_seqs, n_search_steps,
+@triton.jit
+def _fill_padding_rows(
+    X, stride_row, stride_col, n_rows, n_cols, value, cu_real, cu_padded, n_seqs, n_search_steps,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):
-    """Writes `value` into every padding row (GAP or TAIL) of a (rows, cols) view of X.
+    """Writes `value` into the padding rows (GAP or TAIL) of this program's tile of X.
 
     A row belongs to the last sequence whose padded start is at or below it; it is padding
     when it lies at or past that sequence's real end, or past the last padded end (TAIL).
@@ -433,3 +445,24 @@ def fill_padding_rows_kernel(
     mask = padding[:, None] & (cols < n_cols)[None, :]
     fill = (tl.zeros([BLOCK_ROWS, BLOCK_COLS], tl.float32) + value).to(X.dtype.element_ty)
     tl.store(X + rows.to(tl.int64)[:, None] * stride_row + cols[None, :] * stride_col, fill, mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+def fill_padding_rows_kernel(
+    X0, stride0_row, stride0_col, n0_rows, n0_cols, value0, cu0_real, cu0_padded,
+    X1, stride1_row, stride1_col, n1_rows, n1_cols, value1, cu1_real, cu1_padded,
+    X2, stride2_row, stride2_col, n2_rows, n2_cols, value2, cu2_real, cu2_padded,
+    n_seqs, n_search_steps, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+):
+    """The padding rows of up to three (rows, cols) views, X<program_id(2)>: one launch per pass
+    (every launch costs tens of microseconds of host time, more than these writes take)."""
+    target = tl.program_id(2)
+    if target == 0:
+        _fill_padding_rows(X0, stride0_row, stride0_col, n0_rows, n0_cols, value0, cu0_real, cu0_padded,
+                           n_seqs, n_search_steps, BLOCK_ROWS, BLOCK_COLS)
+    elif target == 1:
+        _fill_padding_rows(X1, stride1_row, stride1_col, n1_rows, n1_cols, value1, cu1_real, cu1_padded,
+                           n_seqs, n_search_steps, BLOCK_ROWS, BLOCK_COLS)
+    else:
+        _fill_padding_rows(X2, stride2_row, stride2_col, n2_rows, n2_cols, value2, cu2_real, cu2_padded,
+                           n_seqs, n_search_steps, BLOCK_ROWS, BLOCK_COLS)
