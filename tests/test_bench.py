@@ -157,3 +157,32 @@ def test_kernel_times_attribute_a_class_to_its_first_workload():
     times = kernel_times(to_record(rows, "cmd", tiles))
     assert list(times) == [first]  # the short-docs batch falls in the same class, timed on the first
     assert times[first] == pytest.approx({"forward kernel": 0.25, "forward op": 0.5, "all kernels": 0.95, "forward+backward op": 2.0})
+
+
+def test_host_times_compare_our_host_time_with_the_gpu_time_and_varlen_attn():
+    from workbench.bench import format_host_times, host_times
+
+    rows = [
+        Row("short", "ours", Timing(0.3, 1.5, 10.0, host_ms=1.5)),
+        Row("short", "torch varlen_attn", Timing(0.2, 1.1, 10.0, host_ms=0.8)),
+        Row("padded", "ours", Timing(0.3, 1.4, 10.0, host_ms=1.1)),  # no varlen_attn peer
+        Row("old", "ours", Timing(0.3, 1.4, 10.0)),  # a record from before host times
+    ]
+    found = host_times(rows)
+    assert set(found) == {"short", "padded"}
+    assert found["short"] == {"host ms": 1.5, "f+b ms": 1.5, "varlen_attn host ms": 0.8}
+    assert found["padded"]["varlen_attn host ms"] != found["padded"]["varlen_attn host ms"]  # nan
+    table = format_host_times(found)
+    assert "100%" in table.splitlines()[1] and "79%" in table.splitlines()[2]
+
+
+def test_profile_record_lists_every_kernel_and_a_missing_one_says_how_to_get_it(tmp_path):
+    from workbench.bench import format_profile, load_profile
+
+    profile = load_profile()
+    assert profile["provenance"]["command"].startswith("ncu ")
+    lines = format_profile(profile).splitlines()
+    assert len(lines) == 1 + len(profile["kernels"])
+    assert any(line.startswith("attention_forward_kernel") for line in lines)
+    with pytest.raises(FileNotFoundError, match="no ncu-h200.json under"):
+        load_profile(tmp_path / "ncu-h200.json")

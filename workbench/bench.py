@@ -435,6 +435,45 @@ def format_kernel_times(times: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def host_times(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per workload, our host time to issue one forward+backward beside the GPU time per call
+    (back to back), and varlen_attn's host time where it ran. Host time at or above the GPU
+    time means the host, not the GPU, sets the pace: the kernels wait for their launches."""
+    peers = {r.workload: r for r in rows if r.impl == "torch varlen_attn" and not r.timing.error}
+    found = {}
+    for name, r in _our_rows(rows).items():
+        if r.timing.host_ms is None:
+            continue  # a record from before host times were measured
+        peer = peers.get(name)
+        found[name] = {"host ms": r.timing.host_ms, "f+b ms": r.timing.forward_backward_ms,
+                       "varlen_attn host ms": peer.timing.host_ms if peer and peer.timing.host_ms else math.nan}
+    return found
+
+
+def format_host_times(times: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'workload':<44} {'host ms':>8} {'f+b ms':>7} {'host/GPU':>8} {'varlen_attn host ms':>20}"]
+    for name, t in times.items():
+        lines.append(f"{name:<44} {t['host ms']:>8.3f} {t['f+b ms']:>7.3f} {t['host ms'] / t['f+b ms']:>8.0%} {t['varlen_attn host ms']:>20.3f}")
+    return "\n".join(lines)
+
+
+def load_profile(path: Path = GPU_DATA / "ncu-h200.json") -> dict[str, Any]:
+    """The committed Nsight Compute summary of our kernels and FlashAttention-2's (one workload)."""
+    if not path.exists():
+        raise FileNotFoundError(f"no {path.name} under {path.parent}; its provenance says how it was recorded (ncu on a GPU machine)")
+    return json.loads(path.read_text())
+
+
+def format_profile(profile: dict[str, Any]) -> str:
+    """One line per kernel: time under the profiler, SM throughput, issue, occupancy and its limits."""
+    lines = [f"{'kernel':<48} {'us':>7} {'SM %':>5} {'IPC':>5} {'regs':>4} {'smem KB':>7} {'occ %':>5} {'blocks/SM by regs, smem':>24}"]
+    for k in profile["kernels"]:
+        lines.append(f"{k['kernel']:<48} {k['duration_us']:>7.0f} {k['sm_throughput_pct']:>5.1f} {k['ipc_active']:>5.2f} "
+                     f"{k['registers_per_thread']:>4.0f} {k['shared_kb_per_block']:>7.1f} {k['theoretical_occupancy_pct']:>5.1f} "
+                     f"{k['block_limit_registers']:>14.0f}, {k['block_limit_shared_mem']:.0f}")
+    return "\n".join(lines)
+
+
 def format_targets(found: list[Target]) -> str:
     lines = [f"{'target':<76} {'worst':>7}  {'met':<4} worst case"]
     for t in found:

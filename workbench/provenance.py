@@ -15,8 +15,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def git_commit() -> str:
+    """The short commit, with "-dirty" when the working tree differs from it (a copied tree's
+    stale .git says so too, instead of naming a commit that is not what ran)."""
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
