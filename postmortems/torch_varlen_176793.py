@@ -36,7 +36,7 @@ from workbench.health import GradientHealth
 from workbench.nantrace import trace_nans
 from workbench.plots import plot_nan_map, plot_token_norms
 from workbench.postmortem import Claims, Link, Meta
-from workbench.provenance import provenance
+from workbench.provenance import GPU_DATA, provenance
 from workbench.sweep import SweepResult, sweep
 from workbench.tinylm import LMConfig, SyntheticTask, TinyLM, train
 
@@ -83,7 +83,6 @@ CASES = tuple(STUDY.with_(seqlens_q=layout, tail_q=pad, tail_k=pad) for layout i
     GPU_CASE.with_(tail_q=pad, tail_k=pad) for pad in GPU_PADS
 )
 GPU_PREFILL_MB = 256  # NaN blocks left in the CUDA caching allocator before poisoned runs
-GPU_DATA = Path(__file__).resolve().parent.parent / "data" / "gpu"
 
 
 

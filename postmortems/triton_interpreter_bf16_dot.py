@@ -19,7 +19,6 @@ import sys
 import time
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -34,6 +33,7 @@ from kernels.interpreter import (
 )
 from workbench import Case, Fill, pack, probe
 from workbench.postmortem import Claims, Link, Meta
+from workbench.provenance import GPU_DATA
 
 META = Meta(
     id="triton-interpreter-bf16-dot",
@@ -67,7 +67,6 @@ REPRODUCTION = "reproduction"  # single_block_attention as a user's kernel would
 WORKAROUND = "reproduction + upcast"
 FIXED = "fixed kernel"
 TIMING_REPEATS = 2
-GPU_DATA = Path(__file__).resolve().parent.parent / "data" / "gpu"
 RECORD_COMMAND = "workbench repro triton-interpreter-bf16-dot --device cuda --record data/gpu/triton-interpreter-bf16-dot-<gpu>.json"
 
 

@@ -96,3 +96,9 @@ def test_attention_mask_follows_the_contract(causal):
     assert torch.equal(mask, expected)
     fig = plot_layout(case)
     assert np.array_equal(fig.axes[1].images[0].get_array(), mask.numpy())
+
+
+def test_layout_ticks_are_whole_rows_even_for_a_tiny_layout():
+    fig = plot_layout(Case(seqlens_q=(1,), tail_k=1, heads=1, head_dim=16))
+    ticks = [t for ax in fig.axes[:2] for t in (*ax.get_xticks(), *ax.get_yticks())]  # strip, then mask
+    assert ticks and all(float(t).is_integer() for t in ticks)

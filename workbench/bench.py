@@ -29,9 +29,8 @@ from typing import Any, Callable
 import torch
 
 from workbench.layout import Case, Fill, pack, thd_to_bshd
-from workbench.provenance import provenance
+from workbench.provenance import GPU_DATA, provenance
 
-GPU_DATA = Path(__file__).resolve().parent.parent / "data" / "gpu"
 
 
 @dataclass(frozen=True)

@@ -384,7 +384,9 @@ def plot_layout(batch: PackedBatch | Case, *, title: str | None = None) -> Figur
         grid.imshow(mask.numpy(), cmap=matplotlib.colors.ListedColormap([FACE, "#1f3b63"]), vmin=0, vmax=1, interpolation="nearest", aspect="auto")
         _shade_padding(grid, batch.regions_k, axis="x")
         _shade_padding(grid, batch.regions_q, axis="y")
-        grid.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        for axis in (strip.yaxis, grid.xaxis, grid.yaxis):
+            # Whole rows only, even in a layout of one or two rows (min_n_ticks=1: one row is one tick).
+            axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
         grid.set_xlabel("key row")
         grid.set_ylabel("query row")
         grid.set_title("visible (query, key) pairs" + (" — causal, bottom-right aligned" if batch.case.causal else ""))

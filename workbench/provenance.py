@@ -12,6 +12,7 @@ import triton
 from kernels._compat import DEVICE, INTERPRETED
 
 REPO = Path(__file__).resolve().parent.parent
+GPU_DATA = REPO / "data" / "gpu"  # results recorded on GPU machines, each with its provenance
 
 
 def git_commit() -> str:

@@ -12,7 +12,8 @@ bad-input campaign (`workbench.audit.campaign`), then fuzzes `budget` random lay
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
 Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
-[--dtype D] [--notebook PATH] [--record FILE]`.
+[--dtype D] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
+back and prints it as the command did.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from workbench.audit.adapters import (
 )
 from workbench.audit.checks import CHECKS, CheckResult, Context, Finding, Verdict, layout_findings, single_threaded
 from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
+from workbench.audit.records import format_campaign, format_verdicts
 
 DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
 
@@ -73,18 +75,11 @@ class AuditReport:
 
     def table(self) -> str:
         """Fixed-width verdict table: check, verdict, evidence."""
-        rows = [("check", "verdict", "evidence")] + [(r.name, r.verdict.value, r.evidence) for r in self.results]
-        width = [max(len(row[i]) for row in rows) for i in range(2)]
-        lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
-        lines.insert(1, "-" * max(len(line) for line in lines[:1] + lines[1:]))
-        return "\n".join(lines)
+        return format_verdicts((r.name, r.verdict.value, r.evidence) for r in self.results)
 
     def campaign_table(self) -> str:
         """The bad-input campaign, one line per malformed call."""
-        rows = next((r.rows for r in self.results if r.name == "bad-input"), ())
-        width = max((len(row["id"]) for row in rows), default=0)
-        outcome = max((len(row["outcome"]) for row in rows), default=0)
-        return "\n".join(f"{row['id']:<{width}}  {row['outcome']:<{outcome}}  {row['evidence']}" for row in rows)
+        return format_campaign(next((r.rows for r in self.results if r.name == "bad-input"), ()))
 
     def __str__(self) -> str:
         lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})", "", self.table()]

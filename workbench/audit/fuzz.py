@@ -249,8 +249,8 @@ class FuzzResult:
         }
 
     def summary(self) -> str:
-        rate = f"{self.tried / self.seconds:.1f} layouts/s" if self.seconds else ""
-        head = f"fuzzer: {self.tried} layouts ({self.profile} profile, seed {self.seed}) in {self.seconds:.1f} s, {rate}; "
+        rate = f", {self.tried / self.seconds:.1f} layouts/s" if self.seconds else ""
+        head = f"fuzzer: {self.tried} layouts ({self.profile} profile, seed {self.seed}) in {self.seconds:.1f} s{rate}; "
         head += f"{self.failing_layouts} failing" + (f"; stopped early: {self.stopped_early}" if self.stopped_early else "")
         return head
 

@@ -1,0 +1,115 @@
+"""`workbench.audit.records`: recorded audits (data/gpu/audit-*.json) read back and printed as
+`workbench audit` printed them.
+
+Run against the committed records (whatever run they hold) and against edited copies under
+tmp_path; a live audit of a planted TAIL bug checks that a record prints exactly like its report.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from test_audit import tail_unwritten
+
+from workbench import Case
+from workbench.audit import audit
+from workbench.audit.records import (
+    GPU_DATA,
+    campaign_table,
+    fuzz_failure,
+    fuzz_summary,
+    load_audit_records,
+    verdict_table,
+    verdicts,
+)
+
+
+@pytest.fixture
+def records_copy(tmp_path):
+    """A writable copy of the committed audit records."""
+    for path in GPU_DATA.glob("audit-*.json"):
+        shutil.copy(path, tmp_path)
+    return tmp_path
+
+
+def _edit(directory, name, **changes):
+    """Rewrites record `name` under `directory` with top-level `changes`; returns it as loaded."""
+    path = directory / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    return next(r for r in load_audit_records(directory) if r["file"] == name)
+
+
+def test_committed_records_load_sorted_with_their_file_names():
+    records = load_audit_records()
+    files = [r["file"] for r in records]
+    assert files == sorted(p.name for p in GPU_DATA.glob("audit-*.json")) and len(files) >= 2
+    for record in records:
+        assert {"target", "checks", "fuzz", "provenance"} <= set(record), record["file"]
+
+
+def test_a_copy_loads_the_same_records_and_an_empty_directory_names_the_command(records_copy, tmp_path):
+    assert load_audit_records(records_copy) == load_audit_records()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as raised:
+        load_audit_records(empty)
+    assert str(empty) in str(raised.value)
+    assert "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json" in str(raised.value)
+
+
+@pytest.mark.parametrize("record", load_audit_records(), ids=lambda r: r["file"])
+def test_verdict_table_names_every_check_with_its_verdict(record):
+    lines = verdict_table(record).splitlines()
+    assert lines[0].split() == ["check", "verdict", "evidence"] and set(lines[1]) == {"-"}
+    assert [line.split()[:2] for line in lines[2:]] == [[c["name"], c["verdict"]] for c in record["checks"]]
+    verdict_column = lines[0].index("verdict")
+    assert all(line[verdict_column:].startswith(c["verdict"]) for line, c in zip(lines[2:], record["checks"]))
+
+
+@pytest.mark.parametrize("record", load_audit_records(), ids=lambda r: r["file"])
+def test_campaign_table_gives_each_malformed_call_its_outcome(record):
+    rows = next(c["rows"] for c in record["checks"] if c["name"] == "bad-input")
+    lines = campaign_table(record).splitlines()
+    assert len(lines) == len(rows) > 0
+    for line, row in zip(lines, rows):
+        assert line.split()[0] == row["id"] and f"  {row['outcome']}" in line and line.endswith(row["evidence"])
+
+
+def test_campaign_table_is_empty_without_the_bad_input_check(records_copy):
+    checks = [c for c in load_audit_records(records_copy)[0]["checks"] if c["name"] != "bad-input"]
+    assert campaign_table(_edit(records_copy, "audit-kernels.json", checks=checks)) == ""
+
+
+def test_a_record_prints_exactly_like_the_report_it_was_recorded_from():
+    report = audit(tail_unwritten, "contract", budget=0, checks=["tail-rows", "bad-input"])
+    record = json.loads(json.dumps(report.to_dict()))  # what --record writes and the loader reads
+    assert verdict_table(record) == report.table() and verdicts(record) == report.verdicts()
+    assert campaign_table(record) == report.campaign_table()
+
+
+def test_fuzz_summary_reports_the_recorded_counts(records_copy):
+    for record in load_audit_records(records_copy):
+        fuzzed = record["fuzz"]
+        line = fuzz_summary(record)
+        assert f"{fuzzed['tried']} layouts ({fuzzed['profile']} profile" in line and f"; {fuzzed['failing_layouts']} failing" in line
+        assert f"{fuzzed['tried'] / fuzzed['seconds']:.1f} layouts/s" in line
+        assert ("stopped early: " + fuzzed["stopped_early"] in line) == bool(fuzzed["stopped_early"])
+
+    fuzzed = {**load_audit_records(records_copy)[0]["fuzz"], "tried": 5000, "seconds": 100.0, "failing_layouts": 0, "stopped_early": ""}
+    line = fuzz_summary(_edit(records_copy, "audit-kernels.json", fuzz=fuzzed))
+    assert "5000 layouts" in line and "50.0 layouts/s" in line and line.endswith("; 0 failing")
+    assert fuzz_summary(_edit(records_copy, "audit-kernels.json", fuzz=None)) == "fuzzer: not run"
+
+
+def test_fuzz_failure_gives_the_shrunk_case_of_a_check(records_copy):
+    case = Case(seqlens_q=(1,), tail_k=1, heads=1, head_dim=64, dtype="bfloat16")
+    failure = {"check": "tail-rows", "evidence": "dk: 64 non-finite values in 1 TAIL rows", "case": case.to_dict(),
+               "original": case.to_dict(), "shrink_probes": 3, "snippet": "# tail-rows"}
+    fuzzed = {**load_audit_records(records_copy)[0]["fuzz"], "failures": [failure]}
+    record = _edit(records_copy, "audit-kernels.json", fuzz=fuzzed)
+    assert Case(**fuzz_failure(record, "tail-rows")["case"]) == case  # JSON lists and fill names rebuild the Case
+    with pytest.raises(KeyError, match=r"found no gap-rows failure; it found \['tail-rows'\]"):
+        fuzz_failure(record, "gap-rows")
+    with pytest.raises(KeyError, match=r"found no tail-rows failure; it found \[\]"):
+        fuzz_failure(_edit(records_copy, "audit-kernels.json", fuzz=None), "tail-rows")

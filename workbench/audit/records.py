@@ -1,0 +1,78 @@
+"""Audits recorded on a GPU (`workbench audit ... --record FILE`), read back on any machine.
+
+A record is `AuditReport.to_dict()` as JSON: the verdict of every check, the fuzzer's run with
+its shrunk failures, and the provenance of the machine that ran it. The tables here are the
+ones `workbench audit` printed: `AuditReport` formats its live results through the same
+`format_verdicts` and `format_campaign`, so a record reads on the site as the run read in the
+terminal.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from workbench.audit.fuzz import FuzzResult
+from workbench.provenance import GPU_DATA
+
+RECORD_COMMAND = "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json"
+
+
+def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
+    """Every audit record under `directory` (audit-*.json), in file-name order, each with its file name."""
+    paths = sorted(Path(directory).glob("audit-*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no audit-*.json under {directory}; record one on a GPU machine with `{RECORD_COMMAND}`")
+    return [{**json.loads(p.read_text()), "file": p.name} for p in paths]
+
+
+def format_verdicts(rows: Iterable[tuple[str, str, str]]) -> str:
+    """Fixed-width table of (check, verdict, evidence) rows under a header: deterministic, so
+    nbval can compare it exactly."""
+    rows = [("check", "verdict", "evidence"), *rows]
+    width = [max(len(row[i]) for row in rows) for i in range(2)]
+    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
+    # The rule spans the columns and the evidence header, not the longest evidence (hundreds of characters).
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def format_campaign(rows: Sequence[dict[str, str]]) -> str:
+    """The bad-input campaign, one line per malformed call: id, outcome, evidence."""
+    width = max((len(row["id"]) for row in rows), default=0)
+    outcome = max((len(row["outcome"]) for row in rows), default=0)
+    return "\n".join(f"{row['id']:<{width}}  {row['outcome']:<{outcome}}  {row['evidence']}" for row in rows)
+
+
+def verdicts(record: dict[str, Any]) -> dict[str, str]:
+    """{check: verdict} of the record, as `AuditReport.verdicts()` gave them: pass, FAIL or n/a."""
+    return {check["name"]: check["verdict"] for check in record["checks"]}
+
+
+def verdict_table(record: dict[str, Any]) -> str:
+    """The record's checks as `AuditReport.table()` printed them: check, verdict, evidence."""
+    return format_verdicts((check["name"], check["verdict"], check["evidence"]) for check in record["checks"])
+
+
+def campaign_table(record: dict[str, Any]) -> str:
+    """The record's bad-input campaign as `AuditReport.campaign_table()` printed it (empty when not run)."""
+    rows = next((check["rows"] for check in record["checks"] if check["name"] == "bad-input"), ())
+    return format_campaign(rows)
+
+
+def fuzz_summary(record: dict[str, Any]) -> str:
+    """The fuzzer's line of the recorded run: layouts tried, profile, time, rate, failing layouts."""
+    fuzzed = record["fuzz"]
+    if fuzzed is None:
+        return "fuzzer: not run"
+    # FuzzResult.summary is the one wording of this line; the failures do not enter it.
+    return FuzzResult(**{key: value for key, value in fuzzed.items() if key != "failures"}).summary()
+
+
+def fuzz_failure(record: dict[str, Any], check: str) -> dict[str, Any]:
+    """The fuzzer's shrunk failure of `check`: evidence, case (a `Case.to_dict()`), snippet."""
+    failures = record["fuzz"]["failures"] if record["fuzz"] else []
+    for failure in failures:
+        if failure["check"] == check:
+            return failure
+    raise KeyError(f"the fuzzer of {record['target']} found no {check} failure; it found {[f['check'] for f in failures]}.")
