@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from workbench.tables import fixed_width
+
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
@@ -35,13 +37,6 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in provenance().items():
         print(f"{key:>12}: {value}")
     return 0
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join([*(f"{c:<{w}}" for c, w in zip(r, width)), r[-1]]).rstrip() for r in rows]
-    lines.insert(1, "-" * max(len(line) for line in lines))
-    return "\n".join(lines)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -58,7 +53,7 @@ def _list(args: argparse.Namespace) -> int:
     if len(rows) == 1:
         print(f"no post-mortems in {registry.package_dir}; `workbench new ID \"TITLE\"` starts one.")
         return 0
-    print(_table(rows))
+    print(fixed_width(rows))
     return 0
 
 

@@ -17,6 +17,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from workbench.tables import fixed_width
+
 STATUSES = ("open", "fixed", "partially fixed", "closed (not fixed)", "withdrawn", "not a bug", "upstream unaware")
 
 
@@ -129,11 +131,7 @@ class Claims:
 
 def verdict_table(verdicts: Iterable[Verdict]) -> str:
     """A fixed-width text table: deterministic, so nbval can compare it exactly."""
-    rows = [("verdict", "claim", "evidence")] + [("HOLDS" if v.holds else "FAILS", v.claim, v.evidence) for v in verdicts]
-    width = [max(len(r[i]) for r in rows) for i in range(2)]
-    lines = [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}".rstrip() for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return fixed_width([("verdict", "claim", "evidence")] + [("HOLDS" if v.holds else "FAILS", v.claim, v.evidence) for v in verdicts])
 
 
 def overall_verdict(verdicts: Iterable[Verdict]) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 
 from workbench.audit.fuzz import FuzzResult
 from workbench.provenance import GPU_DATA
+from workbench.tables import fixed_width
 
 RECORD_COMMAND = "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json"
 
@@ -27,14 +28,8 @@ def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
 
 
 def format_verdicts(rows: Iterable[tuple[str, str, str]]) -> str:
-    """Fixed-width table of (check, verdict, evidence) rows under a header: deterministic, so
-    nbval can compare it exactly."""
-    rows = [("check", "verdict", "evidence"), *rows]
-    width = [max(len(row[i]) for row in rows) for i in range(2)]
-    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
-    # The rule spans the columns and the evidence header, not the longest evidence (hundreds of characters).
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    """Table of (check, verdict, evidence) rows under a header."""
+    return fixed_width([("check", "verdict", "evidence"), *rows])
 
 
 def format_campaign(rows: Sequence[dict[str, str]]) -> str:
