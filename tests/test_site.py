@@ -1,9 +1,11 @@
 """The site build: executed pages, index, determinism, offline pages, loud failures, atomic swap;
 and nbval over a scaffolded notebook (it passes untouched, and fails naming a broken claim)."""
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -162,3 +164,10 @@ def test_registry_errors_stop_the_build(project, tmp_path):
     with pytest.raises(ValueError, match="notebooks are missing"):
         build(project, tmp_path / "_build", log=lambda message: None)
     assert Registry(project.package).ids() == ["no-notebook"]
+
+
+def test_kernel_env_puts_the_root_on_the_path_absolute(tmp_path, monkeypatch):
+    """Kernels run in the notebook's directory: a relative root must not stay relative."""
+    monkeypatch.chdir(tmp_path)
+    first = kernel_env(Path("."))["PYTHONPATH"].split(os.pathsep)[0]
+    assert first == str(tmp_path.resolve())

@@ -73,7 +73,8 @@ def _describe(path: Path, index: int, cell, output) -> str:
 def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
     """A kernel's environment: ours, with the project root first on the import path, and with
     `static`, explorers in their static form (precomputed frames, see workbench.explorer)."""
-    paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    # Absolute: the kernel runs in the notebook's directory, where a relative root means nothing.
+    paths = [str(Path(root).resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
     if static:
         env["WORKBENCH_STATIC"] = "1"
