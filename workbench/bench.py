@@ -459,7 +459,8 @@ def format_host_times(times: dict[str, dict[str, float]]) -> str:
 def load_profile(path: Path = GPU_DATA / "ncu-h200.json") -> dict[str, Any]:
     """The committed Nsight Compute summary of our kernels and FlashAttention-2's (one workload)."""
     if not path.exists():
-        raise FileNotFoundError(f"no {path.name} under {path.parent}; its provenance says how it was recorded (ncu on a GPU machine)")
+        raise FileNotFoundError(f"no {path.name} under {path.parent}; it is an Nsight Compute summary recorded with ncu "
+                                "on a GPU machine (the committed data/gpu/ncu-h200.json names the command)")
     return json.loads(path.read_text())
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 
-def fixed_width(rows: Iterable[Sequence[str]]) -> str:
-    """The first row is the header. Columns are padded to their widest cell, except the last
-    (free text: evidence runs long); a rule as wide as the header separates it from the rest."""
+def fixed_width(rows: Iterable[Sequence[str]], *, header: bool = True) -> str:
+    """Columns padded to their widest cell, except the last (free text: evidence runs long).
+    With `header`, the first row is the header and a rule as wide as it separates the rest."""
     rows = [tuple(row) for row in rows]
+    if not rows:
+        return ""
     width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join([*(f"{cell:<{w}}" for cell, w in zip(row, width)), row[-1]]).rstrip() for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    if header:
+        lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)

@@ -34,9 +34,7 @@ def format_verdicts(rows: Iterable[tuple[str, str, str]]) -> str:
 
 def format_campaign(rows: Sequence[dict[str, str]]) -> str:
     """The bad-input campaign, one line per malformed call: id, outcome, evidence."""
-    width = max((len(row["id"]) for row in rows), default=0)
-    outcome = max((len(row["outcome"]) for row in rows), default=0)
-    return "\n".join(f"{row['id']:<{width}}  {row['outcome']:<{outcome}}  {row['evidence']}" for row in rows)
+    return fixed_width(((row["id"], row["outcome"], row["evidence"]) for row in rows), header=False)
 
 
 def verdicts(record: dict[str, Any]) -> dict[str, str]:
