@@ -8,6 +8,7 @@ without and with the monitor (gradient hooks, per-step classification, optimizer
 parameter checks, per-token norms of the embeddings), and prints the median step times and
 their ratio. Target: < 5 % overhead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +55,9 @@ def main() -> None:
             watched.append(_train(model, optimizer, batch, args.steps, monitor))
     base, with_monitor = statistics.median(plain), statistics.median(watched)
     params = sum(p.numel() for p in model.parameters())
-    print(f"tokens per step        {batch.tokens.numel()}   parameters {params} in {len(list(model.parameters()))} tensors   threads {args.threads}")
+    print(
+        f"tokens per step        {batch.tokens.numel()}   parameters {params} in {len(list(model.parameters()))} tensors   threads {args.threads}"
+    )
     print(f"step without monitor   {base * 1e3:8.3f} ms (median of {args.repeats} blocks x {args.steps} steps)")
     print(f"step with monitor      {with_monitor * 1e3:8.3f} ms")
     print(f"overhead ratio         {with_monitor / base:8.4f}  ({(with_monitor / base - 1) * 100:+.2f} %, target < 5 %)")

@@ -10,11 +10,12 @@ say where the microseconds go (autograd wrapper, custom-op dispatch, launches). 
 host-bound workload (the default): where the kernels outlast the host, the launch queue fills
 and the host waits on the GPU inside the loop, so the numbers include GPU time.
 """
+
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -47,8 +48,17 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
     grad = torch.randn_like(q)
 
     def ours(leaf_q):
-        return varlen_attention(leaf_q, batch.k, batch.v, batch.cu_seqlens_q, batch.cu_seqlens_k,
-                                batch.max_seqlen_q, batch.max_seqlen_k, causal=causal, validate=False)
+        return varlen_attention(
+            leaf_q,
+            batch.k,
+            batch.v,
+            batch.cu_seqlens_q,
+            batch.cu_seqlens_k,
+            batch.max_seqlen_q,
+            batch.max_seqlen_k,
+            causal=causal,
+            validate=False,
+        )
 
     def varlen_attn():
         from torch.nn.attention.varlen import varlen_attn as fa2
@@ -64,7 +74,8 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
         "  launcher attention_forward (3 launches)": lambda: launch.attention_forward(q, k, v, *cu, causal, scale),
         "    one launch: work lists": lambda: launch.work_lists(batch.cu_seqlens_q, batch.cu_seqlens_k),
         "    one launch: padding fill": lambda: launch.fill_padding_rows(
-            launch.Padding(out.view(out.shape[0], -1), 0.0, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)),
+            launch.Padding(out.view(out.shape[0], -1), 0.0, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)
+        ),
         "torch varlen_attn: forward+backward": lambda: varlen_attn().backward(grad),
         "torch varlen_attn: forward (no grad)": lambda: torch.no_grad()(varlen_attn)(),
     }

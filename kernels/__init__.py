@@ -3,8 +3,9 @@
 `kernels._compat` is imported first: without CUDA it switches Triton to its CPU interpreter
 before any `@triton.jit` below is evaluated.
 """
-from kernels._compat import DEVICE, INTERPRETED, default_device  # noqa: F401  (must come first)
-from kernels.contract import (  # noqa: F401
+
+from kernels._compat import DEVICE, INTERPRETED, default_device  # first: it picks interpreter or native
+from kernels.contract import (
     VarlenShape,
     check_cu_seqlens,
     check_cu_seqlens_tensors,
@@ -12,8 +13,8 @@ from kernels.contract import (  # noqa: F401
     check_varlen_inputs,
     check_varlen_tensors,
 )
-from kernels.varlen import varlen_attention  # noqa: F401
-from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8  # noqa: F401
+from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8
+from kernels.varlen import varlen_attention
 
 __all__ = [
     "DEVICE",

@@ -6,6 +6,7 @@ compiled or interpreted.
 
 `WORKBENCH_DEVICE=cpu|cuda` overrides the automatic choice (CUDA when available).
 """
+
 from __future__ import annotations
 
 import os

@@ -7,10 +7,11 @@ Metadata checks read `cu_seqlens*` on the host: one device->host copy per tensor
 that cannot afford the sync (CUDA graphs, `torch.compile`) pass `validate=False` to the
 kernel and keep only the tensor-shape checks in `check_varlen_tensors`, which need no sync.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -55,27 +56,17 @@ def check_varlen_tensors(
                 "(or another supported dtype)."
             )
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
-            f"q, k, v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}; "
-            "cast them to the same dtype."
-        )
+        raise TypeError(f"q, k, v must share one dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}; cast them to the same dtype.")
     if not (q.device == k.device == v.device):
         raise ValueError(
-            f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on "
-            f"{v.device}; move them with .to(q.device)."
+            f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}; move them with .to(q.device)."
         )
     if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape, got k {tuple(k.shape)} and v "
-            f"{tuple(v.shape)}."
-        )
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}.")
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, head_dim_k = k.shape
     if head_dim_k != head_dim:
-        raise ValueError(
-            f"q and k must have the same head_dim (last dimension), got q {head_dim} and "
-            f"k {head_dim_k}."
-        )
+        raise ValueError(f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}.")
     if heads == 0 or kv_heads == 0:
         raise ValueError(f"q and k need at least one head, got q {heads} and k {kv_heads}.")
     if heads % kv_heads != 0:
@@ -99,10 +90,7 @@ def _check_index_tensor(name: str, cu: object, device: torch.device | None) -> N
             f"torch.tensor(..., dtype=torch.int32, device=q.device)."
         )
     if cu.dtype not in INDEX_DTYPES:
-        raise TypeError(
-            f"{name} must be an integer tensor (torch.int32), got {cu.dtype}; "
-            f"pass {name}.to(torch.int32)."
-        )
+        raise TypeError(f"{name} must be an integer tensor (torch.int32), got {cu.dtype}; pass {name}.to(torch.int32).")
     if cu.dim() != 1:
         raise ValueError(
             f"{name} must be 1-D of length batch+1, got shape {tuple(cu.shape)}; "
@@ -114,10 +102,7 @@ def _check_index_tensor(name: str, cu: object, device: torch.device | None) -> N
             f"{cu.tolist()}; for one sequence of n tokens pass [0, n]."
         )
     if device is not None and cu.device != device:
-        raise ValueError(
-            f"{name} is on {cu.device} but q is on {device}; move it with "
-            f"{name}.to(q.device)."
-        )
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; move it with {name}.to(q.device).")
 
 
 def check_cu_seqlens_tensors(
@@ -205,10 +190,7 @@ def _check_side(
         )
     max_name = f"max_seqlen_{side}"
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(
-            f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass "
-            f"int({name}.diff().max())."
-        )
+        raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass int({name}.diff().max()).")
     longest = max(lengths)
     if max_seqlen < longest:
         i = lengths.index(longest)
@@ -252,13 +234,11 @@ def check_cu_seqlens(
 def check_scale(scale: object, head_dim: int) -> float:
     """Returns the softmax scale, defaulting to 1/sqrt(head_dim)."""
     if scale is None:
-        return head_dim ** -0.5
+        return head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}.")
     if not (scale > 0 and scale != float("inf")):
-        raise ValueError(
-            f"scale = {scale} must be a finite positive number; pass None for 1/sqrt(head_dim)."
-        )
+        raise ValueError(f"scale = {scale} must be a finite positive number; pass None for 1/sqrt(head_dim).")
     return float(scale)
 
 

@@ -13,6 +13,7 @@ padding rows as 0; `scales_from="all"` keeps the naive amax to show the failure.
 (exact in fp16) rescaled by the row scales afterwards; V is dequantized to fp32 before P @ V,
 because its scale varies along the contracted dimension. Forward only, no lse.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,14 +77,29 @@ def _round_to_e4m3(y):
 
 @triton.jit
 def _quantize_kernel(
-    X, Out, Scale, cu, cu_padded, total, stride_xt, stride_xh, stride_ot, stride_oh,
-    BATCH: tl.constexpr, BATCH_POW2: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, REAL_ONLY: tl.constexpr,
+    X,
+    Out,
+    Scale,
+    cu,
+    cu_padded,
+    total,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    BATCH: tl.constexpr,
+    BATCH_POW2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    REAL_ONLY: tl.constexpr,
 ):
     block, head = tl.program_id(0), tl.program_id(1)
     rows = block * BLOCK + tl.arange(0, BLOCK)
     dims = tl.arange(0, HEAD_DIM)
     in_bounds = rows < total
-    x = tl.load(X + rows[:, None] * stride_xt + head * stride_xh + dims[None, :], mask=in_bounds[:, None], other=0.0).to(tl.float32)
+    x = tl.load(X + rows[:, None] * stride_xt + head * stride_xh + dims[None, :], mask=in_bounds[:, None], other=0.0).to(
+        tl.float32
+    )
     if REAL_ONLY:
         keep = _sequence_of_rows(rows, cu, cu_padded, BATCH, BATCH_POW2) & in_bounds
         x = tl.where(keep[:, None], x, 0.0)  # padding never reaches the amax nor the output
@@ -118,7 +134,14 @@ def plain_cast_e4m3(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def quantize_reference(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None = None, *, block: int = 16, scales_from: str = "real") -> Fp8Blockwise:
+def quantize_reference(
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor | None = None,
+    *,
+    block: int = 16,
+    scales_from: str = "real",
+) -> Fp8Blockwise:
     """`quantize_fp8_blockwise` in PyTorch (torch's own e4m3 cast): the kernel's test reference."""
     real = torch.ones(x.shape[0], dtype=torch.bool)
     if scales_from == "real":
@@ -149,8 +172,15 @@ def _check_layout(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: 
         raise ValueError(f"block = {block} rows per scale must be one of {BLOCKS}.")
     longest = int(cu_seqlens.diff().max()) if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.numel() > 1 else 0
     check_cu_seqlens(
-        cu_seqlens, cu_seqlens, longest, longest, cu_seqlens_q_padded=cu_seqlens_padded,
-        cu_seqlens_k_padded=cu_seqlens_padded, total_q=x.shape[0], total_k=x.shape[0], device=x.device,
+        cu_seqlens,
+        cu_seqlens,
+        longest,
+        longest,
+        cu_seqlens_q_padded=cu_seqlens_padded,
+        cu_seqlens_k_padded=cu_seqlens_padded,
+        total_q=x.shape[0],
+        total_k=x.shape[0],
+        device=x.device,
     )
 
 
@@ -178,9 +208,20 @@ def quantize_fp8_blockwise(
     batch = cu_seqlens.numel() - 1
     if total:
         _quantize_kernel[(scale.shape[0], heads)](
-            x, data, scale, cu_seqlens, cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded, total,
-            x.stride(0), x.stride(1), data.stride(0), data.stride(1),
-            BATCH=batch, BATCH_POW2=triton.next_power_of_2(batch), BLOCK=block, HEAD_DIM=head_dim,
+            x,
+            data,
+            scale,
+            cu_seqlens,
+            cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded,
+            total,
+            x.stride(0),
+            x.stride(1),
+            data.stride(0),
+            data.stride(1),
+            BATCH=batch,
+            BATCH_POW2=triton.next_power_of_2(batch),
+            BLOCK=block,
+            HEAD_DIM=head_dim,
             REAL_ONLY=scales_from == "real",
         )
     return Fp8Blockwise(data, scale, block)
@@ -188,10 +229,35 @@ def quantize_fp8_blockwise(
 
 @triton.jit
 def _attention_fp8_kernel(
-    Q, K, V, SQ, SK, SV, Out, cu_q, cu_k, cu_q_padded, cu_k_padded, softmax_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_sq, stride_sk,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
+    Q,
+    K,
+    V,
+    SQ,
+    SK,
+    SV,
+    Out,
+    cu_q,
+    cu_k,
+    cu_q_padded,
+    cu_k_padded,
+    softmax_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_sq,
+    stride_sk,
+    GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    Q_BLOCK: tl.constexpr,
+    K_BLOCK: tl.constexpr,
 ):
     tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_head = head // GROUP
@@ -207,10 +273,12 @@ def _attention_fp8_kernel(
     row_ok = rows < len_q
     q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=row_ok[:, None], other=0.0)
     # Scales of the rows' blocks, with the softmax scale and log2(e) folded in (exp2 below).
-    sq = tl.load(SQ + ((q_start + rows) // Q_BLOCK) * stride_sq + head, mask=row_ok, other=0.0) * (softmax_scale * 1.4426950408889634)
+    sq = tl.load(SQ + ((q_start + rows) // Q_BLOCK) * stride_sq + head, mask=row_ok, other=0.0) * (
+        softmax_scale * 1.4426950408889634
+    )
     q = q.to(tl.float16)  # every e4m3 value is exact in fp16: the dot is exact up to fp32 accumulation
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_M,), tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     end = len_k
     if CAUSAL:  # bottom-right aligned: query row r sees keys <= r + len_k - len_q
@@ -232,12 +300,16 @@ def _attention_fp8_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m - m_safe)
-        l = l * alpha + tl.sum(p, axis=1)
+        row_sum = row_sum * alpha + tl.sum(p, axis=1)
         v = v.to(tl.float32) * sv[:, None]  # V's scale varies along the contracted rows: dequantize first
         acc = acc * alpha[:, None] + tl.dot(p, v)
         m = m_new
-    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]  # no visible key: 0, never NaN
-    tl.store(Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    out = acc / tl.where(row_sum == 0.0, 1.0, row_sum)[:, None]  # no visible key: 0, never NaN
+    tl.store(
+        Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
 def varlen_attention_fp8(
@@ -269,20 +341,48 @@ def varlen_attention_fp8(
         raise ValueError(f"out_dtype = {out_dtype} must be one of {INPUT_DTYPES}.")
     shape = check_varlen_tensors(q.data, k.data, v.data, dtypes=(FP8,), head_dims=HEAD_DIMS)
     check_cu_seqlens(
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cu_seqlens_q_padded=cu_seqlens_q_padded,
-        cu_seqlens_k_padded=cu_seqlens_k_padded, total_q=shape.total_q, total_k=shape.total_k, device=q.data.device,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_k_padded,
+        total_q=shape.total_q,
+        total_k=shape.total_k,
+        device=q.data.device,
     )
     out = torch.zeros(q.data.shape, dtype=out_dtype, device=q.data.device)  # padding rows stay 0
     block_m = block_n = 16 if max(max_seqlen_q, max_seqlen_k) <= 16 else 32
     grid = (triton.cdiv(max(max_seqlen_q, 1), block_m), cu_seqlens_q.numel() - 1, shape.heads)
     _attention_fp8_kernel[grid](
-        q.data, k.data, v.data, q.scale, k.scale, v.scale, out, cu_seqlens_q, cu_seqlens_k,
+        q.data,
+        k.data,
+        v.data,
+        q.scale,
+        k.scale,
+        v.scale,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
         cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
         check_scale(scale, shape.head_dim),
-        q.data.stride(0), q.data.stride(1), k.data.stride(0), k.data.stride(1), v.data.stride(0), v.data.stride(1),
-        out.stride(0), out.stride(1), q.scale.stride(0), k.scale.stride(0),
-        GROUP=shape.heads // shape.kv_heads, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=shape.head_dim, Q_BLOCK=q.block, K_BLOCK=k.block,
+        q.data.stride(0),
+        q.data.stride(1),
+        k.data.stride(0),
+        k.data.stride(1),
+        v.data.stride(0),
+        v.data.stride(1),
+        out.stride(0),
+        out.stride(1),
+        q.scale.stride(0),
+        k.scale.stride(0),
+        GROUP=shape.heads // shape.kv_heads,
+        CAUSAL=causal,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        HEAD_DIM=shape.head_dim,
+        Q_BLOCK=q.block,
+        K_BLOCK=k.block,
     )
     return out

@@ -20,6 +20,7 @@ test the interpreter on a machine with a GPU, run it in a child process:
 
     WORKBENCH_DEVICE=cpu python -m kernels.interpreter      # prints the report as JSON
 """
+
 from __future__ import annotations
 
 import functools
@@ -82,7 +83,9 @@ class DotCheck:
         return self.relative <= RELATIVE_TOLERANCE
 
 
-def dot_operands(dtype: torch.dtype, device: torch.device | str | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def dot_operands(
+    dtype: torch.dtype, device: torch.device | str | None = None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two deterministic 16x16 standard-normal matrices in `dtype` (drawn on the CPU, then moved)."""
     generator = torch.Generator().manual_seed(seed)
     a, b = torch.randn(2, BLOCK, BLOCK, generator=generator).to(dtype).unbind(0)
@@ -116,7 +119,9 @@ def check_dot(dtype: torch.dtype | str, device: torch.device | str | None = None
     a, b = dot_operands(dtype, device)
     exact = a.double().cpu() @ b.double().cpu()
     got = triton_dot(a, b, upcast=upcast).double().cpu()
-    return DotCheck(str(dtype).removeprefix("torch."), INTERPRETED, upcast, float((got - exact).abs().max()), float(exact.abs().max()))
+    return DotCheck(
+        str(dtype).removeprefix("torch."), INTERPRETED, upcast, float((got - exact).abs().max()), float(exact.abs().max())
+    )
 
 
 @functools.cache
@@ -140,10 +145,29 @@ SINGLE_BLOCK_MAX_SEQLEN = 128
 
 @triton.jit
 def _single_block_attention_kernel(
-    Q, K, V, Out, cu_q, cu_k, cu_q_padded, cu_k_padded, scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,
+    cu_q,
+    cu_k,
+    cu_q_padded,
+    cu_k_padded,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -154,10 +178,16 @@ def _single_block_attention_kernel(
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=(rows < len_q)[:, None], other=0.0)
+    q = tl.load(
+        Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=(rows < len_q)[:, None], other=0.0
+    )
     kv_offsets = (k_start + cols)[:, None] * stride_kt + (head // GROUP) * stride_kh + dims[None, :]
     k = tl.load(K + kv_offsets, mask=(cols < len_k)[:, None], other=0.0)
-    v = tl.load(V + (k_start + cols)[:, None] * stride_vt + (head // GROUP) * stride_vh + dims[None, :], mask=(cols < len_k)[:, None], other=0.0)
+    v = tl.load(
+        V + (k_start + cols)[:, None] * stride_vt + (head // GROUP) * stride_vh + dims[None, :],
+        mask=(cols < len_k)[:, None],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
@@ -171,7 +201,11 @@ def _single_block_attention_kernel(
     p = tl.exp(s - row_max[:, None])
     total = tl.sum(p, axis=1)
     out = tl.dot(p.to(v.dtype), v, input_precision="ieee") / tl.where(total == 0.0, 1.0, total)[:, None]
-    tl.store(Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :], out.to(Out.dtype.element_ty), mask=(rows < len_q)[:, None])
+    tl.store(
+        Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=(rows < len_q)[:, None],
+    )
 
 
 def single_block_attention(
@@ -198,9 +232,18 @@ def single_block_attention(
     sequences up to `SINGLE_BLOCK_MAX_SEQLEN` tokens.
     """
     shape = check_varlen_inputs(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded,
-        scale=scale, dtypes=tuple(DTYPES.values()), head_dims=(16, 32, 64),
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_k_padded,
+        scale=scale,
+        dtypes=tuple(DTYPES.values()),
+        head_dims=(16, 32, 64),
     )
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if n > SINGLE_BLOCK_MAX_SEQLEN:
@@ -213,13 +256,29 @@ def single_block_attention(
     block_m = max(BLOCK, triton.next_power_of_2(max_seqlen_q))
     block_n = max(BLOCK, triton.next_power_of_2(max_seqlen_k))
     _single_block_attention_kernel[(cu_seqlens_q.numel() - 1, shape.heads)](
-        q, k, v, out, cu_seqlens_q, cu_seqlens_k,
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens_q,
+        cu_seqlens_k,
         cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
         check_scale(scale, shape.head_dim),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        GROUP=shape.heads // shape.kv_heads, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=shape.head_dim, UPCAST=upcast,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        GROUP=shape.heads // shape.kv_heads,
+        CAUSAL=causal,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        HEAD_DIM=shape.head_dim,
+        UPCAST=upcast,
     )
     return out
 
@@ -283,7 +342,9 @@ def bit_pattern_product(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 def bit_pattern_gap() -> float:
     """max |interpreted bf16 tl.dot - bit_pattern_product|: 0.0 exactly when that is the mechanism."""
     if not INTERPRETED:
-        raise RuntimeError("bit_pattern_gap() describes the interpreter; run it with TRITON_INTERPRET=1 (see interpreter_report).")
+        raise RuntimeError(
+            "bit_pattern_gap() describes the interpreter; run it with TRITON_INTERPRET=1 (see interpreter_report)."
+        )
     a, b = dot_operands(torch.bfloat16, "cpu")
     return float(np.abs(triton_dot(a, b).numpy() - bit_pattern_product(a, b)).max())
 

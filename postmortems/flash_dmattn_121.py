@@ -12,6 +12,7 @@ below: flash-dmattn's semantics, a row with no visible key has output 0 and grad
 
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,7 +27,7 @@ from matplotlib.figure import Figure
 
 from kernels import default_device, varlen_attention
 from kernels.replicas.dmattn import dmattn_backward, isfinite_exists, launch_patch_as_written, triton_dmattn_func
-from workbench import Case, Fill, Region, pack, poisoned_memory, probe
+from workbench import Case, Fill, pack, poisoned_memory, probe
 from workbench.bounds import ErrorCheck, error_check, lse_error
 from workbench.plots import FACE, STYLE, plot_nan_map  # importing plots also lets a cell ending with a Figure show it
 from workbench.postmortem import Claims, Link, Meta
@@ -45,7 +46,10 @@ META = Meta(
     published="2026-11-29",
     links=(
         Link("flash-sparse-attention#121", "https://github.com/HKUSTDial/flash-sparse-attention/issues/121"),
-        Link("flash_attn_triton.py (Tri Dao)", "https://github.com/Dao-AILab/flash-attention/blob/main/flash_attn/flash_attn_triton.py"),
+        Link(
+            "flash_attn_triton.py (Tri Dao)",
+            "https://github.com/Dao-AILab/flash-attention/blob/main/flash_attn/flash_attn_triton.py",
+        ),
         Link("triton#11584 (interpreter bf16 dot)", "https://github.com/triton-lang/triton/issues/11584"),
     ),
     seed="001_90a18acb6ed00fca.txt",
@@ -60,8 +64,9 @@ PATTERNS = ("none", "all", "rows", "leading", "left_pad", "random")
 # -- the oracle ------------------------------------------------------------------------------
 
 
-def dense_reference(q, k, v, attn_mask=None, attn_bias=None, is_causal=False, scale=None, *,
-                    compute_dtype: torch.dtype = torch.float64):
+def dense_reference(
+    q, k, v, attn_mask=None, attn_bias=None, is_causal=False, scale=None, *, compute_dtype: torch.dtype = torch.float64
+):
     """Dense masked attention with `triton_dmattn_func`'s signature, computed in `compute_dtype`.
 
     Scores `q k^T * scale + bias`; `attn_mask` False, and keys after the query when causal (top-left,
@@ -72,7 +77,7 @@ def dense_reference(q, k, v, attn_mask=None, attn_bias=None, is_causal=False, sc
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, group = k.shape[1], heads // k.shape[2]
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     qh = q.to(compute_dtype).transpose(1, 2)
     kh = k.to(compute_dtype).repeat_interleave(group, 2).transpose(1, 2)
     vh = v.to(compute_dtype).repeat_interleave(group, 2).transpose(1, 2)
@@ -177,8 +182,16 @@ PADDED = MASK_CASES[5]
 # padded segment holds them (GAP rows), so no query sees them. The registry's CASES: the one
 # packed (THD) layout this post-mortem studies; the dense cases are MASK_CASES.
 _N, _PAD = PADDED.seqlen, int(PADDED.amount)
-PACKED = Case(seqlens_q=(_N, 0, _N - _PAD), padded_q=(_N, _PAD, _N - _PAD), padded_k=(_N, _PAD, _N - _PAD),
-              heads=PADDED.heads, head_dim=PADDED.head_dim, dtype=PADDED.dtype, causal=PADDED.causal, fill=Fill.ZEROS)
+PACKED = Case(
+    seqlens_q=(_N, 0, _N - _PAD),
+    padded_q=(_N, _PAD, _N - _PAD),
+    padded_k=(_N, _PAD, _N - _PAD),
+    heads=PADDED.heads,
+    head_dim=PADDED.head_dim,
+    dtype=PADDED.dtype,
+    causal=PADDED.causal,
+    fill=Fill.ZEROS,
+)
 CASES = (PACKED,)
 
 
@@ -252,9 +265,11 @@ class Run:
 
     def summary(self) -> dict:
         return {
-            "case": self.case.name, "variant": self.variant,
+            "case": self.case.name,
+            "variant": self.variant,
             "nonfinite": {n: self.nonfinite(n) for n in TENSORS},
-            "error": {n: self.checks[n].error for n in TENSORS}, "bound": {n: self.checks[n].bound for n in TENSORS},
+            "error": {n: self.checks[n].error for n in TENSORS},
+            "bound": {n: self.checks[n].bound for n in TENSORS},
         }
 
 
@@ -266,8 +281,16 @@ def run(case: MaskCase, variant: str = "replica", device=None, d_out_nan_row: in
     x = case.inputs(device)
     leaves = [x[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
     with _quiet():
-        out, lse = triton_dmattn_func(*leaves, x["mask"], None, case.causal, return_lse=True,
-                                      block_m=case.block_m, block_n=case.block_n, **VARIANTS[variant])
+        out, lse = triton_dmattn_func(
+            *leaves,
+            x["mask"],
+            None,
+            case.causal,
+            return_lse=True,
+            block_m=case.block_m,
+            block_n=case.block_n,
+            **VARIANTS[variant],
+        )
         out.backward(_d_out(x["d_out"], d_out_nan_row))
     tensors = {"out": out.detach(), "lse": lse.detach()} | {g: t.grad for g, t in zip(GRADS, leaves)}
     ref = oracle(case, device, d_out_nan_row)
@@ -321,8 +344,10 @@ def predict_nan_rows(case: MaskCase) -> dict[str, torch.Tensor]:
 
 def observed_nan_rows(result: Run) -> dict[str, torch.Tensor]:
     """The rows (B, H, Q) where the replica's lse / output hold NaN."""
-    return {"lse": torch.isnan(result.tensors["lse"]).cpu(),
-            "out": torch.isnan(result.tensors["out"]).any(-1).transpose(1, 2).cpu()}
+    return {
+        "lse": torch.isnan(result.tensors["lse"]).cpu(),
+        "out": torch.isnan(result.tensors["out"]).any(-1).transpose(1, 2).cpu(),
+    }
 
 
 # -- the patch as written --------------------------------------------------------------------------
@@ -391,8 +416,12 @@ def padded_lesson(device=None) -> dict:
     real_keys = torch.ones(PADDED.batch, PADDED.seqlen, dtype=torch.bool)
     real_keys[1, :pad] = False
     dv_real = dense.tensors["dv"].cpu()[real_keys]
-    return {"fixed": fixed, "replica": dense, "replica_dv_real_nan": int(torch.isnan(dv_real).any(-1).sum()),
-            "real_keys": int(real_keys.sum())}
+    return {
+        "fixed": fixed,
+        "replica": dense,
+        "replica_dv_real_nan": int(torch.isnan(dv_real).any(-1).sum()),
+        "real_keys": int(real_keys.sum()),
+    }
 
 
 # -- verification sweep ------------------------------------------------------------------------
@@ -403,8 +432,16 @@ SWEEP_BLOCKS = (16, 32, 64)  # block_m = block_n
 
 def random_case(density: float, block: int, seqlen: int = 64, head_dim: int = 16) -> MaskCase:
     """A random-mask case (small: every point runs the interpreter), its seed fixed by the point."""
-    return MaskCase(f"random {density:g}, block {block}, Q=K={seqlen}", "random", amount=density, seqlen=seqlen,
-                    head_dim=head_dim, block_m=block, block_n=block, seed=round(density * 1000) + block + seqlen)
+    return MaskCase(
+        f"random {density:g}, block {block}, Q=K={seqlen}",
+        "random",
+        amount=density,
+        seqlen=seqlen,
+        head_dim=head_dim,
+        block_m=block,
+        block_n=block,
+        seed=round(density * 1000) + block + seqlen,
+    )
 
 
 def sweep_point(density: float, block: int, seqlen: int = 64, device=None) -> dict:
@@ -413,9 +450,12 @@ def sweep_point(density: float, block: int, seqlen: int = 64, device=None) -> di
     buggy, fixed = run(case, "replica", device), run(case, "guard", device)
     predicted, observed = predict_nan_rows(case)["lse"], observed_nan_rows(buggy)["lse"]
     return {
-        "replica_nan_rows": int(observed.sum()), "predicted_nan_rows": int(predicted.sum()),
-        "prediction_exact": bool(torch.equal(predicted, observed)), "replica_nonfinite_dv": buggy.nonfinite("dv"),
-        "guard_finite": fixed.all_finite, "guard_within": fixed.all_within,
+        "replica_nan_rows": int(observed.sum()),
+        "predicted_nan_rows": int(predicted.sum()),
+        "prediction_exact": bool(torch.equal(predicted, observed)),
+        "replica_nonfinite_dv": buggy.nonfinite("dv"),
+        "guard_finite": fixed.all_finite,
+        "guard_within": fixed.all_within,
         "guard_worst_ratio": max(fixed.error_ratio(n) for n in TENSORS),
     }
 
@@ -440,7 +480,9 @@ def case_table(results: Results) -> str:
         for variant in VARIANTS:
             r = results.get(case, variant)
             worst = max(r.error_ratio(n) for n in TENSORS)
-            rows.append([case.name, variant, *(str(r.nonfinite(n)) for n in TENSORS), "NaN" if worst != worst else f"{worst:.2f}"])
+            rows.append(
+                [case.name, variant, *(str(r.nonfinite(n)) for n in TENSORS), "NaN" if worst != worst else f"{worst:.2f}"]
+            )
     return _table(["case", "variant", *(f"bad {n}" for n in TENSORS), "err/bound"], rows)
 
 
@@ -449,8 +491,16 @@ def diagnosis_table(results: Results) -> str:
     rows = []
     for case in MASK_CASES:
         predicted, observed = predict_nan_rows(case), observed_nan_rows(results.get(case, "replica"))
-        rows.append([case.name, str(int(predicted["lse"].sum())), str(int(observed["lse"].sum())),
-                     str(int(predicted["out"].sum())), str(int(observed["out"].sum())), str(results.predictions[case.name])])
+        rows.append(
+            [
+                case.name,
+                str(int(predicted["lse"].sum())),
+                str(int(observed["lse"].sum())),
+                str(int(predicted["out"].sum())),
+                str(int(observed["out"].sum())),
+                str(results.predictions[case.name]),
+            ]
+        )
     return _table(["case", "lse NaN predicted", "observed", "out NaN predicted", "observed", "exact"], rows)
 
 
@@ -461,13 +511,22 @@ def patch_table(results: Results) -> str:
         buggy, patched = results.get(case, "replica"), results.get(case, "patch")
         fixed = [n for n in TENSORS if not buggy.finite(n) and patched.finite(n)]
         left = [n for n in TENSORS if not patched.finite(n)]
-        rows.append([case.name, ", ".join(fixed) or "-", ", ".join(left) or "-",
-                     *(f"{patched.error_ratio(g):.0f}x" for g in ("dk", "dv"))])
+        rows.append(
+            [
+                case.name,
+                ", ".join(fixed) or "-",
+                ", ".join(left) or "-",
+                *(f"{patched.error_ratio(g):.0f}x" for g in ("dk", "dv")),
+            ]
+        )
     return _table(["failing case", "made finite", "still non-finite", "dK err/bound", "dV err/bound"], rows)
 
 
 def coverage_table(results: Results) -> str:
-    rows = [[str(c.config[:2]), str(c.config[2]), str(c.config[3:]), str(c.all_rows_written), str(c.identical)] for c in results.coverage]
+    rows = [
+        [str(c.config[:2]), str(c.config[2]), str(c.config[3:]), str(c.all_rows_written), str(c.identical)]
+        for c in results.coverage
+    ]
     return _table(["(Q, K)", "causal", "(block_m, block_n)", "every dk/dv row written", "empty == zeros"], rows)
 
 
@@ -480,10 +539,12 @@ def nan_do_table(results: Results) -> str:
 
 def padded_summary(results: Results) -> str:
     fixed = results.padded["fixed"]
-    return (f"replica (dense + mask): {results.padded['replica_dv_real_nan']} of {results.padded['real_keys']} real keys have NaN dV\n"
-            f"varlen_attention (packed): non-finite {sum(sum(v.values()) for v in fixed.nonfinite.values())}, "
-            f"padding exactly 0: {fixed.padding_exactly_zero}, real rows within bound: {fixed.real_within_bound}\n"
-            + "\n".join(f"  {check}" for check in fixed.errors.values()))
+    return (
+        f"replica (dense + mask): {results.padded['replica_dv_real_nan']} of {results.padded['real_keys']} real keys have NaN dV\n"
+        f"varlen_attention (packed): non-finite {sum(sum(v.values()) for v in fixed.nonfinite.values())}, "
+        f"padding exactly 0: {fixed.padding_exactly_zero}, real rows within bound: {fixed.real_within_bound}\n"
+        + "\n".join(f"  {check}" for check in fixed.errors.values())
+    )
 
 
 # -- plots -------------------------------------------------------------------------------------------
@@ -503,8 +564,14 @@ def _draw_mask(ax, case: MaskCase, nan_rows: torch.Tensor, item: int = 0) -> Non
     if case.causal:
         visible &= torch.ones(n, n, dtype=torch.bool).tril()
     image = visible.float().numpy()
-    ax.imshow(image, cmap=matplotlib.colors.ListedColormap(["#ffffff", "#8c959f"]), vmin=0, vmax=1,
-              interpolation="nearest", extent=(-0.5, n - 0.5, n - 0.5, -0.5))
+    ax.imshow(
+        image,
+        cmap=matplotlib.colors.ListedColormap(["#ffffff", "#8c959f"]),
+        vmin=0,
+        vmax=1,
+        interpolation="nearest",
+        extent=(-0.5, n - 0.5, n - 0.5, -0.5),
+    )
     tile_end = -(-n // case.block_m) * case.block_m
     if mask is not None and tile_end > n:  # the kernel's last tile reaches past Q: those rows load the mask as False
         ax.axhspan(n - 0.5, tile_end - 0.5, facecolor="#f6d5da", hatch="///", edgecolor="#d1495b", lw=0)
@@ -544,8 +611,9 @@ def plot_mechanism(results: Results, case: MaskCase, item: int = 0):
 
 def plot_sweep(result: SweepResult):
     """NaN rows in the replica over mask density x block size (the guard is finite everywhere)."""
-    return plot_nan_map(result, rows="density", cols="block", value="replica_nan_rows",
-                        title="replica: query rows with NaN lse (Q = 64)")
+    return plot_nan_map(
+        result, rows="density", cols="block", value="replica_nan_rows", title="replica: query rows with NaN lse (Q = 64)"
+    )
 
 
 def plot_nan_rows(density: float, block: int, seqlen: int, device=None):
@@ -559,8 +627,11 @@ def plot_nan_rows(density: float, block: int, seqlen: int, device=None):
     fig, (ax,) = _figure(1, 5.2, 5.0)
     _draw_mask(ax, case, observed)
     # P(a given row's first block is fully masked) = (1 - density) ** block_n, when the tile visits it
-    ax.set_title(f"density {density:g}, block {block}, Q=K={seqlen}: {int(observed.sum())} NaN rows\n"
-                 f"predicted {int(predicted.sum())}; (1-d)^block x Q = {(1 - density) ** block * seqlen:.1f}", fontsize=9)
+    ax.set_title(
+        f"density {density:g}, block {block}, Q=K={seqlen}: {int(observed.sum())} NaN rows\n"
+        f"predicted {int(predicted.sum())}; (1-d)^block x Q = {(1 - density) ** block * seqlen:.1f}",
+        fontsize=9,
+    )
     return fig
 
 
@@ -590,8 +661,12 @@ class Results:
         return [c for c in MASK_CASES if not self.get(c, "replica").all_finite]
 
     def summary(self) -> dict:
-        return {"runs": [r.summary() for r in self.runs.values()], "isfinite_error": self.isfinite_error,
-                "coverage": [vars(c) for c in self.coverage], "sweep": self.sweep.records}
+        return {
+            "runs": [r.summary() for r in self.runs.values()],
+            "isfinite_error": self.isfinite_error,
+            "coverage": [vars(c) for c in self.coverage],
+            "sweep": self.sweep.records,
+        }
 
 
 def reproduce(device=None) -> Results:
@@ -604,10 +679,16 @@ def reproduce(device=None) -> Results:
         predicted, observed = predict_nan_rows(case), observed_nan_rows(runs[(case.name, "replica")])
         predictions[case.name] = all(torch.equal(predicted[k], observed[k]) for k in ("lse", "out"))
     return Results(
-        runs=runs, nan_do=nan_do, nan_do_oracle_nonfinite={g: int((~torch.isfinite(nan_oracle[g])).sum()) for g in GRADS},
-        isfinite_error=patch_as_written_error(device), isfinite_in_triton=isfinite_exists(),
-        coverage=write_coverage(device), predictions=predictions,
-        sweep=verification_sweep(device), padded=padded_lesson(device), device=None if device is None else str(device),
+        runs=runs,
+        nan_do=nan_do,
+        nan_do_oracle_nonfinite={g: int((~torch.isfinite(nan_oracle[g])).sum()) for g in GRADS},
+        isfinite_error=patch_as_written_error(device),
+        isfinite_in_triton=isfinite_exists(),
+        coverage=write_coverage(device),
+        predictions=predictions,
+        sweep=verification_sweep(device),
+        padded=padded_lesson(device),
+        device=None if device is None else str(device),
     )
 
 
@@ -637,7 +718,10 @@ def _guard_everywhere(r: Results):
 @claims("seed configuration (1x256x1x64, causal, bf16, no mask): replica finite and within bound")
 def _seed_finite(r: Results):
     seed = r.get(SEED, "replica")
-    return seed.all_finite and seed.all_within, f"non-finite: {_counts(seed)}; worst {max(seed.error_ratio(n) for n in TENSORS):.2f} x bound"
+    return (
+        seed.all_finite and seed.all_within,
+        f"non-finite: {_counts(seed)}; worst {max(seed.error_ratio(n) for n in TENSORS):.2f} x bound",
+    )
 
 
 @claims("NaN rows are exactly those whose first visited key block is fully masked for them")
@@ -661,8 +745,9 @@ def _patch_finite(r: Results):
 
 @claims("patch-equivalent leaves out, lse and dq exactly as non-finite as the replica's")
 def _patch_untouched(r: Results):
-    same = sum(all(r.get(c, "patch").nonfinite(n) == r.get(c, "replica").nonfinite(n) for n in ("out", "lse", "dq"))
-               for c in r.failing())
+    same = sum(
+        all(r.get(c, "patch").nonfinite(n) == r.get(c, "replica").nonfinite(n) for n in ("out", "lse", "dq")) for c in r.failing()
+    )
     still = sum(r.get(c, "patch").nonfinite("dq") > 0 for c in r.failing())
     return same == len(r.failing()), f"{same}/{len(r.failing())} failing cases unchanged; dq still non-finite in {still}"
 
@@ -678,13 +763,18 @@ def _patch_swallows(r: Results):
     oracle_nan = r.nan_do_oracle_nonfinite["dv"]
     buggy, patched = r.nan_do["replica"], r.nan_do["patch"]
     holds = oracle_nan > 0 and buggy.nonfinite("dv") > 0 and patched.finite("dv")
-    return holds, f"non-finite dV: oracle {oracle_nan}, replica {buggy.nonfinite('dv')}, patch 0 of {patched.tensors['dv'].numel()}; patch dq {patched.nonfinite('dq')}"
+    return (
+        holds,
+        f"non-finite dV: oracle {oracle_nan}, replica {buggy.nonfinite('dv')}, patch 0 of {patched.tensors['dv'].numel()}; patch dq {patched.nonfinite('dq')}",
+    )
 
 
 @claims("every dk/dv row below seqlen_k is written: empty_like -> zeros_like changes nothing")
 def _coverage(r: Results):
     good = sum(c.all_rows_written and c.identical for c in r.coverage)
-    return good == len(r.coverage), f"{good}/{len(r.coverage)} configs (causal, K > Q, ragged) bit-identical under NaN-poisoned memory"
+    return good == len(
+        r.coverage
+    ), f"{good}/{len(r.coverage)} configs (causal, K > Q, ragged) bit-identical under NaN-poisoned memory"
 
 
 @claims("sweep over mask density x block size: replica NaN somewhere, guard always finite and within bound")
@@ -693,11 +783,16 @@ def _sweep(r: Results):
     nan = sum(p.get("replica_nonfinite_dv", 0) > 0 for p in points)
     good = sum(p["ok"] and p["guard_finite"] and p["guard_within"] for p in points)
     worst = max(p.get("guard_worst_ratio", math.inf) for p in points)
-    return nan > 0 and good == len(points), f"replica NaN dV in {nan}/{len(points)}; guard ok in {good}/{len(points)}, worst {worst:.2f} x bound"
+    return nan > 0 and good == len(
+        points
+    ), f"replica NaN dV in {nan}/{len(points)}; guard ok in {good}/{len(points)}, worst {worst:.2f} x bound"
 
 
 @claims("left-padded batch: replica NaN on real keys' dV; varlen_attention on the packed layout exact-zero padding, within bound")
 def _padded(r: Results):
     fixed = r.padded["fixed"]
     holds = r.padded["replica_dv_real_nan"] > 0 and fixed.padding_exactly_zero and fixed.real_within_bound and fixed.real_finite
-    return holds, f"replica: {r.padded['replica_dv_real_nan']}/{r.padded['real_keys']} real keys with NaN dV; fixed: padding zero {fixed.padding_exactly_zero}, within bound {fixed.real_within_bound}"
+    return (
+        holds,
+        f"replica: {r.padded['replica_dv_real_nan']}/{r.padded['real_keys']} real keys with NaN dV; fixed: padding zero {fixed.padding_exactly_zero}, within bound {fixed.real_within_bound}",
+    )

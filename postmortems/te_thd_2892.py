@@ -23,6 +23,7 @@ This module studies the whole contract the report is about, one part per functio
 
 `reproduce()` runs them all; `claims` checks the results; the tables and plots below show them.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,16 @@ from kernels.fp8 import FP8, FP8_MAX, plain_cast_e4m3, quantize_fp8_blockwise, q
 from workbench.bounds import ErrorCheck, error_check
 from workbench.health import GradientHealth
 from workbench.layout import Case, Fill, Region, cumulative, pack, unpad_thd
-from workbench.plots import FACE, INK, REGION_COLORS, SERIES, STYLE, attention_mask  # importing plots lets a cell ending with a Figure show it
-from workbench.postmortem import Claims, Link, Meta
+from workbench.plots import (
+    FACE,
+    INK,
+    REGION_COLORS,
+    SERIES,
+    STYLE,
+    attention_mask,
+)  # importing plots lets a cell ending with a Figure show it
 from workbench.poison import poisoned_memory
+from workbench.postmortem import Claims, Link, Meta
 from workbench.probe import ProbeRecord, grad_output, probe
 from workbench.reference import reference_attention
 from workbench.seqpar import BOUNDARIES, SeqParStudy, run_sequence_parallel
@@ -79,7 +87,9 @@ META = Meta(
 
 # TE's DotProductAttention docstring: [a a a 1 b b 2 2 c c c c 3] (digits are padding), i.e.
 # cu_seqlens_q = [0, 3, 5, 9] and cu_seqlens_q_padded = [0, 4, 8, 13].
-TE_DOCSTRING = Case(seqlens_q=(3, 2, 4), padded_q=(4, 4, 5), padded_k=(4, 4, 5), heads=2, head_dim=16, dtype="float16", causal=True, fill=Fill.NAN)
+TE_DOCSTRING = Case(
+    seqlens_q=(3, 2, 4), padded_q=(4, 4, 5), padded_k=(4, 4, 5), heads=2, head_dim=16, dtype="float16", causal=True, fill=Fill.NAN
+)
 
 # TE's test tolerances for its THD-with-padding tests (atol = rtol), by dtype.
 TE_TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 1.5e-2}
@@ -111,13 +121,21 @@ class RecipeResult:
         return all(c.within for c in self.checks.values())
 
 
-def te_case(seqlens: tuple[int, ...], *, dtype: str = "float16", causal: bool = True, heads: int = 2, head_dim: int = 32, seed: int = 0) -> tuple[Case, tuple[int, ...]]:
+def te_case(
+    seqlens: tuple[int, ...], *, dtype: str = "float16", causal: bool = True, heads: int = 2, head_dim: int = 32, seed: int = 0
+) -> tuple[Case, tuple[int, ...]]:
     """TE's layout: 0-3 padding rows appended to each sequence (drawn from `seed`), padding zeroed."""
     generator = torch.Generator().manual_seed(seed)
     pads = tuple(int(p) for p in torch.randint(0, 4, (len(seqlens),), generator=generator))
     case = Case(
-        seqlens_q=seqlens, padded_q=tuple(n + p for n, p in zip(seqlens, pads)),
-        heads=heads, head_dim=head_dim, dtype=dtype, causal=causal, seed=seed, fill=Fill.ZEROS,
+        seqlens_q=seqlens,
+        padded_q=tuple(n + p for n, p in zip(seqlens, pads)),
+        heads=heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        causal=causal,
+        seed=seed,
+        fill=Fill.ZEROS,
     )
     return case, pads
 
@@ -127,14 +145,30 @@ def _unpadded_attention(batch, dtype: torch.dtype, d_out: torch.Tensor) -> dict[
     cu_q, cu_k = batch.cu_seqlens_q, batch.cu_seqlens_k
     leaves = [
         unpad_thd(t.detach(), cu, pad).to(dtype).requires_grad_()
-        for t, cu, pad in ((batch.q, cu_q, batch.cu_seqlens_q_padded), (batch.k, cu_k, batch.cu_seqlens_k_padded), (batch.v, cu_k, batch.cu_seqlens_k_padded))
+        for t, cu, pad in (
+            (batch.q, cu_q, batch.cu_seqlens_q_padded),
+            (batch.k, cu_k, batch.cu_seqlens_k_padded),
+            (batch.v, cu_k, batch.cu_seqlens_k_padded),
+        )
     ]
-    out = reference_attention(*leaves, cu_q, cu_k, batch.max_seqlen_q, batch.max_seqlen_k, causal=batch.case.causal, compute_dtype=dtype)
+    out = reference_attention(
+        *leaves, cu_q, cu_k, batch.max_seqlen_q, batch.max_seqlen_k, causal=batch.case.causal, compute_dtype=dtype
+    )
     out.backward(unpad_thd(d_out, cu_q, batch.cu_seqlens_q_padded).to(dtype))
     return {"out": out.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
 
 
-def te_recipe(impl, seqlens: tuple[int, ...], *, dtype: str = "float16", causal: bool = True, heads: int = 2, head_dim: int = 32, seed: int = 0, device=None) -> RecipeResult:
+def te_recipe(
+    impl,
+    seqlens: tuple[int, ...],
+    *,
+    dtype: str = "float16",
+    causal: bool = True,
+    heads: int = 2,
+    head_dim: int = 32,
+    seed: int = 0,
+    device=None,
+) -> RecipeResult:
     """TE's own test of THD with padding between sequences, run on `impl`.
 
     Append 0-3 padding rows per sequence, zero padding rows of q, k, v and of the output
@@ -176,15 +210,23 @@ def workaround_call(batch, impl=varlen_attention):
     longest_q = int(batch.cu_seqlens_q_padded.diff().max())
     longest_k = int(batch.cu_seqlens_k_padded.diff().max())
     return impl(
-        batch.q, batch.k, batch.v, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded, longest_q, longest_k,
-        cu_seqlens_q_padded=batch.cu_seqlens_q_padded, cu_seqlens_k_padded=batch.cu_seqlens_k_padded, causal=batch.case.causal,
+        batch.q,
+        batch.k,
+        batch.v,
+        batch.cu_seqlens_q_padded,
+        batch.cu_seqlens_k_padded,
+        longest_q,
+        longest_k,
+        cu_seqlens_q_padded=batch.cu_seqlens_q_padded,
+        cu_seqlens_k_padded=batch.cu_seqlens_k_padded,
+        causal=batch.case.causal,
     )
 
 
 def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorCheck:
     """REAL-row output error of the workaround against the fp64 oracle of the correct contract."""
     batch = pack(case, device, requires_grad=False)
-    real = (batch.regions_q == Region.REAL)
+    real = batch.regions_q == Region.REAL
     oracle = batch.call(reference_attention).cpu()[real]
     baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype).cpu()[real]
     return error_check("out", workaround_call(batch, impl).cpu()[real], oracle, baseline, case.torch_dtype)
@@ -194,7 +236,15 @@ SWEEP_SEQLENS = (24, 40, 17, 31)
 PADDING_FRACTIONS = (0.0, 0.1, 0.2, 0.35, 0.5)
 
 
-def padding_case(fraction: float, *, causal: bool, seqlens: tuple[int, ...] = SWEEP_SEQLENS, align: int = 1, fill: Fill = Fill.ZEROS, **case_fields) -> Case:
+def padding_case(
+    fraction: float,
+    *,
+    causal: bool,
+    seqlens: tuple[int, ...] = SWEEP_SEQLENS,
+    align: int = 1,
+    fill: Fill = Fill.ZEROS,
+    **case_fields,
+) -> Case:
     """Sequences padded so that about `fraction` of every sequence's rows are padding, then
     each padded length rounded up to a multiple of `align` (FP8 alignment adds more).
 
@@ -206,7 +256,14 @@ def padding_case(fraction: float, *, causal: bool, seqlens: tuple[int, ...] = SW
     if align < 1:
         raise ValueError(f"align = {align} must be >= 1 (rows per alignment unit; 1 = no alignment).")
     padded = tuple(-(-(n + round(fraction * n / (1.0 - fraction))) // align) * align for n in seqlens)
-    return Case(seqlens_q=seqlens, padded_q=padded, padded_k=padded, causal=causal, fill=fill, **{"heads": 2, "head_dim": 16, **case_fields})
+    return Case(
+        seqlens_q=seqlens,
+        padded_q=padded,
+        padded_k=padded,
+        causal=causal,
+        fill=fill,
+        **{"heads": 2, "head_dim": 16, **case_fields},
+    )
 
 
 def workaround_sweep(impl, fractions=PADDING_FRACTIONS, **case_fields) -> dict[bool, list[tuple[float, ErrorCheck]]]:
@@ -265,7 +322,19 @@ def tail_blind(attention):
     requirement). Real rows stay exact: the damage is only what is not written.
     """
 
-    def tail_blind_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, **kwargs):
+    def tail_blind_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_k_padded=None,
+        **kwargs,
+    ):
         total, end_q, end_k = q.shape[0], int(cu_seqlens_q[-1]), int(cu_seqlens_k[-1])
         q, k, v = _Truncate.apply(q, end_q), _Truncate.apply(k, end_k), _Truncate.apply(v, end_k)
         out = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
@@ -333,8 +402,16 @@ def train_bidirectional(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, Tr
         task, generator = SyntheticTask(seed=seed), torch.Generator().manual_seed(seed)
         return [mask_tokens(task.batch(lengths, align=ALIGN), mask_token, MASK_RATE, generator) for lengths in seqlens]
 
-    eval_batch = mask_tokens(SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN), mask_token, MASK_RATE, torch.Generator().manual_seed(seed + 1))
-    return {name: train(name, batches(), eval_batch, config=config, workaround=name == "workaround")[0] for name in ("correct", "workaround")}
+    eval_batch = mask_tokens(
+        SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN),
+        mask_token,
+        MASK_RATE,
+        torch.Generator().manual_seed(seed + 1),
+    )
+    return {
+        name: train(name, batches(), eval_batch, config=config, workaround=name == "workaround")[0]
+        for name in ("correct", "workaround")
+    }
 
 
 # -- 3. FP8 blockwise: scales from REAL rows vs from every row ----------------------------------
@@ -394,9 +471,14 @@ def cast_study(device=None) -> dict:
         cu = cumulative([rows.shape[0]], x.device)
         ours, torchs = quantize_fp8_blockwise(rows, cu), quantize_reference(rows, cu)
         found[name] = {
-            "x": x.cpu(), "torch": torch_cast, "triton": triton_cast, "quantizer": ours.data.float().cpu().flatten(),
+            "x": x.cpu(),
+            "torch": torch_cast,
+            "triton": triton_cast,
+            "quantizer": ours.data.float().cpu().flatten(),
             "triton_differs": float((triton_cast != torch_cast).float().mean()),
-            "quantizer_matches": bool(torch.equal(ours.data.float(), torchs.data.float()) and torch.equal(ours.scale, torchs.scale)),
+            "quantizer_matches": bool(
+                torch.equal(ours.data.float(), torchs.data.float()) and torch.equal(ours.scale, torchs.scale)
+            ),
         }
     return found
 
@@ -417,7 +499,9 @@ def seqpar_study(device=None, world_size: int = 2) -> SeqParStudy:
     batch = SyntheticTask(seed=2).batch(SEQPAR_SEQLENS, align=ALIGN)
     with torch.no_grad():
         x = model.embed(batch.tokens)
-    return run_sequence_parallel(model.blocks[0], x, batch.cu_seqlens, batch.cu_seqlens_padded, world_size=world_size, device=device)
+    return run_sequence_parallel(
+        model.blocks[0], x, batch.cu_seqlens, batch.cu_seqlens_padded, world_size=world_size, device=device
+    )
 
 
 # -- 5. RoPE positions: padded layout vs real boundaries --------------------------------------------
@@ -470,12 +554,24 @@ def rope_study(case: Case = ROPE_CASE, device=None) -> RopeStudy:
         real = slice(start, start + end - begin)
         consistent &= torch.equal(from_padded[real], torch.arange(end - begin))
         got = from_real[real]
-        kind = "exact" if torch.equal(got, from_padded[real]) else "shifted" if torch.equal(got - got[0], torch.arange(end - begin)) else "restarted"
+        kind = (
+            "exact"
+            if torch.equal(got, from_padded[real])
+            else "shifted"
+            if torch.equal(got - got[0], torch.arange(end - begin))
+            else "restarted"
+        )
         check = error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype)
         sequences.append(RopeSequence(i, end - begin, int(got[0]), kind, check))
     real = batch.regions_q == Region.REAL
-    return RopeStudy(case, from_padded, from_real, consistent, tuple(sequences),
-                     error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype))
+    return RopeStudy(
+        case,
+        from_padded,
+        from_real,
+        consistent,
+        tuple(sequences),
+        error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype),
+    )
 
 
 # -- the study as a whole ------------------------------------------------------------------------------
@@ -528,41 +624,69 @@ def _ratio(check: ErrorCheck) -> str:
 
 def workaround_table(results: dict) -> str:
     sweep = results["workaround_sweep"]
-    rows = [[f"{f:.2f}", _ratio(nc), "yes" if nc.within else "NO", _ratio(c), "yes" if c.within else "NO"]
-            for (f, nc), (_, c) in zip(sweep[False], sweep[True])]
+    rows = [
+        [f"{f:.2f}", _ratio(nc), "yes" if nc.within else "NO", _ratio(c), "yes" if c.within else "NO"]
+        for (f, nc), (_, c) in zip(sweep[False], sweep[True])
+    ]
     return _table(["padding", "non-causal error", "within", "causal error", "within"], rows)
 
 
 def training_table(results: dict) -> str:
     runs = [(f"causal LM: {name}", run) for name, (run, _) in results["training"].items()]
     runs += [(f"bidirectional: {name}", run) for name, run in results["bidirectional"].items()]
-    rows = [[name, f"{run.losses[0]:.3f}", f"{run.final_loss:.3f}", f"{math.exp(run.final_loss):.2f}" if math.isfinite(run.final_loss) else "nan",
-             f"{run.eval_loss:.3f}"] for name, run in runs]
+    rows = [
+        [
+            name,
+            f"{run.losses[0]:.3f}",
+            f"{run.final_loss:.3f}",
+            f"{math.exp(run.final_loss):.2f}" if math.isfinite(run.final_loss) else "nan",
+            f"{run.eval_loss:.3f}",
+        ]
+        for name, run in runs
+    ]
     return _table(["run", "first loss", "final loss", "final ppl", "held-out loss (correct contract)"], rows)
 
 
 def fp8_table(results: dict) -> str:
-    rows = [[fill, scales, f"{check.error:.3g}", f"{check.bound:.3g}", "yes" if check.within else "NO"] for (fill, scales), check in results["fp8"].items()]
+    rows = [
+        [fill, scales, f"{check.error:.3g}", f"{check.bound:.3g}", "yes" if check.within else "NO"]
+        for (fill, scales), check in results["fp8"].items()
+    ]
     return _table(["padding holds", "scales from", "REAL-row error", "FP8 bound", "within"], rows)
 
 
 def cast_table(results: dict) -> str:
     found = results["cast"]["values"]
     n = len(CAST_VALUES)
-    rows = [[f"{x:g}", f"{t:g}", f"{tr:g}", f"{q:g}"] for x, t, tr, q in zip(*(found[k][:n].tolist() for k in ("x", "torch", "triton", "quantizer")))]
+    rows = [
+        [f"{x:g}", f"{t:g}", f"{tr:g}", f"{q:g}"]
+        for x, t, tr, q in zip(*(found[k][:n].tolist() for k in ("x", "torch", "triton", "quantizer")))
+    ]
     return _table(["fp32 value", "torch .to(e4m3)", "Triton x.to(tl.float8e4nv)", "our quantizer"], rows)
 
 
 def seqpar_table(results: dict) -> str:
     study = results["seqpar"]
-    rows = [[f"{BOUNDARIES[r.size_from]}[-1]", "ours" if r.validate else "none", str(r.rows), "-" if r.out is None else str(tuple(r.out.shape)),
-             str(r.exact), (r.error or "")[:90]] for r in study.runs]
+    rows = [
+        [
+            f"{BOUNDARIES[r.size_from]}[-1]",
+            "ours" if r.validate else "none",
+            str(r.rows),
+            "-" if r.out is None else str(tuple(r.out.shape)),
+            str(r.exact),
+            (r.error or "")[:90],
+        ]
+        for r in study.runs
+    ]
     return _table(["all-gather sized from", "check", "rows", "output", "== one process", "error (rank 0)"], rows)
 
 
 def rope_table(results: dict) -> str:
     study = results["rope"]
-    rows = [[str(s.index), str(s.length), str(s.offset), s.kind, _ratio(s.check), "yes" if s.check.within else "NO"] for s in study.sequences]
+    rows = [
+        [str(s.index), str(s.length), str(s.offset), s.kind, _ratio(s.check), "yes" if s.check.within else "NO"]
+        for s in study.sequences
+    ]
     return _table(["sequence", "real tokens", "first position", "real-boundary positions", "attention error", "within"], rows)
 
 
@@ -581,7 +705,13 @@ def plot_workaround_sweep(results: dict):
     with matplotlib.rc_context(STYLE):
         for k, causal in enumerate((False, True)):
             points = results["workaround_sweep"][causal]
-            ax.plot([f for f, _ in points], [c.error / c.bound for _, c in points], "o-", color=SERIES[k], label="causal" if causal else "non-causal")
+            ax.plot(
+                [f for f, _ in points],
+                [c.error / c.bound for _, c in points],
+                "o-",
+                color=SERIES[k],
+                label="causal" if causal else "non-causal",
+            )
         ax.axhline(1.0, color=INK, ls="--", lw=1, label="bound")
         ax.set_yscale("log")
         ax.set_xlabel("padding fraction of every sequence")
@@ -597,13 +727,29 @@ def plot_training(results: dict):
     with matplotlib.rc_context(STYLE):
         for k, (name, (run, _)) in enumerate(results["training"].items()):
             losses = torch.tensor(run.losses)
-            causal.plot(torch.where(losses.isfinite(), losses, torch.nan), lw=1.2, ls=("-", "--", ":", "-")[k], color=SERIES[k], label=name)
+            causal.plot(
+                torch.where(losses.isfinite(), losses, torch.nan),
+                lw=1.2,
+                ls=("-", "--", ":", "-")[k],
+                color=SERIES[k],
+                label=name,
+            )
             if not losses.isfinite().all():
                 first = int((~losses.isfinite()).nonzero()[0])
-                causal.annotate(f"{name}: NaN from step {first}", (first, run.losses[0]), xytext=(8, 0), textcoords="offset points", fontsize=8, color=SERIES[k])
+                causal.annotate(
+                    f"{name}: NaN from step {first}",
+                    (first, run.losses[0]),
+                    xytext=(8, 0),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color=SERIES[k],
+                )
         for k, (name, run) in enumerate(results["bidirectional"].items()):
             bidirectional.plot(run.losses, lw=1.2, color=SERIES[k], label=f"{name} (final {run.final_loss:.3f})")
-        for ax, title in ((causal, "causal LM: the workaround's curve lies exactly under the correct one"), (bidirectional, "bidirectional, masked tokens: padding keys visible")):
+        for ax, title in (
+            (causal, "causal LM: the workaround's curve lies exactly under the correct one"),
+            (bidirectional, "bidirectional, masked tokens: padding keys visible"),
+        ):
             ax.set_xlabel("step")
             ax.set_ylabel("training loss")
             ax.set_title(title, loc="left")
@@ -625,7 +771,14 @@ def plot_fp8(results: dict):
                 else:
                     ax.bar(x, 10.0, 0.36, color=REGION_COLORS[Region.TAIL], alpha=0.35, hatch="xx", label="NaN" if k else None)
                     ax.text(x, 1.0, "NaN", ha="center", rotation=90, fontsize=8)
-            ax.hlines([results["fp8"][(f, "real")].bound for f in fills], [i - 0.45 for i in range(len(fills))], [i + 0.45 for i in range(len(fills))], colors=INK, linestyles="--", lw=1)
+            ax.hlines(
+                [results["fp8"][(f, "real")].bound for f in fills],
+                [i - 0.45 for i in range(len(fills))],
+                [i + 0.45 for i in range(len(fills))],
+                colors=INK,
+                linestyles="--",
+                lw=1,
+            )
         ax.set_yscale("log")
         ax.set_xticks(range(len(fills)), [f"padding: {f}" for f in fills])
         ax.set_ylabel("max REAL-row error vs fp64")
@@ -658,7 +811,11 @@ def plot_rope(results: dict):
     return fig
 
 
-EXPLORER_SEQLENS = {"TE docstring (3, 2, 4)": (3, 2, 4), "mixed (24, 40, 17, 31)": SWEEP_SEQLENS, "seed (100, 150, 120, 130)": (100, 150, 120, 130)}
+EXPLORER_SEQLENS = {
+    "TE docstring (3, 2, 4)": (3, 2, 4),
+    "mixed (24, 40, 17, 31)": SWEEP_SEQLENS,
+    "seed (100, 150, 120, 130)": (100, 150, 120, 130),
+}
 
 
 def plot_workaround_layout(seqlens: str, align: int, fraction: float, causal: bool):
@@ -678,7 +835,14 @@ def plot_workaround_layout(seqlens: str, align: int, fraction: float, causal: bo
     padding = 1 - sum(case.seqlens_q) / batch.q.shape[0]
     with matplotlib.rc_context(STYLE):
         left.grid(False)
-        left.imshow(mask.numpy(), cmap=matplotlib.colors.ListedColormap([FACE, "#1f3b63", REGION_COLORS[Region.TAIL]]), vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+        left.imshow(
+            mask.numpy(),
+            cmap=matplotlib.colors.ListedColormap([FACE, "#1f3b63", REGION_COLORS[Region.TAIL]]),
+            vmin=0,
+            vmax=2,
+            interpolation="nearest",
+            aspect="auto",
+        )
         left.set_xlabel("key row")
         left.set_ylabel("query row")
         left.set_title("visible under the workaround (red: padding keys)", loc="left")
@@ -690,7 +854,12 @@ def plot_workaround_layout(seqlens: str, align: int, fraction: float, causal: bo
         right.set_ylabel("|out - oracle| (REAL rows)")
         right.set_title(f"max error {check.error:.3g}: {'within' if check.within else 'ABOVE'} bound", loc="left")
         right.legend()
-        fig.suptitle(f"{seqlens}, align {align}, {'causal' if causal else 'non-causal'}: padding is {padding:.0%} of rows", x=0.01, ha="left", fontsize=10)
+        fig.suptitle(
+            f"{seqlens}, align {align}, {'causal' if causal else 'non-causal'}: padding is {padding:.0%} of rows",
+            x=0.01,
+            ha="left",
+            fontsize=10,
+        )
     return fig
 
 
@@ -699,19 +868,29 @@ def plot_workaround_layout(seqlens: str, align: int, fraction: float, causal: bo
 claims = Claims()
 
 
-@claims("fixed kernel on TE's docstring layout: padded output shape, padding rows exactly 0 in out/dq/dk/dv, REAL rows within bound")
+@claims(
+    "fixed kernel on TE's docstring layout: padded output shape, padding rows exactly 0 in out/dq/dk/dv, REAL rows within bound"
+)
 def _layout(r: dict):
     record = r["layout"]
     shape = tuple(record.tensors["out"].shape)
     holds = shape == (13, 2, 16) and record.padding_exactly_zero and record.real_finite and record.real_within_bound
     worst = max(c.ratio for c in record.errors.values())
-    return holds, f"out {shape} for cu_seqlens_q_padded[-1] = 13; padding zero {record.padding_exactly_zero} (NaN inputs, poisoned memory); worst {worst:.2f} x PyTorch"
+    return (
+        holds,
+        f"out {shape} for cu_seqlens_q_padded[-1] = 13; padding zero {record.padding_exactly_zero} (NaN inputs, poisoned memory); worst {worst:.2f} x PyTorch",
+    )
 
 
-@claims("TE's own THD padding test (0-3 padding rows per sequence, unpadded reference): fixed kernel passes TE's fp16 tolerance and our bound")
+@claims(
+    "TE's own THD padding test (0-3 padding rows per sequence, unpadded reference): fixed kernel passes TE's fp16 tolerance and our bound"
+)
 def _recipe(r: dict):
     result = r["recipe"]
-    return result.te_passes and result.within_bound and result.padding_max_abs == 0.0, f"pads {result.pads}; TE margin max {max(result.te_error.values()):.2g} <= {result.te_tolerance:g}; padding max |x| {result.padding_max_abs:g}"
+    return (
+        result.te_passes and result.within_bound and result.padding_max_abs == 0.0,
+        f"pads {result.pads}; TE margin max {max(result.te_error.values()):.2g} <= {result.te_tolerance:g}; padding max |x| {result.padding_max_abs:g}",
+    )
 
 
 @claims("workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it")
@@ -721,7 +900,9 @@ def _workaround_noncausal(r: dict):
     errors = [c.error for c in padded]
     kernel = r["workaround_kernel"][False]
     holds = points[0][1].within and not any(c.within for c in padded) and errors == sorted(errors) and not kernel.within
-    return holds, "errors " + ", ".join(f"{f:.2f}: {c.error:.3f}" for f, c in points) + f"; fixed kernel at {WORKAROUND_FRACTION}: {kernel.error:.3f}"
+    return holds, "errors " + ", ".join(
+        f"{f:.2f}: {c.error:.3f}" for f, c in points
+    ) + f"; fixed kernel at {WORKAROUND_FRACTION}: {kernel.error:.3f}"
 
 
 @claims("workaround, causal attention with padding at each sequence's end: REAL rows within the bound at every fraction")
@@ -729,10 +910,14 @@ def _workaround_causal(r: dict):
     points = r["workaround_sweep"][True]
     kernel = r["workaround_kernel"][True]
     worst = max(c.ratio for _, c in points)
-    return all(c.within for _, c in points) and kernel.within, f"worst {worst:.2f} x PyTorch over {len(points)} fractions; fixed kernel {kernel.ratio:.2f} x"
+    return all(
+        c.within for _, c in points
+    ) and kernel.within, f"worst {worst:.2f} x PyTorch over {len(points)} fractions; fixed kernel {kernel.ratio:.2f} x"
 
 
-@claims("causal LM trained with the workaround: loss identical to the correct run at every step (the issue's 'ends above' does not hold here)")
+@claims(
+    "causal LM trained with the workaround: loss identical to the correct run at every step (the issue's 'ends above' does not hold here)"
+)
 def _training_causal(r: dict):
     correct, workaround = (r["training"][name][0] for name in TRAINING_RUNS[:2])
     return workaround.losses == correct.losses, f"{len(correct.losses)} steps, final loss {correct.final_loss:.4f} both"
@@ -745,22 +930,38 @@ def _training_bidirectional(r: dict):
     gaps = [w - c for c, w in zip(correct.losses[half:], workaround.losses[half:])]
     mean_gap = sum(gaps) / len(gaps)
     holds = workaround.final_loss > correct.final_loss and mean_gap > 0
-    return holds, f"final loss {workaround.final_loss:.3f} vs {correct.final_loss:.3f}; second half: workaround higher on {sum(g > 0 for g in gaps)}/{len(gaps)} steps, by {mean_gap:.3f} on average"
+    return (
+        holds,
+        f"final loss {workaround.final_loss:.3f} vs {correct.final_loss:.3f}; second half: workaround higher on {sum(g > 0 for g in gaps)}/{len(gaps)} steps, by {mean_gap:.3f} on average",
+    )
 
 
-@claims("padding only at the end through a tail-blind backend (TE#3331) in poisoned memory: NaN gradients at the first step, NaN loss after it")
+@claims(
+    "padding only at the end through a tail-blind backend (TE#3331) in poisoned memory: NaN gradients at the first step, NaN loss after it"
+)
 def _tail_blind(r: dict):
     end, blind = (r["training"][name] for name in TRAINING_RUNS[2:])
     chain = blind[1].causal_chain()
     losses = blind[0].losses
-    holds = math.isfinite(end[0].final_loss) and math.isfinite(losses[0]) and all(math.isnan(x) for x in losses[1:]) and chain.origin is not None and chain.origin.step == 0
-    return holds, f"correct backend final loss {end[0].final_loss:.4f}; tail-blind: first non-finite gradient at step {chain.origin.step if chain else '-'} in {chain.first_parameter}"
+    holds = (
+        math.isfinite(end[0].final_loss)
+        and math.isfinite(losses[0])
+        and all(math.isnan(x) for x in losses[1:])
+        and chain.origin is not None
+        and chain.origin.step == 0
+    )
+    return (
+        holds,
+        f"correct backend final loss {end[0].final_loss:.4f}; tail-blind: first non-finite gradient at step {chain.origin.step if chain else '-'} in {chain.first_parameter}",
+    )
 
 
 @claims("FP8 scales from REAL rows: REAL-row error within the FP8 bound whatever the padding holds")
 def _fp8_real(r: dict):
     checks = {fill: c for (fill, scales), c in r["fp8"].items() if scales == "real"}
-    return all(c.within for c in checks.values()), ", ".join(f"{fill}: {c.error:.3f} <= {c.bound:.3f}" for fill, c in checks.items())
+    return all(c.within for c in checks.values()), ", ".join(
+        f"{fill}: {c.error:.3f} <= {c.bound:.3f}" for fill, c in checks.items()
+    )
 
 
 @claims("FP8 scales from all rows: a huge padding row rounds real tokens to 0, a NaN row makes them NaN")
@@ -768,16 +969,23 @@ def _fp8_all(r: dict):
     huge, nan = r["fp8"][("huge", "all")], r["fp8"][("nan", "all")]
     garbage = r["fp8"].get(("garbage", "all"))
     extra = f"; ~1e4 garbage stays in e4m3's range: {garbage.error:.3f}" if garbage else ""
-    return huge.ratio > 10 * huge.factor and math.isnan(nan.error), f"huge: error {huge.error:.3g} ({huge.error / huge.bound:.0f} x bound); NaN: error {nan.error}{extra}"
+    return huge.ratio > 10 * huge.factor and math.isnan(
+        nan.error
+    ), f"huge: error {huge.error:.3g} ({huge.error / huge.bound:.0f} x bound); NaN: error {nan.error}{extra}"
 
 
-@claims("fp32 -> e4m3: Triton's own cast differs from torch's only under the interpreter; our quantizer's explicit rounding matches torch")
+@claims(
+    "fp32 -> e4m3: Triton's own cast differs from torch's only under the interpreter; our quantizer's explicit rounding matches torch"
+)
 def _cast(r: dict):
     values, sample = r["cast"]["values"], r["cast"]["sample"]
     differs = values["triton_differs"] > 0 and sample["triton_differs"] > 0
     holds = differs == INTERPRETED and values["quantizer_matches"] and sample["quantizer_matches"]
     where = "interpreted" if INTERPRETED else "native"
-    return holds, f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}"
+    return (
+        holds,
+        f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}",
+    )
 
 
 @claims("sequence parallel, 2 ranks: all-gather sized from cu_seqlens_padded reproduces the single-process layer exactly")
@@ -790,8 +998,13 @@ def _seqpar_padded(r: dict):
 def _seqpar_real(r: dict):
     study = r["seqpar"]
     checked, raw = study.run("real"), study.run("real", validate=False)
-    clear = all(e and e.startswith("SizingError") and "cu_seqlens[-1]" in e and "cu_seqlens_padded[-1]" in e for e in checked.errors)
-    return clear and raw.out is None, f"{checked.rows} real rows vs {study.layout_rows} in the layout; unchecked, torch says: {raw.error.split(':', 1)[0] if raw.error else 'nothing'}"
+    clear = all(
+        e and e.startswith("SizingError") and "cu_seqlens[-1]" in e and "cu_seqlens_padded[-1]" in e for e in checked.errors
+    )
+    return (
+        clear and raw.out is None,
+        f"{checked.rows} real rows vs {study.layout_rows} in the layout; unchecked, torch says: {raw.error.split(':', 1)[0] if raw.error else 'nothing'}",
+    )
 
 
 @claims("RoPE positions from cu_seqlens_padded (Megatron-Core MLA): every sequence's real tokens get 0..len-1")
@@ -800,8 +1013,16 @@ def _rope_padded(r: dict):
     return study.consistent, f"{len(study.sequences)} sequences, {int(study.from_padded.numel())} rows"
 
 
-@claims("RoPE positions from cu_seqlens on a padded layout: a restart inside a sequence corrupts attention; a constant shift does not")
+@claims(
+    "RoPE positions from cu_seqlens on a padded layout: a restart inside a sequence corrupts attention; a constant shift does not"
+)
 def _rope_real(r: dict):
     kinds = {kind: [s for s in r["rope"].sequences if s.kind == kind] for kind in ("restarted", "shifted")}
-    holds = bool(kinds["restarted"]) and not any(s.check.within for s in kinds["restarted"]) and all(s.check.within for s in kinds["shifted"])
-    return holds, "; ".join(f"{kind}: " + ", ".join(f"seq {s.index} {s.check.ratio:.3g} x" for s in seqs) for kind, seqs in kinds.items())
+    holds = (
+        bool(kinds["restarted"])
+        and not any(s.check.within for s in kinds["restarted"])
+        and all(s.check.within for s in kinds["shifted"])
+    )
+    return holds, "; ".join(
+        f"{kind}: " + ", ".join(f"seq {s.index} {s.check.ratio:.3g} x" for s in seqs) for kind, seqs in kinds.items()
+    )

@@ -9,6 +9,7 @@ of that mechanism (`kernels.replicas.torch_varlen`) on any machine, and through 
 `reproduce()` returns a `Results`; `claims` checks it. Everything the notebook shows comes from
 here, so `workbench repro torch-varlen-176793` reaches the same verdicts without Jupyter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,10 @@ import json
 import math
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -68,8 +70,14 @@ CPU_SCALE = 8  # the Triton interpreter studies the seed's layout 8x smaller: (1
 
 # Inputs' padding rows hold zeros: every NaN the replica returns comes from memory, not data.
 STUDY = Case(
-    seqlens_q=tuple(n // CPU_SCALE for n in SEED_SEQLENS), tail_q=2, tail_k=2,
-    heads=2, head_dim=32, dtype="float16", fill=Fill.ZEROS, seed=176793,
+    seqlens_q=tuple(n // CPU_SCALE for n in SEED_SEQLENS),
+    tail_q=2,
+    tail_k=2,
+    heads=2,
+    head_dim=32,
+    dtype="float16",
+    fill=Fill.ZEROS,
+    seed=176793,
 )
 # The NaN map's grid, kept small for the interpreter: trailing rows (q and k alike) on its x axis
 # (2: the seed's, 64: a whole block of the replica), sequence lengths on y.
@@ -83,7 +91,6 @@ CASES = tuple(STUDY.with_(seqlens_q=layout, tail_q=pad, tail_k=pad) for layout i
     GPU_CASE.with_(tail_q=pad, tail_k=pad) for pad in GPU_PADS
 )
 GPU_PREFILL_MB = 256  # NaN blocks left in the CUDA caching allocator before poisoned runs
-
 
 
 def torch_style(varlen_fn: Callable, name: str) -> Callable:
@@ -272,7 +279,15 @@ def compile_fullgraph(varlen_fn: Callable, batch) -> dict[str, Any]:
 
 def cuda_graph_capture(varlen_fn: Callable, batch) -> dict[str, Any]:
     """Can a forward of torch-style `varlen_fn` be captured in a CUDA graph? Replays once if so."""
-    args = (batch.q.detach(), batch.k.detach(), batch.v.detach(), batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
+    args = (
+        batch.q.detach(),
+        batch.k.detach(),
+        batch.v.detach(),
+        batch.cu_seqlens_q,
+        batch.cu_seqlens_k,
+        batch.max_seqlen_q,
+        batch.max_seqlen_k,
+    )
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside capture: compilation, allocator pools
@@ -332,8 +347,13 @@ def probe_point(case: Case, impl: str, device: str | torch.device | None = None)
 def run_sweep(device: str | torch.device | None = None, progress: bool = False) -> SweepResult:
     """LAYOUTS x PADS x (replica, fixed, oracle): the NaN map's grid, STUDY among its points."""
     return sweep(
-        functools.partial(probe_point, device=device), base=STUDY, progress=progress, desc="NaN map",
-        seqlens_q=list(LAYOUTS), tail_q=list(PADS), impl=list(IMPLS),
+        functools.partial(probe_point, device=device),
+        base=STUDY,
+        progress=progress,
+        desc="NaN map",
+        seqlens_q=list(LAYOUTS),
+        tail_q=list(PADS),
+        impl=list(IMPLS),
     )
 
 
@@ -352,6 +372,7 @@ def nan_map(result: SweepResult):
 
 def explorer(result: SweepResult):
     """Sliders over trailing pad and sequence lengths (and the implementation): per-token norms."""
+
     def frame(tail_q: int, seqlens_q: tuple[int, ...], impl: str):
         return plot_token_norms(record_at(result, impl, seqlens_q, tail_q))
 
@@ -397,7 +418,12 @@ def training(steps: int = 2) -> TrainingStudy:
     with poisoned_memory():
         for name in ("replica", "fixed"):
             runs[name], monitors[name] = train(
-                name, batches, eval_batch, config=TRAIN_CONFIG, attention=TRAIN_ATTENTION[name], monitor_factory=GradientHealth,
+                name,
+                batches,
+                eval_batch,
+                config=TRAIN_CONFIG,
+                attention=TRAIN_ATTENTION[name],
+                monitor_factory=GradientHealth,
             )
             monitors[name].close()
         model = TinyLM(TRAIN_CONFIG, TRAIN_ATTENTION["replica"])
@@ -425,8 +451,12 @@ class Results:
 def reproduce(device: str | torch.device | None = None) -> Results:
     with poisoned_memory():
         corrected = corrected_repro(
-            replica_varlen_attn, seqlens=STUDY.seqlens_q, heads=STUDY.heads, head_dim=STUDY.head_dim,
-            dtype=STUDY.torch_dtype, device=device,
+            replica_varlen_attn,
+            seqlens=STUDY.seqlens_q,
+            heads=STUDY.heads,
+            head_dim=STUDY.head_dim,
+            dtype=STUDY.torch_dtype,
+            device=device,
         )
     return Results(
         seed=seed_input_problems(),
@@ -454,11 +484,24 @@ def fixes_table(results: Results, gpu_record: dict[str, Any] | None = None) -> s
     rows = [
         ("", "proposed check (PRs #186786/#188933)", "fixed kernel (ours)"),
         (f"{STUDY.tail_q} trailing rows (legal)", (check.rejects_tail["error"] or "passes")[:60], f"{fixed_tail}, {fixed_real}"),
-        ("no trailing rows", "passes" if check.accepts_no_tail["ok"] else check.accepts_no_tail["error"][:60], "same kernel, same contract"),
+        (
+            "no trailing rows",
+            "passes" if check.accepts_no_tail["ok"] else check.accepts_no_tail["error"][:60],
+            "same kernel, same contract",
+        ),
         ("host sync per call", "yes: cu_seq_q[-1].item()", "none with validate=False"),
-        ("torch.compile(fullgraph=True)", "compiles" if compile_["replica + proposed check"]["ok"] else compile_["replica + proposed check"]["error"][:60],
-         "compiles" if compile_["fixed kernel, validate=False"]["ok"] else compile_["fixed kernel, validate=False"]["error"][:60]),
-        ("CUDA graph capture", outcome(graphs.get("varlen_attn + proposed check")), outcome(graphs.get("fixed kernel, validate=False"))),
+        (
+            "torch.compile(fullgraph=True)",
+            "compiles" if compile_["replica + proposed check"]["ok"] else compile_["replica + proposed check"]["error"][:60],
+            "compiles"
+            if compile_["fixed kernel, validate=False"]["ok"]
+            else compile_["fixed kernel, validate=False"]["error"][:60],
+        ),
+        (
+            "CUDA graph capture",
+            outcome(graphs.get("varlen_attn + proposed check")),
+            outcome(graphs.get("fixed kernel, validate=False")),
+        ),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     return "\n".join(f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}".rstrip() for r in rows)
@@ -475,7 +518,9 @@ def _seed_shapes(r: Results):
     p = r.seed
     two_d = all(d == 2 for d in p["dims"].values())
     unequal = len({shape[1] for shape in p["shapes"].values()}) > 1
-    evidence = ", ".join(f"{n} {p['shapes'][n]}" for n in "qkv") + f" {p['dtype']}; contract: {str(p['contract_error']).split(':')[0]}"
+    evidence = (
+        ", ".join(f"{n} {p['shapes'][n]}" for n in "qkv") + f" {p['dtype']}; contract: {str(p['contract_error']).split(':')[0]}"
+    )
     return two_d and unequal and p["contract_error"] is not None, evidence
 
 
@@ -492,19 +537,27 @@ def _replica_tail(r: Results):
     rec = r.at("replica")
     tail = {t: rec.nonfinite[t]["TAIL"] for t in ("out",) + GRADS}
     holds = all(n > 0 for n in tail.values()) and rec.real_finite and rec.real_within_bound
-    return holds, "TAIL non-finite " + ", ".join(f"{t} {n}" for t, n in tail.items()) + f"; REAL within bound: {rec.real_within_bound}"
+    return holds, "TAIL non-finite " + ", ".join(
+        f"{t} {n}" for t, n in tail.items()
+    ) + f"; REAL within bound: {rec.real_within_bound}"
 
 
 @claims("replica: no TAIL rows, no symptom; every trailing pad > 0 gives non-finite TAIL rows in out, dq, dk, dv")
 def _replica_map(r: Results):
     points = [(p["tail_q"], p["record"]) for p in r.sweep.where(impl="replica")]
     clean = sum(rec.nonfinite_in("TAIL") == 0 and rec.real_finite for pad, rec in points if pad == 0)
-    broken = sum(all(rec.nonfinite[t]["TAIL"] > 0 for t in ("out",) + GRADS) and rec.real_finite for pad, rec in points if pad > 0)
+    broken = sum(
+        all(rec.nonfinite[t]["TAIL"] > 0 for t in ("out",) + GRADS) and rec.real_finite for pad, rec in points if pad > 0
+    )
     n0 = sum(pad == 0 for pad, _ in points)
-    return clean == n0 and broken == len(points) - n0, f"pad 0 clean {clean}/{n0}; pad > 0 non-finite TAIL {broken}/{len(points) - n0}"
+    return clean == n0 and broken == len(
+        points
+    ) - n0, f"pad 0 clean {clean}/{n0}; pad > 0 non-finite TAIL {broken}/{len(points) - n0}"
 
 
-@claims("fixed kernel: TAIL rows of out and all gradients exactly zero, REAL rows within the relative bound of the oracle, at every sweep point")
+@claims(
+    "fixed kernel: TAIL rows of out and all gradients exactly zero, REAL rows within the relative bound of the oracle, at every sweep point"
+)
 def _fixed_sweep(r: Results):
     points = [p["record"] for p in r.sweep.where(impl="fixed")]
     good = sum(rec.padding_exactly_zero and rec.real_within_bound for rec in points)
@@ -518,13 +571,22 @@ def _check_rejects(r: Results):
     fixed = r.at("fixed")  # the same layout, in the sweep
     fixed_ok = fixed.padding_exactly_zero and fixed.real_within_bound
     holds = error.startswith("ValueError") and c.accepts_no_tail["ok"] and fixed_ok
-    return holds, f"{STUDY.tail_q} TAIL rows: the check raises {error.split(':')[0]}; fixed kernel TAIL exactly 0, REAL within bound: {fixed_ok}"
+    return (
+        holds,
+        f"{STUDY.tail_q} TAIL rows: the check raises {error.split(':')[0]}; fixed kernel TAIL exactly 0, REAL within bound: {fixed_ok}",
+    )
 
 
-@claims("the check's .item() breaks torch.compile(fullgraph=True); without it (replica, fixed kernel with validate=False) the call compiles")
+@claims(
+    "the check's .item() breaks torch.compile(fullgraph=True); without it (replica, fixed kernel with validate=False) the call compiles"
+)
 def _check_compile(r: Results):
     c = r.check.compile
-    holds = not c["replica + proposed check"]["ok"] and c["replica (as upstream: no check)"]["ok"] and c["fixed kernel, validate=False"]["ok"]
+    holds = (
+        not c["replica + proposed check"]["ok"]
+        and c["replica (as upstream: no check)"]["ok"]
+        and c["fixed kernel, validate=False"]["ok"]
+    )
     return holds, "; ".join(f"{name}: {'compiles' if o['ok'] else o['error'].split(':')[0]}" for name, o in c.items())
 
 
@@ -535,7 +597,10 @@ def _training_loss(r: Results):
     replica_losses, fixed_losses = r.training.runs["replica"].losses, r.training.runs["fixed"].losses
     first_nan = next((i for i, x in enumerate(replica_losses) if not math.isfinite(x)), None)
     holds = first_nan is not None and 0 < first_nan and all(math.isfinite(x) for x in fixed_losses)
-    return holds, f"replica loss non-finite from step {first_nan} of {len(replica_losses)}; fixed: {sum(map(math.isfinite, fixed_losses))}/{len(fixed_losses)} finite"
+    return (
+        holds,
+        f"replica loss non-finite from step {first_nan} of {len(replica_losses)}; fixed: {sum(map(math.isfinite, fixed_losses))}/{len(fixed_losses)} finite",
+    )
 
 
 @claims("the health monitor names the first non-finite gradient and the NaN tracer names the replica's forward op")
@@ -547,7 +612,10 @@ def _training_diagnosis(r: Results):
     names_op = culprit is not None and culprit.phase == "forward" and "torch_varlen_fwd" in culprit.op
     clean = not r.training.monitors["fixed"].causal_chain()
     op = f"{culprit.op} in {culprit.module or '<no module>'}" if culprit else "none"
-    return first is not None and names_op and clean, f"first non-finite gradient: {first}; culprit op: {op}; fixed run: no non-finite value"
+    return (
+        first is not None and names_op and clean,
+        f"first non-finite gradient: {first}; culprit op: {op}; fixed run: no non-finite value",
+    )
 
 
 # -- on a GPU: torch's own varlen_attn, recorded ----------------------------------------------
@@ -558,7 +626,9 @@ def _probe_data(record) -> dict[str, Any]:
     return {
         "nonfinite": record.nonfinite,
         "max_abs": record.max_abs,
-        "errors": {n: {"error": e.error, "bound": e.bound, "within": e.within, "ratio": e.ratio} for n, e in record.errors.items()},
+        "errors": {
+            n: {"error": e.error, "bound": e.bound, "within": e.within, "ratio": e.ratio} for n, e in record.errors.items()
+        },
         "real_within_bound": record.real_within_bound,
         "padding_exactly_zero": record.padding_exactly_zero,
         "forward_s": record.forward_s,
@@ -583,7 +653,9 @@ def _memory(poisoned: bool, prefill_mb: int):
     return poisoned_memory(cuda_prefill_mb=prefill_mb) if poisoned else contextlib.nullcontext()
 
 
-def probe_points(impls: dict[str, Callable], case: Case, pads: tuple[int, ...], *, device, prefill_mb: int = 0) -> Iterator[dict[str, Any]]:
+def probe_points(
+    impls: dict[str, Callable], case: Case, pads: tuple[int, ...], *, device, prefill_mb: int = 0
+) -> Iterator[dict[str, Any]]:
     """Yields one JSON-ready point per (poisoned, pad, impl), then each impl's REAL-row agreement
     with "fixed". Unpoisoned points come first: poisoning leaves NaN in the allocator's cache.
     A point that raises is yielded with its error: the run goes on.
@@ -603,8 +675,12 @@ def probe_points(impls: dict[str, Callable], case: Case, pads: tuple[int, ...], 
                 yield point
             if "fixed" in records:
                 for name in records.keys() - {"fixed"}:
-                    yield {"impl": f"{name} vs fixed", "pad": pad, "poisoned": poisoned,
-                           "real_max_abs_diff": _real_agreement(records[name], records["fixed"])}
+                    yield {
+                        "impl": f"{name} vs fixed",
+                        "pad": pad,
+                        "poisoned": poisoned,
+                        "real_max_abs_diff": _real_agreement(records[name], records["fixed"]),
+                    }
 
 
 def record_gpu_run(path: str | Path, *, pads: tuple[int, ...] = GPU_PADS, prefill_mb: int = GPU_PREFILL_MB) -> dict[str, Any]:
@@ -622,8 +698,10 @@ def record_gpu_run(path: str | Path, *, pads: tuple[int, ...] = GPU_PADS, prefil
     path.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {
         "postmortem": META.id,
-        "command": f"python -m {__spec__.name if __spec__ else __name__} --record {path}" + ("" if pads == GPU_PADS else f" --pads {' '.join(map(str, pads))}"),
-        "provenance": provenance() | {"cuda": torch.version.cuda, "capability": ".".join(map(str, torch.cuda.get_device_capability()))},
+        "command": f"python -m {__spec__.name if __spec__ else __name__} --record {path}"
+        + ("" if pads == GPU_PADS else f" --pads {' '.join(map(str, pads))}"),
+        "provenance": provenance()
+        | {"cuda": torch.version.cuda, "capability": ".".join(map(str, torch.cuda.get_device_capability()))},
         "varlen_attn_signature": upstream_signature(),
         "case": GPU_CASE.to_dict(),
         "pads": list(pads),
@@ -668,8 +746,14 @@ def gpu_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
 def gpu_table(record: dict[str, Any]) -> str:
     """One line per (poisoned, pad, impl): non-finite counts and peak |x| in TAIL rows, the REAL
     rows' verdict against the fp64 oracle, and the largest REAL-row difference from our kernel."""
-    agreement = {(p["pad"], p["poisoned"], p["impl"].split(" vs ")[0]): p["real_max_abs_diff"] for p in record["points"] if " vs " in p["impl"]}
-    lines = [f"{'poisoned':>8} {'pad':>4}  {'impl':<11}  {'TAIL non-finite out/dq/dk/dv':<28}  {'TAIL max|x|':>11}  {'REAL vs fp64':<12}  REAL vs fixed"]
+    agreement = {
+        (p["pad"], p["poisoned"], p["impl"].split(" vs ")[0]): p["real_max_abs_diff"]
+        for p in record["points"]
+        if " vs " in p["impl"]
+    }
+    lines = [
+        f"{'poisoned':>8} {'pad':>4}  {'impl':<11}  {'TAIL non-finite out/dq/dk/dv':<28}  {'TAIL max|x|':>11}  {'REAL vs fp64':<12}  REAL vs fixed"
+    ]
     for p in record["points"]:
         if " vs " in p["impl"]:
             continue
@@ -687,8 +771,12 @@ def gpu_table(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=f"{META.id}: record a GPU run of torch's varlen_attn.")
-    parser.add_argument("--record", metavar="FILE", required=True, help="JSON file to write, e.g. data/gpu/torch-varlen-176793-h200.json")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__name__}", description=f"{META.id}: record a GPU run of torch's varlen_attn."
+    )
+    parser.add_argument(
+        "--record", metavar="FILE", required=True, help="JSON file to write, e.g. data/gpu/torch-varlen-176793-h200.json"
+    )
     parser.add_argument("--pads", type=int, nargs="+", default=list(GPU_PADS), help="trailing rows to probe")
     args = parser.parse_args(argv)
     try:

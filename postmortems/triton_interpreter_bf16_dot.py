@@ -10,6 +10,7 @@ The study (`study()`) runs in one mode, the interpreter or native, and returns p
 data; `reproduce()` always includes the interpreter's answer (a child process on a GPU box) and,
 on a GPU, the native one. Tables and plots for the notebook are built here from those results.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,9 +18,10 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -67,7 +69,9 @@ REPRODUCTION = "reproduction"  # single_block_attention as a user's kernel would
 WORKAROUND = "reproduction + upcast"
 FIXED = "fixed kernel"
 TIMING_REPEATS = 2
-RECORD_COMMAND = "workbench repro triton-interpreter-bf16-dot --device cuda --record data/gpu/triton-interpreter-bf16-dot-<gpu>.json"
+RECORD_COMMAND = (
+    "workbench repro triton-interpreter-bf16-dot --device cuda --record data/gpu/triton-interpreter-bf16-dot-<gpu>.json"
+)
 
 
 def _attention_row(impl: str, record) -> dict[str, Any]:
@@ -182,7 +186,9 @@ def cost_table(results: dict[str, Any]) -> str:
         seconds = run["forward_seconds"]
         upcast = run["detector"]["bf16_dot_is_broken"]
         for dtype, s in seconds.items():
-            lines.append(f"{mode:<12} {dtype:<9} {s * 1e3:>8.1f} ms  {s / seconds['float16']:>6.2f}x  {dtype == 'bfloat16' and upcast}")
+            lines.append(
+                f"{mode:<12} {dtype:<9} {s * 1e3:>8.1f} ms  {s / seconds['float16']:>6.2f}x  {dtype == 'bfloat16' and upcast}"
+            )
     return "\n".join(lines)
 
 
@@ -190,7 +196,9 @@ def compiled_table(results: dict[str, Any]) -> str:
     lines = []
     for flag, c in results["compiled"].items():
         lines.append(f"upcast {flag:<3} sm_{c['arch']}: {c['dot']}")
-        lines.append(f"           widening conversions {c['conversions']}, tensor-core ops {c['mma'] or 'none'}, scalar fp32 FMAs per thread {c['fma']}")
+        lines.append(
+            f"           widening conversions {c['conversions']}, tensor-core ops {c['mma'] or 'none'}, scalar fp32 FMAs per thread {c['fma']}"
+        )
     return "\n".join(lines)
 
 
@@ -279,7 +287,10 @@ def _probe_flags_it(results):
     others = [_row(results, REPRODUCTION, dtype) for dtype in ("float32", "float16")]
     out = raw["errors"]["out"]
     holds = raw["real_finite"] and not raw["real_within_bound"] and all(r["real_within_bound"] for r in others)
-    return holds, f"bf16 REAL rows finite, out error {_decade(out['error'])} vs bound {_decade(out['bound'])}; fp32 and fp16 within bound"
+    return (
+        holds,
+        f"bf16 REAL rows finite, out error {_decade(out['error'])} vs bound {_decade(out['bound'])}; fp32 and fp16 within bound",
+    )
 
 
 @claims("our kernels are within the bound of the oracle in bf16 under the interpreter")

@@ -1,8 +1,10 @@
 """Shared test settings: bounded hypothesis runs so the suite fits CI's budget."""
+
 # `kernels` first: without CUDA it switches Triton to the interpreter, which must happen before
 # any test module imports triton.language (else tl.* stay compiled-mode functions).
-import kernels  # noqa: F401
 from hypothesis import HealthCheck, settings
+
+import kernels  # noqa: F401
 
 # The Triton interpreter is slow and timing on shared CI machines is noisy: no deadlines,
 # few examples. `HYPOTHESIS_PROFILE=thorough` runs many more (e.g. natively on a GPU).
@@ -24,15 +26,15 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-PLANTED_BUG = '''from workbench import reference_attention
+PLANTED_BUG = """from workbench import reference_attention
 
 
 def varlen_attention(q, *args, **kwargs):
     # Planted bug: a reduction over every row lets NaN padding reach every output.
     return reference_attention(q, *args, **kwargs) + 0 * q.sum()
-'''
-FAST_FIX = '''from workbench import reference_attention as varlen_attention
-'''
+"""
+FAST_FIX = """from workbench import reference_attention as varlen_attention
+"""
 
 
 def make_project(root: Path, name: str | None = None):

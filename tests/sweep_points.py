@@ -1,4 +1,5 @@
 """Module-level sweep functions: spawned worker processes import them from here."""
+
 import os
 
 

@@ -4,6 +4,7 @@ Implementations here are the fp64 oracle with one planted bug each (fast: no int
 fakes with the exact signatures of torch's varlen_attn (2.10 and 2.11), FlashAttention's
 flash_attn_varlen_func, a TransformerEngine THD call and a BSHD + mask callable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,11 +25,35 @@ from workbench.malformed import CATALOGUE, base_args, split_call
 BY_ID = {c.id: c for c in CATALOGUE}
 
 
-def oracle(q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None, validate=False):
+def oracle(
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    *,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_k_padded=None,
+    causal=False,
+    scale=None,
+    validate=False,
+):
     """The oracle in q's dtype; validate=False: like most kernels, it trusts its metadata."""
     return reference_attention(
-        q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_seqlens_q_padded,
-        cu_seqlens_k_padded=cu_seqlens_k_padded, causal=causal, scale=scale, validate=validate,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_k_padded,
+        causal=causal,
+        scale=scale,
+        validate=validate,
     ).to(q.dtype)
 
 
@@ -52,8 +77,8 @@ def gap_unwritten(q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded=None
     layout = _layout(cu_q, cu_seqlens_q_padded)
     keep = torch.zeros(q.shape[0], dtype=torch.bool)
     for i, (a, b) in enumerate(zip(cu_q.tolist(), cu_q[1:].tolist())):
-        keep[int(layout[i]): int(layout[i]) + b - a] = True
-    keep[int(layout[-1]):] = True
+        keep[int(layout[i]) : int(layout[i]) + b - a] = True
+    keep[int(layout[-1]) :] = True
     return torch.where(keep[:, None, None], out, torch.empty_like(out))
 
 
@@ -70,9 +95,17 @@ def top_left_causal(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, **kw):
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for i in range(len(cq) - 1):
         lq, lk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
-        one = oracle(q[cq[i]:cq[i + 1]], k[ck[i]:ck[i] + min(lq, lk)], v[ck[i]:ck[i] + min(lq, lk)],
-                     torch.tensor([0, lq], dtype=torch.int32), torch.tensor([0, min(lq, lk)], dtype=torch.int32), lq, lk, causal=True)
-        out = torch.cat([out[:cq[i]], one, out[cq[i + 1]:]])
+        one = oracle(
+            q[cq[i] : cq[i + 1]],
+            k[ck[i] : ck[i] + min(lq, lk)],
+            v[ck[i] : ck[i] + min(lq, lk)],
+            torch.tensor([0, lq], dtype=torch.int32),
+            torch.tensor([0, min(lq, lk)], dtype=torch.int32),
+            lq,
+            lk,
+            causal=True,
+        )
+        out = torch.cat([out[: cq[i]], one, out[cq[i + 1] :]])
     return out
 
 
@@ -130,22 +163,55 @@ def varlen_attn_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, retu
     return oracle(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal=window_size == (-1, 0), scale=scale)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
-                           causal=False, window_size=(-1, -1), alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
     """flash-attn 2's signature, computed by the oracle, trusting its metadata as FA does."""
     assert dropout_p == 0.0
     out = oracle(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=softmax_scale)
     return (out, None, None) if return_attn_probs else out
 
 
-def te_dot_product_attention(query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, cu_seqlens_q=None,
-                             cu_seqlens_kv=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, max_seqlen_q=None,
-                             max_seqlen_kv=None, attn_mask_type=None, window_size=None):
+def te_dot_product_attention(
+    query_layer,
+    key_layer,
+    value_layer,
+    attention_mask=None,
+    qkv_format=None,
+    cu_seqlens_q=None,
+    cu_seqlens_kv=None,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_kv_padded=None,
+    max_seqlen_q=None,
+    max_seqlen_kv=None,
+    attn_mask_type=None,
+    window_size=None,
+):
     """DotProductAttention.forward's keywords; THD output flattened to (tokens, heads * dim), as TE returns it."""
     assert qkv_format == "thd" and attn_mask_type in ("padding", "padding_causal_bottom_right"), attn_mask_type
     out = reference_attention(
-        query_layer, key_layer, value_layer, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_kv_padded,
+        query_layer,
+        key_layer,
+        value_layer,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        max_seqlen_q,
+        max_seqlen_kv,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_k_padded=cu_seqlens_kv_padded,
         causal=attn_mask_type == "padding_causal_bottom_right",
     ).to(query_layer.dtype)
     return out.flatten(1)
@@ -153,7 +219,9 @@ def te_dot_product_attention(query_layer, key_layer, value_layer, attention_mask
 
 def sdpa_bshd(q, k, v, mask):
     """The textbook padded-batch attention: SDPA with a boolean mask (NaN on fully masked rows)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None], enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None], enable_gqa=True
+    )
     return out.transpose(1, 2)
 
 
@@ -162,7 +230,9 @@ def sdpa_bshd_guarded(q, k, v, mask):
     seen_keys, live_rows = mask.any(1)[:, :, None, None], mask.any(-1)[:, :, None, None]
     q, k, v = torch.where(live_rows, q, 0), torch.where(seen_keys, k, 0), torch.where(seen_keys, v, 0)
     safe = mask | ~mask.any(-1, keepdim=True)  # fully masked rows attend anything, then are zeroed
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=safe[:, None], enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=safe[:, None], enable_gqa=True
+    )
     return out.transpose(1, 2) * live_rows
 
 
@@ -195,7 +265,9 @@ def test_torch_varlen_on_cpu_is_not_applicable_with_the_reason():
 def _runnable_here(name: str):
     """The adapter as it is, except the CUDA-only limit: fakes of CUDA-only functions run on CPU."""
     adapter = ADAPTERS[name]
-    return dataclasses.replace(adapter, lacks=lambda fn, device: {k: v for k, v in adapter.lacks_for(fn, device).items() if k != "run"})
+    return dataclasses.replace(
+        adapter, lacks=lambda fn, device: {k: v for k, v in adapter.lacks_for(fn, device).items() if k != "run"}
+    )
 
 
 def test_torch_210_adapter_finds_the_tail_bug_and_knows_what_210_lacks():
@@ -215,7 +287,9 @@ def test_torch_210_adapter_finds_the_tail_bug_and_knows_what_210_lacks():
 
 def test_torch_211_adapter_passes_causal_as_a_window_and_scale_by_keyword():
     CALLS.clear()
-    report = audit(varlen_attn_211, _runnable_here("torch-varlen"), budget=0, dtype="float16", checks=["causal-unequal", "tail-rows"])
+    report = audit(
+        varlen_attn_211, _runnable_here("torch-varlen"), budget=0, dtype="float16", checks=["causal-unequal", "tail-rows"]
+    )
     assert report.verdicts() == {"causal-unequal": "pass", "tail-rows": "pass"}
     assert {"window_size": (-1, 0), "scale": None} in CALLS
     positional, _ = split_call(base_args(padded=False, kv_heads=4))
@@ -258,15 +332,32 @@ def test_a_user_adapter_in_a_few_lines():
     def self_attention(x_q, x_k, x_v, boundaries, longest, causal):
         return oracle(x_q, x_k, x_v, boundaries, boundaries, longest, longest, causal=causal)
 
-    @register_adapter("test-self-attention", lacks={"unequal": "self-attention only: one cu_seqlens", "padded": "no padded layout"})
+    @register_adapter(
+        "test-self-attention", lacks={"unequal": "self-attention only: one cu_seqlens", "padded": "no padded layout"}
+    )
     def wrap(fn):
-        def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+        def call(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            *,
+            cu_seqlens_q_padded=None,
+            cu_seqlens_k_padded=None,
+            causal=False,
+            scale=None,
+        ):
             return fn(q, k, v, cu_seqlens_q, max_seqlen_q, causal)
 
         return call
 
     try:
-        report = audit(self_attention, "test-self-attention", budget=10, checks=["real-accuracy", "causal-unequal", "tail-rows", "gqa"])
+        report = audit(
+            self_attention, "test-self-attention", budget=10, checks=["real-accuracy", "causal-unequal", "tail-rows", "gqa"]
+        )
         assert report.verdicts() == {"real-accuracy": "pass", "causal-unequal": "n/a", "tail-rows": "pass", "gqa": "pass"}
         assert report.result("causal-unequal").evidence == "self-attention only: one cu_seqlens"
         assert report.fuzz.tried == 10 and not report.fuzz.failures
@@ -286,13 +377,17 @@ def _raises(exc):
     return impl
 
 
-@pytest.mark.parametrize("impl, outcome", [
-    (_raises(ValueError("cu_seqlens_k is not monotonic")), Outcome.CLEAR),
-    (_raises(ValueError("bad metadata")), Outcome.VAGUE),
-    (_raises(IndexError("index 9 is out of bounds")), Outcome.CRASH),
-    (lambda q, *a, **kw: torch.full_like(q, math.nan), Outcome.SILENT_NAN),
-    (lambda q, *a, **kw: torch.zeros_like(q), Outcome.SILENT_WRONG),
-], ids=["clear", "vague", "crash", "silent-nan", "silent-wrong"])
+@pytest.mark.parametrize(
+    "impl, outcome",
+    [
+        (_raises(ValueError("cu_seqlens_k is not monotonic")), Outcome.CLEAR),
+        (_raises(ValueError("bad metadata")), Outcome.VAGUE),
+        (_raises(IndexError("index 9 is out of bounds")), Outcome.CRASH),
+        (lambda q, *a, **kw: torch.full_like(q, math.nan), Outcome.SILENT_NAN),
+        (lambda q, *a, **kw: torch.zeros_like(q), Outcome.SILENT_WRONG),
+    ],
+    ids=["clear", "vague", "crash", "silent-nan", "silent-wrong"],
+)
 def test_campaign_classifies_what_an_implementation_does(impl, outcome):
     adapted = adapt(impl, "contract")
     assert classify(adapted, BY_ID["cu-decreasing"], base_args())[0] is outcome
@@ -317,15 +412,33 @@ def test_campaign_of_our_kernel_is_all_clear_errors():
 
 def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
     record = tmp_path / "audit.json"
-    assert main(["audit", "workbench:reference_attention", "--budget", "3", "--checks", "real-accuracy,bad-input", "--record", str(record)]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "workbench:reference_attention",
+                "--budget",
+                "3",
+                "--checks",
+                "real-accuracy,bad-input",
+                "--record",
+                str(record),
+            ]
+        )
+        == 0
+    )
     data = json.loads(record.read_text())
     assert data["passed"] and data["fuzz"]["tried"] == 3 and data["provenance"]["torch"] == torch.__version__
-    assert [c["name"] for c in data["checks"]] == ["real-accuracy", "bad-input"] and len(data["checks"][1]["rows"]) == len(CATALOGUE)
+    assert [c["name"] for c in data["checks"]] == ["real-accuracy", "bad-input"] and len(data["checks"][1]["rows"]) == len(
+        CATALOGUE
+    )
     assert "PASSED" in capsys.readouterr().out
 
     assert main(["audit", "test_audit:tail_unwritten", "--adapter", "contract", "--budget", "0", "--checks", "tail-rows"]) == 1
     assert "FAILED: tail-rows" in capsys.readouterr().out
-    assert main(["audit", "torch.nn.attention.varlen:varlen_attn", "--device", "cpu", "--budget", "0", "--checks", "tail-rows"]) == 2
+    assert (
+        main(["audit", "torch.nn.attention.varlen:varlen_attn", "--device", "cpu", "--budget", "0", "--checks", "tail-rows"]) == 2
+    )
     assert main(["audit", "no_such_module_xyz:f"]) == 2
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
     assert main(["audit", "workbench:reference_attention", "--checks", "tail-rows,nope"]) == 2

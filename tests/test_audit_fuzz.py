@@ -1,16 +1,17 @@
 """The audit's layout fuzzer: what it draws, how it shrinks, and 200 layouts of our kernel."""
+
 from __future__ import annotations
 
 import random
 import time
 
 import pytest
+from test_audit import tail_unwritten, varlen_attn_210
 
 import kernels
-from workbench.audit import adapt, fuzz
 from workbench import Case, pack, probe
+from workbench.audit import adapt, fuzz
 from workbench.audit.fuzz import PROFILES, candidates, random_case, run_layout, size
-from test_audit import tail_unwritten, varlen_attn_210
 
 
 def test_layouts_are_seeded_and_stay_within_what_the_adapter_can_express():
@@ -20,7 +21,7 @@ def test_layouts_are_seeded_and_stay_within_what_the_adapter_can_express():
     rng = random.Random(0)
     cases = [random_case(rng, full, PROFILES["tiny"]) for _ in range(400)]
     assert all(c.total_rows("q") and c.total_rows("k") for c in cases)
-    seen = lambda pred: sum(bool(pred(c)) for c in cases)  # noqa: E731
+    seen = lambda pred: sum(bool(pred(c)) for c in cases)
     assert seen(lambda c: c.padded_q is not None) and seen(lambda c: c.tail_q) and seen(lambda c: c.kv_heads)
     assert seen(lambda c: 0 in c.seqlens_q) and seen(lambda c: 1 in c.seqlens_q) and seen(lambda c: c.seqlens_k is not None)
     assert seen(lambda c: c.causal) and len({c.fill for c in cases}) == 6 and len({c.dtype for c in cases}) == 3
@@ -46,7 +47,9 @@ def test_shrinking_reaches_a_local_minimum_that_still_fails():
 def test_reproduction_snippet_runs_and_shows_the_failure(capsys):
     result = fuzz(adapt(tail_unwritten, "contract"), 10, seed=3)
     snippet = result.failures[0].snippet
-    assert 'adapt("test_audit:tail_unwritten", adapter="contract", device="cpu")' in snippet and "case = Case(seqlens_q=" in snippet
+    assert (
+        'adapt("test_audit:tail_unwritten", adapter="contract", device="cpu")' in snippet and "case = Case(seqlens_q=" in snippet
+    )
     exec(compile(snippet, "<snippet>", "exec"), {})
     assert "tail-rows: out:" in capsys.readouterr().out
 
@@ -81,4 +84,7 @@ def test_workers_split_the_same_layouts_and_find_the_same_failures():
     leaky = adapt(tail_unwritten, "contract")
     with pytest.raises(ValueError, match="workers > 1 needs an importable target"):
         fuzz(adapt(lambda *a, **k: None, "contract"), 4, workers=2)
-    assert fuzz(leaky, 8, seed=3).failing_layouts == fuzz(adapt("test_audit:tail_unwritten", "contract"), 8, seed=3, workers=2).failing_layouts
+    assert (
+        fuzz(leaky, 8, seed=3).failing_layouts
+        == fuzz(adapt("test_audit:tail_unwritten", "contract"), 8, seed=3, workers=2).failing_layouts
+    )

@@ -1,4 +1,5 @@
 """`workbench audit` on our own kernel: every check holds (the default audit, fuzzer apart)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """`workbench audit --notebook`: the written notebook executes, builds into the site and passes nbval."""
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,11 @@ def test_audit_notebook_executes_builds_and_passes_nbval(project, tmp_path):
 
     nb = nbformat.read(path, as_version=4)
     printed = _output(nb)
-    for line in ("HOLDS    check tail-rows: FAIL", "HOLDS    check gap-rows: pass", "HOLDS    case 'fuzz tail-rows' still fails tail-rows"):
+    for line in (
+        "HOLDS    check tail-rows: FAIL",
+        "HOLDS    check gap-rows: pass",
+        "HOLDS    case 'fuzz tail-rows' still fails tail-rows",
+    ):
         assert line in printed
     assert sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])) == 2  # one plot per case
     assert nb.cells[-1].source.startswith("# NBVAL_CHECK_OUTPUT")
@@ -51,9 +56,23 @@ def test_audit_notebook_executes_builds_and_passes_nbval(project, tmp_path):
     assert [p.file for p in pages] == ["audit-tail.html"] and (tmp_path / "site" / "audit-tail.html").exists()
 
     nbval = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
-         "--nbval-sanitize-with", str(ROOT / "tests" / "nbval-sanitize.cfg"), str(path)],
-        cwd=project.root, env={**os.environ, "PYTHONPATH": str(project.root)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "--nbval-sanitize-with",
+            str(ROOT / "tests" / "nbval-sanitize.cfg"),
+            str(path),
+        ],
+        cwd=project.root,
+        env={**os.environ, "PYTHONPATH": str(project.root)},
+        capture_output=True,
+        text=True,
     )
     assert nbval.returncode == 0, nbval.stdout[-3000:]
 

@@ -4,6 +4,7 @@
 Run against the committed records (whatever run they hold) and against edited copies under
 tmp_path; a live audit of a planted TAIL bug checks that a record prints exactly like its report.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,11 +93,19 @@ def test_fuzz_summary_reports_the_recorded_counts(records_copy):
     for record in load_audit_records(records_copy):
         fuzzed = record["fuzz"]
         line = fuzz_summary(record)
-        assert f"{fuzzed['tried']} layouts ({fuzzed['profile']} profile" in line and f"; {fuzzed['failing_layouts']} failing" in line
+        assert (
+            f"{fuzzed['tried']} layouts ({fuzzed['profile']} profile" in line and f"; {fuzzed['failing_layouts']} failing" in line
+        )
         assert f"{fuzzed['tried'] / fuzzed['seconds']:.1f} layouts/s" in line
         assert ("stopped early: " + fuzzed["stopped_early"] in line) == bool(fuzzed["stopped_early"])
 
-    fuzzed = {**load_audit_records(records_copy)[0]["fuzz"], "tried": 5000, "seconds": 100.0, "failing_layouts": 0, "stopped_early": ""}
+    fuzzed = {
+        **load_audit_records(records_copy)[0]["fuzz"],
+        "tried": 5000,
+        "seconds": 100.0,
+        "failing_layouts": 0,
+        "stopped_early": "",
+    }
     line = fuzz_summary(_edit(records_copy, "audit-kernels.json", fuzz=fuzzed))
     assert "5000 layouts" in line and "50.0 layouts/s" in line and line.endswith("; 0 failing")
     assert fuzz_summary(_edit(records_copy, "audit-kernels.json", fuzz=None)) == "fuzzer: not run"
@@ -104,8 +113,14 @@ def test_fuzz_summary_reports_the_recorded_counts(records_copy):
 
 def test_fuzz_failure_gives_the_shrunk_case_of_a_check(records_copy):
     case = Case(seqlens_q=(1,), tail_k=1, heads=1, head_dim=64, dtype="bfloat16")
-    failure = {"check": "tail-rows", "evidence": "dk: 64 non-finite values in 1 TAIL rows", "case": case.to_dict(),
-               "original": case.to_dict(), "shrink_probes": 3, "snippet": "# tail-rows"}
+    failure = {
+        "check": "tail-rows",
+        "evidence": "dk: 64 non-finite values in 1 TAIL rows",
+        "case": case.to_dict(),
+        "original": case.to_dict(),
+        "shrink_probes": 3,
+        "snippet": "# tail-rows",
+    }
     fuzzed = {**load_audit_records(records_copy)[0]["fuzz"], "failures": [failure]}
     record = _edit(records_copy, "audit-kernels.json", fuzz=fuzzed)
     assert Case(**fuzz_failure(record, "tail-rows")["case"]) == case  # JSON lists and fill names rebuild the Case

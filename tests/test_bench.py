@@ -1,11 +1,11 @@
 """The benchmark's accounting (the timing itself needs CUDA and runs on the GPU machine)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kernels import default_device
-
 from workbench.bench import Row, Timing, Workload, format_table, long_tailed_lengths, run_benchmark, workloads
 from workbench.layout import Case
 
@@ -123,12 +123,26 @@ def test_targets_judge_the_worst_configuration():
     from workbench.bench import format_targets, targets
 
     rows = [
-        Row("8x2048 d128", "ours", Timing(1.0, 2.0, 300.0), ratios={
-            "torch varlen_attn": 1.5, "torch varlen_attn (fwd)": 1.4,
-            "SDPA dense (cuDNN)": 0.7, "SDPA dense (cuDNN) (fwd)": 0.5,
-            "SDPA dense (flash)": 1.1, "SDPA dense (flash) (fwd)": 1.0}),
+        Row(
+            "8x2048 d128",
+            "ours",
+            Timing(1.0, 2.0, 300.0),
+            ratios={
+                "torch varlen_attn": 1.5,
+                "torch varlen_attn (fwd)": 1.4,
+                "SDPA dense (cuDNN)": 0.7,
+                "SDPA dense (cuDNN) (fwd)": 0.5,
+                "SDPA dense (flash)": 1.1,
+                "SDPA dense (flash) (fwd)": 1.0,
+            },
+        ),
         Row("8x2048 d128", "torch varlen_attn", Timing(1.4, 3.0, 400.0)),
-        Row("16k long-tail d128", "ours", Timing(1.0, 2.0, 500.0), ratios={"torch varlen_attn": 1.2, "torch varlen_attn (fwd)": 1.0}),
+        Row(
+            "16k long-tail d128",
+            "ours",
+            Timing(1.0, 2.0, 500.0),
+            ratios={"torch varlen_attn": 1.2, "torch varlen_attn (fwd)": 1.0},
+        ),
         Row("16k long-tail d128", "torch varlen_attn", Timing(1.0, 2.4, 400.0)),
         Row("16k long-tail padded", "ours", Timing(1.0, 2.02, 500.0)),
     ]
@@ -156,7 +170,9 @@ def test_kernel_times_attribute_a_class_to_its_first_workload():
     rows = [Row(first, "ours", Timing(0.5, 2.0, 1.0)), Row(second, "ours", Timing(0.5, 2.0, 1.0))]
     times = kernel_times(to_record(rows, "cmd", tiles))
     assert list(times) == [first]  # the short-docs batch falls in the same class, timed on the first
-    assert times[first] == pytest.approx({"forward kernel": 0.25, "forward op": 0.5, "all kernels": 0.95, "forward+backward op": 2.0})
+    assert times[first] == pytest.approx(
+        {"forward kernel": 0.25, "forward op": 0.5, "all kernels": 0.95, "forward+backward op": 2.0}
+    )
 
 
 def test_host_times_compare_our_host_time_with_the_gpu_time_and_varlen_attn():

@@ -6,6 +6,7 @@ resolves, every image renders, the tag filter filters, and moving an explorer sl
 the plot. Live: JupyterLab on localhost runs a scaffolded post-mortem notebook, and moving the
 explorer's slider redraws the plot from the kernel.
 """
+
 import functools
 import http.server
 import json
@@ -118,8 +119,13 @@ def test_index_loads_clean_and_filters_by_tag(browser, site):
     tags = [t for t in page.eval_on_selector_all(".wb-tag-filter", "bs => bs.map(b => b.dataset.tag)") if t]
     for tag in tags:
         page.click(f'.wb-tag-filter[data-tag="{tag}"]')
-        shown = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]:not([hidden])", "rs => rs.map(r => JSON.parse(r.dataset.tags))")
-        expected = page.eval_on_selector_all("table.wb-postmortems tbody tr[data-tags]", f"rs => rs.filter(r => JSON.parse(r.dataset.tags).includes({json.dumps(tag)})).length")
+        shown = page.eval_on_selector_all(
+            "table.wb-postmortems tbody tr[data-tags]:not([hidden])", "rs => rs.map(r => JSON.parse(r.dataset.tags))"
+        )
+        expected = page.eval_on_selector_all(
+            "table.wb-postmortems tbody tr[data-tags]",
+            f"rs => rs.filter(r => JSON.parse(r.dataset.tags).includes({json.dumps(tag)})).length",
+        )
         assert shown and all(tag in row_tags for row_tags in shown) and len(shown) == expected, tag
         assert urllib.parse.unquote(page.url.partition("#tag=")[2]) == tag
     page.click('.wb-tag-filter[data-tag=""]')
@@ -144,7 +150,9 @@ def test_every_page_resolves_and_every_image_renders(browser, site):
             assert page.locator("h1.wb-title").count() == 1, href
             assert page.locator("footer.wb-provenance").inner_text().startswith("Built with Python"), href
         page.wait_for_load_state("load")
-        broken = page.eval_on_selector_all("img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt || i.src.slice(0, 60))")
+        broken = page.eval_on_selector_all(
+            "img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt || i.src.slice(0, 60))"
+        )
         assert broken == [], f"{href}: images that do not render: {broken}"
         images += page.locator("img").count()
     assert images > 0, "no page shows a single image"
@@ -201,13 +209,29 @@ def jupyterlab(built_site, tmp_path):
     port, token = _free_port(), secrets.token_hex(16)
     env = kernel_env(project.root)
     env.pop("WORKBENCH_STATIC", None)  # live explorers
-    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_WORKSPACES_DIR", "JUPYTERLAB_SETTINGS_DIR"):
+    for name in (
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTERLAB_WORKSPACES_DIR",
+        "JUPYTERLAB_SETTINGS_DIR",
+    ):
         env[name] = str(tmp_path / name.lower())
     command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
-        "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        "--LabApp.extension_manager=readonly", *(["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={notebooks}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+        *(["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root
     ]
     log = open(tmp_path / "jupyterlab.log", "w")
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -237,8 +261,13 @@ def test_live_explorer_redraws_from_the_kernel(browser, jupyterlab):
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(f"{url}/lab/tree/scaffold-demo.ipynb?token={token}")
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
-    page.wait_for_function("window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.connectionStatus === 'connected'", timeout=120_000)
+    page.wait_for_function(
+        "window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.sessionContext",
+        timeout=120_000,
+    )
+    page.wait_for_function(
+        "window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.connectionStatus === 'connected'", timeout=120_000
+    )
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
     # The claims cell printed its table: the whole notebook ran in the live kernel.
@@ -247,7 +276,9 @@ def test_live_explorer_redraws_from_the_kernel(browser, jupyterlab):
         page.wait_for_selector(".jp-OutputArea-output >> text=HOLDS", timeout=300_000)
     except Exception:
         page.screenshot(path=str(logs / "notebook.png"), full_page=True)
-        pytest.fail(f"the notebook did not finish (screenshot: {logs / 'notebook.png'}); JupyterLab said:\n{(logs / 'jupyterlab.log').read_text()[-3000:]}")
+        pytest.fail(
+            f"the notebook did not finish (screenshot: {logs / 'notebook.png'}); JupyterLab said:\n{(logs / 'jupyterlab.log').read_text()[-3000:]}"
+        )
 
     explorer = page.locator(".jp-OutputArea .wb-explorer").first
     image = explorer.locator("img.wb-explorer-img")

@@ -1,4 +1,5 @@
 """The `workbench` command line: list, repro (verdicts, exit status, records), new, lab."""
+
 import json
 import sys
 

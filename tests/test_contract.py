@@ -4,20 +4,22 @@ Each case of the catalogue (workbench.malformed, shared with `workbench audit`) 
 call: the exception type and a regex its message must match (naming the argument, the offending
 index/value, and the fix).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kernels.contract import check_scale, check_varlen_inputs
-from workbench import Case, check_cu_seqlens, pack, region_labels, Region
-
+from workbench import Case, Region, check_cu_seqlens, pack, region_labels
 from workbench.malformed import CATALOGUE, I32, base_args, split_call
 
 
 def call(**changes):
     positional, keywords = split_call({**base_args(), **changes})
-    return check_varlen_inputs(*positional, **keywords, dtypes=(torch.float32, torch.float16, torch.bfloat16), head_dims=(16, 32, 64, 128))
+    return check_varlen_inputs(
+        *positional, **keywords, dtypes=(torch.float32, torch.float16, torch.bfloat16), head_dims=(16, 32, 64, 128)
+    )
 
 
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.id for c in CATALOGUE])
@@ -74,4 +76,6 @@ def test_case_validation_names_the_field():
 
 def test_packed_batches_always_pass_validation():
     batch = pack(Case((5, 0, 7), seqlens_k=(2, 3, 9), align=4, tail_q=3, tail_k=1, heads=4, kv_heads=2, head_dim=16))
-    check_varlen_inputs(*batch.args(), cu_seqlens_q_padded=batch.cu_seqlens_q_padded, cu_seqlens_k_padded=batch.cu_seqlens_k_padded)
+    check_varlen_inputs(
+        *batch.args(), cu_seqlens_q_padded=batch.cu_seqlens_q_padded, cu_seqlens_k_padded=batch.cu_seqlens_k_padded
+    )

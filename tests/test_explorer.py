@@ -1,4 +1,5 @@
 """Explorer: one call gives a live widget or a self-contained static page whose controls switch frames."""
+
 import base64
 import html
 import json

@@ -1,4 +1,5 @@
 """Blockwise FP8: the Triton quantizer against torch's e4m3 cast, and the FP8 attention forward."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,7 +35,9 @@ def test_rounding_matches_torch_over_the_whole_e4m3_range():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fill", [Fill.NAN, Fill.HUGE, Fill.GARBAGE])
 def test_real_row_scales_match_torch_and_ignore_padding(dtype, fill):
-    batch = pack(Case((20, 5, 13), padded_q=(24, 16, 13), tail_q=7, heads=2, head_dim=16, dtype=dtype, fill=fill), requires_grad=False)
+    batch = pack(
+        Case((20, 5, 13), padded_q=(24, 16, 13), tail_q=7, heads=2, head_dim=16, dtype=dtype, fill=fill), requires_grad=False
+    )
     got = quantize_fp8_blockwise(batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)
     ref = quantize_reference(batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)
     assert got.data.dtype == FP8 and got.scale.shape == (-(-batch.q.shape[0] // 16), 2)
@@ -57,7 +60,17 @@ def test_all_row_scales_are_poisoned_by_one_padding_row():
     "case",
     [
         Case((20, 13, 30), align=16, heads=2, head_dim=32, causal=True, fill=Fill.NAN),
-        Case((9, 17), seqlens_k=(12, 5), padded_k=(16, 8), tail_q=3, heads=4, kv_heads=2, head_dim=16, causal=True, fill=Fill.POS_INF),
+        Case(
+            (9, 17),
+            seqlens_k=(12, 5),
+            padded_k=(16, 8),
+            tail_q=3,
+            heads=4,
+            kv_heads=2,
+            head_dim=16,
+            causal=True,
+            fill=Fill.POS_INF,
+        ),
     ],
     ids=["aligned-causal", "gqa-cross-tail"],
 )
@@ -65,7 +78,11 @@ def test_fp8_attention_computes_on_the_dequantized_values(case):
     batch = pack(case, requires_grad=False)
     q, k, v = (
         quantize_fp8_blockwise(x, cu, pad)
-        for x, cu, pad in ((batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded), (batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded), (batch.v, batch.cu_seqlens_k, batch.cu_seqlens_k_padded))
+        for x, cu, pad in (
+            (batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded),
+            (batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded),
+            (batch.v, batch.cu_seqlens_k, batch.cu_seqlens_k_padded),
+        )
     )
     out = varlen_attention_fp8(q, k, v, *batch.args()[3:], **batch.kwargs(), out_dtype=torch.float32)
     expected = reference_attention(q.dequantize(), k.dequantize(), v.dequantize(), *batch.args()[3:], **batch.kwargs())

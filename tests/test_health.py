@@ -1,4 +1,5 @@
 """Gradient health: states never call NaN healthy, the first non-finite parameter is the first in backward order."""
+
 import math
 
 import pytest
@@ -47,15 +48,18 @@ def _train(model, optimizer, monitor, steps, plant_at):
         optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("norm, nonfinite, expected", [
-    (float("nan"), 0, State.NONFINITE),
-    (1.0, 3, State.NONFINITE),
-    (float("inf"), 0, State.EXPLODING),  # finite elements whose norm overflowed
-    (1e4, 0, State.EXPLODING),
-    (1e-9, 0, State.VANISHING),
-    (0.0, 0, State.VANISHING),
-    (1.0, 0, State.HEALTHY),
-])
+@pytest.mark.parametrize(
+    "norm, nonfinite, expected",
+    [
+        (float("nan"), 0, State.NONFINITE),
+        (1.0, 3, State.NONFINITE),
+        (float("inf"), 0, State.EXPLODING),  # finite elements whose norm overflowed
+        (1e4, 0, State.EXPLODING),
+        (1e-9, 0, State.VANISHING),
+        (0.0, 0, State.VANISHING),
+        (1.0, 0, State.HEALTHY),
+    ],
+)
 def test_classify_never_calls_nan_healthy(norm, nonfinite, expected):
     assert classify(norm, nonfinite, Thresholds(vanishing=1e-7, exploding=1e3)) is expected
 
@@ -87,7 +91,9 @@ def test_planted_nan_names_the_first_parameter_in_backward_order():
     assert chain.events[0].step == 2 and chain.events[-1].step == 3
     assert "layers.1.weight exp_avg" in chain.events[2].names
     assert math.isnan(monitor.history[3].loss)
-    assert ("layers.1.weight", 2, State.HEALTHY, State.NONFINITE) in [(t.param, t.step, t.before, t.after) for t in monitor.transitions]
+    assert ("layers.1.weight", 2, State.HEALTHY, State.NONFINITE) in [
+        (t.param, t.step, t.before, t.after) for t in monitor.transitions
+    ]
     assert "first in backward order" in str(chain)
 
 

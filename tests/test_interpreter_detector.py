@@ -4,6 +4,7 @@ Every assertion is phrased against an independent observation, so the tests hold
 interpreter (where triton 3.6 has the bug), natively on a GPU, and on a future Triton that fixes
 the interpreter, and fail if the detector and reality ever disagree.
 """
+
 import os
 import subprocess
 import sys

@@ -1,6 +1,7 @@
 """`varlen_attention` as a torch.library custom op: dispatch modes, torch.compile, argument
 checks with and without validation, and (on CUDA) no host sync and agreement with torch's
 own `varlen_attn`."""
+
 from __future__ import annotations
 
 import inspect
@@ -42,8 +43,18 @@ def test_dispatch_mode_sees_one_op_per_pass():
 
 def _loss(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded):
     out, lse = varlen_attention(
-        q, k, v, cu_q, cu_k, 9, 9, cu_seqlens_q_padded=cu_q_padded, cu_seqlens_k_padded=cu_k_padded,
-        causal=True, return_lse=True, validate=False,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        9,
+        9,
+        cu_seqlens_q_padded=cu_q_padded,
+        cu_seqlens_k_padded=cu_k_padded,
+        causal=True,
+        return_lse=True,
+        validate=False,
     )
     return out.square().sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()
 
@@ -54,7 +65,10 @@ def _loss(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded):
         "aot_eager",  # dynamo + AOTAutograd + the fake impls: everything the op itself owns
         pytest.param(
             "inductor",
-            marks=[pytest.mark.slow, pytest.mark.skipif(INTERPRETED, reason="inductor's CPU C++ build takes ~100 s; runs natively")],
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(INTERPRETED, reason="inductor's CPU C++ build takes ~100 s; runs natively"),
+            ],
         ),
     ],
 )
@@ -140,8 +154,12 @@ def test_real_rows_agree_with_torch_varlen_attn(dtype, causal):
     exact = [t.detach().double().requires_grad_() for t in (batch.q, batch.k, batch.v)]
     oracle = reference_attention(*exact, *batch.args()[3:], **batch.kwargs())
     oracle.backward(d_out.double())
-    named = zip(("out", "dq", "dk", "dv"), (ours, batch.q.grad, batch.k.grad, batch.v.grad),
-                (theirs, *(t.grad for t in leaves)), (oracle, *(t.grad for t in exact)))
+    named = zip(
+        ("out", "dq", "dk", "dv"),
+        (ours, batch.q.grad, batch.k.grad, batch.v.grad),
+        (theirs, *(t.grad for t in leaves)),
+        (oracle, *(t.grad for t in exact)),
+    )
     for name, mine, torchs, exact_value in named:
         check = error_check(name, mine.detach(), exact_value.detach(), torchs.detach(), batch.q.dtype)
         assert check.within, f"vs torch varlen_attn: {check}"

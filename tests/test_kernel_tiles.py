@@ -1,5 +1,6 @@
 """Tiles of the fixed kernel: every native candidate computes the contract (also under the
 interpreter, pinned), the on-device work lists, and the tuner's choices on a GPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,17 @@ import torch
 
 from kernels import INTERPRETED, default_device, varlen_attention
 from kernels.varlen.launch import (
-    BLOCK_SIZES, KEYS, MIN_TIMED_WORK, NATIVE_TILES, QUERIES, TUNER, Tile, TileTuner, WorkList, candidate_tiles, work_lists,
+    BLOCK_SIZES,
+    KEYS,
+    MIN_TIMED_WORK,
+    NATIVE_TILES,
+    QUERIES,
+    TUNER,
+    Tile,
+    TileTuner,
+    WorkList,
+    candidate_tiles,
+    work_lists,
 )
 from tests.test_kernel_varlen import assert_contract
 from workbench import Case, pack
@@ -43,7 +54,10 @@ def test_work_lists_count_blocks_of_every_size_on_both_sides():
     """More sequences than one chunk of the kernel's running sum, empty ones included; the key
     side differs from the query side."""
     generator = torch.Generator().manual_seed(0)
-    lengths = {QUERIES: torch.randint(0, 300, (2500,), generator=generator), KEYS: torch.randint(0, 300, (2500,), generator=generator)}
+    lengths = {
+        QUERIES: torch.randint(0, 300, (2500,), generator=generator),
+        KEYS: torch.randint(0, 300, (2500,), generator=generator),
+    }
     lengths[QUERIES][::7] = 0
     lengths[KEYS][::5] = 0
     cu = {side: torch.nn.functional.pad(n.cumsum(0), (1, 0)).to(torch.int32).to(default_device()) for side, n in lengths.items()}
@@ -53,7 +67,7 @@ def test_work_lists_count_blocks_of_every_size_on_both_sides():
         for block in BLOCK_SIZES:
             starts, grid = listed.blocks(block)
             expected = torch.nn.functional.pad(((lengths[side] + block - 1) // block).cumsum(0), (1, 0))
-            assert torch.equal(starts[: 2501].cpu().long(), expected)
+            assert torch.equal(starts[:2501].cpu().long(), expected)
             assert grid >= int(expected[-1])
         assert listed.search_steps >= (2500).bit_length()
 

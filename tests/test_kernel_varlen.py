@@ -5,13 +5,15 @@ NaN in the padding rows of q, k, v *and* of dO. It must give, on REAL rows, erro
 FlashAttention's bound (2x / 3x PyTorch's own error in the same dtype) and, on GAP and TAIL
 rows of out, dq, dk, dv, exact zeros.
 """
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from kernels import default_device, varlen_attention
 from workbench import Case, Fill, Region, error_check, grad_output, pack, probe, reference_attention
@@ -62,7 +64,19 @@ def test_custom_scale():
 
 def test_no_fill_of_padding_reaches_real_rows():
     """Whatever padding holds, every output is bit-identical to zero padding: no leak at all."""
-    case = Case((9, 70), seqlens_k=(13, 66), padded_q=(12, 71), padded_k=(16, 70), tail_q=2, tail_k=3, heads=2, kv_heads=1, head_dim=16, causal=True, fill=Fill.ZEROS)
+    case = Case(
+        (9, 70),
+        seqlens_k=(13, 66),
+        padded_q=(12, 71),
+        padded_k=(16, 70),
+        tail_q=2,
+        tail_k=3,
+        heads=2,
+        kv_heads=1,
+        head_dim=16,
+        causal=True,
+        fill=Fill.ZEROS,
+    )
     clean = probe(varlen_attention, pack(case), reference=False)
     for fill in (Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE, Fill.GARBAGE):
         batch = pack(case)

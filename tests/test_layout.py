@@ -1,11 +1,13 @@
 """The packed-batch model: layouts, region labels, fills, and moving between layouts."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workbench import (
     Case,
@@ -67,14 +69,17 @@ def test_torch_bug_layout_has_tail_rows():
     assert (batch.regions_q[944:] == Region.TAIL).all() and (batch.regions_q[:944] == Region.REAL).all()
 
 
-@pytest.mark.parametrize("fill, check", [
-    (Fill.ZEROS, lambda x: (x == 0).all()),
-    (Fill.NAN, lambda x: x.isnan().all()),
-    (Fill.POS_INF, lambda x: (x == math.inf).all()),
-    (Fill.NEG_INF, lambda x: (x == -math.inf).all()),
-    (Fill.HUGE, lambda x: (x == torch.finfo(x.dtype).max).all()),
-    (Fill.GARBAGE, lambda x: x.isfinite().all() and x.abs().mean() > 1e3),
-])
+@pytest.mark.parametrize(
+    "fill, check",
+    [
+        (Fill.ZEROS, lambda x: (x == 0).all()),
+        (Fill.NAN, lambda x: x.isnan().all()),
+        (Fill.POS_INF, lambda x: (x == math.inf).all()),
+        (Fill.NEG_INF, lambda x: (x == -math.inf).all()),
+        (Fill.HUGE, lambda x: (x == torch.finfo(x.dtype).max).all()),
+        (Fill.GARBAGE, lambda x: x.isfinite().all() and x.abs().mean() > 1e3),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_padding_rows_hold_the_fill_and_real_rows_do_not(fill, check, dtype):
     batch = pack(Case((3, 5), padded_q=(6, 5), tail_q=2, dtype=dtype, fill=fill))
@@ -106,7 +111,9 @@ def test_region_labels_count_real_gap_tail(case):
         assert int((regions == Region.REAL).sum()) == sum(case.real_lengths(side))
         assert int((regions == Region.GAP).sum()) == sum(padded) - sum(case.real_lengths(side))
         assert int((regions == Region.TAIL).sum()) == tail
-        assert (real_rows(cumulative(case.real_lengths(side)), cumulative(padded)) == (regions == Region.REAL).nonzero().squeeze(1)).all()
+        assert (
+            real_rows(cumulative(case.real_lengths(side)), cumulative(padded)) == (regions == Region.REAL).nonzero().squeeze(1)
+        ).all()
 
 
 @given(cases())

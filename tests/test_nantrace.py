@@ -1,4 +1,5 @@
 """NaN provenance: the tracer names the op that made the first NaN, where anomaly mode does not."""
+
 import pytest
 import torch
 from torch import nn

@@ -1,5 +1,4 @@
 """Plots: each one draws what its record says (checked on the artists), in the house style."""
-import math
 
 import matplotlib
 import numpy as np
@@ -7,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench import Case, GradientHealth, Region, pack, probe, reference_attention
+from workbench import Case, GradientHealth, pack, probe, reference_attention
 from workbench.plots import FACE, attention_mask, plot_errors, plot_health, plot_layout, plot_nan_map, plot_token_norms
 from workbench.sweep import sweep
 
@@ -84,7 +83,17 @@ def test_health_plot_marks_transitions_and_the_first_nonfinite_parameter():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_mask_follows_the_contract(causal):
-    case = Case(seqlens_q=(2, 3), seqlens_k=(3, 1), padded_q=(3, 3), padded_k=(4, 2), tail_q=1, tail_k=1, heads=1, head_dim=16, causal=causal)
+    case = Case(
+        seqlens_q=(2, 3),
+        seqlens_k=(3, 1),
+        padded_q=(3, 3),
+        padded_k=(4, 2),
+        tail_q=1,
+        tail_k=1,
+        heads=1,
+        head_dim=16,
+        causal=causal,
+    )
     mask = attention_mask(pack(case, device="cpu"))
     expected = torch.zeros(7, 7, dtype=torch.bool)
     if causal:  # bottom-right aligned: query i of a len_q sequence sees keys j <= i + len_k - len_q

@@ -1,4 +1,5 @@
 """Post-mortem flash-dmattn-121: its oracle, its diagnosis rule, its cases and claims (the notebook runs the whole study)."""
+
 import math
 
 import pytest
@@ -24,9 +25,11 @@ def test_dense_reference_matches_sdpa(causal):
     attn = bias.masked_fill(~mask, -math.inf)
     if causal:
         attn = attn.masked_fill(~torch.ones(24, 24, dtype=torch.bool).tril(), -math.inf)
-    expected = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn
+    )
     assert torch.allclose(out, expected.transpose(1, 2), atol=1e-12)
-    scores = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) * 8 ** -0.5 + attn
+    scores = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) * 8**-0.5 + attn
     assert torch.allclose(lse, torch.logsumexp(scores, -1), atol=1e-12)
 
 
@@ -52,7 +55,11 @@ def test_mask_patterns():
 
 @pytest.mark.parametrize(
     "fields, match",
-    [(dict(pattern="diagonal"), "pattern"), (dict(pattern="left_pad"), "batch >= 2"), (dict(pattern="random", amount=2.0), "0..1")],
+    [
+        (dict(pattern="diagonal"), "pattern"),
+        (dict(pattern="left_pad"), "batch >= 2"),
+        (dict(pattern="random", amount=2.0), "0..1"),
+    ],
 )
 def test_mask_case_rejects_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):
@@ -96,9 +103,17 @@ def test_packed_equivalent_holds_the_dense_values():
 
 
 def test_claims_fail_on_results_that_do_not_support_them():
-    broken = pm.Results(runs={}, nan_do={}, nan_do_oracle_nonfinite={}, isfinite_error="no error", isfinite_in_triton=True,
-                        coverage=[pm.Coverage((8, 8, False, 16, 16), False, True)], predictions={"x": False},
-                        sweep=pm.verification_sweep(densities=(0.5,), blocks=(16,)), padded={})
+    broken = pm.Results(
+        runs={},
+        nan_do={},
+        nan_do_oracle_nonfinite={},
+        isfinite_error="no error",
+        isfinite_in_triton=True,
+        coverage=[pm.Coverage((8, 8, False, 16, 16), False, True)],
+        predictions={"x": False},
+        sweep=pm.verification_sweep(densities=(0.5,), blocks=(16,)),
+        padded={},
+    )
     verdicts = pm.claims.check(broken)
     assert len(verdicts) == len(pm.claims) >= 10 and not any(v.holds for v in verdicts)
 

@@ -1,4 +1,5 @@
 """Post-mortem triton-interpreter-bf16-dot: its results, and claims that fail when the facts change."""
+
 import copy
 import json
 

@@ -1,4 +1,5 @@
 """Post-mortem te-thd-2892: TE's layout contract and test recipe, the workaround, RoPE, claims."""
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,9 @@ def ignores_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
 
 def test_te_docstring_example_through_the_fixed_kernel():
     record = pm.layout_contract()
-    assert pm.TE_DOCSTRING.padded_lengths("q") == pm.TE_DOCSTRING.padded_lengths("k") == (4, 4, 5)  # cu_seqlens_q_padded = [0, 4, 8, 13]
+    assert (
+        pm.TE_DOCSTRING.padded_lengths("q") == pm.TE_DOCSTRING.padded_lengths("k") == (4, 4, 5)
+    )  # cu_seqlens_q_padded = [0, 4, 8, 13]
     assert record.tensors["out"].shape == (13, 2, 16) and record.tensors["dk"].shape == (13, 2, 16)
     assert (record.regions_q == Region.REAL).sum() == 9  # cu_seqlens_q = [0, 3, 5, 9]
     assert record.real_finite and record.padding_exactly_zero and record.real_within_bound
@@ -122,7 +125,11 @@ def test_rope_positions_study():
     assert study.from_padded.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4]
     assert study.from_real.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5, 6, 7]
     assert study.consistent
-    assert [(s.kind, s.offset, s.check.within) for s in study.sequences] == [("exact", 0, True), ("restarted", 1, False), ("shifted", 3, True)]
+    assert [(s.kind, s.offset, s.check.within) for s in study.sequences] == [
+        ("exact", 0, True),
+        ("restarted", 1, False),
+        ("shifted", 3, True),
+    ]
 
 
 def test_claims_fail_when_facts_change():

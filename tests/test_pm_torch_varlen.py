@@ -1,5 +1,6 @@
 """Post-mortem torch-varlen-176793: its building blocks, fast. The whole study (reproduce + claims)
 runs in the notebook, which nbval re-executes."""
+
 import json
 import math
 
@@ -80,8 +81,9 @@ def test_token_budget_attention_sees_rows_after_the_last_sequence_as_uncovered()
     batch = SyntheticTask(seed=1).batch((5, 7), tail_align=16)
     q = torch.randn(16, 1, 16)
     with poisoned_memory():
-        out = pm.token_budget_attention(q, q, q, batch.cu_seqlens, batch.cu_seqlens, 7, 7,
-                                        cu_seqlens_q_padded=batch.cu_seqlens_padded, causal=True)
+        out = pm.token_budget_attention(
+            q, q, q, batch.cu_seqlens, batch.cu_seqlens, 7, 7, cu_seqlens_q_padded=batch.cu_seqlens_padded, causal=True
+        )
     assert torch.isnan(out[12:]).all() and torch.isfinite(out[:12]).all()
 
 

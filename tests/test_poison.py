@@ -1,4 +1,5 @@
 """poisoned_memory: fresh buffers hold NaN inside, every global setting is restored after, also on exceptions."""
+
 import pytest
 import torch
 

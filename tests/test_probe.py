@@ -1,4 +1,5 @@
 """The probe must report exactly what an implementation did, including its lies."""
+
 from __future__ import annotations
 
 import pytest

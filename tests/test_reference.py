@@ -2,6 +2,7 @@
 
 The oracle runs on any device; these tests pin the CPU so that the masks they build line up.
 """
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workbench import Case, Fill, Region, pack, reference_attention
 
@@ -88,7 +90,19 @@ def test_oracle_lse_is_logsumexp_of_scaled_scores():
 
 @pytest.mark.parametrize("fill", [Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE, Fill.GARBAGE])
 def test_oracle_padding_rows_exactly_zero_in_output_and_gradients(fill):
-    case = Case((5, 0, 3), seqlens_k=(4, 2, 0), padded_q=(7, 2, 3), padded_k=(6, 2, 1), tail_q=2, tail_k=3, heads=4, kv_heads=2, head_dim=8, causal=True, fill=fill)
+    case = Case(
+        (5, 0, 3),
+        seqlens_k=(4, 2, 0),
+        padded_q=(7, 2, 3),
+        padded_k=(6, 2, 1),
+        tail_q=2,
+        tail_k=3,
+        heads=4,
+        kv_heads=2,
+        head_dim=8,
+        causal=True,
+        fill=fill,
+    )
     batch = pack(case, device="cpu")
     out, lse = reference_attention(*batch.args(), **batch.kwargs(), return_lse=True)
     # dO is non-zero (even NaN) on padding rows: the oracle must still give zero there.

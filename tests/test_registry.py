@@ -1,4 +1,5 @@
 """The registry: id <-> module mapping, module and notebook shape checks, recorded verdicts."""
+
 import ast
 import types
 

@@ -1,5 +1,6 @@
 """The flash-dmattn Triton replica: correct where upstream is, NaN exactly where upstream is, and the two fixes."""
-import kernels  # noqa: F401, I001  (first: without CUDA it selects the interpreter before triton.language loads)
+
+import kernels  # noqa: I001  (first: without CUDA it selects the interpreter before triton.language loads)
 
 import math
 
@@ -186,8 +187,15 @@ def test_the_patch_as_written_does_not_compile():
         (dict(attn_mask=torch.ones(1, 1, 8, 8, device=DEVICE)), TypeError, "attn_mask has dtype"),
         (dict(attn_mask=torch.ones(1, 1, 7, 8, dtype=torch.bool, device=DEVICE)), ValueError, "attn_mask has shape"),
         (dict(block_m=48), ValueError, "block_m = 48"),
-        (dict(query=torch.zeros(1, 8, 3, 16, dtype=torch.float16), key=torch.zeros(1, 8, 2, 16, dtype=torch.float16),
-              value=torch.zeros(1, 8, 2, 16, dtype=torch.float16)), ValueError, "multiple of the kv heads"),
+        (
+            dict(
+                query=torch.zeros(1, 8, 3, 16, dtype=torch.float16),
+                key=torch.zeros(1, 8, 2, 16, dtype=torch.float16),
+                value=torch.zeros(1, 8, 2, 16, dtype=torch.float16),
+            ),
+            ValueError,
+            "multiple of the kv heads",
+        ),
         (dict(scale=-1.0), ValueError, "scale"),
     ],
 )

@@ -3,6 +3,7 @@
 Under poisoned memory every row the kernels never write is NaN, so "TAIL rows are NaN, REAL rows
 match the fp64 oracle" is a deterministic statement about which rows are written.
 """
+
 import inspect
 
 import pytest
@@ -18,10 +19,25 @@ replica = adapt(replica_varlen_attn, "torch-varlen")
 TENSORS = ("out", "dq", "dk", "dv")
 
 CASES = [
-    pytest.param(Case(seqlens_q=(18, 36, 64), tail_q=2, tail_k=2, heads=2, head_dim=32, dtype="float16"), id="seed-layout/8-fp16"),
-    pytest.param(Case(seqlens_q=(70, 5), tail_q=9, tail_k=3, heads=2, head_dim=16, dtype="float32", causal=True), id="causal-fp32-multiblock"),
     pytest.param(
-        Case(seqlens_q=(9, 20), seqlens_k=(30, 4), tail_q=1, tail_k=5, heads=4, kv_heads=2, head_dim=32, dtype="bfloat16", causal=True),
+        Case(seqlens_q=(18, 36, 64), tail_q=2, tail_k=2, heads=2, head_dim=32, dtype="float16"), id="seed-layout/8-fp16"
+    ),
+    pytest.param(
+        Case(seqlens_q=(70, 5), tail_q=9, tail_k=3, heads=2, head_dim=16, dtype="float32", causal=True),
+        id="causal-fp32-multiblock",
+    ),
+    pytest.param(
+        Case(
+            seqlens_q=(9, 20),
+            seqlens_k=(30, 4),
+            tail_q=1,
+            tail_k=5,
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            dtype="bfloat16",
+            causal=True,
+        ),
         id="gqa-cross-bf16-causal",
     ),
 ]
@@ -65,7 +81,14 @@ def test_torch_style_call_shape_and_errors():
     with pytest.raises(ValueError, match="query must be 3-D"):
         replica_varlen_attn(q.flatten(1), k, v, *args)
     assert list(inspect.signature(replica_varlen_attn).parameters)[:8] == [
-        "query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal"
+        "query",
+        "key",
+        "value",
+        "cu_seq_q",
+        "cu_seq_k",
+        "max_q",
+        "max_k",
+        "is_causal",
     ]
 
 

@@ -1,4 +1,5 @@
 """Sequence-parallel sizing on torch.distributed: padded boundaries exact, real boundaries a clear error."""
+
 from __future__ import annotations
 
 import multiprocessing

@@ -1,5 +1,6 @@
 """The site build: executed pages, index, determinism, offline pages, loud failures, atomic swap;
 and nbval over a scaffolded notebook (it passes untouched, and fails naming a broken claim)."""
+
 import json
 import os
 import re
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import FAST_FIX, PLANTED_BUG, plain_notebook as _plain_notebook, scaffold_variant
+from conftest import FAST_FIX, PLANTED_BUG, scaffold_variant
+from conftest import plain_notebook as _plain_notebook
 
 from workbench.postmortem import Verdict, verdict_table
 from workbench.registry import Registry
@@ -28,7 +30,12 @@ def _pages(out):
 
 def test_pages_index_and_manifest(built_site):
     project, out = built_site
-    assert sorted(p.name for p in out.glob("*.html")) == ["index.html", "oracle-variant.html", "plain-notes.html", "scaffold-demo.html"]
+    assert sorted(p.name for p in out.glob("*.html")) == [
+        "index.html",
+        "oracle-variant.html",
+        "plain-notes.html",
+        "scaffold-demo.html",
+    ]
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
     assert 'class="wb-status wb-status-open"' in page and "2/2 claims hold" in page
@@ -86,11 +93,15 @@ def test_for_site_drops_live_widgets_and_the_header_cell(scaffolded):
     widget = {"application/vnd.jupyter.widget-view+json": {"model_id": "abc"}, "text/plain": "IntSlider(value=1)"}
     both = dict(widget, **{"text/html": '<div class="wb-explorer">frames</div>'})
     nb.metadata["widgets"] = {"state": {}}
-    nb.cells[1:1] = [nbformat.v4.new_code_cell("explore()", outputs=[nbformat.v4.new_output("display_data", data=d) for d in (widget, both)])]
+    nb.cells[1:1] = [
+        nbformat.v4.new_code_cell("explore()", outputs=[nbformat.v4.new_output("display_data", data=d) for d in (widget, both)])
+    ]
     shown = for_site(nb, pm)
     assert "widgets" not in shown.metadata and "widgets" in nb.metadata, "the executed notebook stays intact"
     assert "header_markdown()" not in shown.cells[0].source
-    assert [o.data for o in shown.cells[0].outputs] == [{"text/plain": "IntSlider(value=1)", "text/html": '<div class="wb-explorer">frames</div>'}]
+    assert [o.data for o in shown.cells[0].outputs] == [
+        {"text/plain": "IntSlider(value=1)", "text/html": '<div class="wb-explorer">frames</div>'}
+    ]
 
 
 def test_failures_name_notebook_and_cell_and_keep_the_old_site(project, tmp_path):
@@ -120,7 +131,9 @@ def test_failures_name_notebook_and_cell_and_keep_the_old_site(project, tmp_path
 
 def test_failing_claim_is_named_in_execute_and_render_modes(project, tmp_path):
     module_path, notebook_path = scaffold_variant(project, "planted-bug", PLANTED_BUG)
-    with pytest.raises(BuildError, match=r"planted-bug\.ipynb: cell \d+ .*ClaimFailed: 2 of 2 claims do not hold: 'padding rows of out"):
+    with pytest.raises(
+        BuildError, match=r"planted-bug\.ipynb: cell \d+ .*ClaimFailed: 2 of 2 claims do not hold: 'padding rows of out"
+    ):
         build(project, tmp_path / "_build", log=lambda message: None)
 
     # A committed notebook whose claims cell printed FAILS (say, it called claims.check) is refused too.
@@ -134,8 +147,21 @@ def test_failing_claim_is_named_in_execute_and_render_modes(project, tmp_path):
 
 
 def _nbval(project, notebook):
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--nbval-lax",
-               "--nbval-current-env", "--nbval-sanitize-with", str(SITE.parent / "tests" / "nbval-sanitize.cfg"), str(notebook)]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "--nbval-lax",
+        "--nbval-current-env",
+        "--nbval-sanitize-with",
+        str(SITE.parent / "tests" / "nbval-sanitize.cfg"),
+        str(notebook),
+    ]
     run = subprocess.run(command, cwd=project.root, env=kernel_env(project.root), capture_output=True, text=True, timeout=600)
     return run.returncode, re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # nbval colours its report
 

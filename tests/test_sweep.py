@@ -1,9 +1,10 @@
 """Sweeps: grid order, Case axes, failures as records, process parallelism."""
+
 import os
 
 import pytest
-
 from sweep_points import crash, divide
+
 from workbench import Case, pack, probe, reference_attention
 from workbench.sweep import sweep
 

@@ -1,4 +1,5 @@
 """The tiny LM's pieces: dense attention keeps the contract, RoPE positions, packing, training."""
+
 from __future__ import annotations
 
 import math
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from workbench import Case, Fill, pack, probe
+from workbench.layout import cumulative
 from workbench.tinylm import (
     IGNORE,
     PAD_TOKEN,
@@ -19,13 +21,23 @@ from workbench.tinylm import (
     rope_positions,
     train,
 )
-from workbench.layout import cumulative
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        Case((7, 3, 5), padded_q=(9, 3, 8), seqlens_k=(4, 6, 5), padded_k=(5, 6, 8), tail_q=2, tail_k=3, heads=4, kv_heads=2, head_dim=16, causal=True),
+        Case(
+            (7, 3, 5),
+            padded_q=(9, 3, 8),
+            seqlens_k=(4, 6, 5),
+            padded_k=(5, 6, 8),
+            tail_q=2,
+            tail_k=3,
+            heads=4,
+            kv_heads=2,
+            head_dim=16,
+            causal=True,
+        ),
         Case((6, 0, 5), seqlens_k=(3, 2, 0), padded_k=(4, 2, 1), tail_q=2, heads=2, head_dim=16),
         Case((9, 4), align=8, heads=2, head_dim=16, causal=True, fill=Fill.POS_INF),
     ],

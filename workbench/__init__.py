@@ -3,8 +3,11 @@
 Importing `workbench` imports `kernels` first, so that without CUDA Triton runs through its
 CPU interpreter.
 """
-from kernels import check_cu_seqlens, check_varlen_inputs, default_device  # noqa: F401
+
+from kernels import check_cu_seqlens, check_varlen_inputs, default_device
 from workbench.bounds import ErrorCheck, error_check
+from workbench.explorer import Explorer, explore
+from workbench.health import GradientHealth, State, Thresholds, token_norms
 from workbench.layout import (
     Case,
     Fill,
@@ -19,8 +22,6 @@ from workbench.layout import (
     thd_to_bshd,
     unpad_thd,
 )
-from workbench.explorer import Explorer, explore
-from workbench.health import GradientHealth, State, Thresholds, token_norms
 from workbench.nantrace import NaNTrace, trace_nans
 from workbench.plots import attention_mask, plot_errors, plot_health, plot_layout, plot_nan_map, plot_token_norms
 from workbench.poison import poisoned_memory

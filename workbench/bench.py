@@ -12,6 +12,7 @@ CUDA only; `python -m workbench.bench --record FILE` or `workbench bench`. The c
 records (data/gpu/bench-*.json) are read back on any machine by `load_records`, and rendered
 by `records_table` and `plot_records` (the performance notebook).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,15 +23,15 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from workbench.layout import Case, Fill, pack, thd_to_bshd
 from workbench.provenance import GPU_DATA, provenance
-
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,23 @@ def workloads(quick: bool = False) -> list[Workload]:
     out = []
     for head_dim in (64, 128):
         for causal in (False, True):
-            out.append(Workload(f"8x2048 d{head_dim}{' causal' if causal else ''}", Case((2048,) * 8, heads=2048 // head_dim, head_dim=head_dim, dtype="bfloat16", causal=causal, fill=Fill.ZEROS)))
+            out.append(
+                Workload(
+                    f"8x2048 d{head_dim}{' causal' if causal else ''}",
+                    Case(
+                        (2048,) * 8, heads=2048 // head_dim, head_dim=head_dim, dtype="bfloat16", causal=causal, fill=Fill.ZEROS
+                    ),
+                )
+            )
     docs = long_tailed_lengths(16384, seed=0)
     packed = Case(docs, heads=16, head_dim=128, dtype="bfloat16", causal=True, fill=Fill.ZEROS)
     out.append(Workload(f"16k long-tail ({len(docs)} docs) d128 causal", packed))
-    out.append(Workload("16k long-tail padded (align 64, tail 256)", packed.with_(align=64, tail_q=256, tail_k=256, fill=Fill.NAN)))
-    short = Case(long_tailed_lengths(16384, seed=1, longest=512), heads=16, head_dim=128, dtype="bfloat16", causal=True, fill=Fill.ZEROS)
+    out.append(
+        Workload("16k long-tail padded (align 64, tail 256)", packed.with_(align=64, tail_q=256, tail_k=256, fill=Fill.NAN))
+    )
+    short = Case(
+        long_tailed_lengths(16384, seed=1, longest=512), heads=16, head_dim=128, dtype="bfloat16", causal=True, fill=Fill.ZEROS
+    )
     out.append(Workload(f"16k short docs ({short.batch} docs, <=512) d128 causal", short))
     if quick:
         return [out[3], out[4], out[5]]
@@ -101,8 +113,8 @@ def precompile(chosen: list[Workload], jobs: int) -> None:
     """Compiles our kernel's candidate tiles for every kernel class of `chosen` in `jobs`
     processes. In-process tuning compiles them one after another (4 tiles x 3 kernels per
     head dim and mask: minutes for the full set); afterwards it only loads and times them."""
-    from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     from kernels.varlen.launch import NATIVE_TILES
 
@@ -137,9 +149,11 @@ def _torch_varlen(batch):
 def _dense(batch):
     """(B, H, S, D) padded copies and the key-padding mask, built once outside the timing."""
     tensors = []
-    for t, cu, cu_pad, n in ((batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded, batch.max_seqlen_q),
-                             (batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k),
-                             (batch.v, batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k)):
+    for t, cu, cu_pad, n in (
+        (batch.q, batch.cu_seqlens_q, batch.cu_seqlens_q_padded, batch.max_seqlen_q),
+        (batch.k, batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k),
+        (batch.v, batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k),
+    ):
         dense, mask = thd_to_bshd(t.detach(), cu, cu_pad, n)
         tensors.append(dense.transpose(1, 2).contiguous().requires_grad_())
     _, key_mask = thd_to_bshd(batch.k.detach(), batch.cu_seqlens_k, batch.cu_seqlens_k_padded, batch.max_seqlen_k)
@@ -148,8 +162,8 @@ def _dense(batch):
 
 def _sdpa(backend_name: str | None):
     def make(batch):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         (q, k, v), key_mask = _dense(batch)
         equal = bool(key_mask.all())
@@ -294,7 +308,7 @@ def run_benchmark(
     iters: int = 10,
     impls: list[str] | None = None,
     shapes: list[str] | None = None,
-    progress: Callable[[list["Row"]], None] | None = None,
+    progress: Callable[[list[Row]], None] | None = None,
 ) -> list[Row]:
     """Times every implementation (or `impls`) on every workload (or those whose name contains
     one of `shapes`); `progress(rows_so_far)` runs after each workload."""
@@ -325,7 +339,11 @@ def run_benchmark(
         if ours and ours.timing.forward_ms:
             for name, row in results.items():
                 if name != "ours" and row.timing.forward_ms:
-                    ours.ratios[name] = row.timing.forward_backward_ms / ours.timing.forward_backward_ms if row.timing.forward_backward_ms else math.nan
+                    ours.ratios[name] = (
+                        row.timing.forward_backward_ms / ours.timing.forward_backward_ms
+                        if row.timing.forward_backward_ms
+                        else math.nan
+                    )
                     ours.ratios[name + " (fwd)"] = row.timing.forward_ms / ours.timing.forward_ms
         if progress:
             progress(rows)
@@ -382,16 +400,35 @@ def targets(rows: list[Row]) -> list[Target]:
     sdpa = [i for i in IMPLEMENTATIONS if i.startswith("SDPA")]
     equal = {w: r for w, r in ours.items() if w.startswith(EQUAL_D128)}
     found = [
-        _worst("forward+backward >= 1.3x torch varlen_attn, every configuration",
-               {w: r.ratios["torch varlen_attn"] for w, r in ours.items() if "torch varlen_attn" in r.ratios}, 1.3, True),
-        _worst("forward+backward >= 0.8x SDPA dense (fastest backend), d128 equal lengths",
-               {f"{w} vs {i}": r.ratios[i] for w, r in equal.items() for i in sdpa if i in r.ratios}, 0.8, True),
-        _worst("forward >= 0.9x SDPA dense (fastest backend), d128 equal lengths",
-               {f"{w} vs {i}": r.ratios[i + " (fwd)"] for w, r in equal.items() for i in sdpa if i in r.ratios}, 0.9, True),
+        _worst(
+            "forward+backward >= 1.3x torch varlen_attn, every configuration",
+            {w: r.ratios["torch varlen_attn"] for w, r in ours.items() if "torch varlen_attn" in r.ratios},
+            1.3,
+            True,
+        ),
+        _worst(
+            "forward+backward >= 0.8x SDPA dense (fastest backend), d128 equal lengths",
+            {f"{w} vs {i}": r.ratios[i] for w, r in equal.items() for i in sdpa if i in r.ratios},
+            0.8,
+            True,
+        ),
+        _worst(
+            "forward >= 0.9x SDPA dense (fastest backend), d128 equal lengths",
+            {f"{w} vs {i}": r.ratios[i + " (fwd)"] for w, r in equal.items() for i in sdpa if i in r.ratios},
+            0.9,
+            True,
+        ),
         _worst("padding contract costs <= 2% forward+backward", contract_costs(rows), 0.02, False),
-        _worst("peak memory of forward+backward <= torch varlen_attn's (ratio)",
-               {w: r.timing.peak_mb / by_impl[(w, "torch varlen_attn")].timing.peak_mb
-                for w, r in ours.items() if (w, "torch varlen_attn") in by_impl}, 1.0, False),
+        _worst(
+            "peak memory of forward+backward <= torch varlen_attn's (ratio)",
+            {
+                w: r.timing.peak_mb / by_impl[(w, "torch varlen_attn")].timing.peak_mb
+                for w, r in ours.items()
+                if (w, "torch varlen_attn") in by_impl
+            },
+            1.0,
+            False,
+        ),
     ]
     return [t for t in found if t is not None]
 
@@ -414,23 +451,37 @@ def kernel_times(record: dict) -> dict[str, dict[str, float]]:
         c = w.case
         chosen = {}
         for kernel, side in (("forward", "q"), ("dkdv", "k"), ("dq", "q")):
-            key = shape_class(kernel, c.torch_dtype, c.heads, c.head_dim, c.total_rows(side), c.batch, c.causal,
-                              c.heads // (c.kv_heads or c.heads))
+            key = shape_class(
+                kernel,
+                c.torch_dtype,
+                c.heads,
+                c.head_dim,
+                c.total_rows(side),
+                c.batch,
+                c.causal,
+                c.heads // (c.kv_heads or c.heads),
+            )
             if key in tiles and key not in timed:
                 chosen[kernel] = tiles[key]["timings_ms"].get(tiles[key]["tile"], math.nan)
             timed.add(key)
         if len(chosen) == 3:
             t = ours[w.name].timing
-            found[w.name] = {"forward kernel": chosen["forward"], "forward op": t.forward_ms,
-                             "all kernels": sum(chosen.values()), "forward+backward op": t.forward_backward_ms}
+            found[w.name] = {
+                "forward kernel": chosen["forward"],
+                "forward op": t.forward_ms,
+                "all kernels": sum(chosen.values()),
+                "forward+backward op": t.forward_backward_ms,
+            }
     return found
 
 
 def format_kernel_times(times: dict[str, dict[str, float]]) -> str:
     lines = [f"{'workload':<44} {'fwd kernel':>10} {'fwd op':>7} {'kernels':>8} {'f+b op':>7} {'kernels/op':>10}"]
     for name, t in times.items():
-        lines.append(f"{name:<44} {t['forward kernel']:>10.3f} {t['forward op']:>7.3f} {t['all kernels']:>8.3f} "
-                     f"{t['forward+backward op']:>7.3f} {t['all kernels'] / t['forward+backward op']:>10.0%}")
+        lines.append(
+            f"{name:<44} {t['forward kernel']:>10.3f} {t['forward op']:>7.3f} {t['all kernels']:>8.3f} "
+            f"{t['forward+backward op']:>7.3f} {t['all kernels'] / t['forward+backward op']:>10.0%}"
+        )
     return "\n".join(lines)
 
 
@@ -444,33 +495,44 @@ def host_times(rows: list[Row]) -> dict[str, dict[str, float]]:
         if r.timing.host_ms is None:
             continue  # a record from before host times were measured
         peer = peers.get(name)
-        found[name] = {"host ms": r.timing.host_ms, "f+b ms": r.timing.forward_backward_ms,
-                       "varlen_attn host ms": peer.timing.host_ms if peer and peer.timing.host_ms else math.nan}
+        found[name] = {
+            "host ms": r.timing.host_ms,
+            "f+b ms": r.timing.forward_backward_ms,
+            "varlen_attn host ms": peer.timing.host_ms if peer and peer.timing.host_ms else math.nan,
+        }
     return found
 
 
 def format_host_times(times: dict[str, dict[str, float]]) -> str:
     lines = [f"{'workload':<44} {'host ms':>8} {'f+b ms':>7} {'host/GPU':>8} {'varlen_attn host ms':>20}"]
     for name, t in times.items():
-        lines.append(f"{name:<44} {t['host ms']:>8.3f} {t['f+b ms']:>7.3f} {t['host ms'] / t['f+b ms']:>8.0%} {t['varlen_attn host ms']:>20.3f}")
+        lines.append(
+            f"{name:<44} {t['host ms']:>8.3f} {t['f+b ms']:>7.3f} {t['host ms'] / t['f+b ms']:>8.0%} {t['varlen_attn host ms']:>20.3f}"
+        )
     return "\n".join(lines)
 
 
 def load_profile(path: Path = GPU_DATA / "ncu-h200.json") -> dict[str, Any]:
     """The committed Nsight Compute summary of our kernels and FlashAttention-2's (one workload)."""
     if not path.exists():
-        raise FileNotFoundError(f"no {path.name} under {path.parent}; it is an Nsight Compute summary recorded with ncu "
-                                "on a GPU machine (the committed data/gpu/ncu-h200.json names the command)")
+        raise FileNotFoundError(
+            f"no {path.name} under {path.parent}; it is an Nsight Compute summary recorded with ncu "
+            "on a GPU machine (the committed data/gpu/ncu-h200.json names the command)"
+        )
     return json.loads(path.read_text())
 
 
 def format_profile(profile: dict[str, Any]) -> str:
     """One line per kernel: time under the profiler, SM throughput, issue, occupancy and its limits."""
-    lines = [f"{'kernel':<48} {'us':>7} {'SM %':>5} {'IPC':>5} {'regs':>4} {'smem KB':>7} {'occ %':>5} {'blocks/SM by regs, smem':>24}"]
+    lines = [
+        f"{'kernel':<48} {'us':>7} {'SM %':>5} {'IPC':>5} {'regs':>4} {'smem KB':>7} {'occ %':>5} {'blocks/SM by regs, smem':>24}"
+    ]
     for k in profile["kernels"]:
-        lines.append(f"{k['kernel']:<48} {k['duration_us']:>7.0f} {k['sm_throughput_pct']:>5.1f} {k['ipc_active']:>5.2f} "
-                     f"{k['registers_per_thread']:>4.0f} {k['shared_kb_per_block']:>7.1f} {k['theoretical_occupancy_pct']:>5.1f} "
-                     f"{k['block_limit_registers']:>14.0f}, {k['block_limit_shared_mem']:.0f}")
+        lines.append(
+            f"{k['kernel']:<48} {k['duration_us']:>7.0f} {k['sm_throughput_pct']:>5.1f} {k['ipc_active']:>5.2f} "
+            f"{k['registers_per_thread']:>4.0f} {k['shared_kb_per_block']:>7.1f} {k['theoretical_occupancy_pct']:>5.1f} "
+            f"{k['block_limit_registers']:>14.0f}, {k['block_limit_shared_mem']:.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -486,13 +548,17 @@ def _ms(value: float | None) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'workload':<44} {'impl':<26} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd GB/s':>9} {'peak MB':>8} {'host ms':>8}"]
+    lines = [
+        f"{'workload':<44} {'impl':<26} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd GB/s':>9} {'peak MB':>8} {'host ms':>8}"
+    ]
     for r in rows:
         t = r.timing
         if t.error:
             lines.append(f"{r.workload:<44} {r.impl:<26} failed: {t.error}")
             continue
-        lines.append(f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f} {_ms(t.host_ms):>8}")
+        lines.append(
+            f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f} {_ms(t.host_ms):>8}"
+        )
     for name, cost in contract_costs(rows).items():
         lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
     lines.append("")
@@ -509,8 +575,15 @@ def to_record(rows: list[Row], command: str, tiles: list[dict] | None = None) ->
     return {
         "provenance": {**provenance(), "command": command},
         "rows": [
-            {"workload": r.workload, "impl": r.impl, **{k: v for k, v in vars(r.timing).items()},
-             "tflops_fwd": r.tflops_fwd, "tflops_fwd_bwd": r.tflops_fwd_bwd, "gbs_fwd": r.gbs_fwd, "ratios": r.ratios}
+            {
+                "workload": r.workload,
+                "impl": r.impl,
+                **{k: v for k, v in vars(r.timing).items()},
+                "tflops_fwd": r.tflops_fwd,
+                "tflops_fwd_bwd": r.tflops_fwd_bwd,
+                "gbs_fwd": r.gbs_fwd,
+                "ratios": r.ratios,
+            }
             for r in rows
         ],
         "tiles": tiles or [],
@@ -521,8 +594,15 @@ def rows_from_record(record: dict) -> list[Row]:
     """The rows of a record written by `to_record`, for `format_table` and the plots."""
     timing_fields = set(Timing.__dataclass_fields__)
     return [
-        Row(r["workload"], r["impl"], Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms
-            r["tflops_fwd"], r["tflops_fwd_bwd"], r["gbs_fwd"], dict(r["ratios"]))
+        Row(
+            r["workload"],
+            r["impl"],
+            Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms
+            r["tflops_fwd"],
+            r["tflops_fwd_bwd"],
+            r["gbs_fwd"],
+            dict(r["ratios"]),
+        )
         for r in record["rows"]
     ]
 
@@ -531,8 +611,10 @@ def load_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
     """Every committed benchmark record (data/gpu/bench-*.json), each with its file name."""
     paths = sorted(directory.glob("bench-*.json"))
     if not paths:
-        raise FileNotFoundError(f"no bench-*.json under {directory}; record one on a GPU machine with "
-                                "`python -m workbench.bench --record data/gpu/bench-<gpu>.json`")
+        raise FileNotFoundError(
+            f"no bench-*.json under {directory}; record one on a GPU machine with "
+            "`python -m workbench.bench --record data/gpu/bench-<gpu>.json`"
+        )
     return [{**json.loads(p.read_text()), "file": p.name} for p in paths]
 
 
@@ -571,8 +653,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", metavar="FILE", help="write the results with provenance as JSON (after each workload)")
     parser.add_argument("--shapes", nargs="+", metavar="TEXT", help="only workloads whose name contains one of these")
     parser.add_argument("--impls", nargs="+", metavar="NAME", choices=list(IMPLEMENTATIONS), help="only these implementations")
-    parser.add_argument("--compile-jobs", type=int, default=8, metavar="N",
-                        help="processes that compile our candidate tiles before timing (0: compile while tuning)")
+    parser.add_argument(
+        "--compile-jobs",
+        type=int,
+        default=8,
+        metavar="N",
+        help="processes that compile our candidate tiles before timing (0: compile while tuning)",
+    )
     args = parser.parse_args(argv)
     from kernels.varlen.launch import TUNER
 

@@ -11,6 +11,7 @@ output dtype, the unavoidable rounding of the fp32 result (one bf16 key: PyTorch
 exact, a kernel's fp32 p * dO rounded to bf16 may not be). Elsewhere PyTorch's own error is the
 larger, so the bound stays FlashAttention's.
 """
+
 from __future__ import annotations
 
 import math

@@ -15,6 +15,7 @@
 
 Exit status: 0 success, 1 a claim does not hold or the build failed, 2 bad usage or input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ def _list(args: argparse.Namespace) -> int:
     for pm in registry.postmortems():
         rows.append((pm.id, pm.meta.title, pm.meta.upstream_status, built.get(pm.id, "not built")))
     if len(rows) == 1:
-        print(f"no post-mortems in {registry.package_dir}; `workbench new ID \"TITLE\"` starts one.")
+        print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
         return 0
     print(fixed_width(rows))
     return 0
@@ -71,9 +72,11 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "summary") and callable(value.summary):
         return jsonable(value.summary())
     if isinstance(value, dict):
-        return [{"key": jsonable(k), "value": jsonable(v)} for k, v in value.items()] if any(
-            not isinstance(k, str) for k in value
-        ) else {k: jsonable(v) for k, v in value.items()}
+        return (
+            [{"key": jsonable(k), "value": jsonable(v)} for k, v in value.items()]
+            if any(not isinstance(k, str) for k in value)
+            else {k: jsonable(v) for k, v in value.items()}
+        )
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, torch.Tensor):
@@ -87,7 +90,10 @@ def _repro(args: argparse.Namespace) -> int:
     from kernels import DEVICE
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"workbench repro: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.", file=sys.stderr)
+        print(
+            f"workbench repro: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.device and args.device != DEVICE:
         # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
@@ -149,7 +155,10 @@ def _execute(args: argparse.Namespace) -> int:
     for name in args.notebooks:
         path = Path(name) if name.endswith(".ipynb") else registry.notebooks_dir / f"{name}.ipynb"
         if not path.exists():
-            print(f"workbench execute: {path} does not exist; give a notebook path or a name under {registry.notebooks_dir}.", file=sys.stderr)
+            print(
+                f"workbench execute: {path} does not exist; give a notebook path or a name under {registry.notebooks_dir}.",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
         print(f"executing {path}", flush=True)
         execute_in_place(path, registry.root)
@@ -214,22 +223,50 @@ def build_parser() -> argparse.ArgumentParser:
     lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)")
     lab.set_defaults(func=_lab)
 
-    audit = commands.add_parser("audit", help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer")
+    audit = commands.add_parser(
+        "audit", help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer"
+    )
     audit.add_argument("target", help="MODULE:FUNCTION, e.g. kernels:varlen_attention or torch.nn.attention.varlen:varlen_attn")
-    audit.add_argument("--adapter", help="how to call it: ours, contract, torch-varlen, flash-attn, te-thd, bshd or a registered one (default: guessed)")
-    audit.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="import first (e.g. the module registering your adapter)")
+    audit.add_argument(
+        "--adapter",
+        help="how to call it: ours, contract, torch-varlen, flash-attn, te-thd, bshd or a registered one (default: guessed)",
+    )
+    audit.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import first (e.g. the module registering your adapter)",
+    )
     audit.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
-    audit.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="dtype of the checks' cases (default: float32 on CPU, float16 on CUDA)")
-    audit.add_argument("--budget", type=int, metavar="N", help="layouts the fuzzer tries (default: 20 on CPU, 1000 on CUDA; 0: none)")
+    audit.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="dtype of the checks' cases (default: float32 on CPU, float16 on CUDA)",
+    )
+    audit.add_argument(
+        "--budget", type=int, metavar="N", help="layouts the fuzzer tries (default: 20 on CPU, 1000 on CUDA; 0: none)"
+    )
     audit.add_argument("--seed", type=int, default=0, help="fuzzer seed (default 0)")
     audit.add_argument("--time-limit", type=float, metavar="S", help="stop fuzzing after S seconds")
-    audit.add_argument("--workers", type=int, default=1, metavar="N", help="fuzz in N processes (natively: compilation and Python are the bottleneck)")
+    audit.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="fuzz in N processes (natively: compilation and Python are the bottleneck)",
+    )
     audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
     audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
     audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
     audit.set_defaults(func=_audit)
 
-    bench = commands.add_parser("bench", help="time our kernel against torch varlen_attn, SDPA and FlexAttention (CUDA; --help for options)", add_help=False)
+    bench = commands.add_parser(
+        "bench",
+        help="time our kernel against torch varlen_attn, SDPA and FlexAttention (CUDA; --help for options)",
+        add_help=False,
+    )
     bench.set_defaults(func=_bench)
     return parser
 

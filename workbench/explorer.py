@@ -18,6 +18,7 @@ Stable CSS classes for pages and tests: the container `wb-explorer`, every contr
 `wb-explorer-slider` (range inputs and selects alike), the picture `wb-explorer-img`; the
 container's `data-frames` attribute counts the frames.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,9 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Callable, Sequence
 from numbers import Real
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -77,7 +79,9 @@ class Explorer:
     # -- static form -------------------------------------------------------------------
     def static_html(self) -> str:
         """A self-contained HTML snippet with every frame and the script that switches them."""
-        frames = {"-".join(map(str, i)): "data:image/png;base64," + base64.b64encode(self.frame(i)).decode() for i in self.indices()}
+        frames = {
+            "-".join(map(str, i)): "data:image/png;base64," + base64.b64encode(self.frame(i)).decode() for i in self.indices()
+        }
         controls = []
         for name, values in self.axes.items():
             label = html.escape(name)
@@ -97,7 +101,7 @@ class Explorer:
         script = (
             "(function(){"
             "var root=document.currentScript.closest('.wb-explorer');"
-            f"var frames=JSON.parse(root.querySelector('script[type=\"application/json\"]').textContent);"
+            "var frames=JSON.parse(root.querySelector('script[type=\"application/json\"]').textContent);"
             "var controls=root.querySelectorAll('.wb-explorer-slider');"
             "var img=root.querySelector('.wb-explorer-img');"
             "function update(){var key=[];controls.forEach(function(c){key.push(c.value);"
@@ -147,7 +151,9 @@ class Explorer:
             return {"text/html": self.static_html(), "text/plain": repr(self)}
         bundle = dict(self.widget()._repr_mimebundle_())
         still = base64.b64encode(self.frame(tuple(0 for _ in self.axes))).decode()
-        bundle["text/html"] = f'<img class="wb-explorer-img" src="data:image/png;base64,{still}" alt="first frame (run the notebook for the live explorer)">'
+        bundle["text/html"] = (
+            f'<img class="wb-explorer-img" src="data:image/png;base64,{still}" alt="first frame (run the notebook for the live explorer)">'
+        )
         bundle["text/plain"] = repr(self)
         return bundle
 

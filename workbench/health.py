@@ -32,6 +32,7 @@ How it measures, and why:
 `token_norms(x)` gives per-row gradient norms of a packed (THD) tensor; `watch_tokens` records
 them for an activation during training, labelled REAL / GAP / TAIL.
 """
+
 from __future__ import annotations
 
 import enum
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.layout import Region
-
 
 OPTIMIZER_CHECKS = ("on-nonfinite", "every-step")
 
@@ -65,8 +65,7 @@ class Thresholds:
             raise ValueError(f"Thresholds must be finite numbers, got vanishing={self.vanishing}, exploding={self.exploding}.")
         if not 0 <= self.vanishing < self.exploding:
             raise ValueError(
-                f"Thresholds need 0 <= vanishing < exploding, got vanishing={self.vanishing}, "
-                f"exploding={self.exploding}."
+                f"Thresholds need 0 <= vanishing < exploding, got vanishing={self.vanishing}, exploding={self.exploding}."
             )
 
 
@@ -249,7 +248,9 @@ class GradientHealth:
             # Re-assigning keeps the first arrival's position (gradient accumulation).
             self._arrived[self.names[param]] = _grad_norm(param.grad)
 
-    def watch_tokens(self, name: str, target: torch.Tensor | torch.nn.Module, regions: torch.Tensor) -> torch.Tensor | torch.nn.Module:
+    def watch_tokens(
+        self, name: str, target: torch.Tensor | torch.nn.Module, regions: torch.Tensor
+    ) -> torch.Tensor | torch.nn.Module:
         """Records per-token gradient norms of a packed activation in backward, by region.
 
         `target` is an activation tensor (watched in this step only; returned, so it can wrap
@@ -272,7 +273,9 @@ class GradientHealth:
     def _watch_tensor(self, name: str, x: torch.Tensor) -> None:
         regions = self._token_regions[name]
         if not isinstance(x, torch.Tensor) or not x.requires_grad:
-            raise ValueError(f"watch_tokens({name!r}): the watched value must be a tensor that requires grad (an activation in the graph).")
+            raise ValueError(
+                f"watch_tokens({name!r}): the watched value must be a tensor that requires grad (an activation in the graph)."
+            )
         if regions.shape != (x.shape[0],):
             raise ValueError(
                 f"watch_tokens({name!r}): regions has shape {tuple(regions.shape)} but the activation has {x.shape[0]} rows; "
@@ -297,7 +300,9 @@ class GradientHealth:
                 self.transitions.append(Transition(name, index, self._state[name], stats.state))
                 self._state[name] = stats.state
         loss_value = None if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        suspicious = any(s.state is State.NONFINITE for s in params.values()) or (loss_value is not None and not math.isfinite(loss_value))
+        suspicious = any(s.state is State.NONFINITE for s in params.values()) or (
+            loss_value is not None and not math.isfinite(loss_value)
+        )
         state_bad, params_bad = self._check_optimizer() if suspicious or self.optimizer_checks == "every-step" else ([], [])
         record = StepRecord(index, params, loss_value, state_bad, params_bad)
         self.history.append(record)
@@ -321,7 +326,11 @@ class GradientHealth:
                     tensors.append(value)
         norms = _floats(list(torch._foreach_norm(tensors)))
         # A finite norm proves every element finite; an infinite one may be an overflow of finite elements.
-        bad = [label for label, t, norm in zip(labels, tensors, norms) if not math.isfinite(norm) and not bool(torch.isfinite(t).all())]
+        bad = [
+            label
+            for label, t, norm in zip(labels, tensors, norms)
+            if not math.isfinite(norm) and not bool(torch.isfinite(t).all())
+        ]
         return [n for kind, n in bad if kind == "state"], [n for kind, n in bad if kind == "param"]
 
     # -- reading -------------------------------------------------------------------------
@@ -349,7 +358,9 @@ class GradientHealth:
         grads = first.nonfinite_grads
         if grads:
             s = first.params[grads[0]]
-            events.append(ChainEvent(first.step, "gradient", (grads[0],), f"first in backward order ({s.nonfinite} non-finite elements)"))
+            events.append(
+                ChainEvent(first.step, "gradient", (grads[0],), f"first in backward order ({s.nonfinite} non-finite elements)")
+            )
         if len(grads) > 1:
             events.append(ChainEvent(first.step, "gradient", tuple(grads[1:]), "then, in backward order"))
         if first.nonfinite_state:
@@ -369,7 +380,7 @@ class GradientHealth:
         self._handles.clear()
         self._module_hooks.clear()
 
-    def __enter__(self) -> "GradientHealth":
+    def __enter__(self) -> GradientHealth:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -379,4 +390,3 @@ class GradientHealth:
 def _any_nonfinite(record: StepRecord) -> bool:
     loss_bad = record.loss is not None and not math.isfinite(record.loss)
     return loss_bad or bool(record.nonfinite_grads or record.nonfinite_state or record.nonfinite_params)
-

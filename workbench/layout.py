@@ -10,12 +10,14 @@ vectors describe it (TransformerEngine's convention, adopted by our kernel):
 Every other row is padding: GAP rows (after a sequence's real end, before the next padded
 start) and TAIL rows (from `cu_seqlens_padded[-1]` to T, the rows of the torch bug).
 """
+
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -106,8 +108,7 @@ class Case:
                 continue
             if len(value) != len(self.seqlens_q):
                 raise ValueError(
-                    f"Case.{name} has {len(value)} entries but seqlens_q has "
-                    f"{len(self.seqlens_q)}; give one per sequence."
+                    f"Case.{name} has {len(value)} entries but seqlens_q has {len(self.seqlens_q)}; give one per sequence."
                 )
             bad = [i for i, n in enumerate(value) if n < 0]
             if bad:
@@ -127,9 +128,7 @@ class Case:
             raise ValueError("Case.tail_q and Case.tail_k count rows and must be >= 0.")
         kv = self.kv_heads or self.heads
         if self.heads < 1 or self.heads % kv:
-            raise ValueError(
-                f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}."
-            )
+            raise ValueError(f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"Case.dtype = {self.dtype!r} is not one of {sorted(DTYPES)}.")
 
@@ -159,7 +158,7 @@ class Case:
     def total_rows(self, side: str) -> int:
         return sum(self.padded_lengths(side)) + (self.tail_q if side == "q" else self.tail_k)
 
-    def with_(self, **changes: Any) -> "Case":
+    def with_(self, **changes: Any) -> Case:
         """A copy with some fields changed (sweeps build grids this way)."""
         return replace(self, **changes)
 
@@ -262,7 +261,7 @@ class PackedBatch:
         """Region labels for the rows of q/out/dq (`name` in q, out, dq) or k/v/dk/dv."""
         return self.regions_q if name in ("q", "out", "dq", "lse") else self.regions_k
 
-    def fresh(self, requires_grad: bool = True) -> "PackedBatch":
+    def fresh(self, requires_grad: bool = True) -> PackedBatch:
         """The same batch with new leaf tensors (so two implementations never share grads)."""
         leaves = {n: t.detach().clone().requires_grad_(requires_grad) for n, t in self.inputs().items()}
         return replace(self, **leaves)
@@ -323,7 +322,9 @@ def unpad_thd(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torc
     return x.index_select(0, real_rows(cu_seqlens, cu_seqlens_padded))
 
 
-def pad_thd(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor, total_rows: int | None = None) -> torch.Tensor:
+def pad_thd(
+    x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor, total_rows: int | None = None
+) -> torch.Tensor:
     """Unpadded THD -> padded THD with zero padding rows (`total_rows` adds TAIL rows)."""
     rows = real_rows(cu_seqlens, cu_seqlens_padded)
     if x.shape[0] != rows.numel():
@@ -363,8 +364,7 @@ def bshd_to_thd(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torc
     """
     if mask.dtype != torch.bool or mask.shape != x.shape[:2]:
         raise ValueError(
-            f"mask must be a bool tensor of shape {tuple(x.shape[:2])} (batch, seq), got "
-            f"{mask.dtype} {tuple(mask.shape)}."
+            f"mask must be a bool tensor of shape {tuple(x.shape[:2])} (batch, seq), got {mask.dtype} {tuple(mask.shape)}."
         )
     lengths = mask.sum(1)
     if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None]):

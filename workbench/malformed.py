@@ -9,11 +9,13 @@ implementation and classifies what it does (clear error / crash / silent result 
 A case's changes are a function of the base call, so the same case can be built for an
 implementation that needs another dtype or device, has no GQA or no padded layout.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -40,9 +42,15 @@ def base_args(
     cu = torch.tensor(REAL, dtype=I32, device=device)
     cu_padded = torch.tensor(PADDED, dtype=I32, device=device) if padded else None
     return dict(
-        q=tensor(HEADS), k=tensor(kv_heads), v=tensor(kv_heads),
-        cu_seqlens_q=cu, cu_seqlens_k=cu.clone(), max_seqlen_q=4, max_seqlen_k=4,
-        cu_seqlens_q_padded=cu_padded, cu_seqlens_k_padded=None if cu_padded is None else cu_padded.clone(),
+        q=tensor(HEADS),
+        k=tensor(kv_heads),
+        v=tensor(kv_heads),
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu.clone(),
+        max_seqlen_q=4,
+        max_seqlen_k=4,
+        cu_seqlens_q_padded=cu_padded,
+        cu_seqlens_k_padded=None if cu_padded is None else cu_padded.clone(),
         scale=None,
     )
 
@@ -89,7 +97,14 @@ def _i32(base: dict, values: list) -> torch.Tensor:
     return torch.tensor(values, dtype=I32, device=base["q"].device)
 
 
-def _like(base: dict, name: str, rows: int | None = None, heads: int | None = None, dim: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _like(
+    base: dict,
+    name: str,
+    rows: int | None = None,
+    heads: int | None = None,
+    dim: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """Random (rows, heads, dim) values shaped like base[name] except where given."""
     ref = base[name]
     shape = (rows or ref.shape[0], heads or ref.shape[1], dim or ref.shape[2])
@@ -107,33 +122,203 @@ def _kv(base: dict, **kw) -> dict:
 PADDED_LAYOUT, SCALE = frozenset({"padded"}), frozenset({"scale"})
 
 CATALOGUE: tuple[Malformed, ...] = (
-    Malformed("cu-not-tensor", ("cu_seqlens_q",), lambda b: dict(cu_seqlens_q=list(REAL)), TypeError, r"cu_seqlens_q must be a torch\.Tensor of int32, got list"),
-    Malformed("cu-float", ("cu_seqlens_q",), lambda b: dict(cu_seqlens_q=b["cu_seqlens_q"].float()), TypeError, r"cu_seqlens_q must be an integer tensor .*got torch\.float32.*\.to\(torch\.int32\)"),
-    Malformed("cu-2d", ("cu_seqlens_k",), lambda b: dict(cu_seqlens_k=b["cu_seqlens_k"].view(1, -1)), ValueError, r"cu_seqlens_k must be 1-D .*got shape \(1, 4\)"),
-    Malformed("cu-too-short", ("cu_seqlens_q",), lambda b: dict(cu_seqlens_q=_i32(b, [0])), ValueError, r"cu_seqlens_q must hold at least 2 boundaries.*\[0, n\]"),
-    Malformed("cu-not-from-zero", ("cu_seqlens_q",), lambda b: dict(cu_seqlens_q=_i32(b, [1, 3, 5, 9])), ValueError, r"cu_seqlens_q\[0\] = 1: .*must start at 0"),
-    Malformed("cu-decreasing", ("cu_seqlens_k",), lambda b: dict(cu_seqlens_k=_i32(b, [0, 3, 2, 9])), ValueError, r"cu_seqlens_k decreases at index 2: cu_seqlens_k\[1\] = 3 > cu_seqlens_k\[2\] = 2"),
-    Malformed("padded-decreasing", ("cu_seqlens_q_padded",), lambda b: dict(cu_seqlens_q_padded=_i32(b, [0, 4, 3, 13])), ValueError, r"cu_seqlens_q_padded decreases at index 2", PADDED_LAYOUT),
-    Malformed("padded-not-from-zero", ("cu_seqlens_k_padded",), lambda b: dict(cu_seqlens_k_padded=_i32(b, [2, 4, 8, 13])), ValueError, r"cu_seqlens_k_padded\[0\] = 2", PADDED_LAYOUT),
-    Malformed("batch-mismatch-q-k", ("cu_seqlens_q", "cu_seqlens_k"), lambda b: dict(cu_seqlens_k=_i32(b, [0, 3, 9]), cu_seqlens_k_padded=None, max_seqlen_k=6), ValueError, r"cu_seqlens_q describes 3 sequences but cu_seqlens_k describes 2"),
-    Malformed("batch-mismatch-padded", ("cu_seqlens_q_padded",), lambda b: dict(cu_seqlens_q_padded=_i32(b, [0, 4, 13])), ValueError, r"cu_seqlens_q_padded has 2 sequences but cu_seqlens_q has 3", PADDED_LAYOUT),
-    Malformed("real-longer-than-padded", ("cu_seqlens_q", "cu_seqlens_q_padded"), lambda b: dict(cu_seqlens_q=_i32(b, [0, 3, 8, 9]), max_seqlen_q=5), ValueError, r"sequence 1 has 5 real tokens .*only 4 rows in the padded layout.*swap", PADDED_LAYOUT),
-    Malformed("padded-end-past-q", ("q", "cu_seqlens_q_padded"), lambda b: dict(q=_like(b, "q", rows=12)), ValueError, r"cu_seqlens_q_padded\[-1\] = 13 exceeds q\.shape\[0\] = 12", PADDED_LAYOUT),
-    Malformed("real-end-past-k-no-padded", ("cu_seqlens_k", "k"), lambda b: dict(cu_seqlens_k_padded=None, cu_seqlens_k=_i32(b, [0, 3, 5, 16]), max_seqlen_k=11), ValueError, r"cu_seqlens_k\[-1\] = 16 exceeds k and v\.shape\[0\] = 15"),
-    Malformed("max-seqlen-too-small", ("max_seqlen_q",), lambda b: dict(max_seqlen_q=3), ValueError, r"max_seqlen_q = 3 is smaller than sequence 2's real length 4.*silently dropped"),
-    Malformed("max-seqlen-not-int", ("max_seqlen_k",), lambda b: dict(max_seqlen_k=torch.tensor(4)), TypeError, r"max_seqlen_k must be a Python int, got Tensor"),
-    Malformed("max-seqlen-bool", ("max_seqlen_k",), lambda b: dict(max_seqlen_k=True), TypeError, r"max_seqlen_k must be a Python int, got bool"),
-    Malformed("heads-not-multiple", ("q", "k"), lambda b: _kv(b, heads=3), ValueError, r"q has 4 heads, not a multiple of k's 3 heads"),
-    Malformed("head-dim-unsupported", ("q", "head_dim"), lambda b: dict(q=_like(b, "q", dim=24), **_kv(b, dim=24)), ValueError, r"head_dim 24 .*not supported.*16, 32, 64, 128", outside=("head_dim", 24)),
-    Malformed("head-dim-q-k-differ", ("q", "k"), lambda b: _kv(b, dim=32), ValueError, r"q and k must have the same head_dim .*q 16 and k 32"),
-    Malformed("q-not-3d", ("q",), lambda b: dict(q=b["q"].reshape(ROWS, -1)), ValueError, r"q must be 3-D \(tokens, heads, head_dim\).*got shape \(15, 64\)"),
-    Malformed("k-v-shape-differ", ("k", "v"), lambda b: dict(v=_like(b, "v", rows=14)), ValueError, r"k and v must have the same shape"),
-    Malformed("dtype-mixed", ("q", "k", "v"), lambda b: _kv(b, dtype=_other_dtype(b["q"].dtype)), TypeError, r"q, k, v must share one dtype"),
-    Malformed("dtype-unsupported", ("q",), lambda b: dict(q=b["q"].double(), k=b["k"].double(), v=b["v"].double()), TypeError, r"q has dtype torch\.float64; this implementation supports", outside=("dtype", torch.float64)),
-    Malformed("q-integer", ("q",), lambda b: dict(q=torch.ones(b["q"].shape, dtype=torch.int64, device=b["q"].device)), TypeError, r"q must be a floating-point tensor"),
+    Malformed(
+        "cu-not-tensor",
+        ("cu_seqlens_q",),
+        lambda b: dict(cu_seqlens_q=list(REAL)),
+        TypeError,
+        r"cu_seqlens_q must be a torch\.Tensor of int32, got list",
+    ),
+    Malformed(
+        "cu-float",
+        ("cu_seqlens_q",),
+        lambda b: dict(cu_seqlens_q=b["cu_seqlens_q"].float()),
+        TypeError,
+        r"cu_seqlens_q must be an integer tensor .*got torch\.float32.*\.to\(torch\.int32\)",
+    ),
+    Malformed(
+        "cu-2d",
+        ("cu_seqlens_k",),
+        lambda b: dict(cu_seqlens_k=b["cu_seqlens_k"].view(1, -1)),
+        ValueError,
+        r"cu_seqlens_k must be 1-D .*got shape \(1, 4\)",
+    ),
+    Malformed(
+        "cu-too-short",
+        ("cu_seqlens_q",),
+        lambda b: dict(cu_seqlens_q=_i32(b, [0])),
+        ValueError,
+        r"cu_seqlens_q must hold at least 2 boundaries.*\[0, n\]",
+    ),
+    Malformed(
+        "cu-not-from-zero",
+        ("cu_seqlens_q",),
+        lambda b: dict(cu_seqlens_q=_i32(b, [1, 3, 5, 9])),
+        ValueError,
+        r"cu_seqlens_q\[0\] = 1: .*must start at 0",
+    ),
+    Malformed(
+        "cu-decreasing",
+        ("cu_seqlens_k",),
+        lambda b: dict(cu_seqlens_k=_i32(b, [0, 3, 2, 9])),
+        ValueError,
+        r"cu_seqlens_k decreases at index 2: cu_seqlens_k\[1\] = 3 > cu_seqlens_k\[2\] = 2",
+    ),
+    Malformed(
+        "padded-decreasing",
+        ("cu_seqlens_q_padded",),
+        lambda b: dict(cu_seqlens_q_padded=_i32(b, [0, 4, 3, 13])),
+        ValueError,
+        r"cu_seqlens_q_padded decreases at index 2",
+        PADDED_LAYOUT,
+    ),
+    Malformed(
+        "padded-not-from-zero",
+        ("cu_seqlens_k_padded",),
+        lambda b: dict(cu_seqlens_k_padded=_i32(b, [2, 4, 8, 13])),
+        ValueError,
+        r"cu_seqlens_k_padded\[0\] = 2",
+        PADDED_LAYOUT,
+    ),
+    Malformed(
+        "batch-mismatch-q-k",
+        ("cu_seqlens_q", "cu_seqlens_k"),
+        lambda b: dict(cu_seqlens_k=_i32(b, [0, 3, 9]), cu_seqlens_k_padded=None, max_seqlen_k=6),
+        ValueError,
+        r"cu_seqlens_q describes 3 sequences but cu_seqlens_k describes 2",
+    ),
+    Malformed(
+        "batch-mismatch-padded",
+        ("cu_seqlens_q_padded",),
+        lambda b: dict(cu_seqlens_q_padded=_i32(b, [0, 4, 13])),
+        ValueError,
+        r"cu_seqlens_q_padded has 2 sequences but cu_seqlens_q has 3",
+        PADDED_LAYOUT,
+    ),
+    Malformed(
+        "real-longer-than-padded",
+        ("cu_seqlens_q", "cu_seqlens_q_padded"),
+        lambda b: dict(cu_seqlens_q=_i32(b, [0, 3, 8, 9]), max_seqlen_q=5),
+        ValueError,
+        r"sequence 1 has 5 real tokens .*only 4 rows in the padded layout.*swap",
+        PADDED_LAYOUT,
+    ),
+    Malformed(
+        "padded-end-past-q",
+        ("q", "cu_seqlens_q_padded"),
+        lambda b: dict(q=_like(b, "q", rows=12)),
+        ValueError,
+        r"cu_seqlens_q_padded\[-1\] = 13 exceeds q\.shape\[0\] = 12",
+        PADDED_LAYOUT,
+    ),
+    Malformed(
+        "real-end-past-k-no-padded",
+        ("cu_seqlens_k", "k"),
+        lambda b: dict(cu_seqlens_k_padded=None, cu_seqlens_k=_i32(b, [0, 3, 5, 16]), max_seqlen_k=11),
+        ValueError,
+        r"cu_seqlens_k\[-1\] = 16 exceeds k and v\.shape\[0\] = 15",
+    ),
+    Malformed(
+        "max-seqlen-too-small",
+        ("max_seqlen_q",),
+        lambda b: dict(max_seqlen_q=3),
+        ValueError,
+        r"max_seqlen_q = 3 is smaller than sequence 2's real length 4.*silently dropped",
+    ),
+    Malformed(
+        "max-seqlen-not-int",
+        ("max_seqlen_k",),
+        lambda b: dict(max_seqlen_k=torch.tensor(4)),
+        TypeError,
+        r"max_seqlen_k must be a Python int, got Tensor",
+    ),
+    Malformed(
+        "max-seqlen-bool",
+        ("max_seqlen_k",),
+        lambda b: dict(max_seqlen_k=True),
+        TypeError,
+        r"max_seqlen_k must be a Python int, got bool",
+    ),
+    Malformed(
+        "heads-not-multiple", ("q", "k"), lambda b: _kv(b, heads=3), ValueError, r"q has 4 heads, not a multiple of k's 3 heads"
+    ),
+    Malformed(
+        "head-dim-unsupported",
+        ("q", "head_dim"),
+        lambda b: dict(q=_like(b, "q", dim=24), **_kv(b, dim=24)),
+        ValueError,
+        r"head_dim 24 .*not supported.*16, 32, 64, 128",
+        outside=("head_dim", 24),
+    ),
+    Malformed(
+        "head-dim-q-k-differ",
+        ("q", "k"),
+        lambda b: _kv(b, dim=32),
+        ValueError,
+        r"q and k must have the same head_dim .*q 16 and k 32",
+    ),
+    Malformed(
+        "q-not-3d",
+        ("q",),
+        lambda b: dict(q=b["q"].reshape(ROWS, -1)),
+        ValueError,
+        r"q must be 3-D \(tokens, heads, head_dim\).*got shape \(15, 64\)",
+    ),
+    Malformed(
+        "k-v-shape-differ", ("k", "v"), lambda b: dict(v=_like(b, "v", rows=14)), ValueError, r"k and v must have the same shape"
+    ),
+    Malformed(
+        "dtype-mixed",
+        ("q", "k", "v"),
+        lambda b: _kv(b, dtype=_other_dtype(b["q"].dtype)),
+        TypeError,
+        r"q, k, v must share one dtype",
+    ),
+    Malformed(
+        "dtype-unsupported",
+        ("q",),
+        lambda b: dict(q=b["q"].double(), k=b["k"].double(), v=b["v"].double()),
+        TypeError,
+        r"q has dtype torch\.float64; this implementation supports",
+        outside=("dtype", torch.float64),
+    ),
+    Malformed(
+        "q-integer",
+        ("q",),
+        lambda b: dict(q=torch.ones(b["q"].shape, dtype=torch.int64, device=b["q"].device)),
+        TypeError,
+        r"q must be a floating-point tensor",
+    ),
     Malformed("q-not-tensor", ("q",), lambda b: dict(q=[[1.0]]), TypeError, r"q must be a torch\.Tensor, got list"),
-    Malformed("device-differs", ("cu_seqlens_q",), lambda b: dict(cu_seqlens_q=torch.tensor(REAL, dtype=I32, device="meta")), ValueError, r"cu_seqlens_q is on meta but q is on cpu; move it"),
-    Malformed("scale-negative", ("scale",), lambda b: dict(scale=-1.0), ValueError, r"scale = -1\.0 must be a finite positive number", SCALE),
-    Malformed("scale-nan", ("scale",), lambda b: dict(scale=float("nan")), ValueError, r"scale = nan must be a finite positive number", SCALE),
-    Malformed("scale-tensor", ("scale",), lambda b: dict(scale=torch.tensor(0.5)), TypeError, r"scale must be a Python float or None", SCALE),
+    Malformed(
+        "device-differs",
+        ("cu_seqlens_q",),
+        lambda b: dict(cu_seqlens_q=torch.tensor(REAL, dtype=I32, device="meta")),
+        ValueError,
+        r"cu_seqlens_q is on meta but q is on cpu; move it",
+    ),
+    Malformed(
+        "scale-negative",
+        ("scale",),
+        lambda b: dict(scale=-1.0),
+        ValueError,
+        r"scale = -1\.0 must be a finite positive number",
+        SCALE,
+    ),
+    Malformed(
+        "scale-nan",
+        ("scale",),
+        lambda b: dict(scale=float("nan")),
+        ValueError,
+        r"scale = nan must be a finite positive number",
+        SCALE,
+    ),
+    Malformed(
+        "scale-tensor",
+        ("scale",),
+        lambda b: dict(scale=torch.tensor(0.5)),
+        TypeError,
+        r"scale must be a Python float or None",
+        SCALE,
+    ),
 )

@@ -30,6 +30,7 @@ weight gradient downstream), anomaly mode names that downstream node, not the ke
 tracer names the kernel's op in forward. Its price is a finiteness check of every op's inputs
 and outputs: a debugging tool, like anomaly mode.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,7 +81,9 @@ class Culprit:
         if self.node is not None:
             lines.append(f"  autograd node: {self.node}")
         if self.forward is not None:
-            lines.append(f"  created in forward by {self.forward.op} in {self.forward.module or '<no module>'} from inputs {list(self.forward.input_shapes)}")
+            lines.append(
+                f"  created in forward by {self.forward.op} in {self.forward.module or '<no module>'} from inputs {list(self.forward.input_shapes)}"
+            )
         lines += [f"  at {frame}" for frame in self.stack[-3:]]
         return "\n".join(lines)
 
@@ -198,7 +201,7 @@ class NaNTrace(TorchDispatchMode):
                 raise FloatingPointError(str(self.culprit))
         return result
 
-    def __enter__(self) -> "NaNTrace":
+    def __enter__(self) -> NaNTrace:
         self._hooks = [
             nn_module.register_module_forward_pre_hook(self._enter_module),
             nn_module.register_module_forward_hook(self._exit_module, always_call=True),

@@ -12,11 +12,13 @@ explicit white face and dark ink, so they read the same whatever the page or the
   non-finite parameter;
 * `plot_layout(batch)` — the packed layout and which key rows each query row sees.
 """
+
 from __future__ import annotations
 
 import io
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import matplotlib
 import matplotlib.ticker
@@ -80,7 +82,9 @@ def _display_figures_in_ipython() -> None:
 _display_figures_in_ipython()
 
 
-def _figure(nrows: int = 1, ncols: int = 1, *, width: float = 7.0, height: float = 2.6, **kwargs: Any) -> tuple[Figure, np.ndarray]:
+def _figure(
+    nrows: int = 1, ncols: int = 1, *, width: float = 7.0, height: float = 2.6, **kwargs: Any
+) -> tuple[Figure, np.ndarray]:
     """A white, constrained-layout figure and a 2-D array of axes, drawn in the house style."""
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(width, height * nrows), facecolor=FACE, layout="constrained")
@@ -135,14 +139,23 @@ def plot_token_norms(record: Any, tensors: Sequence[str] | None = None, *, title
             ax.plot(rows[finite], values[finite], ".", ms=3.5, color=REGION_COLORS[Region.REAL], label="norm")
             top = float(np.max(values[finite], initial=1.0)) * 4
             if not finite.all():
-                ax.plot(rows[~finite], np.full((~finite).sum(), top), "X", ms=6, color=REGION_COLORS[Region.TAIL], label=f"NaN/Inf ({int((~finite).sum())} rows)")
+                ax.plot(
+                    rows[~finite],
+                    np.full((~finite).sum(), top),
+                    "X",
+                    ms=6,
+                    color=REGION_COLORS[Region.TAIL],
+                    label=f"NaN/Inf ({int((~finite).sum())} rows)",
+                )
             ax.set_yscale("symlog", linthresh=1e-3)
             ax.set_ylim(0, top * 2)
             ax.set_xlim(-0.5, norms.numel() - 0.5)
             ax.set_ylabel(f"|{name}| per row")
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         axes[-1, 0].set_xlabel("row of the packed tensor")
-        handles = _region_legend()[1:] + [h for ax in axes[:, 0] for h in ax.get_legend_handles_labels()[0] if h.get_label() != "norm"]
+        handles = _region_legend()[1:] + [
+            h for ax in axes[:, 0] for h in ax.get_legend_handles_labels()[0] if h.get_label() != "norm"
+        ]
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
         case = getattr(record, "case", None)
         label = title or " — ".join(x for x in (getattr(record, "impl", None), case.label() if case is not None else None) if x)
@@ -208,13 +221,25 @@ def plot_nan_map(
                 for j in range(len(col_values)):
                     v = grid[i, j]
                     if (i, j) in errors:
-                        ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#eaeef2", hatch="///", edgecolor="#8c959f", lw=0))
+                        ax.add_patch(
+                            matplotlib.patches.Rectangle(
+                                (j - 0.5, i - 0.5), 1, 1, facecolor="#eaeef2", hatch="///", edgecolor="#8c959f", lw=0
+                            )
+                        )
                         ax.text(j, i, errors[(i, j)], ha="center", va="center", fontsize=6.5, color=INK)
                         continue
                     color = "#e6f2ea" if v == 0 else cmap(norm(max(v, 1))) if np.isfinite(v) else "#ffffff"
                     ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=color, edgecolor=FACE, lw=1.5))
                     text = "" if np.isnan(v) else f"{v:.3g}"
-                    ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if np.isfinite(v) and v > peak ** 0.6 and v > 0 else INK)
+                    ax.text(
+                        j,
+                        i,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if np.isfinite(v) and v > peak**0.6 and v > 0 else INK,
+                    )
             ax.set_xlim(-0.5, len(col_values) - 0.5)
             ax.set_ylim(len(row_values) - 0.5, -0.5)
             ax.set_xticks(range(len(col_values)), [str(c) for c in col_values], rotation=30 if len(col_values) > 4 else 0)
@@ -254,7 +279,16 @@ def plot_errors(records: Sequence[Any], *, title: str | None = None) -> Figure:
             color = SERIES[k % len(SERIES)]
             for xi, ratio in zip(x, row):
                 if math.isnan(ratio) or math.isinf(ratio):
-                    ax.bar(xi, top - bottom, width * 0.9, bottom=bottom, color=REGION_COLORS[Region.TAIL], alpha=0.35, hatch="xx", edgecolor=REGION_COLORS[Region.TAIL])
+                    ax.bar(
+                        xi,
+                        top - bottom,
+                        width * 0.9,
+                        bottom=bottom,
+                        color=REGION_COLORS[Region.TAIL],
+                        alpha=0.35,
+                        hatch="xx",
+                        edgecolor=REGION_COLORS[Region.TAIL],
+                    )
                     ax.text(xi, top / 2, "NaN" if math.isnan(ratio) else "Inf", ha="center", va="center", rotation=90, fontsize=8)
                 else:
                     ax.bar(xi, max(ratio, bottom) - bottom, width * 0.9, bottom=bottom, color=color)
@@ -301,7 +335,11 @@ def plot_health(monitor: GradientHealth, params: Sequence[str] | None = None, *,
             values = series[name]
             ok = np.isfinite(values)
             ax.plot(steps, np.where(ok, values, np.nan), "-", lw=1.2, color=color, label=name)
-            bad = [s for s in steps if monitor.history[s].params.get(name) is not None and monitor.history[s].params[name].state is State.NONFINITE]
+            bad = [
+                s
+                for s in steps
+                if monitor.history[s].params.get(name) is not None and monitor.history[s].params[name].state is State.NONFINITE
+            ]
             ax.plot(bad, np.full(len(bad), top / 2), "x", color=color, ms=6)
         for t in monitor.transitions:
             if t.param in series:
@@ -311,12 +349,22 @@ def plot_health(monitor: GradientHealth, params: Sequence[str] | None = None, *,
         first = next((e for e in chain.events if e.kind == "gradient"), None)
         if first is not None:
             ax.axvline(first.step, color=STATE_COLORS[State.NONFINITE], lw=1, ls=":")
-            ax.annotate(f"first non-finite: {first.names[0]}", (first.step, top / 2), xytext=(6, -14), textcoords="offset points", fontsize=8, color=STATE_COLORS[State.NONFINITE])
+            ax.annotate(
+                f"first non-finite: {first.names[0]}",
+                (first.step, top / 2),
+                xytext=(6, -14),
+                textcoords="offset points",
+                fontsize=8,
+                color=STATE_COLORS[State.NONFINITE],
+            )
         ax.set_yscale("log")
         ax.set_ylim(low, top)
         ax.set_xlabel("step")
         ax.set_ylabel("gradient L2 norm")
-        state_handles = [matplotlib.lines.Line2D([], [], marker="o", ls="", mfc="none", color=STATE_COLORS[s], label=f"-> {s.value}") for s in State]
+        state_handles = [
+            matplotlib.lines.Line2D([], [], marker="o", ls="", mfc="none", color=STATE_COLORS[s], label=f"-> {s.value}")
+            for s in State
+        ]
         ax.legend(handles=ax.get_legend_handles_labels()[0] + state_handles, loc="center left", bbox_to_anchor=(1.01, 0.5))
         ax.set_title(title or "gradient health (x: non-finite, o: state transition)")
     return fig
@@ -341,12 +389,24 @@ def attention_mask(batch: PackedBatch) -> torch.Tensor:
     for start, n in zip(starts_k, lengths_k):
         v[torch.arange(start, start + n), 0, torch.arange(n)] = 1.0
     q = torch.zeros(total_q, 1, width, dtype=torch.float64)
-    out = reference_attention(q, torch.zeros_like(v), v, cu_q, cu_k, batch.max_seqlen_q, batch.max_seqlen_k,
-                              cu_seqlens_q_padded=pad_q, cu_seqlens_k_padded=pad_k, causal=batch.case.causal)
+    out = reference_attention(
+        q,
+        torch.zeros_like(v),
+        v,
+        cu_q,
+        cu_k,
+        batch.max_seqlen_q,
+        batch.max_seqlen_k,
+        cu_seqlens_q_padded=pad_q,
+        cu_seqlens_k_padded=pad_k,
+        causal=batch.case.causal,
+    )
     mask = torch.zeros(total_q, total_k, dtype=torch.bool)
     starts_q, lengths_q = pad_q.tolist(), cu_q.diff().tolist()
     for s, (start, n) in enumerate(zip(starts_q, lengths_q)):
-        mask[start : start + n, starts_k[s] : starts_k[s] + width] = out[start : start + n, 0, : min(width, total_k - starts_k[s])] > 0
+        mask[start : start + n, starts_k[s] : starts_k[s] + width] = (
+            out[start : start + n, 0, : min(width, total_k - starts_k[s])] > 0
+        )
     return mask
 
 
@@ -363,9 +423,13 @@ def plot_layout(batch: PackedBatch | Case, *, title: str | None = None) -> Figur
     fig, axes = _figure(1, 2, width=8.0, height=3.6, width_ratios=[1, 2.2])
     strip, grid = axes[0]
     with matplotlib.rc_context(STYLE):
-        for x, (regions, cu_pad) in enumerate([(batch.regions_q, batch.cu_seqlens_q_padded), (batch.regions_k, batch.cu_seqlens_k_padded)]):
+        for x, (regions, cu_pad) in enumerate(
+            [(batch.regions_q, batch.cu_seqlens_q_padded), (batch.regions_k, batch.cu_seqlens_k_padded)]
+        ):
             # Label = sequence index on REAL rows, -1 - region elsewhere: runs then split at sequence boundaries.
-            owner = torch.searchsorted(cu_pad.cpu()[1:].contiguous(), torch.arange(regions.numel(), dtype=cu_pad.dtype), right=True)
+            owner = torch.searchsorted(
+                cu_pad.cpu()[1:].contiguous(), torch.arange(regions.numel(), dtype=cu_pad.dtype), right=True
+            )
             labels = torch.where(regions == Region.REAL, owner, -1 - regions.long())
             for label, start, stop in _runs(labels.tolist()):
                 if label >= 0:
@@ -373,7 +437,11 @@ def plot_layout(batch: PackedBatch | Case, *, title: str | None = None) -> Figur
                     strip.text(x, (start + stop) / 2 - 0.5, f"seq {label}", ha="center", va="center", fontsize=7, color="white")
                 else:
                     color = REGION_COLORS[Region(-1 - label)]
-                strip.add_patch(matplotlib.patches.Rectangle((x - 0.4, start - 0.5), 0.8, stop - start, facecolor=color, edgecolor=FACE, lw=0.8))
+                strip.add_patch(
+                    matplotlib.patches.Rectangle(
+                        (x - 0.4, start - 0.5), 0.8, stop - start, facecolor=color, edgecolor=FACE, lw=0.8
+                    )
+                )
         strip.set_xlim(-0.6, 1.6)
         strip.set_ylim(max(mask.shape) - 0.5, -0.5)
         strip.set_xticks([0, 1], ["q rows", "k rows"])
@@ -381,7 +449,14 @@ def plot_layout(batch: PackedBatch | Case, *, title: str | None = None) -> Figur
         strip.grid(False)
         strip.spines[:].set_visible(False)
         grid.grid(False)
-        grid.imshow(mask.numpy(), cmap=matplotlib.colors.ListedColormap([FACE, "#1f3b63"]), vmin=0, vmax=1, interpolation="nearest", aspect="auto")
+        grid.imshow(
+            mask.numpy(),
+            cmap=matplotlib.colors.ListedColormap([FACE, "#1f3b63"]),
+            vmin=0,
+            vmax=1,
+            interpolation="nearest",
+            aspect="auto",
+        )
         _shade_padding(grid, batch.regions_k, axis="x")
         _shade_padding(grid, batch.regions_q, axis="y")
         for axis in (strip.yaxis, grid.xaxis, grid.yaxis):

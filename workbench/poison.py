@@ -5,10 +5,11 @@ allocator handed out: zeros on a fresh process, stale activations in training, N
 NaN step. Under `poisoned_memory()` every fresh buffer holds NaN (integers: their maximum),
 so such a bug shows up the same way on every run, on CPU and on CUDA.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

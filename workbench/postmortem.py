@@ -11,11 +11,13 @@ A module `postmortems/<id>.py` defines
 The notebook ends with `claims.report(results)`, which prints the verdict table that nbval
 compares exactly, and raises naming every claim that no longer holds.
 """
+
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from workbench.tables import fixed_width
 
@@ -131,7 +133,9 @@ class Claims:
 
 def verdict_table(verdicts: Iterable[Verdict]) -> str:
     """A fixed-width text table: deterministic, so nbval can compare it exactly."""
-    return fixed_width([("verdict", "claim", "evidence")] + [("HOLDS" if v.holds else "FAILS", v.claim, v.evidence) for v in verdicts])
+    return fixed_width(
+        [("verdict", "claim", "evidence")] + [("HOLDS" if v.holds else "FAILS", v.claim, v.evidence) for v in verdicts]
+    )
 
 
 def overall_verdict(verdicts: Iterable[Verdict]) -> str:

@@ -5,11 +5,13 @@ non-finite counts and largest magnitudes per region (REAL / GAP / TAIL), per-tok
 the error on REAL rows against the float64 oracle with a FlashAttention-style bound, and wall
 time. Notebooks, sweeps, plots and the audit all consume this one record.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -118,7 +120,9 @@ class ProbeRecord:
         row: dict[str, Any] = {"impl": self.impl, "case": self.case.label(), "device": self.device, "poisoned": self.poisoned}
         for region in ("REAL", "GAP", "TAIL"):
             row[f"nonfinite_{region.lower()}"] = self.nonfinite_in(region)
-        row["padding_max_abs"] = max((self.max_abs[n][r] for n in self.max_abs for r in ("GAP", "TAIL")), key=_nan_first, default=0.0)
+        row["padding_max_abs"] = max(
+            (self.max_abs[n][r] for n in self.max_abs for r in ("GAP", "TAIL")), key=_nan_first, default=0.0
+        )
         for name, check in self.errors.items():
             row[f"{name}_err"] = check.error
             row[f"{name}_ratio"] = check.ratio

@@ -1,4 +1,5 @@
 """Provenance: the versions, device and commit that every recorded result carries."""
+
 from __future__ import annotations
 
 import datetime
@@ -19,8 +20,12 @@ def git_commit() -> str:
     """The short commit, with "-dirty" when the working tree differs from it (a copied tree's
     stale .git says so too, instead of naming a commit that is not what ran)."""
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"

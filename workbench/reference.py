@@ -7,6 +7,7 @@ and autograd gives exactly 0 on padding rows of dq, dk, dv.
 `compute_dtype` other than float64 gives "PyTorch's own attention in that dtype": the
 baseline of FlashAttention-style relative error bounds (see `workbench.bounds`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,12 +61,20 @@ def reference_attention(
     """
     if validate:
         check_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded, scale=scale,
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_k_padded=cu_seqlens_k_padded,
+            scale=scale,
         )
     total_q, heads, head_dim = q.shape
     group = heads // k.shape[1]
-    scale = head_dim ** -0.5 if scale is None else float(scale)
+    scale = head_dim**-0.5 if scale is None else float(scale)
     padded_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
     padded_k = cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded
     rows_q = real_rows(cu_seqlens_q, padded_q)

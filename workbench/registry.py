@@ -16,6 +16,7 @@ Notebook conventions, checked by `check_notebook` so that a broken convention fa
 * the last code cell calls `.claims.report(...)` and is marked for nbval (`# NBVAL_CHECK_OUTPUT`
   comment or `nbval-check-output` tag), so its printed verdict table is compared exactly.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -217,7 +218,9 @@ class Registry:
         by_notebook = {pm.notebook: pm for pm in self.postmortems()}
         missing = [pm.notebook for pm in by_notebook.values() if not pm.notebook.exists()]
         if missing:
-            raise RegistryError(f"post-mortem notebooks are missing: {', '.join(map(str, missing))} (`workbench new` writes one).")
+            raise RegistryError(
+                f"post-mortem notebooks are missing: {', '.join(map(str, missing))} (`workbench new` writes one)."
+            )
         return [(path, by_notebook.get(path)) for path in sorted(self.notebooks_dir.glob("*.ipynb"))]
 
     def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:

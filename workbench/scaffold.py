@@ -1,4 +1,5 @@
 """Renders the templates `workbench new` starts a post-mortem from (workbench/templates/)."""
+
 from __future__ import annotations
 
 import datetime

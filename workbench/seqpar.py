@@ -19,6 +19,7 @@ exist; gloo on CPU otherwise), every rank runs the layer on the gathered batch w
 replicated weights (no tensor parallelism: the output must match one process bit for bit), and
 the parent compares the reassembled shards with the same layer run in one process.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,7 +72,9 @@ def _all_gather(out: torch.Tensor, local: torch.Tensor, group) -> None:
     gather(out, local, group=group)
 
 
-def gather_tokens(local: torch.Tensor, rows: int, *, size_from: str = "padded", group=None, validate: bool = True) -> torch.Tensor:
+def gather_tokens(
+    local: torch.Tensor, rows: int, *, size_from: str = "padded", group=None, validate: bool = True
+) -> torch.Tensor:
     """All-gathers token shards into a tensor of `rows` rows (the sequence-parallel all-gather).
 
     `validate=True` checks the size first and raises `SizingError` naming the boundary it was
@@ -104,8 +107,14 @@ def layer_forward(block: Block, x: torch.Tensor, cu_seqlens: torch.Tensor, cu_se
 
 
 def sequence_parallel_forward(
-    block: Block, x_local: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor,
-    *, size_from: str = "padded", group=None, validate: bool = True,
+    block: Block,
+    x_local: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    *,
+    size_from: str = "padded",
+    group=None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """`layer_forward` under sequence parallelism: gather the shards, run the layer, scatter."""
     rows = gathered_rows(cu_seqlens, cu_seqlens_padded, size_from)
@@ -188,7 +197,9 @@ def _spawn(fn, args: tuple, world_size: int, timeout_s: float) -> None:
     try:
         while not context.join(timeout=1.0):  # raises ProcessRaisedException / ProcessExitedException
             if time.monotonic() > deadline:
-                raise TimeoutError(f"sequence-parallel ranks did not finish within {timeout_s:g} s; raise timeout_s on a slow machine.")
+                raise TimeoutError(
+                    f"sequence-parallel ranks did not finish within {timeout_s:g} s; raise timeout_s on a slow machine."
+                )
     finally:
         for process in context.processes:
             if process.is_alive():
@@ -197,8 +208,15 @@ def _spawn(fn, args: tuple, world_size: int, timeout_s: float) -> None:
 
 
 def run_sequence_parallel(
-    block: Block, x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor,
-    *, world_size: int = 2, runs=RUNS, device=None, timeout_s: float = TIMEOUT_S,
+    block: Block,
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    *,
+    world_size: int = 2,
+    runs=RUNS,
+    device=None,
+    timeout_s: float = TIMEOUT_S,
 ) -> SeqParStudy:
     """Runs `block` on the packed batch `x` (rows = the padded layout) sequence-parallel over
     `world_size` processes once per (size_from, validate) in `runs`, and in one process.
@@ -218,13 +236,21 @@ def run_sequence_parallel(
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            reference = layer_forward(copy.deepcopy(block).to(device), x.to(device), cu_seqlens.to(device), cu_seqlens_padded.to(device)).cpu()
+            reference = layer_forward(
+                copy.deepcopy(block).to(device), x.to(device), cu_seqlens.to(device), cu_seqlens_padded.to(device)
+            ).cpu()
     finally:
         torch.set_num_threads(threads)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="wb-seqpar-") as workdir:
-        job = dict(block=block, x=x.detach().cpu(), cu_seqlens=cu_seqlens.cpu(), cu_seqlens_padded=cu_seqlens_padded.cpu(),
-                   runs=tuple(runs), device=str(device))
+        job = dict(
+            block=block,
+            x=x.detach().cpu(),
+            cu_seqlens=cu_seqlens.cpu(),
+            cu_seqlens_padded=cu_seqlens_padded.cpu(),
+            runs=tuple(runs),
+            device=str(device),
+        )
         torch.save(job, Path(workdir) / "job.pt")
         _spawn(_worker, (world_size, _free_port(), workdir, backend, timeout_s), world_size, timeout_s)
         per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
@@ -234,8 +260,14 @@ def run_sequence_parallel(
         outcomes = [rank[i] for rank in per_rank]
         failed = any(o["out"] is None for o in outcomes)
         out = None if failed else torch.cat([o["out"] for o in outcomes])
-        results.append(SeqParRun(
-            size_from, validate, gathered_rows(cu_seqlens, cu_seqlens_padded, size_from), out,
-            tuple(o["error"] for o in outcomes), out is not None and torch.equal(out, reference),
-        ))
+        results.append(
+            SeqParRun(
+                size_from,
+                validate,
+                gathered_rows(cu_seqlens, cu_seqlens_padded, size_from),
+                out,
+                tuple(o["error"] for o in outcomes),
+                out is not None and torch.equal(out, reference),
+            )
+        )
     return SeqParStudy(backend, world_size, int(cu_seqlens_padded[-1]), int(cu_seqlens[-1]), reference, tuple(results), seconds)

@@ -16,6 +16,7 @@ every claim held and no page references anything off-site, so a failed build lea
 previous site untouched. Pages are deterministic apart from the provenance footer (and the
 manifest's provenance).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,10 +27,11 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import nbformat
 
@@ -289,7 +291,7 @@ def build(
     notebooks = registry.notebooks()
     if not notebooks:
         raise BuildError(f"no notebooks under {registry.notebooks_dir}; `workbench new <id> <title>` starts one.")
-    for path, pm in notebooks:
+    for _path, pm in notebooks:
         if pm is not None:
             check_notebook(pm)
 
@@ -331,7 +333,11 @@ def build(
             text = render_page(for_site(executed[page.source], page.postmortem), page, stamp, site_dir)
             _write_checked(staging / page.file, text)
         _write_checked(staging / "index.html", render_index(pages, stamp, site_dir))
-        manifest = {"postmortems": [p.row() for p in pages if p.postmortem], "notebooks": [p.file for p in pages if not p.postmortem], "provenance": stamp}
+        manifest = {
+            "postmortems": [p.row() for p in pages if p.postmortem],
+            "notebooks": [p.file for p in pages if not p.postmortem],
+            "provenance": stamp,
+        }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         _swap_in(staging, out)
     except BaseException:
@@ -344,6 +350,7 @@ def build(
 def _write_checked(path: Path, text: str) -> None:
     external = external_resources(text)
     if external:
-        raise BuildError(f"site not built; {path.name} would fetch off-site resources (the site must work offline): {', '.join(external)}")
+        raise BuildError(
+            f"site not built; {path.name} would fetch off-site resources (the site must work offline): {', '.join(external)}"
+        )
     path.write_text(text)
-

@@ -11,6 +11,7 @@ exception in one point becomes that point's record (`ok=False`, `error_type`, `e
 crash of the sweep. `workers > 0` runs points in that many processes (spawn: `fn` must be
 importable, i.e. defined in a module, not in a notebook cell).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,9 +20,10 @@ import multiprocessing
 import pickle
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -189,7 +191,13 @@ def sweep(
                     try:
                         outcomes[futures[future]] = future.result()
                     except Exception as exc:  # the worker died (crash, kill, unpicklable result)
-                        outcomes[futures[future]] = {"result": {}, "ok": False, "error_type": type(exc).__name__, "error": str(exc), "seconds": 0.0}
+                        outcomes[futures[future]] = {
+                            "result": {},
+                            "ok": False,
+                            "error_type": type(exc).__name__,
+                            "error": str(exc),
+                            "seconds": 0.0,
+                        }
                     bar.update()
     finally:
         bar.close()

@@ -1,8 +1,9 @@
 """Fixed-width text tables, the one format of every table the workbench prints (verdicts,
 audits, `workbench list`): deterministic, so nbval compares them exactly."""
+
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def fixed_width(rows: Iterable[Sequence[str]], *, header: bool = True) -> str:

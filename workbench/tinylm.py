@@ -14,11 +14,12 @@ The synthetic language is periodic: each sequence repeats a random motif of 2-6 
 one period every token is predictable, but only by attending to earlier tokens of the *same*
 sequence. Anything that mixes sequences or padding into attention costs loss.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -29,7 +30,9 @@ IGNORE = -100  # targets that carry no loss (padding, each sequence's last token
 PAD_TOKEN = 0
 
 
-def _row_layout(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None, total_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _row_layout(
+    cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None, total_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: owning sequence, position from the sequence's memory start, and whether it is real."""
     padded = cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded
     rows = torch.arange(total_rows, device=cu_seqlens.device)
@@ -39,7 +42,20 @@ def _row_layout(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor | None
     return owner, position, real
 
 
-def dense_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+def dense_attention(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_k_padded=None,
+    causal=False,
+    scale=None,
+):
     """The contract as one masked (T_q x T_k) attention in the inputs' dtype.
 
     Same semantics as the oracle (tested against it), but two matmuls per call instead of a
@@ -94,8 +110,13 @@ def attention_metadata(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor
     """The keyword arguments of a self-attention call on a packed layout (the contract's names)."""
     longest = int(cu_seqlens.diff().max())
     return dict(
-        cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=longest, max_seqlen_k=longest,
-        cu_seqlens_q_padded=cu_seqlens_padded, cu_seqlens_k_padded=cu_seqlens_padded, causal=causal,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=longest,
+        max_seqlen_k=longest,
+        cu_seqlens_q_padded=cu_seqlens_padded,
+        cu_seqlens_k_padded=cu_seqlens_padded,
+        causal=causal,
     )
 
 
@@ -170,7 +191,9 @@ def mask_tokens(batch: PackedTokens, mask_token: int, rate: float, generator: to
     _, _, real = _row_layout(batch.cu_seqlens, batch.cu_seqlens_padded, batch.tokens.numel())
     picked = real & (torch.rand(batch.tokens.shape, generator=generator) < rate)
     targets = torch.where(picked, batch.tokens, torch.full_like(batch.tokens, IGNORE))
-    return PackedTokens(batch.tokens.masked_fill(picked, mask_token), targets, batch.cu_seqlens, batch.cu_seqlens_padded, batch.max_seqlen)
+    return PackedTokens(
+        batch.tokens.masked_fill(picked, mask_token), targets, batch.cu_seqlens, batch.cu_seqlens_padded, batch.max_seqlen
+    )
 
 
 @dataclass(frozen=True)
@@ -212,14 +235,18 @@ class TinyLM(nn.Module):
         self.config = config
         torch.manual_seed(config.seed)
         self.embed = nn.Embedding(config.vocab, config.dim)
-        nn.init.normal_(self.embed.weight, std=config.dim ** -0.5)  # tied head: unit-scale logits at init
+        nn.init.normal_(self.embed.weight, std=config.dim**-0.5)  # tied head: unit-scale logits at init
         self.blocks = nn.ModuleList(Block(config, attention) for _ in range(config.layers))
         self.norm = nn.RMSNorm(config.dim)
 
-    def forward(self, batch: PackedTokens, *, cu_seqlens: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, batch: PackedTokens, *, cu_seqlens: torch.Tensor | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits (T, vocab). `cu_seqlens` overrides the real boundaries given to attention
         (the workaround passes `batch.cu_seqlens_padded`); `positions` overrides RoPE positions."""
-        metadata = attention_metadata(batch.cu_seqlens if cu_seqlens is None else cu_seqlens, batch.cu_seqlens_padded, self.config.causal)
+        metadata = attention_metadata(
+            batch.cu_seqlens if cu_seqlens is None else cu_seqlens, batch.cu_seqlens_padded, self.config.causal
+        )
         if positions is None:
             positions = rope_positions(batch.cu_seqlens, batch.cu_seqlens_padded, batch.tokens.numel())
         x = self.embed(batch.tokens)
@@ -243,7 +270,7 @@ class TrainingRun:
     @property
     def final_loss(self) -> float:
         """Mean of the last 10% of steps: robust to one noisy batch."""
-        tail = self.losses[-max(1, len(self.losses) // 10):]
+        tail = self.losses[-max(1, len(self.losses) // 10) :]
         return sum(tail) / len(tail)
 
     @property

@@ -27,6 +27,7 @@ Two compile-time switches replay the two upstream answers:
   final dk/dv store. `tl.isfinite` does not exist in Triton (the PR as written cannot compile);
   `_finite_or_zero` spells it with operations that do.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,13 +63,32 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _scores(q, k, Mask, Bias, offs_m, offs_n, stride_mm, stride_bm, seqlen_q, seqlen_k, softmax_scale,
-            mask, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+def _scores(
+    q,
+    k,
+    Mask,
+    Bias,
+    offs_m,
+    offs_n,
+    stride_mm,
+    stride_bm,
+    seqlen_q,
+    seqlen_k,
+    softmax_scale,
+    mask,
+    IS_CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Scaled scores plus bias for one (query tile, key block), masked entries at -inf (as upstream)."""
     acc_s = _dot(q, tl.trans(k), UPCAST) * softmax_scale
     if HAS_BIAS:
-        bias = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :],
-                       mask=(offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k), other=0.0)
+        bias = tl.load(
+            Bias + offs_m[:, None] * stride_bm + offs_n[None, :],
+            mask=(offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k),
+            other=0.0,
+        )
         acc_s += bias.to(tl.float32)
     acc_s += tl.where(offs_n[None, :] < seqlen_k, 0.0, float("-inf"))
     if IS_CAUSAL:  # top-left aligned, as upstream at the time of the report
@@ -82,8 +102,11 @@ def _scores(q, k, Mask, Bias, offs_m, offs_n, stride_mm, stride_bm, seqlen_q, se
 def _load_mask(Mask, offs_m, offs_n, stride_mm, seqlen_q, seqlen_k, HAS_MASK: tl.constexpr):
     """The tile's mask and whether any entry is True; rows/keys out of range load as False (upstream's other=False)."""
     if HAS_MASK:
-        mask = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :],
-                       mask=(offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k), other=False)
+        mask = tl.load(
+            Mask + offs_m[:, None] * stride_mm + offs_n[None, :],
+            mask=(offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k),
+            other=False,
+        )
         # upstream: tl.reduce_or(mask, axis=None). A max is the same test, and the interpreter runs
         # it in numpy instead of calling the combine function once per element (seconds per tile).
         any_active = tl.max(tl.max(mask.to(tl.int32), 1), 0) > 0
@@ -95,13 +118,43 @@ def _load_mask(Mask, offs_m, offs_n, stride_mm, seqlen_q, seqlen_k, HAS_MASK: tl
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Mask, Bias, Out, Lse, softmax_scale,
-    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-    stride_mb, stride_mh, stride_mm, stride_bb, stride_bh, stride_bm,
-    stride_ob, stride_om, stride_oh,
-    nheads, group, seqlen_q, seqlen_k, seqlen_q_rounded, headdim,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, GUARD: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_HEADDIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    Mask,
+    Bias,
+    Out,
+    Lse,
+    softmax_scale,
+    stride_qb,
+    stride_qm,
+    stride_qh,
+    stride_kb,
+    stride_kn,
+    stride_kh,
+    stride_mb,
+    stride_mh,
+    stride_mm,
+    stride_bb,
+    stride_bh,
+    stride_bm,
+    stride_ob,
+    stride_om,
+    stride_oh,
+    nheads,
+    group,
+    seqlen_q,
+    seqlen_k,
+    seqlen_q_rounded,
+    headdim,
+    IS_CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GUARD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_HEADDIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_hb = tl.program_id(1)
@@ -120,8 +173,11 @@ def _fwd_kernel(
     lse_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc_o = tl.zeros([BLOCK_M, BLOCK_HEADDIM], dtype=tl.float32)
-    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim), other=0.0)
+    q = tl.load(
+        Q + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim),
+        other=0.0,
+    )
     end_n = seqlen_k if not IS_CAUSAL else tl.minimum((start_m + 1) * BLOCK_M, seqlen_k)
     for start_n in range(0, end_n, BLOCK_N):
         cols = start_n + offs_n
@@ -129,8 +185,24 @@ def _fwd_kernel(
         if any_active:  # dynamic-mask block skipping: no True entry in the whole tile
             kv_mask = (cols[:, None] < seqlen_k) & (offs_d[None, :] < headdim)
             k = tl.load(K + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-            acc_s = _scores(q, k, Mask, Bias, offs_m, cols, stride_mm, stride_bm, seqlen_q, seqlen_k,
-                            softmax_scale, mask, IS_CAUSAL, HAS_MASK, HAS_BIAS, UPCAST)
+            acc_s = _scores(
+                q,
+                k,
+                Mask,
+                Bias,
+                offs_m,
+                cols,
+                stride_mm,
+                stride_bm,
+                seqlen_q,
+                seqlen_k,
+                softmax_scale,
+                mask,
+                IS_CAUSAL,
+                HAS_MASK,
+                HAS_BIAS,
+                UPCAST,
+            )
             # THE BUG: a row fully masked in the first block it visits has m_ij = -inf here,
             # and exp(-inf - (-inf)) = NaN below.
             m_ij = tl.maximum(tl.max(acc_s, 1), lse_i)
@@ -152,14 +224,31 @@ def _fwd_kernel(
         o_scale = tl.where(lse_i > float("-inf"), o_scale, 0.0)
     acc_o = acc_o * o_scale[:, None]
     tl.store(Lse + off_hb * seqlen_q_rounded + offs_m, lse_i)
-    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-             acc_o.to(Out.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim))
+    tl.store(
+        Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+        acc_o.to(Out.dtype.element_ty),
+        mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim),
+    )
 
 
 @triton.jit
-def _bwd_preprocess_do_o_dot(Out, DO, Delta, stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
-                             nheads, seqlen_q, seqlen_q_rounded, headdim,
-                             BLOCK_M: tl.constexpr, BLOCK_HEADDIM: tl.constexpr):
+def _bwd_preprocess_do_o_dot(
+    Out,
+    DO,
+    Delta,
+    stride_ob,
+    stride_om,
+    stride_oh,
+    stride_dob,
+    stride_dom,
+    stride_doh,
+    nheads,
+    seqlen_q,
+    seqlen_q_rounded,
+    headdim,
+    BLOCK_M: tl.constexpr,
+    BLOCK_HEADDIM: tl.constexpr,
+):
     start_m = tl.program_id(0)
     off_hb = tl.program_id(1)
     off_b = off_hb // nheads
@@ -167,24 +256,71 @@ def _bwd_preprocess_do_o_dot(Out, DO, Delta, stride_ob, stride_om, stride_oh, st
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_HEADDIM)
     inside = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim)
-    o = tl.load(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=inside, other=0.0).to(tl.float32)
-    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=inside, other=0.0).to(tl.float32)
+    o = tl.load(
+        Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=inside, other=0.0
+    ).to(tl.float32)
+    do = tl.load(
+        DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=inside, other=0.0
+    ).to(tl.float32)
     tl.store(Delta + off_hb * seqlen_q_rounded + offs_m, tl.sum(o * do, axis=1))
 
 
 @triton.jit
 def _bwd_kernel(
-    Q, K, V, Mask, Bias, DO, DQ, DK, DV, DBias, LSE, D, Written, softmax_scale,
-    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-    stride_mb, stride_mh, stride_mm, stride_bb, stride_bh, stride_bm,
-    stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh,
-    stride_dkb, stride_dkn, stride_dkh, stride_dbb, stride_dbh, stride_dbm,
-    nheads, group, seqlen_q, seqlen_k, seqlen_q_rounded, headdim,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, GUARD: tl.constexpr,
-    PATCH: tl.constexpr, RECORD_WRITES: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_HEADDIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    Mask,
+    Bias,
+    DO,
+    DQ,
+    DK,
+    DV,
+    DBias,
+    LSE,
+    D,
+    Written,
+    softmax_scale,
+    stride_qb,
+    stride_qm,
+    stride_qh,
+    stride_kb,
+    stride_kn,
+    stride_kh,
+    stride_mb,
+    stride_mh,
+    stride_mm,
+    stride_bb,
+    stride_bh,
+    stride_bm,
+    stride_dob,
+    stride_dom,
+    stride_doh,
+    stride_dqb,
+    stride_dqm,
+    stride_dqh,
+    stride_dkb,
+    stride_dkn,
+    stride_dkh,
+    stride_dbb,
+    stride_dbh,
+    stride_dbm,
+    nheads,
+    group,
+    seqlen_q,
+    seqlen_k,
+    seqlen_q_rounded,
+    headdim,
+    IS_CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GUARD: tl.constexpr,
+    PATCH: tl.constexpr,
+    RECORD_WRITES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_HEADDIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     off_hb = tl.program_id(1)
     off_b = off_hb // nheads
@@ -223,8 +359,24 @@ def _bwd_kernel(
             if any_active:
                 q_mask = (rows[:, None] < seqlen_q) & (offs_d[None, :] < headdim)
                 q = tl.load(Q + rows[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
-                acc_s = _scores(q, k, Mask, Bias, rows, offs_n, stride_mm, stride_bm, seqlen_q, seqlen_k,
-                                softmax_scale, mask, IS_CAUSAL, HAS_MASK, HAS_BIAS, UPCAST)
+                acc_s = _scores(
+                    q,
+                    k,
+                    Mask,
+                    Bias,
+                    rows,
+                    offs_n,
+                    stride_mm,
+                    stride_bm,
+                    seqlen_q,
+                    seqlen_k,
+                    softmax_scale,
+                    mask,
+                    IS_CAUSAL,
+                    HAS_MASK,
+                    HAS_BIAS,
+                    UPCAST,
+                )
                 lse_i = tl.load(LSE + rows)
                 if GUARD:
                     lse_i = tl.where(lse_i > float("-inf"), lse_i, 0.0)
@@ -241,8 +393,11 @@ def _bwd_kernel(
                 dbias = p * (dp - Di[:, None])
                 ds = (dbias * softmax_scale).to(q.dtype)
                 if HAS_BIAS:
-                    tl.store(DBias + rows[:, None] * stride_dbm + offs_n[None, :], dbias,
-                             mask=(rows[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k))
+                    tl.store(
+                        DBias + rows[:, None] * stride_dbm + offs_n[None, :],
+                        dbias,
+                        mask=(rows[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k),
+                    )
                 dk_delta = _dot(tl.trans(ds), q, UPCAST)
                 if PATCH:
                     dk_delta = _finite_or_zero(dk_delta)
@@ -312,14 +467,18 @@ def _broadcast(name: str, t: torch.Tensor | None, shape: tuple[int, ...], dtypes
 def _check(query, key, value, attn_mask, attn_bias, block_m, block_n):
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, heads, head_dim), got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}.")
+            raise ValueError(
+                f"{name} must be a 4-D tensor (batch, seqlen, heads, head_dim), got "
+                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}."
+            )
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; flash-dmattn's Triton path takes {DTYPES} (cast with .to()).")
     batch, seqlen_q, heads, head_dim = query.shape
     if key.shape != value.shape or key.shape[0] != batch or key.shape[3] != head_dim:
-        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must match each other and query "
-                         f"{tuple(query.shape)} in batch and head_dim.")
+        raise ValueError(
+            f"key {tuple(key.shape)} and value {tuple(value.shape)} must match each other and query "
+            f"{tuple(query.shape)} in batch and head_dim."
+        )
     if not (query.dtype == key.dtype == value.dtype) or not (query.device == key.device == value.device):
         raise ValueError("query, key and value must share one dtype and one device.")
     if heads % key.shape[2]:
@@ -348,18 +507,40 @@ def _forward(q, k, v, mask, bias, causal, scale, guard, block_m, block_n):
     dummy = q.new_empty(0)
     grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
     _fwd_kernel[grid](
-        q, k, v, dummy if mask is None else mask, dummy if bias is None else bias, out, lse, scale,
-        *_strides(q), *_strides(k), *_strides(mask), *_strides(bias), *_strides(out),
-        heads, heads // kv_heads, seqlen_q, seqlen_k, seqlen_q_rounded, head_dim,
-        IS_CAUSAL=causal, HAS_MASK=mask is not None, HAS_BIAS=bias is not None, GUARD=guard,
-        UPCAST=dot_upcast_needed(q.dtype), BLOCK_HEADDIM=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        q,
+        k,
+        v,
+        dummy if mask is None else mask,
+        dummy if bias is None else bias,
+        out,
+        lse,
+        scale,
+        *_strides(q),
+        *_strides(k),
+        *_strides(mask),
+        *_strides(bias),
+        *_strides(out),
+        heads,
+        heads // kv_heads,
+        seqlen_q,
+        seqlen_k,
+        seqlen_q_rounded,
+        head_dim,
+        IS_CAUSAL=causal,
+        HAS_MASK=mask is not None,
+        HAS_BIAS=bias is not None,
+        GUARD=guard,
+        UPCAST=dot_upcast_needed(q.dtype),
+        BLOCK_HEADDIM=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
     )
     return out, lse
 
 
-def _backward(do, q, k, v, out, lse, mask, bias, causal, scale, guard, patch, block_m, block_n, record_writes=False,
-              zero_init=None):
+def _backward(
+    do, q, k, v, out, lse, mask, bias, causal, scale, guard, patch, block_m, block_n, record_writes=False, zero_init=None
+):
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
     group = heads // kv_heads
@@ -368,8 +549,17 @@ def _backward(do, q, k, v, out, lse, mask, bias, causal, scale, guard, patch, bl
     block_d = max(16, triton.next_power_of_2(head_dim))
     delta = torch.empty_like(lse)
     _bwd_preprocess_do_o_dot[(triton.cdiv(seqlen_q_rounded, block_m), batch * heads)](
-        out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q, seqlen_q_rounded, head_dim,
-        BLOCK_M=block_m, BLOCK_HEADDIM=block_d,
+        out,
+        do,
+        delta,
+        *_strides(out),
+        *_strides(do),
+        heads,
+        seqlen_q,
+        seqlen_q_rounded,
+        head_dim,
+        BLOCK_M=block_m,
+        BLOCK_HEADDIM=block_d,
     )
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # upstream: init_to_zero("DQ")
     # Upstream: dk, dv = torch.empty_like(k), torch.empty_like(v) (the Copilot PR: zeros_like).
@@ -381,14 +571,44 @@ def _backward(do, q, k, v, out, lse, mask, bias, causal, scale, guard, patch, bl
     written = torch.zeros((batch, heads, seqlen_k), device=q.device, dtype=torch.int8) if record_writes else q.new_empty(0)
     dummy = q.new_empty(0)
     _bwd_kernel[(1, batch * heads)](
-        q, k, v, dummy if mask is None else mask, dummy if bias is None else bias, do, dq_accum, dk, dv,
-        dummy if dbias is None else dbias, lse, delta, written, scale,
-        *_strides(q), *_strides(k), *_strides(mask), *_strides(bias),
-        *_strides(do), *_strides(dq_accum), *_strides(dk), *_strides(dbias),
-        heads, group, seqlen_q, seqlen_k, seqlen_q_rounded, head_dim,
-        IS_CAUSAL=causal, HAS_MASK=mask is not None, HAS_BIAS=bias is not None, GUARD=guard, PATCH=patch,
-        RECORD_WRITES=record_writes, UPCAST=dot_upcast_needed(q.dtype), BLOCK_HEADDIM=block_d,
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        q,
+        k,
+        v,
+        dummy if mask is None else mask,
+        dummy if bias is None else bias,
+        do,
+        dq_accum,
+        dk,
+        dv,
+        dummy if dbias is None else dbias,
+        lse,
+        delta,
+        written,
+        scale,
+        *_strides(q),
+        *_strides(k),
+        *_strides(mask),
+        *_strides(bias),
+        *_strides(do),
+        *_strides(dq_accum),
+        *_strides(dk),
+        *_strides(dbias),
+        heads,
+        group,
+        seqlen_q,
+        seqlen_k,
+        seqlen_q_rounded,
+        head_dim,
+        IS_CAUSAL=causal,
+        HAS_MASK=mask is not None,
+        HAS_BIAS=bias is not None,
+        GUARD=guard,
+        PATCH=patch,
+        RECORD_WRITES=record_writes,
+        UPCAST=dot_upcast_needed(q.dtype),
+        BLOCK_HEADDIM=block_d,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
     )
     if group > 1:
         dk = dk.view(batch, seqlen_k, kv_heads, group, head_dim).sum(3)
@@ -417,8 +637,21 @@ class _DmattnFunction(torch.autograd.Function):
         return grads.dq, grads.dk, grads.dv, None, dbias, None, None, None, None, None, None
 
 
-def triton_dmattn_func(query, key, value, attn_mask=None, attn_bias=None, is_causal=False, scale=None, *,
-                       guard=False, patch=False, block_m=64, block_n=64, return_lse=False):
+def triton_dmattn_func(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    attn_bias=None,
+    is_causal=False,
+    scale=None,
+    *,
+    guard=False,
+    patch=False,
+    block_m=64,
+    block_n=64,
+    return_lse=False,
+):
     """flash-dmattn's `triton_dmattn_func`: q (B, Q, H, D), k/v (B, K, H_kv, D); mask (bool) and bias
     broadcastable to (B, H_kv, Q, K); returns out (B, Q, H, D) (and lse (B, H, Q) with `return_lse`).
 
@@ -427,13 +660,29 @@ def triton_dmattn_func(query, key, value, attn_mask=None, attn_bias=None, is_cau
     """
     mask, bias = _check(query, key, value, attn_mask, attn_bias, block_m, block_n)
     scale = check_scale(scale, query.shape[-1])
-    out, lse = _DmattnFunction.apply(query, key, value, mask, bias, bool(is_causal), scale, bool(guard), bool(patch),
-                                     block_m, block_n)
+    out, lse = _DmattnFunction.apply(
+        query, key, value, mask, bias, bool(is_causal), scale, bool(guard), bool(patch), block_m, block_n
+    )
     return (out, lse) if return_lse else out
 
 
-def dmattn_backward(query, key, value, d_out, attn_mask=None, attn_bias=None, is_causal=False, scale=None, *,
-                    guard=False, patch=False, block_m=64, block_n=64, record_writes=True, zero_init=None) -> DmattnGrads:
+def dmattn_backward(
+    query,
+    key,
+    value,
+    d_out,
+    attn_mask=None,
+    attn_bias=None,
+    is_causal=False,
+    scale=None,
+    *,
+    guard=False,
+    patch=False,
+    block_m=64,
+    block_n=64,
+    record_writes=True,
+    zero_init=None,
+) -> DmattnGrads:
     """Forward then backward with the kernels' own buffers, recording which dk/dv rows were stored.
 
     The instrument for the `empty_like -> zeros_like` half of the patch: with `record_writes`,
@@ -443,9 +692,26 @@ def dmattn_backward(query, key, value, d_out, attn_mask=None, attn_bias=None, is
     mask, bias = _check(query, key, value, attn_mask, attn_bias, block_m, block_n)
     scale = check_scale(scale, query.shape[-1])
     if d_out.shape != query.shape or d_out.dtype != query.dtype:
-        raise ValueError(f"d_out {tuple(d_out.shape)} {d_out.dtype} must have query's shape and dtype "
-                         f"{tuple(query.shape)} {query.dtype}.")
+        raise ValueError(
+            f"d_out {tuple(d_out.shape)} {d_out.dtype} must have query's shape and dtype {tuple(query.shape)} {query.dtype}."
+        )
     with torch.no_grad():
         out, lse = _forward(query, key, value, mask, bias, bool(is_causal), scale, guard, block_m, block_n)
-        return _backward(d_out, query, key, value, out, lse, mask, bias, bool(is_causal), scale, guard, patch,
-                         block_m, block_n, record_writes=record_writes, zero_init=zero_init)
+        return _backward(
+            d_out,
+            query,
+            key,
+            value,
+            out,
+            lse,
+            mask,
+            bias,
+            bool(is_causal),
+            scale,
+            guard,
+            patch,
+            block_m,
+            block_n,
+            record_writes=record_writes,
+            zero_init=zero_init,
+        )

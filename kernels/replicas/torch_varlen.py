@@ -16,6 +16,7 @@ of our own. Real rows are computed correctly: the bug is what is *not* written.
 `enable_gqa` and 2.11's keyword `scale`, so the workbench's "torch-varlen" adapter
 (`workbench.audit.adapt`) drives the replica and torch's own function alike.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,11 +41,29 @@ def _visible(rows, cols, len_q, len_k, CAUSAL: tl.constexpr):
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Out, Lse, cu_q, cu_k, scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    cu_q,
+    cu_k,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q + seq).to(tl.int64)
@@ -56,8 +75,11 @@ def _fwd_kernel(
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < HEAD_DIM
-    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
-                mask=(rows[:, None] < len_q) & dmask[None, :], other=0.0)
+    q = tl.load(
+        Q + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+        mask=(rows[:, None] < len_q) & dmask[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     kv_head = head // GROUP
@@ -84,15 +106,26 @@ def _fwd_kernel(
     has_key = l_i > 0
     out = acc / tl.where(has_key, l_i, 1.0)[:, None]
     lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
-    tl.store(Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
-             out.to(Out.dtype.element_ty), mask=(rows[:, None] < len_q) & dmask[None, :])
+    tl.store(
+        Out + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=(rows[:, None] < len_q) & dmask[None, :],
+    )
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=rows < len_q)
 
 
 @triton.jit
 def _bwd_delta_kernel(
-    Out, dOut, Delta, cu_q, stride_ot, stride_oh, stride_dh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    Out,
+    dOut,
+    Delta,
+    cu_q,
+    stride_ot,
+    stride_oh,
+    stride_dh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     """delta = rowsum(O * dO), FlashAttention-2's backward preprocess, on covered rows only."""
     block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -111,11 +144,30 @@ def _bwd_delta_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, dOut, Lse, Delta, dK, dV, cu_q, cu_k, scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    dOut,
+    Lse,
+    Delta,
+    dK,
+    dV,
+    cu_q,
+    cu_k,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One key block of one kv head: sums over its GROUP query heads and every query block."""
     block, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -162,11 +214,29 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, dOut, Lse, Delta, dQ, cu_q, cu_k, scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    dOut,
+    Lse,
+    Delta,
+    dQ,
+    cu_q,
+    cu_k,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q + seq).to(tl.int64)
@@ -241,22 +311,46 @@ def _check(query, key, value, cu_seq_q, cu_seq_k) -> None:
         if cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be a 1-D int32 tensor of batch+1 boundaries, got {cu.dtype} {tuple(cu.shape)}.")
     if cu_seq_q.numel() != cu_seq_k.numel():
-        raise ValueError(f"cu_seq_q has {cu_seq_q.numel()} boundaries but cu_seq_k has {cu_seq_k.numel()}; one batch, one length.")
+        raise ValueError(
+            f"cu_seq_q has {cu_seq_q.numel()} boundaries but cu_seq_k has {cu_seq_k.numel()}; one batch, one length."
+        )
 
 
 @torch.library.custom_op("replicas::torch_varlen_fwd", mutates_args=())
 def _fwd(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, is_causal: bool, scale: float,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    is_causal: bool,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
     out = torch.empty_like(q)  # the upstream allocation: rows nobody writes keep old memory
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(max_q, BLOCK_M), cu_seq_q.numel() - 1, q.shape[1])
     _fwd_kernel[grid](
-        q, k, v, out, lse, cu_seq_q, cu_seq_k, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-        GROUP=q.shape[1] // k.shape[1], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **_launch_options(q, is_causal),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seq_q,
+        cu_seq_k,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        GROUP=q.shape[1] // k.shape[1],
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        **_launch_options(q, is_causal),
     )
     return out, lse
 
@@ -268,9 +362,18 @@ def _(query, key, value, cu_seq_q, cu_seq_k, max_q, is_causal, scale):
 
 @torch.library.custom_op("replicas::torch_varlen_bwd", mutates_args=())
 def _bwd(
-    grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    out: torch.Tensor, lse: torch.Tensor, cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor,
-    max_q: int, max_k: int, is_causal: bool, scale: float,
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    is_causal: bool,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, o, do = (t.contiguous() for t in (query, key, value, out, grad_out))
     # The upstream allocation (mha_varlen_bwd): uncovered rows are never written.
@@ -279,16 +382,47 @@ def _bwd(
     batch, heads, kv_heads = cu_seq_q.numel() - 1, q.shape[1], k.shape[1]
     options = _launch_options(q, is_causal)
     _bwd_delta_kernel[(triton.cdiv(max_q, BLOCK_M), batch, heads)](
-        o, do, delta, cu_seq_q, o.stride(0), o.stride(1), delta.stride(0),
-        HEAD_DIM=options["HEAD_DIM"], BLOCK_D=options["BLOCK_D"], BLOCK_M=BLOCK_M,
+        o,
+        do,
+        delta,
+        cu_seq_q,
+        o.stride(0),
+        o.stride(1),
+        delta.stride(0),
+        HEAD_DIM=options["HEAD_DIM"],
+        BLOCK_D=options["BLOCK_D"],
+        BLOCK_M=BLOCK_M,
     )
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), lse.stride(0))
     common = dict(GROUP=heads // kv_heads, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **options)
     _bwd_dkdv_kernel[(triton.cdiv(max_k, BLOCK_N), batch, kv_heads)](
-        q, k, v, do, lse, delta, dk, dv, cu_seq_q, cu_seq_k, scale, *strides, **common,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        cu_seq_q,
+        cu_seq_k,
+        scale,
+        *strides,
+        **common,
     )
     _bwd_dq_kernel[(triton.cdiv(max_q, BLOCK_M), batch, heads)](
-        q, k, v, do, lse, delta, dq, cu_seq_q, cu_seq_k, scale, *strides, **common,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        cu_seq_q,
+        cu_seq_k,
+        scale,
+        *strides,
+        **common,
     )
     return dq, dk, dv
 

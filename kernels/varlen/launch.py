@@ -14,12 +14,13 @@ so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles o
 call of a shape class and keeps the fastest; the attention kernels write disjoint rows and
 never read what they write, so timing them on the caller's own tensors is harmless.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import triton
@@ -155,7 +156,7 @@ class TileTuner:
         timings = {}
         for tile in candidates:
             try:
-                timings[tile] = triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=25, return_mode="median")
+                timings[tile] = triton.testing.do_bench(lambda tile=tile: launch(tile), warmup=5, rep=25, return_mode="median")
             except OutOfResources:
                 continue  # more shared memory or registers than the device has
         if not timings:
@@ -165,9 +166,12 @@ class TileTuner:
 
     def report(self) -> list[dict]:
         return [
-            {**dict(zip(SHAPE_CLASS_FIELDS, key)), "tile": str(tile),
-             "timings_ms": {str(t): round(ms, 4) for t, ms in self.timings.get(key, {}).items()},
-             **self.resources.get(key, {})}
+            {
+                **dict(zip(SHAPE_CLASS_FIELDS, key)),
+                "tile": str(tile),
+                "timings_ms": {str(t): round(ms, 4) for t, ms in self.timings.get(key, {}).items()},
+                **self.resources.get(key, {}),
+            }
             for key, tile in self.chosen.items()
         ]
 
@@ -178,11 +182,19 @@ TUNER = TileTuner()
 SHAPE_CLASS_FIELDS = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2")
 
 
-def shape_class(kernel: str, dtype: torch.dtype, heads: int, head_dim: int, total_rows: int, n_seqs: int,
-                causal: bool, group: int) -> tuple:
+def shape_class(
+    kernel: str, dtype: torch.dtype, heads: int, head_dim: int, total_rows: int, n_seqs: int, causal: bool, group: int
+) -> tuple:
     """The tuner's key (SHAPE_CLASS_FIELDS) of a call with `total_rows` rows in `n_seqs` sequences."""
-    return (kernel, str(dtype).removeprefix("torch."), head_dim, causal, group,
-            (total_rows // max(n_seqs, 1)).bit_length(), (total_rows * heads).bit_length())
+    return (
+        kernel,
+        str(dtype).removeprefix("torch."),
+        head_dim,
+        causal,
+        group,
+        (total_rows // max(n_seqs, 1)).bit_length(),
+        (total_rows * heads).bit_length(),
+    )
 
 
 def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, causal: bool, group: int) -> tuple:
@@ -227,8 +239,14 @@ def work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.
     n_seqs = cu_seqlens_q.numel() - 1
     work = torch.empty(work_lists_shape(n_seqs), dtype=torch.int32, device=cu_seqlens_q.device)
     block_starts_kernel[(len(BLOCK_SIZES), 2)](
-        cu_seqlens_q, cu_seqlens_k, work, n_seqs, work.stride(0), work.stride(1),
-        SMALLEST_LOG2=SMALLEST_BLOCK_LOG2, CHUNK=1024,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        work,
+        n_seqs,
+        work.stride(0),
+        work.stride(1),
+        SMALLEST_LOG2=SMALLEST_BLOCK_LOG2,
+        CHUNK=1024,
     )
     return work
 
@@ -263,10 +281,17 @@ def fill_padding_rows(*targets: Padding) -> None:
     block_cols = min(triton.next_power_of_2(n_cols), 256)
     n_seqs = targets[0].cu_real.numel() - 1
     slots = targets + targets[:1] * (FILL_TARGETS - len(targets))  # unused slots: no program reaches them
-    args = [a for t in slots for a in (t.view, t.view.stride(0), t.view.stride(1), t.view.shape[0], t.view.shape[1],
-                                       t.value, t.cu_real, t.cu_padded)]
+    args = [
+        a
+        for t in slots
+        for a in (t.view, t.view.stride(0), t.view.stride(1), t.view.shape[0], t.view.shape[1], t.value, t.cu_real, t.cu_padded)
+    ]
     fill_padding_rows_kernel[(triton.cdiv(n_rows, FILL_ROWS), triton.cdiv(n_cols, block_cols), len(targets))](
-        *args, n_seqs, n_seqs.bit_length(), BLOCK_ROWS=FILL_ROWS, BLOCK_COLS=block_cols,
+        *args,
+        n_seqs,
+        n_seqs.bit_length(),
+        BLOCK_ROWS=FILL_ROWS,
+        BLOCK_COLS=block_cols,
     )
 
 
@@ -294,21 +319,48 @@ def attention_forward(
     def launch(tile: Tile):
         starts, grid = rows.blocks(tile.block_m)
         return attention_forward_kernel[(grid, heads)](
-            q, k, v, out, lse,
-            cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded,
-            starts, rows.n_seqs, rows.search_steps,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            cu_seqlens_q_padded,
+            cu_seqlens_k_padded,
+            starts,
+            rows.n_seqs,
+            rows.search_steps,
             scale * math.log2(math.e),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0),
-            GROUP=group, CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-            HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype),
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            out.stride(0),
+            out.stride(1),
+            lse.stride(0),
+            GROUP=group,
+            CAUSAL=causal,
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            HEAD_DIM=head_dim,
+            DOT_UPCAST=dot_upcast_needed(q.dtype),
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
         )
 
-    TUNER.launch(_shape_class("forward", q, total_q, rows.n_seqs, causal, group),
-                 candidate_tiles("forward", head_dim, q.dtype), launch, total_q * heads)
-    fill_padding_rows(Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
-                      Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded))
+    TUNER.launch(
+        _shape_class("forward", q, total_q, rows.n_seqs, causal, group),
+        candidate_tiles("forward", head_dim, q.dtype),
+        launch,
+        total_q * heads,
+    )
+    fill_padding_rows(
+        Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+        Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
+    )
     return out, lse, work
 
 
@@ -340,45 +392,104 @@ def attention_backward(
     delta = torch.empty_like(lse)  # only REAL rows are written, and only they are read
     common = dict(GROUP=group, CAUSAL=causal, HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                   d_out.stride(0), d_out.stride(1))
+    qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
     n_seqs = cu_seqlens_q.numel() - 1
     rows, keys = WorkList(work[QUERIES], n_seqs, total_q), WorkList(work[KEYS], n_seqs, total_k)
 
     starts, grid = rows.blocks(PREPROCESS_ROWS)
     attention_backward_preprocess_kernel[(grid, heads)](
-        out, d_out, delta if d_lse is None else d_lse.contiguous(), delta,  # no d_lse: an unread pointer
-        cu_seqlens_q, cu_seqlens_q_padded, starts, rows.n_seqs, rows.search_steps,
-        out.stride(0), out.stride(1), d_out.stride(0), d_out.stride(1), lse.stride(0),
-        BLOCK_M=PREPROCESS_ROWS, HEAD_DIM=head_dim, HAS_DLSE=d_lse is not None,
+        out,
+        d_out,
+        delta if d_lse is None else d_lse.contiguous(),
+        delta,  # no d_lse: an unread pointer
+        cu_seqlens_q,
+        cu_seqlens_q_padded,
+        starts,
+        rows.n_seqs,
+        rows.search_steps,
+        out.stride(0),
+        out.stride(1),
+        d_out.stride(0),
+        d_out.stride(1),
+        lse.stride(0),
+        BLOCK_M=PREPROCESS_ROWS,
+        HEAD_DIM=head_dim,
+        HAS_DLSE=d_lse is not None,
     )
 
     def launch_dkdv(tile: Tile):
         starts, grid = keys.blocks(tile.block_n)
         return attention_backward_dkdv_kernel[(grid, kv_heads)](
-            q, k, v, d_out, lse, delta, dk, dv,
-            *cu, starts, keys.n_seqs, keys.search_steps, qk_scale, scale,
-            *qkv_strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **common,
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            q,
+            k,
+            v,
+            d_out,
+            lse,
+            delta,
+            dk,
+            dv,
+            *cu,
+            starts,
+            keys.n_seqs,
+            keys.search_steps,
+            qk_scale,
+            scale,
+            *qkv_strides,
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            lse.stride(0),
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            **common,
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
         )
 
     def launch_dq(tile: Tile):
         starts, grid = rows.blocks(tile.block_m)
         return attention_backward_dq_kernel[(grid, heads)](
-            q, k, v, d_out, lse, delta, dq,
-            *cu, starts, rows.n_seqs, rows.search_steps, qk_scale, scale,
-            *qkv_strides, dq.stride(0), dq.stride(1), lse.stride(0),
-            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **common,
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            q,
+            k,
+            v,
+            d_out,
+            lse,
+            delta,
+            dq,
+            *cu,
+            starts,
+            rows.n_seqs,
+            rows.search_steps,
+            qk_scale,
+            scale,
+            *qkv_strides,
+            dq.stride(0),
+            dq.stride(1),
+            lse.stride(0),
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            **common,
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
         )
 
-    TUNER.launch(_shape_class("dkdv", q, total_k, keys.n_seqs, causal, group),
-                 candidate_tiles("dkdv", head_dim, q.dtype), launch_dkdv, total_k * heads)
-    TUNER.launch(_shape_class("dq", q, total_q, rows.n_seqs, causal, group),
-                 candidate_tiles("dq", head_dim, q.dtype), launch_dq, total_q * heads)
-    fill_padding_rows(Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
-                      Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
-                      Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded))
+    TUNER.launch(
+        _shape_class("dkdv", q, total_k, keys.n_seqs, causal, group),
+        candidate_tiles("dkdv", head_dim, q.dtype),
+        launch_dkdv,
+        total_k * heads,
+    )
+    TUNER.launch(
+        _shape_class("dq", q, total_q, rows.n_seqs, causal, group),
+        candidate_tiles("dq", head_dim, q.dtype),
+        launch_dq,
+        total_q * heads,
+    )
+    fill_padding_rows(
+        Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+        Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+        Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+    )
     return dq, dk, dv

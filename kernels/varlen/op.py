@@ -4,7 +4,6 @@ Forward and backward are two custom ops (`workbench::varlen_attention_fwd` / `_b
 autograd, `torch.compile` (fake tensors give the output shapes without running Triton) and
 dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
 """
-from typing import Optional, Union
 
 import torch
 
@@ -33,9 +32,7 @@ def _forward_op(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale
-    )
+    return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale)
 
 
 @_forward_op.register_fake
@@ -48,7 +45,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_s
 @torch.library.custom_op("workbench::varlen_attention_bwd", mutates_args=())
 def _backward_op(
     d_out: torch.Tensor,
-    d_lse: Optional[torch.Tensor],
+    d_lse: torch.Tensor | None,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -63,8 +60,20 @@ def _backward_op(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(
-        d_out, d_lse, q, k, v, out, lse, work,
-        cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale,
+        d_out,
+        d_lse,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        work,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        cu_seqlens_q_padded,
+        cu_seqlens_k_padded,
+        causal,
+        scale,
     )
 
 
@@ -104,13 +113,13 @@ def varlen_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
-    cu_seqlens_k_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_q_padded: torch.Tensor | None = None,
+    cu_seqlens_k_padded: torch.Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     return_lse: bool = False,
     validate: bool = True,
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over packed variable-length sequences, keeping the padding contract (DESIGN.md).
 
     q (T_q, H, D), k and v (T_k, H_kv, D) with H % H_kv == 0; D in 16, 32, 64, 128, 256;
@@ -129,21 +138,38 @@ def varlen_attention(
     """
     if validate:
         check_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded,
-            scale=scale, dtypes=DTYPES, head_dims=HEAD_DIMS,
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_k_padded=cu_seqlens_k_padded,
+            scale=scale,
+            dtypes=DTYPES,
+            head_dims=HEAD_DIMS,
         )
     else:
         check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
         check_cu_seqlens_tensors(
-            cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_k_padded=cu_seqlens_k_padded, device=q.device,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_k_padded=cu_seqlens_k_padded,
+            device=q.device,
         )
     check_kernel_device("q", q)  # after the type checks: a list has no device to report
     out, lse, _ = _forward_op(
-        q, k, v, cu_seqlens_q, cu_seqlens_k,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
         cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
-        causal, check_scale(scale, q.shape[-1]),
+        causal,
+        check_scale(scale, q.shape[-1]),
     )
     return (out, lse) if return_lse else out

@@ -7,6 +7,7 @@ shared memory is slow or fails, and compiling tells so for free, before any GPU 
 prints one JSON row per (kernel, head_dim, causal, tile). Compiling is native-only, so an
 interpreted process (no GPU) compiles in a child process (`resource_table`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,14 +57,24 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, cau
     """Compiles one kernel with one tile for CUDA `arch`; returns its resource use."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource, compile as triton_compile, make_backend
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import compile as triton_compile
 
     from kernels.varlen import triton_kernels as tk
 
-    fn = {"forward": tk.attention_forward_kernel, "dkdv": tk.attention_backward_dkdv_kernel,
-          "dq": tk.attention_backward_dq_kernel}[kernel]
-    constexprs = {"GROUP": 1, "CAUSAL": causal, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
-                  "HEAD_DIM": head_dim, "DOT_UPCAST": False}
+    fn = {
+        "forward": tk.attention_forward_kernel,
+        "dkdv": tk.attention_backward_dkdv_kernel,
+        "dq": tk.attention_backward_dq_kernel,
+    }[kernel]
+    constexprs = {
+        "GROUP": 1,
+        "CAUSAL": causal,
+        "BLOCK_M": tile.block_m,
+        "BLOCK_N": tile.block_n,
+        "HEAD_DIM": head_dim,
+        "DOT_UPCAST": False,
+    }
     signature, attrs = _signature(fn, dtype, constexprs)
     target = GPUTarget("cuda", arch, 32)
     options = make_backend(target).parse_options({"num_warps": tile.num_warps, "num_stages": tile.num_stages})
@@ -71,24 +82,42 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, cau
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
         ptx.write(compiled.asm["ptx"])
         ptx.flush()
-        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}a", ptx.name, "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr
+        log = subprocess.run(
+            [get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}a", ptx.name, "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     return {
-        "kernel": kernel, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."), "causal": causal,
-        "tile": str(tile), "regs": int(re.search(r"Used (\d+) registers", log).group(1)),
-        "spill_bytes": int(spills.group(1)) + int(spills.group(2)), "shared": compiled.metadata.shared,
+        "kernel": kernel,
+        "head_dim": head_dim,
+        "dtype": str(dtype).removeprefix("torch."),
+        "causal": causal,
+        "tile": str(tile),
+        "regs": int(re.search(r"Used (\d+) registers", log).group(1)),
+        "spill_bytes": int(spills.group(1)) + int(spills.group(2)),
+        "shared": compiled.metadata.shared,
         "fits": compiled.metadata.shared <= SHARED_LIMIT,
         "wgmma": "wgmma" in compiled.asm["ptx"],
     }
 
 
-def resource_table(head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER,
-                   kernels=("forward", "dkdv", "dq")) -> list[dict]:
+def resource_table(
+    head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER, kernels=("forward", "dkdv", "dq")
+) -> list[dict]:
     """compile_tile for every candidate of NATIVE_TILES at these head dims (causal and not)."""
     if INTERPRETED:
-        args = ["--arch", str(arch), "--dtype", str(dtype).removeprefix("torch."), "--head-dims", *map(str, head_dims),
-                "--kernels", *kernels]
+        args = [
+            "--arch",
+            str(arch),
+            "--dtype",
+            str(dtype).removeprefix("torch."),
+            "--head-dims",
+            *map(str, head_dims),
+            "--kernels",
+            *kernels,
+        ]
         return _run_module(__name__, args, interpret=False, timeout=1800)
     rows = []
     for kernel in kernels:

@@ -19,6 +19,7 @@ the last block are never stored, and their zero-filled q/dO make their backward 
 Scores live in base 2: `qk_scale = scale * log2(e)` so that `exp2` (one instruction) replaces
 `exp`; lse is stored in natural log.
 """
+
 import triton
 import triton.language as tl
 
@@ -28,8 +29,14 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit(do_not_specialize=["n_seqs"])
 def block_starts_kernel(
-    cu_seqlens_q, cu_seqlens_k, Starts, n_seqs, stride_side, stride_size,
-    SMALLEST_LOG2: tl.constexpr, CHUNK: tl.constexpr,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    Starts,
+    n_seqs,
+    stride_side,
+    stride_size,
+    SMALLEST_LOG2: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Starts[side, i]: the running count of blocks of 2**(SMALLEST_LOG2 + i) rows per sequence
     of the queries (side 0) or keys (side 1).
@@ -158,8 +165,25 @@ def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constex
 
 @triton.jit
 def _forward_blocks(
-    acc, l_i, m_i, q, K, V, stride_kt, stride_vt, dims, rows, col_lo, col_hi, len_k, causal_offset, qk_scale,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    stride_kt,
+    stride_vt,
+    dims,
+    rows,
+    col_lo,
+    col_hi,
+    len_k,
+    causal_offset,
+    qk_scale,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """Online softmax over key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
     offs = tl.arange(0, BLOCK_N)
@@ -188,12 +212,34 @@ def _forward_blocks(
 
 @triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_forward_kernel(
-    Q, K, V, Out, Lse,
-    cu_q, cu_k, cu_q_padded, cu_k_padded, block_starts, n_seqs, n_search_steps,
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    cu_q,
+    cu_k,
+    cu_q_padded,
+    cu_k_padded,
+    block_starts,
+    n_seqs,
+    n_search_steps,
     qk_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """One block of BLOCK_M query rows of one sequence and one head: online softmax over keys."""
     head = tl.program_id(1)
@@ -215,12 +261,46 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _forward_blocks(
-        acc, l_i, m_i, q, K, V, stride_kt, stride_vt, dims, rows, 0, full_end, len_k, len_k - len_q, qk_scale,
-        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        stride_kt,
+        stride_vt,
+        dims,
+        rows,
+        0,
+        full_end,
+        len_k,
+        len_k - len_q,
+        qk_scale,
+        MASKED=False,
+        CAUSAL=CAUSAL,
+        BLOCK_N=BLOCK_N,
+        DOT_UPCAST=DOT_UPCAST,
     )
     acc, l_i, m_i = _forward_blocks(
-        acc, l_i, m_i, q, K, V, stride_kt, stride_vt, dims, rows, full_end, key_end, len_k, len_k - len_q, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        stride_kt,
+        stride_vt,
+        dims,
+        rows,
+        full_end,
+        key_end,
+        len_k,
+        len_k - len_q,
+        qk_scale,
+        MASKED=True,
+        CAUSAL=CAUSAL,
+        BLOCK_N=BLOCK_N,
+        DOT_UPCAST=DOT_UPCAST,
     )
 
     # Rows with no visible key have l = 0 and acc = 0: output 0 and lse = -inf, no 0/0.
@@ -234,10 +314,23 @@ def attention_forward_kernel(
 
 @triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_backward_preprocess_kernel(
-    Out, DOut, DLse, Delta,
-    cu_q, cu_q_padded, block_starts, n_seqs, n_search_steps,
-    stride_ot, stride_oh, stride_dot, stride_doh, stride_lh,
-    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_DLSE: tl.constexpr,
+    Out,
+    DOut,
+    DLse,
+    Delta,
+    cu_q,
+    cu_q_padded,
+    block_starts,
+    n_seqs,
+    n_search_steps,
+    stride_ot,
+    stride_oh,
+    stride_dot,
+    stride_doh,
+    stride_lh,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
 ):
     """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout.
 
@@ -270,8 +363,26 @@ def _load_lse_log2(Lse, rows, row_ok):
 
 @triton.jit
 def _dkdv_blocks(
-    dk, dv, k, v, Q, DO, Lse, Delta, stride_qt, stride_dot, dims, cols, row_lo, row_hi, len_q, causal_offset,
-    qk_scale, MASKED: tl.constexpr, BLOCK_M: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    dk,
+    dv,
+    k,
+    v,
+    Q,
+    DO,
+    Lse,
+    Delta,
+    stride_qt,
+    stride_dot,
+    dims,
+    cols,
+    row_lo,
+    row_hi,
+    len_q,
+    causal_offset,
+    qk_scale,
+    MASKED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """dK, dV contributions of query rows [row_lo, row_hi) of one head (Q, DO, Lse, Delta at the
     sequence's first row). MASKED applies the causal mask; nothing else needs one: keys past
@@ -298,13 +409,42 @@ def _dkdv_blocks(
 
 @triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_backward_dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV,
-    cu_q, cu_k, cu_q_padded, cu_k_padded, block_starts, n_seqs, n_search_steps,
-    qk_scale, scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV,
+    cu_q,
+    cu_k,
+    cu_q_padded,
+    cu_k_padded,
+    block_starts,
+    n_seqs,
+    n_search_steps,
+    qk_scale,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """dK, dV of one block of BLOCK_N keys of one sequence and one kv head.
 
@@ -344,12 +484,48 @@ def attention_backward_dkdv_kernel(
         Lse_seq = Lse + head * stride_lh + q_start
         Delta_seq = Delta + head * stride_lh + q_start
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, Q_seq, DO_seq, Lse_seq, Delta_seq, stride_qt, stride_dot, dims, cols,
-            first_row, masked_end, len_q, causal_offset, qk_scale, MASKED=True, BLOCK_M=BLOCK_M, DOT_UPCAST=DOT_UPCAST,
+            dk,
+            dv,
+            k,
+            v,
+            Q_seq,
+            DO_seq,
+            Lse_seq,
+            Delta_seq,
+            stride_qt,
+            stride_dot,
+            dims,
+            cols,
+            first_row,
+            masked_end,
+            len_q,
+            causal_offset,
+            qk_scale,
+            MASKED=True,
+            BLOCK_M=BLOCK_M,
+            DOT_UPCAST=DOT_UPCAST,
         )
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, Q_seq, DO_seq, Lse_seq, Delta_seq, stride_qt, stride_dot, dims, cols,
-            masked_end, len_q, len_q, causal_offset, qk_scale, MASKED=False, BLOCK_M=BLOCK_M, DOT_UPCAST=DOT_UPCAST,
+            dk,
+            dv,
+            k,
+            v,
+            Q_seq,
+            DO_seq,
+            Lse_seq,
+            Delta_seq,
+            stride_qt,
+            stride_dot,
+            dims,
+            cols,
+            masked_end,
+            len_q,
+            len_q,
+            causal_offset,
+            qk_scale,
+            MASKED=False,
+            BLOCK_M=BLOCK_M,
+            DOT_UPCAST=DOT_UPCAST,
         )
 
     dk_ptrs = DK + kv_head * stride_dkh + (k_start + cols)[:, None] * stride_dkt + dims[None, :]
@@ -360,8 +536,26 @@ def attention_backward_dkdv_kernel(
 
 @triton.jit
 def _dq_blocks(
-    dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, dims, rows, col_lo, col_hi, len_k, causal_offset, qk_scale,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    K,
+    V,
+    stride_kt,
+    stride_vt,
+    dims,
+    rows,
+    col_lo,
+    col_hi,
+    len_k,
+    causal_offset,
+    qk_scale,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """dQ contributions of key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
     offs = tl.arange(0, BLOCK_N)
@@ -380,13 +574,39 @@ def _dq_blocks(
 
 @triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def attention_backward_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ,
-    cu_q, cu_k, cu_q_padded, cu_k_padded, block_starts, n_seqs, n_search_steps,
-    qk_scale, scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh, stride_lh,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    DOut,
+    Lse,
+    Delta,
+    DQ,
+    cu_q,
+    cu_k,
+    cu_q_padded,
+    cu_k_padded,
+    block_starts,
+    n_seqs,
+    n_search_steps,
+    qk_scale,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dqt,
+    stride_dqh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """dQ of one block of BLOCK_M query rows of one sequence and one head.
 
@@ -414,12 +634,48 @@ def attention_backward_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_blocks(
-        dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, dims, rows, 0, full_end, len_k, len_k - len_q, qk_scale,
-        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        K,
+        V,
+        stride_kt,
+        stride_vt,
+        dims,
+        rows,
+        0,
+        full_end,
+        len_k,
+        len_k - len_q,
+        qk_scale,
+        MASKED=False,
+        CAUSAL=CAUSAL,
+        BLOCK_N=BLOCK_N,
+        DOT_UPCAST=DOT_UPCAST,
     )
     dq = _dq_blocks(
-        dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, dims, rows, full_end, key_end, len_k, len_k - len_q,
-        qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_UPCAST=DOT_UPCAST,
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        K,
+        V,
+        stride_kt,
+        stride_vt,
+        dims,
+        rows,
+        full_end,
+        key_end,
+        len_k,
+        len_k - len_q,
+        qk_scale,
+        MASKED=True,
+        CAUSAL=CAUSAL,
+        BLOCK_N=BLOCK_N,
+        DOT_UPCAST=DOT_UPCAST,
     )
 
     dq_ptrs = DQ + head * stride_dqh + (q_start + rows)[:, None] * stride_dqt + dims[None, :]
@@ -428,8 +684,18 @@ def attention_backward_dq_kernel(
 
 @triton.jit
 def _fill_padding_rows(
-    X, stride_row, stride_col, n_rows, n_cols, value, cu_real, cu_padded, n_seqs, n_search_steps,
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    X,
+    stride_row,
+    stride_col,
+    n_rows,
+    n_cols,
+    value,
+    cu_real,
+    cu_padded,
+    n_seqs,
+    n_search_steps,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
 ):
     """Writes `value` into the padding rows (GAP or TAIL) of this program's tile of X.
 
@@ -449,20 +715,80 @@ def _fill_padding_rows(
 
 @triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def fill_padding_rows_kernel(
-    X0, stride0_row, stride0_col, n0_rows, n0_cols, value0, cu0_real, cu0_padded,
-    X1, stride1_row, stride1_col, n1_rows, n1_cols, value1, cu1_real, cu1_padded,
-    X2, stride2_row, stride2_col, n2_rows, n2_cols, value2, cu2_real, cu2_padded,
-    n_seqs, n_search_steps, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    X0,
+    stride0_row,
+    stride0_col,
+    n0_rows,
+    n0_cols,
+    value0,
+    cu0_real,
+    cu0_padded,
+    X1,
+    stride1_row,
+    stride1_col,
+    n1_rows,
+    n1_cols,
+    value1,
+    cu1_real,
+    cu1_padded,
+    X2,
+    stride2_row,
+    stride2_col,
+    n2_rows,
+    n2_cols,
+    value2,
+    cu2_real,
+    cu2_padded,
+    n_seqs,
+    n_search_steps,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
 ):
     """The padding rows of up to three (rows, cols) views, X<program_id(2)>: one launch per pass
     (every launch costs tens of microseconds of host time, more than these writes take)."""
     target = tl.program_id(2)
     if target == 0:
-        _fill_padding_rows(X0, stride0_row, stride0_col, n0_rows, n0_cols, value0, cu0_real, cu0_padded,
-                           n_seqs, n_search_steps, BLOCK_ROWS, BLOCK_COLS)
+        _fill_padding_rows(
+            X0,
+            stride0_row,
+            stride0_col,
+            n0_rows,
+            n0_cols,
+            value0,
+            cu0_real,
+            cu0_padded,
+            n_seqs,
+            n_search_steps,
+            BLOCK_ROWS,
+            BLOCK_COLS,
+        )
     elif target == 1:
-        _fill_padding_rows(X1, stride1_row, stride1_col, n1_rows, n1_cols, value1, cu1_real, cu1_padded,
-                           n_seqs, n_search_steps, BLOCK_ROWS, BLOCK_COLS)
+        _fill_padding_rows(
+            X1,
+            stride1_row,
+            stride1_col,
+            n1_rows,
+            n1_cols,
+            value1,
+            cu1_real,
+            cu1_padded,
+            n_seqs,
+            n_search_steps,
+            BLOCK_ROWS,
+            BLOCK_COLS,
+        )
     else:
-        _fill_padding_rows(X2, stride2_row, stride2_col, n2_rows, n2_cols, value2, cu2_real, cu2_padded,
-                           n_seqs, n_search_steps, BLOCK_ROWS, BLOCK_COLS)
+        _fill_padding_rows(
+            X2,
+            stride2_row,
+            stride2_col,
+            n2_rows,
+            n2_cols,
+            value2,
+            cu2_real,
+            cu2_padded,
+            n_seqs,
+            n_search_steps,
+            BLOCK_ROWS,
+            BLOCK_COLS,
+        )

@@ -15,11 +15,13 @@ Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cu
 [--dtype D] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
 back and prints it as the command did.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from workbench.audit.adapters import (
     ADAPTERS,
@@ -86,7 +88,11 @@ class AuditReport:
         if self.fuzz is not None:
             lines += ["", self.fuzz.summary()]
             for failure in self.fuzz.failures:
-                lines += ["", f"smallest failing layout for {failure.check} ({failure.shrink_probes} shrink probes):", failure.snippet]
+                lines += [
+                    "",
+                    f"smallest failing layout for {failure.check} ({failure.shrink_probes} shrink probes):",
+                    failure.snippet,
+                ]
         if not self.ran:
             lines += ["", f"NOTHING RAN: {self.results[0].evidence if self.results else 'no checks selected'}"]
         else:
@@ -97,8 +103,13 @@ class AuditReport:
         from workbench.provenance import provenance
 
         return {
-            "target": self.target, "adapter": self.adapter, "device": self.device, "dtype": self.dtype,
-            "passed": self.passed, "failed": self.failed, "seconds": round(self.seconds, 2),
+            "target": self.target,
+            "adapter": self.adapter,
+            "device": self.device,
+            "dtype": self.dtype,
+            "passed": self.passed,
+            "failed": self.failed,
+            "seconds": round(self.seconds, 2),
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
             "provenance": provenance(),
@@ -187,7 +198,10 @@ def run_command(args) -> int:
     from kernels import DEVICE
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"workbench audit: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.", file=sys.stderr)
+        print(
+            f"workbench audit: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
+            file=sys.stderr,
+        )
         return 2
     if args.device and args.device != DEVICE:
         # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
@@ -199,8 +213,15 @@ def run_command(args) -> int:
         for module in args.imports:
             importlib.import_module(module)
         report = audit(
-            args.target, args.adapter, device=args.device, dtype=args.dtype, budget=args.budget, seed=args.seed,
-            time_limit=args.time_limit, workers=args.workers, checks=args.checks.split(",") if args.checks else None,
+            args.target,
+            args.adapter,
+            device=args.device,
+            dtype=args.dtype,
+            budget=args.budget,
+            seed=args.seed,
+            time_limit=args.time_limit,
+            workers=args.workers,
+            checks=args.checks.split(",") if args.checks else None,
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (ValueError, ImportError) as exc:

@@ -34,12 +34,14 @@ and what it lacks (a dict, or a function of (fn, device) returning one):
 Features an adapter can lack (`FEATURES`): padded, tail, gqa, causal, unequal, scale, metadata,
 and `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
 """
+
 from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -105,7 +107,14 @@ def register_adapter(
         if name in ADAPTERS:
             raise ValueError(f"adapter {name!r} is already registered; pick another name.")
         ADAPTERS[name] = Adapter(
-            name, wrap, lacks or {}, detect, aliases or {}, dtypes, head_dims, case_kwargs,
+            name,
+            wrap,
+            lacks or {},
+            detect,
+            aliases or {},
+            dtypes,
+            head_dims,
+            case_kwargs,
             doc=(inspect.getdoc(wrap) or "").partition("\n")[0],
         )
         return wrap
@@ -152,10 +161,14 @@ def load(target: str) -> Callable:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"target {target!r}: cannot import module {module_name!r} ({exc}); is it installed and on PYTHONPATH?") from exc
+        raise ValueError(
+            f"target {target!r}: cannot import module {module_name!r} ({exc}); is it installed and on PYTHONPATH?"
+        ) from exc
     for attr in attrs.split("."):
         if not hasattr(obj, attr):
-            raise ValueError(f"target {target!r}: {type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {attr!r}.")
+            raise ValueError(
+                f"target {target!r}: {type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {attr!r}."
+            )
         obj = getattr(obj, attr)
     if not callable(obj):
         raise ValueError(f"target {target!r} is a {type(obj).__name__}, not a callable.")
@@ -204,7 +217,7 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
 
 
 def _target_of(fn: Callable) -> str | None:
-    """"module:qualname" if importing it gives back `fn` (so a snippet can import it)."""
+    """ "module:qualname" if importing it gives back `fn` (so a snippet can import it)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not module or not qualname or "<" in qualname:
         return None
@@ -220,8 +233,12 @@ def _target_of(fn: Callable) -> str | None:
 def _refuse_padded(name: str, cu_q, cu_k, padded_q, padded_k) -> None:
     """Functions without a padded layout can still run the contract's unpadded calls."""
     for side, cu, padded in (("q", cu_q, padded_q), ("k", cu_k, padded_k)):
-        if padded is not None and not (isinstance(cu, torch.Tensor) and isinstance(padded, torch.Tensor) and torch.equal(padded, cu)):
-            raise AdapterRefused(f"{name} has no padded layout: cu_seqlens_{side}_padded must be None or equal cu_seqlens_{side}.")
+        if padded is not None and not (
+            isinstance(cu, torch.Tensor) and isinstance(padded, torch.Tensor) and torch.equal(padded, cu)
+        ):
+            raise AdapterRefused(
+                f"{name} has no padded layout: cu_seqlens_{side}_padded must be None or equal cu_seqlens_{side}."
+            )
 
 
 def _first(out):
@@ -293,8 +310,20 @@ def _torch_varlen(fn: Callable) -> Callable:
     """torch.nn.attention.varlen.varlen_attn: 2.10's is_causal, 2.11+'s window_size=(-1, 0)."""
     params = set(_params(fn))
 
-    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+    def call(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_k_padded=None,
+        causal=False,
+        scale=None,
+    ):
         _refuse_padded("varlen_attn", cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
         kwargs: dict[str, Any] = {}
         if "is_causal" in params:  # torch 2.10
@@ -320,11 +349,24 @@ def _torch_varlen(fn: Callable) -> Callable:
 def _flash_attn(fn: Callable) -> Callable:
     """FlashAttention's flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)."""
 
-    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+    def call(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_k_padded=None,
+        causal=False,
+        scale=None,
+    ):
         _refuse_padded("flash_attn_varlen_func", cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        return _first(fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         dropout_p=0.0, softmax_scale=scale, causal=causal))
+        return _first(
+            fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=scale, causal=causal)
+        )
 
     return call
 
@@ -340,26 +382,46 @@ def _te_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     lacks=_te_lacks,
     detect=lambda fn, names: {"cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"} <= names,
     aliases={
-        "cu_seqlens_k": "cu_seqlens_kv", "cu_seqlens_k_padded": "cu_seqlens_kv_padded",
-        "max_seqlen_k": "max_seqlen_kv", "scale": "softmax_scale",
+        "cu_seqlens_k": "cu_seqlens_kv",
+        "cu_seqlens_k_padded": "cu_seqlens_kv_padded",
+        "max_seqlen_k": "max_seqlen_kv",
+        "scale": "softmax_scale",
     },
 )
 def _te_thd(fn: Callable) -> Callable:
     """TransformerEngine-style THD call: qkv_format="thd", cu_seqlens_q/kv(_padded), attn_mask_type."""
     takes_scale = "softmax_scale" in _params(fn)
 
-    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
+    def call(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_k_padded=None,
+        causal=False,
+        scale=None,
+    ):
         kwargs: dict[str, Any] = {}
         if scale is not None:
             if not takes_scale:
                 raise AdapterRefused("this TE-style function takes no softmax_scale per call.")
             kwargs["softmax_scale"] = scale
         out = fn(
-            q, k, v, qkv_format="thd",
-            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k,
-            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_k_padded,
-            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k,
+            q,
+            k,
+            v,
+            qkv_format="thd",
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_k,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_k_padded,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_k,
             # TE's "padding_causal" is top-left aligned; the contract's causal is bottom-right.
             attn_mask_type="padding_causal_bottom_right" if causal else "padding",
             **kwargs,
@@ -391,7 +453,8 @@ def bshd_mask(lengths_q: list[int], lengths_k: list[int], seq_q: int, seq_k: int
 def _bshd_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     why = "the function sees padded (batch, seq) tensors; the adapter gathers real rows back, so THD padding rows never reach it"
     return {
-        "padded": why, "tail": why,
+        "padded": why,
+        "tail": why,
         "metadata": "the function never receives cu_seqlens/max_seqlen: the adapter turns them into a mask",
         **({} if "scale" in _params(fn) else {"scale": "the function takes no scale keyword"}),
     }
@@ -406,9 +469,21 @@ def _bshd(fn: Callable) -> Callable:
     """
     takes_scale = "scale" in _params(fn)
 
-    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-             cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None,
-             padding_fill: Fill | str = Fill.ZEROS):
+    def call(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_k_padded=None,
+        causal=False,
+        scale=None,
+        padding_fill: Fill | str = Fill.ZEROS,
+    ):
         generator = torch.Generator().manual_seed(0)
 
         def padded(x, cu, cu_padded, seq):

@@ -14,6 +14,7 @@ Each call is classified by what the implementation does with it:
 
 Arguments are named by our names or the implementation's own (`cu_seq_q` for torch).
 """
+
 from __future__ import annotations
 
 import enum
@@ -90,7 +91,8 @@ def classify(impl: Adapted, case: Malformed, base: dict[str, Any]) -> tuple[Outc
 def run_campaign(impl: Adapted, dtype: str) -> list[dict[str, str]]:
     """One row per catalogue case: id, outcome, evidence."""
     base = base_args(
-        DTYPES[dtype], impl.device,
+        DTYPES[dtype],
+        impl.device,
         padded="padded" not in impl.lacks,
         kv_heads=HEADS if "gqa" in impl.lacks else 2,
     )
@@ -101,7 +103,11 @@ def run_campaign(impl: Adapted, dtype: str) -> list[dict[str, str]]:
             outcome, evidence = Outcome.NOT_RUN, f"the CUDA context was lost at {lost}"
         else:
             outcome, evidence = classify(impl, case, base)
-            if outcome is Outcome.CRASH and impl.device.type == "cuda" and ("CUDA error" in evidence or "illegal memory" in evidence):
+            if (
+                outcome is Outcome.CRASH
+                and impl.device.type == "cuda"
+                and ("CUDA error" in evidence or "illegal memory" in evidence)
+            ):
                 lost = case.id
         rows.append({"id": case.id, "outcome": outcome.value, "evidence": evidence})
     return rows

@@ -8,14 +8,16 @@ adapter's reason when the implementation cannot express what the check needs.
 rows within FlashAttention's bound of the fp64 oracle (so finite), GAP and TAIL rows of out,
 dq, dk, dv exactly 0.
 """
+
 from __future__ import annotations
 
 import contextlib
 import enum
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -54,8 +56,12 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "verdict": self.verdict.value, "evidence": self.evidence,
-            "cases": [c.to_dict() for c in self.cases], "rows": list(self.rows), "seconds": round(self.seconds, 3),
+            "name": self.name,
+            "verdict": self.verdict.value,
+            "evidence": self.evidence,
+            "cases": [c.to_dict() for c in self.cases],
+            "rows": list(self.rows),
+            "seconds": round(self.seconds, 3),
         }
 
 
@@ -82,7 +88,11 @@ def _region_evidence(record: ProbeRecord, region: str) -> str:
             continue
         rows = int((record.regions(name) == Region[region]).sum())
         bad = record.nonfinite[name][region]
-        parts.append(f"{name}: {bad} non-finite values in {rows} {region} rows" if bad else f"{name}: max |x| {record.max_abs[name][region]:.3g} in {rows} {region} rows")
+        parts.append(
+            f"{name}: {bad} non-finite values in {rows} {region} rows"
+            if bad
+            else f"{name}: max |x| {record.max_abs[name][region]:.3g} in {rows} {region} rows"
+        )
     return "; ".join(parts)
 
 
@@ -154,7 +164,9 @@ class Context:
             bad = [f for f in layout_findings(record) if f.check in checks]
             if bad:
                 evidence = f"{case.label()} ({case.fill.value} padding): " + "; ".join(f.evidence for f in bad)
-                return CheckResult("", Verdict.FAIL, evidence, (case, *[c for c in cases if c is not case]), records=tuple(records))
+                return CheckResult(
+                    "", Verdict.FAIL, evidence, (case, *[c for c in cases if c is not case]), records=tuple(records)
+                )
         return CheckResult("", Verdict.PASS, passed or max_ratio(records), tuple(cases), records=tuple(records))
 
 
@@ -177,7 +189,11 @@ class Check:
                 result = CheckResult(self.name, Verdict.NA, str(exc))
             except Exception as exc:  # a crash on valid input is a finding, never an aborted audit
                 where = traceback.extract_tb(exc.__traceback__)[-1]
-                result = CheckResult(self.name, Verdict.FAIL, f"raised {type(exc).__name__}: {exc} (at {where.name}, {where.filename.rpartition('/')[2]}:{where.lineno})")
+                result = CheckResult(
+                    self.name,
+                    Verdict.FAIL,
+                    f"raised {type(exc).__name__}: {exc} (at {where.name}, {where.filename.rpartition('/')[2]}:{where.lineno})",
+                )
         result.name, result.seconds = self.name, time.perf_counter() - start
         return result
 
@@ -222,7 +238,12 @@ def _padding_leak(ctx: Context) -> CheckResult:
     if {"padded", "tail"} <= set(ctx.impl.lacks) and ctx.impl.adapter.case_kwargs is None:
         return CheckResult("", Verdict.NA, "the implementation has neither GAP nor TAIL rows to plant values in")
     cases = [ctx.case((5, 3, 4), padded_q=(7, 4, 6), padded_k=(8, 3, 4), tail_q=2, tail_k=3, fill=fill) for fill in LEAK_FILLS]
-    return ctx.judge(cases, ("real-accuracy",), poisoned=False, passed=f"REAL rows within the bound with {', '.join(f.value for f in LEAK_FILLS)} in padding")
+    return ctx.judge(
+        cases,
+        ("real-accuracy",),
+        poisoned=False,
+        passed=f"REAL rows within the bound with {', '.join(f.value for f in LEAK_FILLS)} in padding",
+    )
 
 
 @check("empty-sequences", "sequences of length 0 (query, key, both; also the last one) are handled")
@@ -270,7 +291,9 @@ def _determinism(ctx: Context) -> CheckResult:
         real = first.regions(name) == Region.REAL
         a, b = first.tensors[name][real], second.tensors[name][real]
         if not _same(a, b):
-            differ.append(f"{name}: {int((a != b).sum())} values differ, max |diff| {float((a.double() - b.double()).abs().nan_to_num(0).max()):.3g}")
+            differ.append(
+                f"{name}: {int((a != b).sum())} values differ, max |diff| {float((a.double() - b.double()).abs().nan_to_num(0).max()):.3g}"
+            )
     if differ:
         return CheckResult("", Verdict.FAIL, f"{case.label()}: " + "; ".join(differ), (case,), records=(first, second))
     return CheckResult("", Verdict.PASS, f"{case.label()}: identical", (case,), records=(first, second))

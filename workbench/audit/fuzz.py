@@ -10,6 +10,7 @@ smaller and still fails the same check. The result is printed as a runnable snip
 Two profiles: `tiny` for the Triton interpreter (a few dozen rows: CI runs hundreds of layouts)
 and `native` for GPUs (up to a few thousand rows, block-edge lengths, head dims 32-128).
 """
+
 from __future__ import annotations
 
 import random
@@ -47,8 +48,16 @@ PROFILES = {
     # Natively every (head_dim, dtype, GQA group, causal) is a Triton compilation per kernel:
     # few of those, and all the variety in lengths, padding and fills, where the bugs live.
     "native": Profile(
-        "native", 6, (0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257), 600, 24, 40,
-        (2,), (64, 128), ("bfloat16",), 200,
+        "native",
+        6,
+        (0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257),
+        600,
+        24,
+        40,
+        (2,),
+        (64, 128),
+        ("bfloat16",),
+        200,
     ),
 }
 
@@ -58,8 +67,14 @@ def default_profile(impl: Adapted) -> Profile:
 
 
 def _allowed(profile: Profile, impl: Adapted) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    dtypes = tuple(d for d in profile.dtypes if impl.adapter.dtypes is None or d in impl.adapter.dtypes) or (impl.adapter.dtypes or ("float32",))[:1]
-    dims = tuple(d for d in profile.head_dims if impl.adapter.head_dims is None or d in impl.adapter.head_dims) or profile.head_dims[:1]
+    dtypes = (
+        tuple(d for d in profile.dtypes if impl.adapter.dtypes is None or d in impl.adapter.dtypes)
+        or (impl.adapter.dtypes or ("float32",))[:1]
+    )
+    dims = (
+        tuple(d for d in profile.head_dims if impl.adapter.head_dims is None or d in impl.adapter.head_dims)
+        or profile.head_dims[:1]
+    )
     return dtypes, dims
 
 
@@ -89,13 +104,24 @@ def _draw(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
     if "tail" not in lacks and rng.random() < 0.6:
         tails = {"tail_q": rng.randint(0, profile.tail), "tail_k": rng.randint(0, profile.tail)}
     heads = rng.choice(profile.heads)
-    kv_heads = rng.choice([d for d in range(1, heads) if heads % d == 0] or [None]) if "gqa" not in lacks and rng.random() < 0.5 else None
+    kv_heads = (
+        rng.choice([d for d in range(1, heads) if heads % d == 0] or [None])
+        if "gqa" not in lacks and rng.random() < 0.5
+        else None
+    )
     dtypes, dims = _allowed(profile, impl)
     return Case(
-        seqlens_q, seqlens_k, **padded, **tails, heads=heads, kv_heads=kv_heads,
-        head_dim=rng.choice(dims), dtype=rng.choice(dtypes),
+        seqlens_q,
+        seqlens_k,
+        **padded,
+        **tails,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=rng.choice(dims),
+        dtype=rng.choice(dtypes),
         causal="causal" not in lacks and rng.random() < 0.5,
-        seed=rng.randrange(2**16), fill=rng.choice(list(Fill)),
+        seed=rng.randrange(2**16),
+        fill=rng.choice(list(Fill)),
     )
 
 
@@ -123,8 +149,17 @@ _FILL_RANK = {fill: i for i, fill in enumerate((Fill.ZEROS, Fill.NAN, Fill.POS_I
 def size(case: Case) -> tuple:
     """What 'smaller' means: fewer rows first, then fewer sequences, heads, dims, features."""
     return (
-        case.total_rows("q") + case.total_rows("k"), case.batch, case.heads, case.kv_heads or case.heads, case.head_dim,
-        case.seqlens_k is not None, case.padded_q is not None, case.causal, _FILL_RANK[case.fill], case.dtype != "float32", case.seed,
+        case.total_rows("q") + case.total_rows("k"),
+        case.batch,
+        case.heads,
+        case.kv_heads or case.heads,
+        case.head_dim,
+        case.seqlens_k is not None,
+        case.padded_q is not None,
+        case.causal,
+        _FILL_RANK[case.fill],
+        case.dtype != "float32",
+        case.seed,
     )
 
 
@@ -143,7 +178,11 @@ def _normalised(case: Case) -> Case:
 
 
 def _per_sequence(case: Case) -> list[str]:
-    return [f.name for f in fields(case) if f.name in ("seqlens_q", "seqlens_k", "padded_q", "padded_k") and getattr(case, f.name) is not None]
+    return [
+        f.name
+        for f in fields(case)
+        if f.name in ("seqlens_q", "seqlens_k", "padded_q", "padded_k") and getattr(case, f.name) is not None
+    ]
 
 
 def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
@@ -152,18 +191,18 @@ def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
     per_seq = _per_sequence(case)
     for i in range(case.batch):
         if case.batch > 1:
-            out.append({n: getattr(case, n)[:i] + getattr(case, n)[i + 1:] for n in per_seq})
+            out.append({n: getattr(case, n)[:i] + getattr(case, n)[i + 1 :] for n in per_seq})
     for name in per_seq:
         values = getattr(case, name)
         for i, n in enumerate(values):
             for smaller in {0, 1, n // 2, n - 1}:
                 if 0 <= smaller < n:
-                    changed = {name: values[:i] + (smaller,) + values[i + 1:]}
+                    changed = {name: values[:i] + (smaller,) + values[i + 1 :]}
                     if name.startswith("seqlens"):  # keep the padded layout valid: shrink it along
                         side = "q" if name == "seqlens_q" else "k"
                         padded = getattr(case, f"padded_{side}")
                         if padded is not None:
-                            changed[f"padded_{side}"] = padded[:i] + (padded[i] - (n - smaller),) + padded[i + 1:]
+                            changed[f"padded_{side}"] = padded[:i] + (padded[i] - (n - smaller),) + padded[i + 1 :]
                     out.append(changed)
     for name in ("seqlens_k", "padded_q", "padded_k"):
         if getattr(case, name) is not None:
@@ -226,8 +265,12 @@ class FuzzFailure:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "check": self.check, "evidence": self.evidence, "case": self.case.to_dict(), "original": self.original.to_dict(),
-            "shrink_probes": self.shrink_probes, "snippet": self.snippet,
+            "check": self.check,
+            "evidence": self.evidence,
+            "case": self.case.to_dict(),
+            "original": self.original.to_dict(),
+            "shrink_probes": self.shrink_probes,
+            "snippet": self.snippet,
         }
 
 
@@ -243,8 +286,12 @@ class FuzzResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "tried": self.tried, "seconds": round(self.seconds, 2), "seed": self.seed, "profile": self.profile,
-            "failing_layouts": self.failing_layouts, "stopped_early": self.stopped_early,
+            "tried": self.tried,
+            "seconds": round(self.seconds, 2),
+            "seed": self.seed,
+            "profile": self.profile,
+            "failing_layouts": self.failing_layouts,
+            "stopped_early": self.stopped_early,
             "failures": [f.to_dict() for f in self.failures],
         }
 
@@ -260,7 +307,9 @@ def layout(impl: Adapted, profile: Profile, seed: int, index: int) -> Case:
     return random_case(random.Random(seed * 1_000_003 + index), impl, profile)
 
 
-def _scan(impl: Adapted, profile: Profile, seed: int, indices: range, deadline: float | None) -> tuple[int, list[tuple[int, Finding]]]:
+def _scan(
+    impl: Adapted, profile: Profile, seed: int, indices: range, deadline: float | None
+) -> tuple[int, list[tuple[int, Finding]]]:
     """Probes the layouts `indices` until `deadline` (time.time()); (layouts tried, (index, finding)s)."""
     tried, found = 0, []
     with single_threaded():
@@ -309,7 +358,16 @@ def fuzz(
 
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             parts = [
-                pool.submit(_scan_in_worker, impl.target, impl.adapter.name, str(impl.device), profile, seed, range(w, budget, workers), deadline)
+                pool.submit(
+                    _scan_in_worker,
+                    impl.target,
+                    impl.adapter.name,
+                    str(impl.device),
+                    profile,
+                    seed,
+                    range(w, budget, workers),
+                    deadline,
+                )
                 for w in range(workers)
             ]
             tried, found = 0, []
@@ -326,7 +384,9 @@ def fuzz(
             case = layout(impl, profile, seed, index)
             with single_threaded():
                 small, small_finding, spent = shrink(impl, case, finding, profile)
-            result.failures.append(FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding)))
+            result.failures.append(
+                FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding))
+            )
     result.seconds = time.perf_counter() - start
     return result
 
@@ -352,13 +412,15 @@ def snippet(impl: Adapted, case: Case, finding: Finding) -> str:
         load = f'impl = adapt("{impl.target}", adapter="{impl.adapter.name}", device="{impl.device.type}")'
     else:
         load = f'impl = adapt(your_function, adapter="{impl.adapter.name}", device="{impl.device.type}")  # your_function: {impl.name}'
-    return "\n".join([
-        f"# {finding.check}: {finding.evidence}",
-        "from workbench import Case, Fill, pack, probe",
-        "from workbench.audit import adapt, layout_findings",
-        "",
-        load,
-        f"case = {case_source(case)}",
-        "record = probe(impl, pack(case, impl.device), poisoned=True, **impl.case_kwargs(case))",
-        "print(*layout_findings(record), sep=\"\\n\")",
-    ])
+    return "\n".join(
+        [
+            f"# {finding.check}: {finding.evidence}",
+            "from workbench import Case, Fill, pack, probe",
+            "from workbench.audit import adapt, layout_findings",
+            "",
+            load,
+            f"case = {case_source(case)}",
+            "record = probe(impl, pack(case, impl.device), poisoned=True, **impl.case_kwargs(case))",
+            'print(*layout_findings(record), sep="\\n")',
+        ]
+    )

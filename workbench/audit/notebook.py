@@ -9,6 +9,7 @@ implementation is fixed the claims stop holding and CI says so: update the noteb
 Cells are written in the percent format of `workbench new`'s template and parsed by
 `workbench.scaffold.parse_cells`; the notebook is executed in place, as `workbench new` does.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,8 +25,14 @@ from workbench.scaffold import parse_cells
 
 # Failing checks whose failing case is a layout (the others: determinism, bad-input).
 _FINDING_OF = {
-    "real-accuracy": "real-accuracy", "tail-rows": "tail-rows", "gap-rows": "gap-rows", "padding-leak": "real-accuracy",
-    "empty-sequences": None, "fully-masked-rows": "real-accuracy", "causal-unequal": "real-accuracy", "gqa": "real-accuracy",
+    "real-accuracy": "real-accuracy",
+    "tail-rows": "tail-rows",
+    "gap-rows": "gap-rows",
+    "padding-leak": "real-accuracy",
+    "empty-sequences": None,
+    "fully-masked-rows": "real-accuracy",
+    "causal-unequal": "real-accuracy",
+    "gqa": "real-accuracy",
 }
 
 
@@ -37,7 +44,14 @@ def reproductions(report) -> list[tuple[str, str | None, Any, str]]:
         if result.verdict.value == "FAIL" and result.name in _FINDING_OF and result.cases:
             out.append((result.name, _FINDING_OF[result.name], result.cases[0], f"The failing case of check `{result.name}`"))
     for failure in report.fuzz.failures if report.fuzz else []:
-        out.append((f"fuzz {failure.check}", failure.check, failure.case, f"The fuzzer's smallest layout failing `{failure.check}` ({failure.shrink_probes} shrink probes)"))
+        out.append(
+            (
+                f"fuzz {failure.check}",
+                failure.check,
+                failure.case,
+                f"The fuzzer's smallest layout failing `{failure.check}` ({failure.shrink_probes} shrink probes)",
+            )
+        )
     return out
 
 
@@ -46,12 +60,14 @@ def audit_claims(expected: dict[str, str], expected_findings: dict[str, str | No
     reproduction still failing. Results: {"report": AuditReport, "reproductions": {label: findings}}."""
     claims = Claims()
     for name, verdict in expected.items():
+
         def same_verdict(results, name=name, verdict=verdict):
             now = results["report"].verdicts().get(name)
             return now == verdict, "" if now == verdict else f"now {now}"
 
         claims(f"check {name}: {verdict}")(same_verdict)
     for label, finding in expected_findings.items():
+
         def still_fails(results, label=label, finding=finding):
             found: list[Finding] = results["reproductions"][label]
             hit = [f.check for f in found if finding is None or f.check == finding]
@@ -104,10 +120,12 @@ found = {{}}
         ]
     repros = reproductions(report)
     if repros:
-        cells.append(_markdown(
-            "## Failing cases\n\nEach case is probed forward and backward under NaN-poisoned memory and compared with the "
-            "fp64 oracle; the plot shows per-row norms of out, dq, dk, dv with GAP and TAIL rows shaded."
-        ))
+        cells.append(
+            _markdown(
+                "## Failing cases\n\nEach case is probed forward and backward under NaN-poisoned memory and compared with the "
+                "fp64 oracle; the plot shows per-row norms of out, dq, dk, dv with GAP and TAIL rows shaded."
+            )
+        )
     for i, (label, _, case, origin) in enumerate(repros, 1):
         cells += [
             _markdown(f"### {i}. {label}\n\n{origin}: `{case.label()}`, padding filled with {case.fill.value}."),

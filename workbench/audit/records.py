@@ -6,11 +6,13 @@ ones `workbench audit` printed: `AuditReport` formats its live results through t
 `format_verdicts` and `format_campaign`, so a record reads on the site as the run read in the
 terminal.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from workbench.audit.fuzz import FuzzResult
 from workbench.provenance import GPU_DATA
