@@ -19,12 +19,10 @@ Exit status: 0 success, 1 a claim does not hold or the build failed, 2 bad usage
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from workbench.tables import fixed_width
 
@@ -58,32 +56,6 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def jsonable(value: Any) -> Any:
-    """Results as JSON: records with `summary()` give their summary, Cases their fields,
-    small tensors their values, anything else its repr (so a record never fails to write)."""
-    import torch
-
-    from workbench.layout import Case
-
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Case):
-        return value.to_dict()
-    if hasattr(value, "summary") and callable(value.summary):
-        return jsonable(value.summary())
-    if isinstance(value, dict):
-        return (
-            [{"key": jsonable(k), "value": jsonable(v)} for k, v in value.items()]
-            if any(not isinstance(k, str) for k in value)
-            else {k: jsonable(v) for k, v in value.items()}
-        )
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.tolist() if value.numel() <= 1024 else {"shape": list(value.shape), "dtype": str(value.dtype)}
-    return repr(value)
-
-
 def _repro(args: argparse.Namespace) -> int:
     import torch
 
@@ -100,27 +72,28 @@ def _repro(args: argparse.Namespace) -> int:
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         record = ["--record", args.record] if args.record else []
         return subprocess.call([sys.executable, "-m", "workbench.cli", "repro", args.id, *record], env=env)
-    from workbench.postmortem import overall_verdict, verdict_table
-    from workbench.provenance import provenance
+    from workbench.postmortem import claims_table, overall_verdict
+    from workbench.records import write_record
     from workbench.registry import Registry
 
     pm = Registry().get(args.id)
     print(f"{pm.id}: {pm.meta.title}", flush=True)
     results = pm.reproduce(device=args.device)
     verdicts = pm.claims.check(results)
-    print(verdict_table(verdicts))
+    print(claims_table(verdicts))
     print(overall_verdict(verdicts))
     if args.record:
-        record = {
+        # A post-mortem's `gpu_probes(device)` adds what only a run of the upstream code there shows.
+        probes = getattr(pm.module, "gpu_probes", None)
+        payload = {
             "id": pm.id,
             "title": pm.meta.title,
             "verdict": overall_verdict(verdicts),
-            "claims": [{"claim": v.claim, "holds": v.holds, "evidence": v.evidence} for v in verdicts],
-            "results": jsonable(results),
-            "provenance": provenance(),
+            "claims": [v.to_dict() for v in verdicts],
+            "results": results,
+            "probes": probes(args.device or DEVICE) if probes else {},
         }
-        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
+        write_record(args.record, payload)
         print(f"recorded to {args.record}")
     return 0 if all(v.holds for v in verdicts) else EXIT_FAILED
 

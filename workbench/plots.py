@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -82,7 +82,7 @@ def _display_figures_in_ipython() -> None:
 _display_figures_in_ipython()
 
 
-def _figure(
+def figure(
     nrows: int = 1, ncols: int = 1, *, width: float = 7.0, height: float = 2.6, **kwargs: Any
 ) -> tuple[Figure, np.ndarray]:
     """A white, constrained-layout figure and a 2-D array of axes, drawn in the house style."""
@@ -127,7 +127,7 @@ def plot_token_norms(record: Any, tensors: Sequence[str] | None = None, *, title
     missing = [n for n in names if n not in record.token_norms]
     if missing:
         raise ValueError(f"tensors {missing} are not in the record; it has {list(record.token_norms)}.")
-    fig, axes = _figure(len(names), 1, height=1.9)
+    fig, axes = figure(len(names), 1, height=1.9)
     with matplotlib.rc_context(STYLE):
         for ax, name in zip(axes[:, 0], names):
             norms = record.token_norms[name].double()
@@ -197,7 +197,7 @@ def plot_nan_map(
     get = value if callable(value) else (lambda r: r.get(value, math.nan))
     facets = axes_values[facet] if facet else [None]
     row_values, col_values = axes_values[rows], axes_values[cols]
-    fig, axes = _figure(1, len(facets), width=min(3.2 * len(facets) + 0.8, 12), height=0.45 * len(row_values) + 1.4, sharey=True)
+    fig, axes = figure(1, len(facets), width=min(3.2 * len(facets) + 0.8, 12), height=0.45 * len(row_values) + 1.4, sharey=True)
     grids = []
     for f in facets:
         pins = {**fixed, **({facet: f} if facet else {})}
@@ -266,7 +266,7 @@ def plot_errors(records: Sequence[Any], *, title: str | None = None) -> Figure:
     if not records or any(not r.errors for r in records):
         raise ValueError("plot_errors needs ProbeRecords made with reference=True (they carry errors against the oracle).")
     names = [n for n in records[0].errors]
-    fig, axes = _figure(1, 1, width=max(4.5, 1.2 * len(names) * len(records) ** 0.5 + 2), height=2.8)
+    fig, axes = figure(1, 1, width=max(4.5, 1.2 * len(names) * len(records) ** 0.5 + 2), height=2.8)
     ax = axes[0, 0]
     width = 0.8 / len(records)
     ratios = [[r.errors[n].ratio if n in r.errors else math.nan for n in names] for r in records]
@@ -307,67 +307,82 @@ def plot_errors(records: Sequence[Any], *, title: str | None = None) -> Figure:
 # -- gradient health -------------------------------------------------------------------------------
 
 
-def plot_health(monitor: GradientHealth, params: Sequence[str] | None = None, *, title: str | None = None) -> Figure:
+def plot_health(
+    monitor: GradientHealth | Mapping[str, GradientHealth], params: Sequence[str] | None = None, *, title: str | None = None
+) -> Figure:
     """Gradient norm of each parameter over steps, threshold bands, transitions and the first non-finite parameter.
 
     Non-finite steps are drawn as crosses on the top edge (a NaN has no height); every state
-    transition is a marker coloured by the new state.
+    transition is a marker coloured by the new state. Given a mapping of monitors (e.g. the
+    buggy path and the fixed one trained on the same batches), the runs stand side by side on
+    one shared axis, so finite garbage inflating one run's norms shows against the other's.
     """
-    if not monitor.history:
-        raise ValueError("the monitor has no steps yet; call monitor.step(loss) after each optimizer step first.")
-    names = list(params or monitor.names.values())
-    watched = list(monitor.names.values())
-    unknown = [n for n in names if n not in watched]
-    if unknown:
-        raise ValueError(f"params {unknown} are not watched by this monitor; it watches {watched}.")
-    steps = np.arange(len(monitor.history))
-    series = {n: np.array(monitor.norms(n)) for n in names}
-    finite = np.concatenate([v[np.isfinite(v)] for v in series.values()] + [np.array([monitor.thresholds.exploding])])
+    monitors = dict(monitor) if isinstance(monitor, Mapping) else {"": monitor}
+    for label, m in monitors.items():
+        if not m.history:
+            raise ValueError(f"the monitor {label!r} has no steps yet; call monitor.step(loss) after each optimizer step first.")
+    first_monitor = next(iter(monitors.values()))
+    names = list(params or first_monitor.names.values())
+    for label, m in monitors.items():
+        unknown = [n for n in names if n not in m.names.values()]
+        if unknown:
+            raise ValueError(f"params {unknown} are not watched by monitor {label!r}; it watches {list(m.names.values())}.")
+    series = {label: {n: np.array(m.norms(n)) for n in names} for label, m in monitors.items()}
+    thresholds = first_monitor.thresholds
+    values = [v for runs in series.values() for v in runs.values()]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values] + [np.array([thresholds.exploding])])
     top = float(finite.max()) * 10
-    low = max(min(float(finite[finite > 0].min(initial=1.0)), monitor.thresholds.vanishing) / 10, 1e-30)
-    fig, axes = _figure(1, 1, width=7.5, height=3.2)
-    ax = axes[0, 0]
+    low = max(min(float(finite[finite > 0].min(initial=1.0)), thresholds.vanishing) / 10, 1e-30)
+    panels = len(monitors)
+    fig, axes = figure(1, panels, width=4.2 * panels + 2.6 if panels > 1 else 7.5, height=3.2, sharey=True)
     with matplotlib.rc_context(STYLE):
-        ax.axhspan(monitor.thresholds.exploding, top, color=STATE_COLORS[State.EXPLODING], alpha=0.08, lw=0)
-        ax.axhspan(low, monitor.thresholds.vanishing, color=STATE_COLORS[State.VANISHING], alpha=0.08, lw=0)
-        for k, name in enumerate(names):
-            color = SERIES[k % len(SERIES)]
-            values = series[name]
-            ok = np.isfinite(values)
-            ax.plot(steps, np.where(ok, values, np.nan), "-", lw=1.2, color=color, label=name)
-            bad = [
-                s
-                for s in steps
-                if monitor.history[s].params.get(name) is not None and monitor.history[s].params[name].state is State.NONFINITE
-            ]
-            ax.plot(bad, np.full(len(bad), top / 2), "x", color=color, ms=6)
-        for t in monitor.transitions:
-            if t.param in series:
-                y = series[t.param][t.step]
-                ax.plot(t.step, y if math.isfinite(y) else top / 2, "o", ms=7, mfc="none", mew=1.6, color=STATE_COLORS[t.after])
-        chain = monitor.causal_chain()
-        first = next((e for e in chain.events if e.kind == "gradient"), None)
-        if first is not None:
-            ax.axvline(first.step, color=STATE_COLORS[State.NONFINITE], lw=1, ls=":")
-            ax.annotate(
-                f"first non-finite: {first.names[0]}",
-                (first.step, top / 2),
-                xytext=(6, -14),
-                textcoords="offset points",
-                fontsize=8,
-                color=STATE_COLORS[State.NONFINITE],
-            )
-        ax.set_yscale("log")
-        ax.set_ylim(low, top)
-        ax.set_xlabel("step")
-        ax.set_ylabel("gradient L2 norm")
+        for ax, (label, m) in zip(axes[0], monitors.items()):
+            _draw_health(ax, m, series[label], low, top)
+            ax.set_title(label or title or "gradient health (x: non-finite, o: state transition)")
+        axes[0, 0].set_ylabel("gradient L2 norm")
         state_handles = [
             matplotlib.lines.Line2D([], [], marker="o", ls="", mfc="none", color=STATE_COLORS[s], label=f"-> {s.value}")
             for s in State
         ]
-        ax.legend(handles=ax.get_legend_handles_labels()[0] + state_handles, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        ax.set_title(title or "gradient health (x: non-finite, o: state transition)")
+        last = axes[0, -1]
+        last.legend(handles=last.get_legend_handles_labels()[0] + state_handles, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        if panels > 1 and title:
+            fig.suptitle(title)
     return fig
+
+
+def _draw_health(ax, monitor: GradientHealth, series: dict[str, np.ndarray], low: float, top: float) -> None:
+    steps = np.arange(len(monitor.history))
+    ax.axhspan(monitor.thresholds.exploding, top, color=STATE_COLORS[State.EXPLODING], alpha=0.08, lw=0)
+    ax.axhspan(low, monitor.thresholds.vanishing, color=STATE_COLORS[State.VANISHING], alpha=0.08, lw=0)
+    for k, (name, values) in enumerate(series.items()):
+        color = SERIES[k % len(SERIES)]
+        ok = np.isfinite(values)
+        ax.plot(steps, np.where(ok, values, np.nan), "-", lw=1.2, color=color, label=name)
+        bad = [
+            s
+            for s in steps
+            if monitor.history[s].params.get(name) is not None and monitor.history[s].params[name].state is State.NONFINITE
+        ]
+        ax.plot(bad, np.full(len(bad), top / 2), "x", color=color, ms=6)
+    for t in monitor.transitions:
+        if t.param in series:
+            y = series[t.param][t.step]
+            ax.plot(t.step, y if math.isfinite(y) else top / 2, "o", ms=7, mfc="none", mew=1.6, color=STATE_COLORS[t.after])
+    first = next((e for e in monitor.causal_chain().events if e.kind == "gradient"), None)
+    if first is not None:
+        ax.axvline(first.step, color=STATE_COLORS[State.NONFINITE], lw=1, ls=":")
+        ax.annotate(
+            f"first non-finite: {first.names[0]}",
+            (first.step, top / 2),
+            xytext=(6, -14),
+            textcoords="offset points",
+            fontsize=8,
+            color=STATE_COLORS[State.NONFINITE],
+        )
+    ax.set_yscale("log")
+    ax.set_ylim(low, top)
+    ax.set_xlabel("step")
 
 
 # -- layout and mask --------------------------------------------------------------------------------
@@ -420,7 +435,7 @@ def plot_layout(batch: PackedBatch | Case, *, title: str | None = None) -> Figur
     if isinstance(batch, Case):
         batch = pack(batch, device="cpu", requires_grad=False)
     mask = attention_mask(batch)
-    fig, axes = _figure(1, 2, width=8.0, height=3.6, width_ratios=[1, 2.2])
+    fig, axes = figure(1, 2, width=8.0, height=3.6, width_ratios=[1, 2.2])
     strip, grid = axes[0]
     with matplotlib.rc_context(STYLE):
         for x, (regions, cu_pad) in enumerate(

@@ -1,85 +1,335 @@
-"""What a post-mortem is made of: metadata, named claims, and their verdicts.
+"""The post-mortem toolkit: everything a module `postmortems/<id>.py` and its notebook use.
 
-A module `postmortems/<id>.py` defines
+A post-mortem module defines
 
-* `META = Meta(...)` — the single source for the notebook header and the site index;
-* `CASES` — the `workbench.Case`s it studies;
-* `reproduce(device=None) -> dict` — runs the study and returns results;
-* `claims = Claims()` — named, checkable statements about those results, each a function
-  `results -> (holds: bool, evidence: str)` registered with `@claims("statement")`.
+* `META = Meta(...)`: the single source of the page header, the upstream-status timeline and
+  the site's index row;
+* `CASES`: the `workbench.Case`s it studies;
+* `reproduce(device=None) -> Results`: runs the study and returns a `Results` dataclass;
+* `claims = Claims()`: checkable statements about those results, each registered with the
+  evidence that produced it, `@claims("statement", evidence=REPLICA)`, as a function
+  `results -> (holds: bool, evidence: str)`;
+* optionally `gpu_probes(device) -> dict`: extra measurements `workbench repro --record` adds to
+  a GPU record (what only a GPU run of the upstream code can show).
 
-The notebook ends with `claims.report(results)`, which prints the verdict table that nbval
-compares exactly, and raises naming every claim that no longer holds.
+and shows its findings with the same few tools: `table()` for every table, `figure()` for every
+figure, `gpu_records(META)` for what GPU machines recorded. The notebook opens with the reader
+block (`READER_SECTIONS`, in order, before any mechanism) and ends with
+`claims.report(results)`, which shows the verdict table (compared exactly by nbval), carries the
+verdicts in the output's metadata for the site, and raises naming every claim that fails.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import html
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from workbench.records import jsonable, load_records
 from workbench.tables import fixed_width
 
 STATUSES = ("open", "fixed", "partially fixed", "closed (not fixed)", "withdrawn", "not a bug", "upstream unaware")
+CATEGORIES = ("training bug", "tooling bug")
+# The reader block: the first sections of every post-mortem notebook, in this order, before any
+# mechanism or code of ours. `workbench new` scaffolds them and the registry checks them.
+READER_SECTIONS = ("TL;DR", "Who is affected", "Check your run", "Workarounds", "Upstream status")
+METADATA_KEY = "workbench"  # output metadata of the claims cell: the verdicts, for the site
+
+
+# -- evidence -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What produced a claim's evidence. `LEVELS` orders the kinds from strongest to weakest;
+    "ours" (our own kernel, run here) says nothing about upstream and never ranks a page."""
+
+    kind: str
+    at: str = ""  # for "source": the upstream repository and commit read, "owner/repo@sha"
+
+    LEVELS = ("upstream-gpu", "upstream-cpu", "replica", "toy", "source", "ours")
+    _LABELS = {
+        "upstream-gpu": "upstream code on GPU",
+        "upstream-cpu": "upstream code on CPU (interpreter)",
+        "replica": "our replica of the upstream mechanism",
+        "toy": "toy model",
+        "source": "reading the upstream source at {at}",
+        "ours": "our fixed kernel, run here",
+    }
+    _SHORT = {
+        "upstream-gpu": "upstream GPU",
+        "upstream-cpu": "upstream CPU",
+        "replica": "replica",
+        "toy": "toy model",
+        "source": "source",
+        "ours": "our kernel",
+    }
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.LEVELS:
+            raise ValueError(f"Evidence kind {self.kind!r} must be one of {self.LEVELS}.")
+        if (self.kind == "source") != bool(self.at):
+            raise ValueError("Evidence: give `at` ('owner/repo@commit') exactly for kind 'source'; use source_at(...).")
+
+    @property
+    def label(self) -> str:
+        """The label a reader sees, e.g. 'our replica of the upstream mechanism'."""
+        return self._LABELS[self.kind].format(at=self.at)
+
+    @property
+    def short(self) -> str:
+        """The label in a table column: 'replica', 'upstream GPU', 'source'."""
+        return self._SHORT[self.kind]
+
+    @property
+    def rank(self) -> int:
+        return self.LEVELS.index(self.kind)
+
+    @property
+    def about_upstream(self) -> bool:
+        return self.kind != "ours"
+
+
+UPSTREAM_GPU = Evidence("upstream-gpu")
+UPSTREAM_CPU = Evidence("upstream-cpu")
+REPLICA = Evidence("replica")
+TOY = Evidence("toy")
+OURS = Evidence("ours")
+_COMMIT_REF = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{7,40}$")
+
+
+def source_at(ref: str) -> Evidence:
+    """Evidence from reading upstream source at a named commit: `source_at("NVIDIA/TransformerEngine@1a2b3c4")`."""
+    if not _COMMIT_REF.match(ref):
+        raise ValueError(f"source_at({ref!r}): give 'owner/repo@<commit sha, 7 to 40 hex digits>', the commit you read.")
+    return Evidence("source", ref)
+
+
+def strongest(levels: Iterable[Evidence]) -> Evidence | None:
+    """The strongest evidence about upstream among `levels` (None when only our kernel was run)."""
+    upstream = [e for e in levels if e.about_upstream]
+    return min(upstream, key=lambda e: e.rank) if upstream else None
+
+
+# -- metadata -------------------------------------------------------------------------------------
+
+
+def _iso(value: str, what: str) -> datetime.date:
+    try:
+        return datetime.date.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} = {value!r} must be an ISO date (YYYY-MM-DD).") from None
 
 
 @dataclass(frozen=True)
 class Link:
+    """An upstream reference. With a `date`, it is an event of the upstream-status timeline:
+    `kind` says what it is (issue, PR, commit, release, docs) and `status` what became of it."""
+
     label: str
     url: str
+    date: str = ""  # ISO date of the event (opened, merged, committed, released)
+    kind: str = ""
+    status: str = ""  # e.g. "open", "closed, not merged", "merged", "in 1.2.3"
+
+    KINDS = ("", "issue", "PR", "commit", "release", "docs", "thread")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"Link.kind = {self.kind!r} must be one of {self.KINDS}.")
+        if not self.url.startswith("https://"):
+            raise ValueError(f"Link {self.label!r}: url {self.url!r} must be an https:// address.")
+        if self.date:
+            _iso(self.date, f"Link {self.label!r} date")
 
 
 @dataclass(frozen=True)
 class Meta:
-    """A post-mortem's identity card (rendered as the notebook header and an index row)."""
+    """A post-mortem's identity card: the page header, the upstream timeline, the index row.
+
+    Upstream's status (`upstream_status`, `status_note`) is kept apart from ours
+    (`our_verdict`): "open upstream" and "the report's claim is wrong" are different facts.
+    """
 
     id: str
     title: str
     component: str  # the upstream software and the piece of it, e.g. "PyTorch / varlen_attn"
+    category: str  # one of CATEGORIES: does it damage training, or mislead the tools?
+    impact: str  # one line for the index: what breaks and how badly
     upstream_status: str  # one of STATUSES, detailed in `status_note`
     status_note: str
+    our_verdict: str  # what we verified of the report, e.g. "mechanism confirmed; the proposed fix is wrong"
     detection: str  # how the bug shows itself to a user
     fix_type: str  # what kind of fix upstream tried and what we propose
     tags: tuple[str, ...]
-    reported: str  # ISO date the bug was reported upstream
-    published: str  # ISO date of this post-mortem
+    reported: str  # ISO date of the upstream report itself
+    published: str  # ISO date this post-mortem first appeared
+    revised: str = ""  # ISO date of its last factual revision
     links: tuple[Link, ...] = ()
     seed: str = ""  # file name of the seed claim in shared/seeds, if any
 
     def __post_init__(self) -> None:
         if self.upstream_status not in STATUSES:
             raise ValueError(f"Meta.upstream_status = {self.upstream_status!r} must be one of {STATUSES}.")
-        for name in ("reported", "published"):
-            try:
-                datetime.date.fromisoformat(getattr(self, name))
-            except ValueError:
-                raise ValueError(f"Meta.{name} = {getattr(self, name)!r} must be an ISO date (YYYY-MM-DD).") from None
-        if not self.id or not all(c.isalnum() or c in "-_" for c in self.id):
-            raise ValueError(f"Meta.id = {self.id!r} must be non-empty letters, digits, '-' or '_' (it names files).")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"Meta.category = {self.category!r} must be one of {CATEGORIES}.")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", self.id or ""):
+            raise ValueError(f"Meta.id = {self.id!r} must be lowercase letters, digits and '-', starting with a letter.")
+        reported, published = _iso(self.reported, "Meta.reported"), _iso(self.published, "Meta.published")
+        latest = _iso(self.revised, "Meta.revised") if self.revised else published
+        if published < reported or latest < published:
+            raise ValueError(
+                f"Meta dates out of order: reported {self.reported}, published {self.published}, revised {self.revised}."
+            )
+        for link in self.links:
+            if link.date and _iso(link.date, "link date") > latest:
+                raise ValueError(
+                    f"Meta: link {link.label!r} is dated {link.date}, after this post-mortem's last revision "
+                    f"({latest}); set Meta.revised to the date you cited it."
+                )
+
+    @property
+    def timeline(self) -> list[Link]:
+        """The dated links, oldest first: the upstream-status section's rows."""
+        return sorted((link for link in self.links if link.date), key=lambda link: link.date)
 
     def header_markdown(self) -> str:
-        """The notebook's header cell, generated so that nothing is typed twice."""
-        links = " · ".join(f"[{link.label}]({link.url})" for link in self.links)
+        """The notebook's header cell (the site renders the same facts from META)."""
+        revised = f" · revised {self.revised}" if self.revised else ""
+        return "\n".join(
+            [
+                f"# {self.title}",
+                "",
+                f"**{self.id}** · {self.component} · {self.category}",
+                "",
+                f"Upstream: **{self.upstream_status}** ({self.status_note}) · Our verdict: **{self.our_verdict}**",
+                "",
+                f"Reported {self.reported} · Published {self.published}{revised} · Tags: {', '.join(self.tags)}",
+            ]
+        )
+
+    def upstream_markdown(self) -> str:
+        """The 'Upstream status' section: the status, then every dated event with its link."""
         lines = [
-            f"# {self.title}",
+            f"**Upstream status: {self.upstream_status}.** {self.status_note}",
             "",
-            f"**{self.id}** · {self.component} · upstream: **{self.upstream_status}** ({self.status_note})",
+            f"**Our verdict** (kept apart from upstream's): {self.our_verdict}.",
             "",
-            f"Detection: {self.detection} · Fix type: {self.fix_type} · Reported {self.reported} · Published {self.published}",
-            "",
-            f"Tags: {', '.join(self.tags)}",
+            "| date | what | status |",
+            "|---|---|---|",
         ]
-        if links:
-            lines += ["", f"Upstream: {links}"]
+        lines += [f"| {e.date} | {e.kind} [{e.label}]({e.url}) | {e.status} |" for e in self.timeline]
+        undated = [link for link in self.links if not link.date]
+        if undated:
+            lines += ["", "Also: " + " · ".join(f"[{link.label}]({link.url})" for link in undated)]
         return "\n".join(lines)
 
 
+# -- results, tables, figures, GPU records --------------------------------------------------------
+
+
+@dataclass
+class Results:
+    """Base of a post-mortem's results: a dataclass of everything `reproduce()` measured.
+    `summary()` is what `workbench repro --record` writes (tensors small enough as values)."""
+
+    def summary(self) -> dict[str, Any]:
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
 @dataclass(frozen=True)
-class Verdict:
+class Table:
+    """A table of strings: fixed-width text (what nbval compares and a terminal prints) and an
+    HTML table on the site. Rows past `fold` are folded behind a "more rows" toggle there."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    title: str = ""
+    fold: int = 12
+
+    def __str__(self) -> str:
+        text = fixed_width([self.header, *self.rows])
+        return f"{self.title}\n{text}" if self.title else text
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        def row(cells: Sequence[str], tag: str = "td") -> str:
+            return "<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>"
+
+        head = f"<thead>{row(self.header, 'th')}</thead>"
+        shown, folded = self.rows[: self.fold], self.rows[self.fold :]
+        body = "<tbody>" + "".join(row(r) for r in shown) + "</tbody>"
+        more = ""
+        if folded:
+            more = (
+                f'<tbody class="wb-folded-rows" hidden>{"".join(row(r) for r in folded)}</tbody>'
+                f'<tfoot><tr><td colspan="{len(self.header)}"><button type="button" class="wb-more-rows">'
+                f"{len(folded)} more rows</button></td></tr></tfoot>"
+            )
+        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        return f'<table class="wb-table">{caption}{head}{body}{more}</table>'
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str = "", fold: int = 12) -> Table:
+    """The one table of a post-mortem: strings as given, floats to 3 significant digits.
+    End a cell with it (not `print`) so the site shows an HTML table."""
+    header = tuple(header)
+    body = tuple(tuple(_cell(v) for v in r) for r in rows)
+    for i, r in enumerate(body):
+        if len(r) != len(header):
+            raise ValueError(f"table(): row {i} has {len(r)} cells for {len(header)} columns ({header}).")
+    return Table(header, body, title, fold)
+
+
+def figure(nrows: int = 1, ncols: int = 1, *, width: float = 7.0, height: float = 2.6, **kwargs: Any):
+    """The one figure of a post-mortem: `(fig, axes)`, axes a 2-D array, in the house style
+    (white face, constrained layout, no pyplot state). A cell ending with `fig` shows it."""
+    from workbench.plots import figure as _plots_figure
+
+    return _plots_figure(nrows, ncols, width=width, height=height, **kwargs)
+
+
+def gpu_records(meta: Meta) -> list[dict[str, Any]]:
+    """What GPU machines recorded for this post-mortem: every `data/gpu/<id>-*.json` written by
+    `workbench repro ID --device cuda --record data/gpu/ID-<gpu>.json`, oldest file name first,
+    each with `provenance` (GPU, versions, commit, date, command). [] when none was recorded."""
+    return load_records(f"{meta.id}-*.json")
+
+
+# -- claims ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """One claim checked: the statement, whether it holds, the evidence text and its level."""
+
     claim: str
     holds: bool
     evidence: str
+    level: Evidence
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "claim": self.claim,
+            "holds": self.holds,
+            "evidence": self.evidence,
+            "level": self.level.kind,
+            "at": self.level.at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClaimVerdict:
+        return cls(data["claim"], bool(data["holds"]), data["evidence"], Evidence(data["level"], data.get("at", "")))
 
 
 class ClaimFailed(AssertionError):
@@ -88,16 +338,21 @@ class ClaimFailed(AssertionError):
 
 @dataclass
 class Claims:
-    """An ordered set of named claims about a post-mortem's results."""
+    """An ordered set of named claims about a post-mortem's results, each with its evidence level."""
 
-    _checks: list[tuple[str, Callable[[Any], tuple[bool, str]]]] = field(default_factory=list)
+    _checks: list[tuple[str, Evidence, Callable[[Any], tuple[bool, str]]]] = field(default_factory=list)
 
-    def __call__(self, statement: str) -> Callable:
-        if any(statement == s for s, _ in self._checks):
+    def __call__(self, statement: str, *, evidence: Evidence) -> Callable:
+        if any(statement == s for s, _, _ in self._checks):
             raise ValueError(f"claim {statement!r} is registered twice.")
+        if not isinstance(evidence, Evidence):
+            raise TypeError(
+                f"claim {statement!r}: evidence must be a workbench.postmortem.Evidence (UPSTREAM_GPU, UPSTREAM_CPU, "
+                f"REPLICA, TOY, OURS or source_at('owner/repo@commit')), got {evidence!r}."
+            )
 
         def register(check: Callable[[Any], tuple[bool, str]]) -> Callable[[Any], tuple[bool, str]]:
-            self._checks.append((statement, check))
+            self._checks.append((statement, evidence, check))
             return check
 
         return register
@@ -107,23 +362,28 @@ class Claims:
 
     @property
     def statements(self) -> list[str]:
-        return [s for s, _ in self._checks]
+        return [s for s, _, _ in self._checks]
 
-    def check(self, results: Any) -> list[Verdict]:
+    @property
+    def levels(self) -> list[Evidence]:
+        return [e for _, e, _ in self._checks]
+
+    def check(self, results: Any) -> list[ClaimVerdict]:
         """Evaluates every claim; a check that raises is a claim that does not hold."""
         verdicts = []
-        for statement, check in self._checks:
+        for statement, level, check in self._checks:
             try:
                 holds, evidence = check(results)
             except Exception as exc:  # a broken check must show up as a failed claim, not vanish
                 holds, evidence = False, f"check raised {type(exc).__name__}: {exc}"
-            verdicts.append(Verdict(statement, bool(holds), evidence))
+            verdicts.append(ClaimVerdict(statement, bool(holds), evidence, level))
         return verdicts
 
-    def report(self, results: Any) -> list[Verdict]:
-        """Prints the verdict table; raises `ClaimFailed` naming the claims that do not hold."""
+    def report(self, results: Any) -> list[ClaimVerdict]:
+        """Shows the verdict table (text for nbval and terminals, HTML and the verdicts as output
+        metadata in a notebook); raises `ClaimFailed` naming the claims that do not hold."""
         verdicts = self.check(results)
-        print(verdict_table(verdicts))
+        _show_verdicts(verdicts)
         failed = [v for v in verdicts if not v.holds]
         if failed:
             names = "; ".join(f"{v.claim!r} ({v.evidence})" for v in failed)
@@ -131,14 +391,33 @@ class Claims:
         return verdicts
 
 
-def verdict_table(verdicts: Iterable[Verdict]) -> str:
-    """A fixed-width text table: deterministic, so nbval can compare it exactly."""
-    return fixed_width(
-        [("verdict", "claim", "evidence")] + [("HOLDS" if v.holds else "FAILS", v.claim, v.evidence) for v in verdicts]
+def claims_table(verdicts: Iterable[ClaimVerdict]) -> Table:
+    """verdict, evidence level, claim, evidence: deterministic, so nbval compares it exactly."""
+    return table(
+        ("verdict", "level", "claim", "evidence"),
+        (("HOLDS" if v.holds else "FAILS", v.level.short, v.claim, v.evidence) for v in verdicts),
+        fold=1000,
     )
 
 
-def overall_verdict(verdicts: Iterable[Verdict]) -> str:
+def _show_verdicts(verdicts: list[ClaimVerdict]) -> None:
+    shown = claims_table(verdicts)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        print(shown)
+        return
+    display(
+        {"text/plain": str(shown), "text/html": shown._repr_html_()},
+        raw=True,
+        metadata={METADATA_KEY: {"claims": [v.to_dict() for v in verdicts]}},
+    )
+
+
+def overall_verdict(verdicts: Iterable[ClaimVerdict]) -> str:
     verdicts = list(verdicts)
     held = sum(v.holds for v in verdicts)
     return f"{held}/{len(verdicts)} claims hold" if verdicts else "no claims"

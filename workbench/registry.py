@@ -24,7 +24,6 @@ import inspect
 import json
 import keyword
 import pkgutil
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -138,6 +137,11 @@ def check_notebook(pm: PostMortem, nb=None) -> None:
             f"{pm.notebook}: the first cell must be a code cell tagged {HEADER_TAG!r} that imports "
             f"postmortems.{pm.name} and displays META.header_markdown() (see workbench/templates/notebook.tmpl)."
         )
+    problems = reader_block_problems(nb)
+    if problems:
+        raise RegistryError(
+            f"{pm.notebook}: the reader block comes first (see workbench/templates/notebook.tmpl): " + "; ".join(problems)
+        )
     index, last = _code_cells(nb)[-1]
     if ".claims.report(" not in _source(last) or not _marked_for_check(last):
         raise RegistryError(
@@ -152,25 +156,48 @@ def _marked_for_check(cell) -> bool:
 
 
 def recorded_verdicts(pm: PostMortem, nb) -> list:
-    """The claims' verdicts as printed by an executed notebook's claims cell.
+    """The claims' verdicts an executed notebook's claims cell carries in its output metadata
+    (`Claims.report` writes them there), in the order the module registers its claims.
 
-    Rows are found by the exact claim statements the module registers, so the fixed-width table
-    needs no guessing; a claim missing from the output is a `RegistryError`.
+    A claim the module registers but the output lacks, or an output without verdicts (a
+    notebook executed before the claims cell ran), is a `RegistryError`.
     """
-    from workbench.postmortem import Verdict
+    from workbench.postmortem import METADATA_KEY, ClaimVerdict
 
     index, cell = _code_cells(nb)[-1]
-    printed = "".join(
-        o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")
-        for o in cell.get("outputs", [])
-    )
-    verdicts = []
-    for statement in pm.claims.statements:
-        row = re.search(rf"^(HOLDS|FAILS)  +{re.escape(statement)}(?:  +(.*))?$", printed, re.MULTILINE)
-        if row is None:
-            raise RegistryError(f"{pm.notebook}: cell {index} did not print a verdict for claim {statement!r}.")
-        verdicts.append(Verdict(statement, row[1] == "HOLDS", row[2] or ""))
-    return verdicts
+    carried = [o.get("metadata", {}).get(METADATA_KEY, {}).get("claims") for o in cell.get("outputs", [])]
+    carried = next((c for c in carried if c), None)
+    if carried is None:
+        raise RegistryError(
+            f"{pm.notebook}: cell {index} shows no claim verdicts; execute the notebook (`workbench execute {pm.id}`)."
+        )
+    by_claim = {d["claim"]: ClaimVerdict.from_dict(d) for d in carried}
+    missing = [s for s in pm.claims.statements if s not in by_claim]
+    if missing:
+        raise RegistryError(
+            f"{pm.notebook}: cell {index} did not show a verdict for claim {missing[0]!r}; re-execute the notebook."
+        )
+    return [by_claim[s] for s in pm.claims.statements]
+
+
+def reader_block_problems(nb) -> list[str]:
+    """What the notebook's reader block lacks: its first level-2 headings must be
+    `READER_SECTIONS`, in order, with no code cell of ours before them but the header."""
+    from workbench.postmortem import READER_SECTIONS
+
+    headings = [
+        line[3:].strip()
+        for cell in nb.cells
+        if cell.cell_type == "markdown"
+        for line in _source(cell).splitlines()
+        if line.startswith("## ")
+    ]
+    found = headings[: len(READER_SECTIONS)]
+    problems = []
+    for i, section in enumerate(READER_SECTIONS):
+        if i >= len(found) or not found[i].startswith(section):
+            problems.append(f"section {i + 1} must be '## {section}...' (found {found[i] if i < len(found) else 'nothing'!r})")
+    return problems
 
 
 @dataclass(frozen=True)

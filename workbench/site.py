@@ -160,9 +160,10 @@ class Page:
     verdicts: tuple = ()
 
     def row(self) -> dict[str, Any]:
-        from workbench.postmortem import overall_verdict
+        from workbench.postmortem import overall_verdict, strongest
 
         meta = self.postmortem.meta
+        best = strongest(v.level for v in self.verdicts)
         return {
             "id": meta.id,
             "title": meta.title,
@@ -173,6 +174,11 @@ class Page:
             "tags": list(meta.tags),
             "page": self.file,
             "verdict": overall_verdict(self.verdicts),
+            "category": meta.category,
+            "impact": meta.impact,
+            "our_verdict": meta.our_verdict,
+            "evidence": best.label if best else "our kernel only",
+            "levels": sorted({v.level.short for v in self.verdicts}),
             "all_hold": all(v.holds for v in self.verdicts),
         }
 
@@ -281,7 +287,7 @@ def build(
     log: Callable[[str], None] = _print,
 ) -> list[Page]:
     """Builds the site into `out` (default site/_build); see the module docstring."""
-    from workbench.postmortem import verdict_table
+    from workbench.postmortem import claims_table
     from workbench.provenance import provenance
 
     registry = registry or Registry()
@@ -320,7 +326,7 @@ def build(
         failing = [v for v in verdicts if not v.holds]
         if failing:
             raise BuildError(
-                f"site not built; {path}: claims do not hold: {', '.join(repr(v.claim) for v in failing)}\n{verdict_table(verdicts)}"
+                f"site not built; {path}: claims do not hold: {', '.join(repr(v.claim) for v in failing)}\n{claims_table(verdicts)}"
             )
         pages.append(Page(path, f"{pm.id}.html", pm.meta.title, pm, verdicts))
 

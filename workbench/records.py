@@ -1,0 +1,88 @@
+"""Records: results written as JSON with their provenance, and read back on any machine.
+
+One format for every record the workbench writes (`workbench repro --record`, `workbench audit
+--record`, `workbench bench --record`): a JSON object whose `provenance` block says where and
+with what it was produced (`workbench.provenance.provenance()` plus the command that ran), and
+one loader, `load_records(pattern)`, that reads them back in file-name order, each with its
+`file` name. GPU records live under `data/gpu/` (`GPU_DATA`) so that CPU-only CI and the site
+render them honestly, stamped with the machine that made them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from workbench.provenance import GPU_DATA, provenance
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, shell-quoted, as a record names it (`workbench ...`)."""
+    argv = list(sys.argv if argv is None else argv)
+    program = Path(argv[0]).name if argv else "python"
+    if program in ("__main__.py", "cli.py"):
+        program = "workbench"
+    return shlex.join([program, *argv[1:]])
+
+
+def provenance_block(command: str | None = None) -> dict[str, str]:
+    """`provenance()` with the command that produced the record."""
+    return {**provenance(), "command": command if command is not None else command_line()}
+
+
+def jsonable(value: Any) -> Any:
+    """A value as JSON: objects with `summary()` give their summary, Cases their fields, small
+    tensors their values, anything else its repr (so that writing a record never fails)."""
+    import torch
+
+    from workbench.layout import Case
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Case):
+        return value.to_dict()
+    if hasattr(value, "summary") and callable(value.summary):
+        return jsonable(value.summary())
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value):
+            return {k: jsonable(v) for k, v in value.items()}
+        return [{"key": jsonable(k), "value": jsonable(v)} for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.tolist() if value.numel() <= 1024 else {"shape": list(value.shape), "dtype": str(value.dtype)}
+    return repr(value)
+
+
+def write_record(path: str | Path, payload: Mapping[str, Any], *, command: str | None = None) -> dict[str, Any]:
+    """Writes `payload` with a provenance block as JSON to `path` (folders made); returns it."""
+    record = {**jsonable(dict(payload)), "provenance": provenance_block(command)}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def load_records(pattern: str, directory: str | Path = GPU_DATA, *, how: str | None = None) -> list[dict[str, Any]]:
+    """Every record `directory/pattern` in file-name order, each with its `file` name added.
+
+    With `how` (the command that records one), finding none raises `FileNotFoundError` saying
+    so; without it, none is an empty list (a page that shows GPU records when there are some).
+    """
+    paths = sorted(Path(directory).glob(pattern))
+    if not paths and how:
+        raise FileNotFoundError(f"no {pattern} under {directory}; record one on a GPU machine with `{how}`")
+    records = []
+    for path in paths:
+        try:
+            record = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}); re-record it or remove it.") from None
+        if not isinstance(record, dict) or "provenance" not in record:
+            raise ValueError(f"{path} has no provenance block; records are written by workbench.records.write_record.")
+        records.append({**record, "file": path.name})
+    return records
