@@ -33,6 +33,8 @@ from typing import Any
 
 import nbformat
 
+from workbench.scaffold import render_module, render_notebook
+
 PACKAGE = "postmortems"
 HEADER_TAG = "wb-header"
 CHECK_OUTPUT_MARKERS = ("# NBVAL_CHECK_OUTPUT", "nbval-check-output")
@@ -255,8 +257,6 @@ class Registry:
 
         Returns both paths; the notebook is not executed yet (see `workbench.site.execute_in_place`).
         """
-        from workbench.scaffold import render_module, render_notebook
-
         name = module_name(postmortem_id)
         module_path = self.package_dir / f"{name}.py"
         notebook_path = self.notebooks_dir / f"{postmortem_id}.ipynb"
@@ -265,7 +265,7 @@ class Registry:
                 raise RegistryError(f"{path} already exists; pick another id or edit the existing post-mortem.")
         if not title.strip() or "\n" in title:
             raise RegistryError(f"title {title!r} must be one non-empty line; give it in quotes.")
-        module_path.write_text(render_module(postmortem_id, title.strip(), self.package))
+        module_path.write_text(render_module(postmortem_id, name, title.strip(), self.package))
         importlib.invalidate_caches()
         # Validate before writing the notebook: a template that breaks the shape must not leave files behind.
         try:
@@ -275,7 +275,7 @@ class Registry:
             sys.modules.pop(f"{self.package}.{name}", None)
             raise
         self.notebooks_dir.mkdir(exist_ok=True)
-        nbformat.write(render_notebook(postmortem_id, self.package), notebook_path)
+        nbformat.write(render_notebook(postmortem_id, name, self.package), notebook_path)
         return module_path, notebook_path
 
 
