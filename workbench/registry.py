@@ -13,8 +13,15 @@ Notebook conventions, checked by `check_notebook` so that a broken convention fa
 
 * the first cell is a code cell tagged `wb-header` that imports the post-mortem module and
   displays `META.header_markdown()` (the site replaces it with a header rendered from META);
+* the reader block comes first: its level-2 headings start with `READER_SECTIONS` in order
+  (TL;DR, Who is affected, Check your run, Workarounds, Upstream status);
 * the last code cell calls `.claims.report(...)` and is marked for nbval (`# NBVAL_CHECK_OUTPUT`
-  comment or `nbval-check-output` tag), so its printed verdict table is compared exactly.
+  comment or `nbval-check-output` tag), so its printed verdict table is compared exactly; the
+  verdicts themselves are read back from that output's metadata (`recorded_verdicts`), never
+  parsed from the printed text.
+
+`Registry.scaffold` renders `workbench/templates/` through `workbench.scaffold`, which never
+imports this module (no import cycle).
 """
 
 from __future__ import annotations
