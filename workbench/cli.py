@@ -38,21 +38,56 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+LIST_WIDTH = 100  # `workbench list` fits a 100-column terminal: titles are cut to fit
+
+
+def _meta_from_source(path: Path) -> dict[str, str] | None:
+    """`id`, `title` and `upstream_status` of the `META = Meta(...)` in a post-mortem's source,
+    read without importing it (a post-mortem imports torch, Triton and matplotlib: seconds).
+    None when they are not plain string literals there; the caller then imports the module."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "META" for t in node.targets)
+            and isinstance(node.value, ast.Call)
+        ):
+            found = {
+                kw.arg: kw.value.value
+                for kw in node.value.keywords
+                if kw.arg and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
+            }
+            wanted = ("id", "title", "upstream_status")
+            return {k: found[k] for k in wanted} if all(k in found for k in wanted) else None
+    return None
+
+
 def _list(args: argparse.Namespace) -> int:
     """The verdict column is the one recorded by the last site build (running every post-mortem
-    would take minutes); `workbench repro ID` checks one now."""
-    from workbench.registry import Registry, read_manifest
+    would take minutes); `workbench repro ID` checks one now. Modules are read, not imported,
+    so the listing is immediate; `repro` imports and validates one."""
+    from workbench.registry import Registry, module_name, read_manifest
 
     registry = Registry()
     site = Path(args.site) if args.site else registry.root / "site" / "_build"
     built = {row["id"]: row["verdict"] for row in read_manifest(site).get("postmortems", [])}
-    rows = [("id", "title", "status", "verdict (last site build)")]
-    for pm in registry.postmortems():
-        rows.append((pm.id, pm.meta.title, pm.meta.upstream_status, built.get(pm.id, "not built")))
+    rows = [("id", "status", "verdict (last build)", "title")]
+    for postmortem_id in registry.ids():
+        meta = _meta_from_source(registry.package_dir / f"{module_name(postmortem_id)}.py")
+        if meta is None or meta["id"] != postmortem_id:
+            pm = registry.get(postmortem_id)  # imports and validates: its error names the fix
+            meta = {"id": pm.id, "title": pm.meta.title, "upstream_status": pm.meta.upstream_status}
+        rows.append((meta["id"], meta["upstream_status"], built.get(meta["id"], "not built"), meta["title"]))
     if len(rows) == 1:
         print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
         return 0
-    print(fixed_width(rows))
+    lines = fixed_width(rows).splitlines()
+    print("\n".join(line if len(line) <= LIST_WIDTH else line[: LIST_WIDTH - 3] + "..." for line in lines))
     return 0
 
 
@@ -245,8 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.registry import RegistryError
-    from workbench.site import BuildError
+    from workbench.errors import BuildError, RegistryError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -31,15 +31,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import nbformat
+from workbench.errors import RegistryError
 
 PACKAGE = "postmortems"
 HEADER_TAG = "wb-header"
 CHECK_OUTPUT_MARKERS = ("# NBVAL_CHECK_OUTPUT", "nbval-check-output")
-
-
-class RegistryError(ValueError):
-    """A post-mortem module or notebook does not have the shape the pipeline needs."""
 
 
 def module_name(postmortem_id: str) -> str:
@@ -124,7 +120,10 @@ def check_notebook(pm: PostMortem, nb=None) -> None:
     """Raises `RegistryError` naming the notebook and the fix when it breaks the conventions."""
     if not pm.notebook.exists():
         raise RegistryError(f"post-mortem {pm.id!r} has no notebook: expected {pm.notebook} (`workbench new` writes one).")
-    nb = nb if nb is not None else nbformat.read(pm.notebook, as_version=4)
+    if nb is None:
+        import nbformat  # here, not at the top: the CLI's torch-only commands import this module
+
+        nb = nbformat.read(pm.notebook, as_version=4)
     first = nb.cells[0] if nb.cells else None
     if (
         first is None
@@ -275,6 +274,8 @@ class Registry:
             sys.modules.pop(f"{self.package}.{name}", None)
             raise
         self.notebooks_dir.mkdir(exist_ok=True)
+        import nbformat
+
         nbformat.write(render_notebook(postmortem_id, self.package), notebook_path)
         return module_path, notebook_path
 

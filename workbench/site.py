@@ -35,6 +35,7 @@ from typing import Any
 
 import nbformat
 
+from workbench.errors import BuildError
 from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
 
 SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
@@ -46,10 +47,6 @@ _EXTERNAL = re.compile(
     r"""|url\(\s*["']?((?:https?:)?//[^"')\s]+)|@import\s+["']((?:https?:)?//[^"']+)""",
     re.IGNORECASE,
 )
-
-
-class BuildError(RuntimeError):
-    """A notebook failed to execute, a claim failed, or a page would reach off-site."""
 
 
 # -- execution ----------------------------------------------------------------------------
