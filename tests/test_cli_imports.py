@@ -131,7 +131,7 @@ def test_version_comes_from_package_metadata():
 def test_lazy_names_resolve_and_unknown_names_raise():
     import workbench
     import workbench.probe
-    import workbench.sweep  # noqa: F401  (importing these modules must not rebind the functions)
+    import workbench.sweep
     from workbench.layout import Case
 
     assert workbench.Case is Case

@@ -292,22 +292,23 @@ def pack(case: Case, device: torch.device | str | None = None, requires_grad: bo
     q = _side_tensor(case, "q", case.heads, generator)
     k = _side_tensor(case, "k", kv_heads, generator)
     v = _side_tensor(case, "k", kv_heads, generator)
-    leaves = [t.to(device).requires_grad_(requires_grad) for t in (q, k, v)]
+    q_leaf, k_leaf, v_leaf = (t.to(device).requires_grad_(requires_grad) for t in (q, k, v))
     lengths_q, lengths_k = case.real_lengths("q"), case.real_lengths("k")
-    cu = {
-        "cu_seqlens_q": cumulative(lengths_q, device),
-        "cu_seqlens_k": cumulative(lengths_k, device),
-        "cu_seqlens_q_padded": cumulative(case.padded_lengths("q"), device),
-        "cu_seqlens_k_padded": cumulative(case.padded_lengths("k"), device),
-    }
+    cu_q, cu_k = cumulative(lengths_q, device), cumulative(lengths_k, device)
+    cu_q_padded, cu_k_padded = cumulative(case.padded_lengths("q"), device), cumulative(case.padded_lengths("k"), device)
     return PackedBatch(
         case,
-        *leaves,
-        **cu,
+        q_leaf,
+        k_leaf,
+        v_leaf,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        cu_seqlens_q_padded=cu_q_padded,
+        cu_seqlens_k_padded=cu_k_padded,
         max_seqlen_q=max(lengths_q),
         max_seqlen_k=max(lengths_k),
-        regions_q=region_labels(cu["cu_seqlens_q"], cu["cu_seqlens_q_padded"], q.shape[0]),
-        regions_k=region_labels(cu["cu_seqlens_k"], cu["cu_seqlens_k_padded"], k.shape[0]),
+        regions_q=region_labels(cu_q, cu_q_padded, q.shape[0]),
+        regions_k=region_labels(cu_k, cu_k_padded, k.shape[0]),
     )
 
 

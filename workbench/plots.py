@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.rcsetup import cycler
 
 from workbench.bounds import FACTORS
 from workbench.health import GradientHealth, State
@@ -57,7 +58,7 @@ STYLE = {
     "grid.linewidth": 0.6,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.prop_cycle": matplotlib.cycler(color=SERIES),
+    "axes.prop_cycle": cycler(color=SERIES),
 }
 
 
