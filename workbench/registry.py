@@ -3,7 +3,7 @@
 A post-mortem's id names files and URLs ("torch-varlen-176793"); its module name is the id
 with '-' turned into '_' ("torch_varlen_176793"), so that `from postmortems import ...`
 works. The registry is the only place that maps one to the other and the only place that
-imports post-mortem modules for the CLI and the site (DESIGN: `workbench` never imports
+imports post-mortem modules for the CLI and the site (the rule: `workbench` never imports
 `postmortems` except through here).
 
 A notebook under `notebooks/` whose name is not a post-mortem id (the instruments demo) is a
