@@ -56,7 +56,8 @@ class Fill(str, enum.Enum):
         return torch.full(shape, constant, dtype=dtype)
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# The dtypes a Case can name, by name (float64: the oracle's own cases).
+DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -129,8 +130,8 @@ class Case:
         kv = self.kv_heads or self.heads
         if self.heads < 1 or self.heads % kv:
             raise ValueError(f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}.")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"Case.dtype = {self.dtype!r} is not one of {sorted(DTYPES)}.")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"Case.dtype = {self.dtype!r} is not one of {sorted(DTYPE_NAMES)}.")
 
     # -- derived layout -------------------------------------------------------------------
     @property
@@ -139,7 +140,7 @@ class Case:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPE_NAMES[self.dtype]
 
     def real_lengths(self, side: str) -> tuple[int, ...]:
         if side == "q" or self.seqlens_k is None:
