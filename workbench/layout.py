@@ -13,9 +13,10 @@ start) and TAIL rows (from `cu_seqlens_padded[-1]` to T, the rows of the torch b
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -41,6 +42,11 @@ class Fill(str, enum.Enum):
     NEG_INF = "-inf"
     HUGE = "huge"  # the dtype's largest finite value: overflows any product
     GARBAGE = "garbage"  # random values of magnitude ~1e4 with random signs (stale activations)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Fill:
+        names = ", ".join(repr(f.value) for f in cls)
+        raise ValueError(f"{value!r} is not a padding fill; choose one of {names} (or Fill.NAN etc.).")
 
     def values(self, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
         """A CPU tensor of `shape` filled the way this kind of padding is."""
@@ -127,6 +133,10 @@ class Case:
             raise ValueError(f"Case.align = {self.align} must be a positive row count (e.g. 16).")
         if self.tail_q < 0 or self.tail_k < 0:
             raise ValueError("Case.tail_q and Case.tail_k count rows and must be >= 0.")
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise ValueError(
+                f"Case.head_dim = {self.head_dim!r} must be a positive int: the features per head (e.g. 16, 32, 64)."
+            )
         kv = self.kv_heads or self.heads
         if self.heads < 1 or self.heads % kv:
             raise ValueError(f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}.")
@@ -281,12 +291,28 @@ def _side_tensor(case: Case, side: str, heads: int, generator: torch.Generator) 
     return x
 
 
+_PACK_OBSERVERS: list[Callable[[Case], None]] = []
+
+
+@contextlib.contextmanager
+def observing_packs(observer: Callable[[Case], None]) -> Iterator[None]:
+    """Within the block, `observer(case)` is called each time `pack` builds a batch: how
+    `workbench repro` shows which layout a post-mortem is working on."""
+    _PACK_OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _PACK_OBSERVERS.remove(observer)
+
+
 def pack(case: Case, device: torch.device | str | None = None, requires_grad: bool = True) -> PackedBatch:
     """Builds the packed batch of `case` on `device` (default: kernels' default device).
 
     Values are drawn on the CPU from `case.seed`, then moved, so the same case gives the
     same numbers on every device.
     """
+    for observer in _PACK_OBSERVERS:
+        observer(case)
     device = torch.device(device) if device is not None else default_device()
     generator = torch.Generator().manual_seed(case.seed)
     kv_heads = case.kv_heads or case.heads
