@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup lint test test-fast site lab clean
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh requirements/cpu.lock
 	bash scripts/setup.sh
 
 # Unit and kernel tests, then every notebook through nbval: all cells must run, and cells
