@@ -1,6 +1,7 @@
 """Packaging conventions: the CPU lock matches the environment it describes, and the wheel
 carries the licence as an SPDX expression, the py.typed markers and the templates."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -36,8 +37,15 @@ def test_lock_pins_every_requirement_within_its_range():
 
 
 def test_wheel_metadata(tmp_path):
+    # Built from a copy: an in-tree build leaves build/ and an .egg-info beside the sources.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    for package in ("workbench", "kernels", "postmortems"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
