@@ -128,6 +128,20 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
     assert "  2/2 claims hold  " in capsys.readouterr().out.splitlines()[2]
 
 
+def test_list_fits_100_columns_without_importing_the_modules(project, capsys):
+    module_path, _ = scaffold_variant(project, "a-rather-long-post-mortem-id-2024", FAST_FIX)
+    title = "A title far longer than any terminal line: " + "padding rows, cu_seqlens, NaN gradients " * 4
+    module_path.write_text(
+        module_path.read_text().replace('title="Variant a-rather-long-post-mortem-id-2024"', f"title={title!r}")
+    )
+    sys.modules.pop(f"{project.package}.{module_path.stem}", None)
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= cli.LIST_WIDTH == 100
+    assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].endswith("...")
+    assert f"{project.package}.{module_path.stem}" not in sys.modules  # read, not imported
+
+
 def test_list_without_postmortems_says_how_to_start(project, capsys):
     assert cli.main(["list"]) == 0
     assert "workbench new" in capsys.readouterr().out
