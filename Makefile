@@ -4,10 +4,10 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test site lab clean
+.PHONY: setup lint test test-fast site lab clean
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh requirements/cpu.lock
 	bash scripts/setup.sh
 
 # Unit and kernel tests, then every notebook through nbval: all cells must run, and cells
@@ -15,9 +15,23 @@ $(STAMP): pyproject.toml scripts/setup.sh
 # loadscope keeps each notebook (and each test module) on one worker.
 NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval-sanitize.cfg
 
-test: $(STAMP)
+# Lint, format and types first: they take seconds and fail fast.
+CODE := kernels workbench postmortems tests benchmarks
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(CODE)
+	$(VENV)/bin/ruff format --check $(CODE)
+	$(VENV)/bin/mypy
+
+# pytest's exit 5 means it collected no test (PYTEST_ADDOPTS selecting nothing): not a failure
+# of the code, and its closing line says "no tests ran".
+test: lint
 	bash scripts/system-deps.sh
-	$(PY) -m pytest -n 2 --dist loadscope tests notebooks $(NBVAL)
+	$(PY) -m pytest -n 2 --dist loadscope tests notebooks $(NBVAL) || [ $$? -eq 5 ]
+
+# The edit loop: unit and kernel tests without the `slow` ones, the notebooks and the browser.
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadscope -m "not slow and not browser" tests || [ $$? -eq 5 ]
 
 # Executes every notebook afresh and renders site/_build/ (open site/_build/index.html).
 site: $(STAMP)

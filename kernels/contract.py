@@ -1,4 +1,4 @@
-"""Validation of varlen attention arguments: point 4 of the padding contract (DESIGN.md).
+"""Validation of varlen attention arguments: the padding contract's checks (docs/contract.md).
 
 Every malformed input raises `TypeError` (wrong kind of thing) or `ValueError` (right kind,
 wrong value) whose message names the argument, the offending index and value, and the fix.

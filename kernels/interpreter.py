@@ -48,7 +48,8 @@ BLOCK = 16  # the smallest tl.dot shape every backend accepts
 # below what multiplying raw bit patterns gives (~1e9).
 RELATIVE_TOLERANCE = 1e-2
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The dtypes whose tl.dot the study checks (those our attention kernels take).
+DOT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -108,14 +109,19 @@ def triton_dot(a: torch.Tensor, b: torch.Tensor, *, upcast: bool = False) -> tor
     return c
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def check_dot(dtype: torch.dtype | str, device: torch.device | str | None = None, *, upcast: bool = False) -> DotCheck:
     """Runs one 16x16 `tl.dot` in `dtype` in this process's mode and measures its error."""
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype = {dtype!r} must be one of {tuple(DTYPES)} (or the torch dtype).")
-        dtype = DTYPES[dtype]
-    if dtype not in DTYPES.values():
-        raise ValueError(f"dtype = {dtype} must be one of {tuple(DTYPES.values())}.")
+        by_name = {_dtype_name(d): d for d in DOT_DTYPES}
+        if dtype not in by_name:
+            raise ValueError(f"dtype = {dtype!r} must be one of {tuple(by_name)} (or the torch dtype).")
+        dtype = by_name[dtype]
+    if dtype not in DOT_DTYPES:
+        raise ValueError(f"dtype = {dtype} must be one of {DOT_DTYPES}.")
     a, b = dot_operands(dtype, device)
     exact = a.double().cpu() @ b.double().cpu()
     got = triton_dot(a, b, upcast=upcast).double().cpu()
@@ -242,7 +248,7 @@ def single_block_attention(
         cu_seqlens_q_padded=cu_seqlens_q_padded,
         cu_seqlens_k_padded=cu_seqlens_k_padded,
         scale=scale,
-        dtypes=tuple(DTYPES.values()),
+        dtypes=DOT_DTYPES,
         head_dims=(16, 32, 64),
     )
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -360,7 +366,7 @@ def report() -> dict:
         "triton": triton.__version__,
         "interpreted": INTERPRETED,
         "device": str(default_device()),
-        "checks": {name: _row(check_dot(name)) for name in DTYPES},
+        "checks": {_dtype_name(d): _row(check_dot(d)) for d in DOT_DTYPES},
         "workaround": _row(check_dot("bfloat16", upcast=True)),
         "bit_pattern_gap": bit_pattern_gap() if INTERPRETED else None,
         "bf16_dot_is_broken": bf16_dot_is_broken(),

@@ -31,7 +31,7 @@ import torch
 
 from kernels import DEVICE, INTERPRETED, varlen_attention
 from kernels.interpreter import (
-    DTYPES,
+    DOT_DTYPES,
     native_dots,
     report,
     run_interpreted,
@@ -123,7 +123,7 @@ META = Meta(
 # the interpreter; one per dtype. The flash-dmattn seed's configuration (bf16, causal, 256
 # tokens, d=64) meets the same bug: any bf16 tl.dot does.
 BASE = Case(seqlens_q=(21, 40, 3), padded_q=(24, 40, 8), tail_q=3, heads=2, kv_heads=1, head_dim=32, causal=True, fill=Fill.NAN)
-CASES = tuple(BASE.with_(dtype=name) for name in DTYPES)
+CASES = tuple(BASE.with_(dtype=dtype) for dtype in DOT_DTYPES)
 BF16 = CASES[-1]
 
 REPRODUCTION = "reproduction"  # single_block_attention as a user's kernel would be: no workaround

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the project into it. Idempotent; run by `make setup`.
 #
-# torch: on a machine that already has torch >= 2.10 (the GPU box) the venv sees it
-# through --system-site-packages and nothing is reinstalled. Otherwise we pin the CPU
-# wheel of torch 2.13.0 (a wider range would pull a multi-GB CUDA build) and triton 3.6.0,
-# the version on the GPU machine, so the interpreter and the native compiler agree.
+# Versions come from requirements/cpu.lock (pip constraints, `-c`): every fresh machine gets
+# the same environment. torch: on a machine that already has torch >= 2.10 (the GPU box) the
+# venv sees it through --system-site-packages and nothing is reinstalled (the lock's torch and
+# triton lines are dropped there). Otherwise the lock pins PyTorch's CPU wheel of torch 2.13.0
+# (PyPI's is a multi-GB CUDA build; the lock's header names where the CPU wheel comes from)
+# and triton 3.6.0, the version on the GPU machine, so the interpreter and the native compiler
+# agree. After changing a dependency: `.venv/bin/python scripts/lock.py` rewrites the lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,9 +27,17 @@ if [ ! -x .venv/bin/python ]; then
         "$PYTHON" -m venv .venv
     fi
 fi
-PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+LOCK=requirements/cpu.lock
+if has_torch "$PYTHON" && has_torch .venv/bin/python; then
+    # The machine's own torch and triton stay; everything else as locked.
+    CONSTRAINTS=.venv/constraints.txt
+    grep -Ev '^(torch|triton)==' "$LOCK" >"$CONSTRAINTS"
+else
+    CONSTRAINTS=$LOCK
+fi
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q -c "$CONSTRAINTS")
 if ! has_torch .venv/bin/python; then
-    "${PIP[@]}" "torch==2.13.0" "triton==3.6.0"
+    "${PIP[@]}" torch triton
 fi
 "${PIP[@]}" -e ".[lab,test]"
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null

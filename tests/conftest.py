@@ -4,7 +4,7 @@
 # any test module imports triton.language (else tl.* stay compiled-mode functions).
 from hypothesis import HealthCheck, settings
 
-import kernels  # noqa: F401
+import kernels
 
 # The Triton interpreter is slow and timing on shared CI machines is noisy: no deadlines,
 # few examples. `HYPOTHESIS_PROFILE=thorough` runs many more (e.g. natively on a GPU).
@@ -133,3 +133,27 @@ def built_site(tmp_path_factory):
 def scaffolded(built_site):
     """The project holding the untouched `workbench new` post-mortem 'scaffold-demo'."""
     return built_site[0]
+
+
+# -- markers ---------------------------------------------------------------------------------
+def gpu_skip_reason() -> str | None:
+    """Why `gpu` tests cannot run here (None when they can): they need the kernels compiled
+    natively on CUDA, not interpreted."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"gpu: torch {torch.__version__} sees no CUDA device"
+    if kernels.INTERPRETED:
+        return "gpu: the kernels run through the Triton interpreter here (TRITON_INTERPRET=1 or WORKBENCH_DEVICE=cpu)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip themselves where there is no native CUDA: no test needs its own
+    skipif for it."""
+    reason = gpu_skip_reason()
+    if reason is None:
+        return
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))

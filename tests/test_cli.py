@@ -37,8 +37,52 @@ def test_new_scaffolds_an_executed_postmortem(scaffolded, capsys):
 
 def test_new_rejects_bad_input_with_exit_2(project, capsys):
     assert cli.main(["new", "Bad Id", "Title"]) == cli.EXIT_USAGE
-    assert "does not map to a Python module name" in capsys.readouterr().err
+    assert "'Bad Id' is not an id" in capsys.readouterr().err
+    assert cli.main(["new", "ok-id", "two\nlines"]) == cli.EXIT_USAGE
+    assert "must be one non-empty line" in capsys.readouterr().err
     assert project.ids() == []
+
+
+@pytest.mark.parametrize(
+    ("typed", "suggested"), [("My_Bug", "my-bug"), ("te_thd_2892", "te-thd-2892"), ("Flash-DMAttn", "flash-dmattn")]
+)
+def test_new_refuses_ids_outside_the_rule_and_suggests_one(project, capsys, typed, suggested):
+    assert cli.main(["new", typed, "x"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"use {suggested!r}" in err and "lowercase letters, digits and '-'" in err
+    assert ("module name" in err) == ("_" in typed)
+    assert project.ids() == [] and not list(project.notebooks_dir.glob("*.ipynb"))
+
+
+def test_repro_suggests_the_id_of_a_module_name(project, capsys):
+    scaffold_variant(project, "my-bug", FAST_FIX)
+    assert cli.main(["repro", "my_bug"]) == cli.EXIT_USAGE
+    assert "use 'my-bug'" in capsys.readouterr().err
+    assert cli.main(["repro", "Other_Bug"]) == cli.EXIT_USAGE
+    assert "known ids: my-bug" in capsys.readouterr().err
+
+
+def test_repro_shows_progress_case_by_case(project, capsys):
+    scaffold_variant(project, "progress", FAST_FIX)
+    assert cli.main(["repro", "progress"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any("imported postmortems.progress" in line and "reproducing 1 case(s)" in line for line in err), err
+    assert any(line.split()[1:3] == ["case", "1/1:"] and "q=[5, 3]" in line for line in err), err
+    assert any("reproduced (1 layouts); checking 2 claims" in line for line in err), err
+
+
+def test_progress_says_it_is_still_running(capsys):
+    from workbench import Case
+
+    case = Case(seqlens_q=(3,))
+    with cli._Progress([case], quiet=0.2) as progress:
+        progress.packed(case)
+        progress.packed(case)  # the same layout again: not repeated
+        progress.packed(case.with_(seed=1))
+        __import__("time").sleep(1.5)
+    err = capsys.readouterr().err
+    assert err.count("case 1/1") == 1 and "layout 2: q=[3]" in err
+    assert "still reproducing (2 layouts so far)" in err
 
 
 def test_repro_prints_verdicts_and_records_with_provenance(project, tmp_path, capsys):
@@ -79,15 +123,29 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
     scaffold_variant(project, "listed", FAST_FIX)
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["id", "title", "status", "verdict", "(last", "site", "build)"]
-    assert lines[2].startswith("listed") and lines[2].endswith("not built")
+    assert lines[0].split() == ["id", "status", "verdict", "(last", "build)", "title"]
+    assert lines[2].split()[:4] == ["listed", "open", "not", "built"]
 
     site = project.root / "site" / "_build"
     site.mkdir(parents=True)
     (site / "manifest.json").write_text(json.dumps({"postmortems": [{"id": "listed", "verdict": "2/2 claims hold"}]}))
     assert read_manifest(site)["postmortems"][0]["id"] == "listed"
     assert cli.main(["list"]) == 0
-    assert capsys.readouterr().out.splitlines()[2].endswith("2/2 claims hold")
+    assert "  2/2 claims hold  " in capsys.readouterr().out.splitlines()[2]
+
+
+def test_list_fits_100_columns_without_importing_the_modules(project, capsys):
+    module_path, _ = scaffold_variant(project, "a-rather-long-post-mortem-id-2024", FAST_FIX)
+    title = "A title far longer than any terminal line: " + "padding rows, cu_seqlens, NaN gradients " * 4
+    module_path.write_text(
+        module_path.read_text().replace('title="Variant a-rather-long-post-mortem-id-2024"', f"title={title!r}")
+    )
+    sys.modules.pop(f"{project.package}.{module_path.stem}", None)
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= cli.LIST_WIDTH == 100
+    assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].endswith("...")
+    assert f"{project.package}.{module_path.stem}" not in sys.modules  # read, not imported
 
 
 def test_list_without_postmortems_says_how_to_start(project, capsys):
@@ -104,19 +162,36 @@ def test_execute_saves_notebooks_with_outputs(project, capsys):
     assert "missing.ipynb does not exist" in capsys.readouterr().err
 
 
-def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch):
+@pytest.mark.parametrize("uid", [0, 1000], ids=["root", "user"])
+def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch, uid):
     calls = []
     monkeypatch.setattr(cli.subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(cli.os, "geteuid", lambda: uid)
     assert cli.main(["lab", "--no-browser", "--port", "8899"]) == 0
     (command,) = calls
     assert command[:3] == [sys.executable, "-m", "jupyterlab"]
     assert f"--ServerApp.root_dir={project.notebooks_dir}" in command
     assert command[-3:] == ["--no-browser", "--port", "8899"]
+    assert ("--allow-root" in command) == (uid == 0)  # JupyterLab refuses root without it
+    calls.clear()
+    assert cli.main(["lab", "--allow-root"]) == 0
+    assert calls[0].count("--allow-root") == 1
+
+
+def test_lab_help_is_real_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["lab", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: workbench lab")
+    assert "--allow-root" in out and "--no-browser" in out and "workbench execute ID" in out
 
 
 def test_jsonable_results():
+    from workbench.records import jsonable
+
     case = Case(seqlens_q=(3,))
-    assert cli.jsonable({"a": (1, 2.5, None), "t": torch.arange(3)}) == {"a": [1, 2.5, None], "t": [0, 1, 2]}
-    assert cli.jsonable({case: True}) == [{"key": case.to_dict(), "value": True}]
-    assert cli.jsonable(torch.zeros(2000)) == {"shape": [2000], "dtype": "torch.float32"}
-    assert cli.jsonable(object()).startswith("<object object")
+    assert jsonable({"a": (1, 2.5, None), "t": torch.arange(3)}) == {"a": [1, 2.5, None], "t": [0, 1, 2]}
+    assert jsonable({case: True}) == [{"key": case.to_dict(), "value": True}]
+    assert jsonable(torch.zeros(2000)) == {"shape": [2000], "dtype": "torch.float32"}
+    assert jsonable(object()).startswith("<object object")

@@ -661,6 +661,14 @@ def main(argv: list[str] | None = None) -> int:
         help="processes that compile our candidate tiles before timing (0: compile while tuning)",
     )
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        # One line and the usage status, as `workbench repro --device cuda` gives: no traceback.
+        print(
+            f"workbench bench: torch {torch.__version__} sees no CUDA device; the benchmark times kernels with "
+            "CUDA events, so run it on a GPU machine (committed records: data/gpu/bench-*.json).",
+            file=sys.stderr,
+        )
+        return 2
     from kernels.varlen.launch import TUNER
 
     command = shlex.join(["python", "-m", "workbench.bench", *(argv if argv is not None else sys.argv[1:])])

@@ -7,7 +7,7 @@
     workbench build [--no-execute]      build the static site into site/_build
     workbench new ID "TITLE"            scaffold postmortems/<module>.py + notebooks/ID.ipynb
     workbench execute NAME...           re-execute notebooks in place, to commit their outputs
-    workbench lab                       JupyterLab on notebooks/
+    workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
     workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--notebook PATH] [--record FILE]
                                         check any varlen attention against the padding contract
     workbench bench [--quick] [--shapes T..] [--record FILE]
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from workbench.tables import fixed_width
@@ -38,25 +40,132 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+LIST_WIDTH = 100  # `workbench list` fits a 100-column terminal: titles are cut to fit
+
+
+def _meta_from_source(path: Path) -> dict[str, str] | None:
+    """`id`, `title` and `upstream_status` of the `META = Meta(...)` in a post-mortem's source,
+    read without importing it (a post-mortem imports torch, Triton and matplotlib: seconds).
+    None when they are not plain string literals there; the caller then imports the module."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "META" for t in node.targets)
+            and isinstance(node.value, ast.Call)
+        ):
+            found = {
+                kw.arg: kw.value.value
+                for kw in node.value.keywords
+                if kw.arg and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
+            }
+            wanted = ("id", "title", "upstream_status")
+            return {k: found[k] for k in wanted} if all(k in found for k in wanted) else None
+    return None
+
+
 def _list(args: argparse.Namespace) -> int:
     """The verdict column is the one recorded by the last site build (running every post-mortem
-    would take minutes); `workbench repro ID` checks one now."""
-    from workbench.registry import Registry, read_manifest
+    would take minutes); `workbench repro ID` checks one now. Modules are read, not imported,
+    so the listing is immediate; `repro` imports and validates one."""
+    from workbench.registry import Registry, module_name, read_manifest
 
     registry = Registry()
     site = Path(args.site) if args.site else registry.root / "site" / "_build"
     built = {row["id"]: row["verdict"] for row in read_manifest(site).get("postmortems", [])}
-    rows = [("id", "title", "status", "verdict (last site build)")]
-    for pm in registry.postmortems():
-        rows.append((pm.id, pm.meta.title, pm.meta.upstream_status, built.get(pm.id, "not built")))
+    rows = [("id", "status", "verdict (last build)", "title")]
+    for postmortem_id in registry.ids():
+        meta = _meta_from_source(registry.package_dir / f"{module_name(postmortem_id)}.py")
+        if meta is None or meta["id"] != postmortem_id:
+            pm = registry.get(postmortem_id)  # imports and validates: its error names the fix
+            meta = {"id": pm.id, "title": pm.meta.title, "upstream_status": pm.meta.upstream_status}
+        rows.append((meta["id"], meta["upstream_status"], built.get(meta["id"], "not built"), meta["title"]))
     if len(rows) == 1:
         print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
         return 0
-    print(fixed_width(rows))
+    lines = fixed_width(rows).splitlines()
+    print("\n".join(line if len(line) <= LIST_WIDTH else line[: LIST_WIDTH - 3] + "..." for line in lines))
     return 0
 
 
+ID_RULE = re.compile(r"[a-z][a-z0-9-]*")
+
+
+def _id_problem(command: str, postmortem_id: str, known: list[str] | None = None) -> str | None:
+    """Why `postmortem_id` is not a valid id (None when it is), with the id to use instead: a
+    module name (`te_thd_2892`) gets its hyphenated id, capitals their lowercase."""
+    if ID_RULE.fullmatch(postmortem_id):
+        return None
+    suggestion = re.sub(r"[^a-z0-9]+", "-", postmortem_id.lower()).strip("-")
+    kind = "a module name; ids use '-' where module names use '_'" if "_" in postmortem_id else "not an id"
+    problem = (
+        f"workbench {command}: {postmortem_id!r} is {kind}. An id is lowercase letters, digits and '-', "
+        "starting with a letter (it names the notebook and the page)"
+    )
+    if ID_RULE.fullmatch(suggestion) and (known is None or suggestion in known):
+        return f"{problem}; use {suggestion!r}."
+    return problem + (f"; known ids: {', '.join(known)}." if known else ".")
+
+
+class _Progress:
+    """What `repro` is doing, on stderr while the post-mortem runs: each layout it packs (the
+    registered CASES by number) and, after `quiet` seconds without news, a line saying it is
+    still running. Needs nothing of the post-mortem module: it observes `workbench.pack`."""
+
+    def __init__(self, cases: list, quiet: float = 5.0) -> None:
+        import threading
+
+        self.cases, self.quiet = cases, quiet
+        self.seen: set = set()
+        self.start = self.last = time.perf_counter()
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.ticker = threading.Thread(target=self._tick, daemon=True)
+
+    def say(self, message: str) -> None:
+        with self.lock:
+            self.last = time.perf_counter()
+            print(f"  {self.last - self.start:6.1f}s  {message}", file=sys.stderr, flush=True)
+
+    def packed(self, case) -> None:
+        if case in self.seen:
+            return
+        self.seen.add(case)
+        where = f"case {self.cases.index(case) + 1}/{len(self.cases)}" if case in self.cases else f"layout {len(self.seen)}"
+        self.say(f"{where}: {case.label()}")
+
+    def _tick(self) -> None:
+        while not self.done.wait(1.0):
+            if time.perf_counter() - self.last >= self.quiet:
+                self.say(f"still reproducing ({len(self.seen)} layouts so far)")
+
+    def __enter__(self) -> _Progress:
+        import contextlib
+
+        from workbench.layout import observing_packs
+
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(observing_packs(self.packed))
+        self.ticker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.ticker.join()
+        self._stack.close()
+
+
 def _repro(args: argparse.Namespace) -> int:
+    problem = _id_problem("repro", args.id)
+    if problem:
+        from workbench.registry import Registry
+
+        print(_id_problem("repro", args.id, Registry().ids()), file=sys.stderr)
+        return EXIT_USAGE
     import torch
 
     from kernels import DEVICE
@@ -76,9 +185,19 @@ def _repro(args: argparse.Namespace) -> int:
     from workbench.records import write_record
     from workbench.registry import Registry
 
+    started = time.perf_counter()
     pm = Registry().get(args.id)
     print(f"{pm.id}: {pm.meta.title}", flush=True)
-    results = pm.reproduce(device=args.device)
+    mode = "Triton interpreter" if DEVICE == "cpu" else "native Triton"
+    print(
+        f"  imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
+        f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})",
+        file=sys.stderr,
+        flush=True,
+    )
+    with _Progress(list(pm.module.CASES)) as progress:
+        results = pm.reproduce(device=args.device)
+        progress.say(f"reproduced ({len(progress.seen)} layouts); checking {len(pm.claims)} claims")
     verdicts = pm.claims.check(results)
     print(claims_table(verdicts))
     print(overall_verdict(verdicts))
@@ -106,6 +225,10 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _new(args: argparse.Namespace) -> int:
+    problem = _id_problem("new", args.id)
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_USAGE
     from workbench.registry import Registry
     from workbench.site import execute_in_place
 
@@ -138,11 +261,32 @@ def _execute(args: argparse.Namespace) -> int:
     return 0
 
 
+LAB_HELP = """\
+Opens JupyterLab on notebooks/, with this Python (so the workbench and the post-mortems
+import). Other arguments go to `jupyter lab`, e.g. --no-browser --port 8899. Run as root (as
+in most containers), it adds --allow-root, which JupyterLab otherwise demands.
+
+Lab is where you write a notebook; `workbench execute ID` is what you commit. A notebook
+run in Lab carries live explorer widgets, their state and your session's execution counts:
+after editing, run `workbench execute ID` (explorers static, cells in order) before `git add`.
+`make test` fails on a committed notebook that was saved from a Lab run, and says so.
+"""
+
+
 def _lab(args: argparse.Namespace) -> int:
     from workbench.registry import Registry
 
     notebooks = Registry().notebooks_dir
-    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks}", *args.jupyter_args]
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args.jupyter_args
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        f"--ServerApp.root_dir={notebooks}",
+        *(["--allow-root"] if as_root else []),
+        *args.jupyter_args,
+    ]
+    print(f"JupyterLab on {notebooks}. Before committing a notebook you ran here: workbench execute ID", file=sys.stderr)
     return subprocess.call(command)
 
 
@@ -193,7 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
     execute.add_argument("notebooks", nargs="+", metavar="NAME", help="post-mortem id / notebook name, or a path to an .ipynb")
     execute.set_defaults(func=_execute)
 
-    lab = commands.add_parser("lab", help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)")
+    lab = commands.add_parser(
+        "lab",
+        help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)",
+        description=LAB_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="workbench lab [-h] [JUPYTER_LAB_ARGUMENT ...]",
+    )
     lab.set_defaults(func=_lab)
 
     audit = commands.add_parser(
@@ -245,8 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.registry import RegistryError
-    from workbench.site import BuildError
+    from workbench.errors import BuildError, RegistryError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

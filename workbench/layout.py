@@ -13,9 +13,10 @@ start) and TAIL rows (from `cu_seqlens_padded[-1]` to T, the rows of the torch b
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -42,6 +43,11 @@ class Fill(str, enum.Enum):
     HUGE = "huge"  # the dtype's largest finite value: overflows any product
     GARBAGE = "garbage"  # random values of magnitude ~1e4 with random signs (stale activations)
 
+    @classmethod
+    def _missing_(cls, value: object) -> Fill:
+        names = ", ".join(repr(f.value) for f in cls)
+        raise ValueError(f"{value!r} is not a padding fill; choose one of {names} (or Fill.NAN etc.).")
+
     def values(self, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
         """A CPU tensor of `shape` filled the way this kind of padding is."""
         if self is Fill.GARBAGE:
@@ -56,7 +62,8 @@ class Fill(str, enum.Enum):
         return torch.full(shape, constant, dtype=dtype)
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# The dtypes a Case can name, by name (float64: the oracle's own cases).
+DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -126,11 +133,15 @@ class Case:
             raise ValueError(f"Case.align = {self.align} must be a positive row count (e.g. 16).")
         if self.tail_q < 0 or self.tail_k < 0:
             raise ValueError("Case.tail_q and Case.tail_k count rows and must be >= 0.")
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise ValueError(
+                f"Case.head_dim = {self.head_dim!r} must be a positive int: the features per head (e.g. 16, 32, 64)."
+            )
         kv = self.kv_heads or self.heads
         if self.heads < 1 or self.heads % kv:
             raise ValueError(f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}.")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"Case.dtype = {self.dtype!r} is not one of {sorted(DTYPES)}.")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"Case.dtype = {self.dtype!r} is not one of {sorted(DTYPE_NAMES)}.")
 
     # -- derived layout -------------------------------------------------------------------
     @property
@@ -139,7 +150,7 @@ class Case:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPE_NAMES[self.dtype]
 
     def real_lengths(self, side: str) -> tuple[int, ...]:
         if side == "q" or self.seqlens_k is None:
@@ -280,34 +291,51 @@ def _side_tensor(case: Case, side: str, heads: int, generator: torch.Generator) 
     return x
 
 
+_PACK_OBSERVERS: list[Callable[[Case], None]] = []
+
+
+@contextlib.contextmanager
+def observing_packs(observer: Callable[[Case], None]) -> Iterator[None]:
+    """Within the block, `observer(case)` is called each time `pack` builds a batch: how
+    `workbench repro` shows which layout a post-mortem is working on."""
+    _PACK_OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _PACK_OBSERVERS.remove(observer)
+
+
 def pack(case: Case, device: torch.device | str | None = None, requires_grad: bool = True) -> PackedBatch:
     """Builds the packed batch of `case` on `device` (default: kernels' default device).
 
     Values are drawn on the CPU from `case.seed`, then moved, so the same case gives the
     same numbers on every device.
     """
+    for observer in _PACK_OBSERVERS:
+        observer(case)
     device = torch.device(device) if device is not None else default_device()
     generator = torch.Generator().manual_seed(case.seed)
     kv_heads = case.kv_heads or case.heads
     q = _side_tensor(case, "q", case.heads, generator)
     k = _side_tensor(case, "k", kv_heads, generator)
     v = _side_tensor(case, "k", kv_heads, generator)
-    leaves = [t.to(device).requires_grad_(requires_grad) for t in (q, k, v)]
+    q_leaf, k_leaf, v_leaf = (t.to(device).requires_grad_(requires_grad) for t in (q, k, v))
     lengths_q, lengths_k = case.real_lengths("q"), case.real_lengths("k")
-    cu = {
-        "cu_seqlens_q": cumulative(lengths_q, device),
-        "cu_seqlens_k": cumulative(lengths_k, device),
-        "cu_seqlens_q_padded": cumulative(case.padded_lengths("q"), device),
-        "cu_seqlens_k_padded": cumulative(case.padded_lengths("k"), device),
-    }
+    cu_q, cu_k = cumulative(lengths_q, device), cumulative(lengths_k, device)
+    cu_q_padded, cu_k_padded = cumulative(case.padded_lengths("q"), device), cumulative(case.padded_lengths("k"), device)
     return PackedBatch(
         case,
-        *leaves,
-        **cu,
+        q_leaf,
+        k_leaf,
+        v_leaf,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        cu_seqlens_q_padded=cu_q_padded,
+        cu_seqlens_k_padded=cu_k_padded,
         max_seqlen_q=max(lengths_q),
         max_seqlen_k=max(lengths_k),
-        regions_q=region_labels(cu["cu_seqlens_q"], cu["cu_seqlens_q_padded"], q.shape[0]),
-        regions_k=region_labels(cu["cu_seqlens_k"], cu["cu_seqlens_k_padded"], k.shape[0]),
+        regions_q=region_labels(cu_q, cu_q_padded, q.shape[0]),
+        regions_k=region_labels(cu_k, cu_k_padded, k.shape[0]),
     )
 
 

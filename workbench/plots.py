@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.rcsetup import cycler
 
 from workbench.bounds import FACTORS
 from workbench.health import GradientHealth, State
@@ -56,7 +58,7 @@ STYLE = {
     "grid.linewidth": 0.6,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.prop_cycle": matplotlib.cycler(color=SERIES),
+    "axes.prop_cycle": cycler(color=SERIES),
 }
 
 
@@ -69,7 +71,11 @@ def render_png(fig: Figure, dpi: int = 100) -> bytes:
 
 def _display_figures_in_ipython() -> None:
     """Lets a cell ending with a Figure show it: figures made without pyplot have no display
-    of their own until a backend registers one (that happens only when pyplot is imported)."""
+    of their own until a backend registers one (that happens only when pyplot is imported).
+    Outside a running IPython (which imports IPython before any user code) there is nothing to
+    register, and the command line does not pay for importing it."""
+    if "IPython" not in sys.modules:
+        return
     try:
         from IPython import get_ipython
     except ImportError:

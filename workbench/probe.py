@@ -194,7 +194,7 @@ def probe(
             errors[tname] = error_check(tname, t[real], oracle[tname].cpu()[real], baseline[tname].cpu()[real], fresh.q.dtype)
 
     return ProbeRecord(
-        impl=name or getattr(impl, "__name__", type(impl).__name__),
+        impl=name or str(getattr(impl, "__name__", type(impl).__name__)),
         case=batch.case,
         device=str(batch.device),
         poisoned=poisoned,

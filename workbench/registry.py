@@ -3,7 +3,7 @@
 A post-mortem's id names files and URLs ("torch-varlen-176793"); its module name is the id
 with '-' turned into '_' ("torch_varlen_176793"), so that `from postmortems import ...`
 works. The registry is the only place that maps one to the other and the only place that
-imports post-mortem modules for the CLI and the site (DESIGN: `workbench` never imports
+imports post-mortem modules for the CLI and the site (the rule: `workbench` never imports
 `postmortems` except through here).
 
 A notebook under `notebooks/` whose name is not a post-mortem id (the instruments demo) is a
@@ -38,17 +38,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import nbformat
-
+from workbench.errors import RegistryError
 from workbench.scaffold import render_module, render_notebook
 
 PACKAGE = "postmortems"
 HEADER_TAG = "wb-header"
 CHECK_OUTPUT_MARKERS = ("# NBVAL_CHECK_OUTPUT", "nbval-check-output")
-
-
-class RegistryError(ValueError):
-    """A post-mortem module or notebook does not have the shape the pipeline needs."""
 
 
 def module_name(postmortem_id: str) -> str:
@@ -133,7 +128,10 @@ def check_notebook(pm: PostMortem, nb=None) -> None:
     """Raises `RegistryError` naming the notebook and the fix when it breaks the conventions."""
     if not pm.notebook.exists():
         raise RegistryError(f"post-mortem {pm.id!r} has no notebook: expected {pm.notebook} (`workbench new` writes one).")
-    nb = nb if nb is not None else nbformat.read(pm.notebook, as_version=4)
+    if nb is None:
+        import nbformat  # here, not at the top: the CLI's torch-only commands import this module
+
+        nb = nbformat.read(pm.notebook, as_version=4)
     first = nb.cells[0] if nb.cells else None
     if (
         first is None
@@ -282,6 +280,8 @@ class Registry:
             sys.modules.pop(f"{self.package}.{name}", None)
             raise
         self.notebooks_dir.mkdir(exist_ok=True)
+        import nbformat
+
         nbformat.write(render_notebook(postmortem_id, name, self.package), notebook_path)
         return module_path, notebook_path
 

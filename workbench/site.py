@@ -46,6 +46,7 @@ from typing import Any
 
 import nbformat
 
+from workbench.errors import BuildError
 from workbench.postmortem import READER_SECTIONS, Evidence
 from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
 
@@ -69,10 +70,6 @@ EXPORTER_CONFIG = {
 }
 
 
-class BuildError(RuntimeError):
-    """A notebook failed to execute, a claim failed, or a page would reach off-site."""
-
-
 # -- execution ----------------------------------------------------------------------------
 
 
@@ -93,12 +90,47 @@ def _describe(path: Path, index: int, cell, output) -> str:
     return f"{path}: cell {index} (`{line.strip()[:60]}`) raised {output.ename}: {output.evalue}"
 
 
+# The IPython profile of the kernels that execute our notebooks (kernel_env points IPYTHONDIR
+# at it). nbclient starts each kernel on 127.0.0.1 over TCP, every message signed with the
+# connection file's key; ipykernel >= 7 logs on each start that the transport is not encrypted,
+# a warning about traffic crossing a network that this local, signed channel never does.
+# The profile drops that one record, and keeps the user's own ~/.ipython (startup scripts,
+# history) out of published runs.
+KERNEL_PROFILE = """\
+# Written by workbench.site.kernel_env for the kernels that execute notebooks; edit it there.
+import logging
+
+
+class LocalTcpWarning(logging.Filter):
+    def filter(self, record):
+        return "running over TCP without encryption" not in record.getMessage()
+
+
+logging.getLogger("IPKernelApp").addFilter(LocalTcpWarning())
+c.HistoryManager.enabled = False
+"""
+
+
+def _kernel_ipython_dir() -> Path:
+    """A per-user IPYTHONDIR holding KERNEL_PROFILE (rewritten when it differs)."""
+    import tempfile
+
+    directory = Path(tempfile.gettempdir()) / f"workbench-ipython-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    config = directory / "profile_default" / "ipython_kernel_config.py"
+    if not config.exists() or config.read_text() != KERNEL_PROFILE:
+        config.parent.mkdir(parents=True, exist_ok=True)
+        partial = config.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(KERNEL_PROFILE)
+        partial.replace(config)  # atomic: parallel builds never read half a file
+    return directory
+
+
 def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
     """A kernel's environment: ours, with the project root first on the import path, and with
     `static`, explorers in their static form (precomputed frames, see workbench.explorer)."""
     # Absolute: the kernel runs in the notebook's directory, where a relative root means nothing.
     paths = [str(Path(root).resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "IPYTHONDIR": str(_kernel_ipython_dir())}
     if static:
         env["WORKBENCH_STATIC"] = "1"
     return env

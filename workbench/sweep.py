@@ -97,7 +97,7 @@ def _run_point(fn: Callable, base: Case | None, point: dict[str, Any]) -> dict[s
             case_changes = {k: v for k, v in point.items() if k in _CASE_FIELDS}
             rest = {k: v for k, v in point.items() if k not in _CASE_FIELDS}
             result = fn(base.with_(**case_changes), **rest)
-        status = {"ok": True, "error_type": None, "error": None}
+        status: dict[str, Any] = {"ok": True, "error_type": None, "error": None}
         values = _normalise(result)
     except Exception as exc:  # a failing point is a result, whatever it raised
         status = {"ok": False, "error_type": type(exc).__name__, "error": str(exc)}

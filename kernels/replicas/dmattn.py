@@ -40,7 +40,7 @@ import triton.language as tl
 from kernels.contract import check_scale
 from kernels.interpreter import dot_upcast_needed
 
-DTYPES = (torch.float16, torch.bfloat16)  # upstream asserts "Only support fp16 and bf16"
+FLASH_DMATTN_DTYPES = (torch.float16, torch.bfloat16)  # upstream asserts "Only support fp16 and bf16"
 BLOCK_SIZES = (16, 32, 64, 128)
 LSE_ROUND = 128  # upstream rounds the lse / delta row count up to a multiple of 128
 
@@ -471,8 +471,10 @@ def _check(query, key, value, attn_mask, attn_bias, block_m, block_n):
                 f"{name} must be a 4-D tensor (batch, seqlen, heads, head_dim), got "
                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}."
             )
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; flash-dmattn's Triton path takes {DTYPES} (cast with .to()).")
+        if t.dtype not in FLASH_DMATTN_DTYPES:
+            raise TypeError(
+                f"{name} has dtype {t.dtype}; flash-dmattn's Triton path takes {FLASH_DMATTN_DTYPES} (cast with .to())."
+            )
     batch, seqlen_q, heads, head_dim = query.shape
     if key.shape != value.shape or key.shape[0] != batch or key.shape[3] != head_dim:
         raise ValueError(

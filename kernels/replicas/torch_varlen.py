@@ -27,7 +27,7 @@ from kernels.interpreter import dot_upcast_needed
 
 BLOCK_M = 64  # query rows per program
 BLOCK_N = 64  # key rows per inner step
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+VARLEN_ATTN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what torch varlen_attn takes
 
 
 @triton.jit
@@ -297,8 +297,8 @@ def _check(query, key, value, cu_seq_q, cu_seq_k) -> None:
                 f"{name} must be 3-D (total_tokens, heads, head_dim), got shape {tuple(t.shape)}; "
                 "varlen_attn takes packed THD tensors (view a (T, H*D) projection as (T, H, D))."
             )
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the replica supports {DTYPES}.")
+        if t.dtype not in VARLEN_ATTN_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the replica supports {VARLEN_ATTN_DTYPES}.")
     if key.shape != value.shape or query.shape[2] != key.shape[2] or query.dtype != key.dtype or key.dtype != value.dtype:
         raise ValueError(
             f"query {tuple(query.shape)} {query.dtype}, key {tuple(key.shape)} {key.dtype}, value "

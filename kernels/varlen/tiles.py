@@ -89,13 +89,16 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, cau
             check=True,
         ).stderr
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    regs = re.search(r"Used (\d+) registers", log)
+    if spills is None or regs is None:
+        raise RuntimeError(f"ptxas's verbose output for the {kernel} kernel has no register or spill line:\n{log[-2000:]}")
     return {
         "kernel": kernel,
         "head_dim": head_dim,
         "dtype": str(dtype).removeprefix("torch."),
         "causal": causal,
         "tile": str(tile),
-        "regs": int(re.search(r"Used (\d+) registers", log).group(1)),
+        "regs": int(regs.group(1)),
         "spill_bytes": int(spills.group(1)) + int(spills.group(2)),
         "shared": compiled.metadata.shared,
         "fits": compiled.metadata.shared <= SHARED_LIMIT,

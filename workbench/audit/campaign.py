@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from workbench.audit.adapters import Adapted, AdapterRefused
-from workbench.layout import DTYPES
+from workbench.layout import DTYPE_NAMES
 from workbench.malformed import CATALOGUE, HEADS, Malformed, base_args, split_call
 from workbench.poison import poisoned_memory
 
@@ -91,7 +91,7 @@ def classify(impl: Adapted, case: Malformed, base: dict[str, Any]) -> tuple[Outc
 def run_campaign(impl: Adapted, dtype: str) -> list[dict[str, str]]:
     """One row per catalogue case: id, outcome, evidence."""
     base = base_args(
-        DTYPES[dtype],
+        DTYPE_NAMES[dtype],
         impl.device,
         padded="padded" not in impl.lacks,
         kv_heads=HEADS if "gqa" in impl.lacks else 2,

@@ -1,0 +1,131 @@
+"""docs/contract.md says what the code does: its error table is what `varlen_attention` raises,
+its pictures are what `region_labels` and the oracle's mask give, and its table of what each
+row holds is what the kernel returns. Every code reference to the contract points at it."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import varlen_attention
+from workbench import Case, Fill, Region, pack, poisoned_memory, region_labels
+from workbench.malformed import CATALOGUE, PADDED, REAL, ROWS, base_args
+from workbench.plots import attention_mask
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "contract.md"
+sys.path.insert(0, str(ROOT / "docs"))
+import contract_errors  # noqa: E402
+
+
+def doc() -> str:
+    return DOC.read_text()
+
+
+def block_after(marker: str) -> str:
+    """The fenced block following `<!-- marker -->` in the doc."""
+    text = doc()
+    start = text.index(f"<!-- {marker} -->")
+    return text[start:].split("```")[1]
+
+
+def test_error_table_is_what_the_code_raises():
+    text = doc()
+    begin, end = text.index(contract_errors.BEGIN), text.index(contract_errors.END) + len(contract_errors.END)
+    assert text[begin:end] == contract_errors.table(), (
+        "docs/contract.md's error table is stale: run python docs/contract_errors.py"
+    )
+
+
+def test_error_table_covers_the_catalogue_and_names_the_argument():
+    rows = contract_errors.rows()
+    assert [r.id for r in rows] == [c.id for c in CATALOGUE]
+    for row, case in zip(rows, CATALOGUE):
+        assert row.exception == case.exception.__name__
+        assert re.search(case.message, row.message), (case.id, row.message)
+        assert case.names_argument(row.message), (case.id, row.message)
+    # validate=False keeps the sync-free checks and drops the value checks
+    unchecked = {r.id for r in rows if not r.without_validation}
+    assert {"cu-decreasing", "real-longer-than-padded", "max-seqlen-too-small"} <= unchecked
+    assert not {"cu-float", "batch-mismatch-q-k", "heads-not-multiple", "scale-nan"} & unchecked
+
+
+def test_layout_diagram_is_region_labels():
+    lines = {line.split()[0]: line.split()[1:] for line in block_after("layout-diagram").splitlines() if line.strip()}
+    classes = {"R": Region.REAL, "G": Region.GAP, "T": Region.TAIL}
+    drawn = [classes[c] for c in lines["class"]]
+    computed = region_labels(torch.tensor(REAL), torch.tensor(PADDED), ROWS).tolist()
+    assert drawn == computed
+    assert [int(r) for r in lines["row"]] == list(range(ROWS))
+    assert f"cu_seqlens_q        = {REAL}" in block_after("layout-diagram")
+    call = base_args()
+    assert call["q"].shape[0] == ROWS and call["cu_seqlens_q_padded"].tolist() == PADDED
+
+
+@pytest.mark.parametrize(("len_q", "len_k"), [(3, 5), (5, 3)])
+def test_causal_pictures_are_the_oracles_mask(len_q, len_k):
+    rows = [line.split()[2:] for line in block_after(f"causal len_q={len_q} len_k={len_k}").splitlines() if "query" in line]
+    drawn = torch.tensor([[c == "x" for c in row] for row in rows])
+    batch = pack(Case(seqlens_q=(len_q,), seqlens_k=(len_k,), causal=True, heads=1, head_dim=16), "cpu")
+    assert torch.equal(drawn, attention_mask(batch))
+    i, j = torch.arange(len_q)[:, None], torch.arange(len_k)[None, :]
+    assert torch.equal(drawn, j <= i + len_k - len_q)  # the rule the doc states
+
+
+def test_what_each_row_holds():
+    """The doc's table, on a layout with every kind of row: GAP and TAIL rows holding NaN, a
+    causal sequence with queries that see no key, an empty key sequence, and a sequence whose
+    real keys no query sees; outputs and gradients in NaN-poisoned memory."""
+    case = Case(
+        seqlens_q=(3, 5, 2, 0),
+        seqlens_k=(3, 3, 0, 2),
+        padded_q=(4, 6, 2, 1),
+        padded_k=(4, 3, 1, 2),
+        tail_q=2,
+        tail_k=1,
+        causal=True,
+        heads=2,
+        head_dim=16,
+        fill=Fill.NAN,
+    )
+    batch = pack(case, "cpu")
+    with poisoned_memory():
+        out, lse = varlen_attention(*batch.args(), **batch.kwargs(), return_lse=True)
+        (out.sum() + lse[lse.isfinite()].sum()).backward()
+    regions_q, regions_k = batch.regions("q"), batch.regions("k")
+    sees = attention_mask(batch).any(dim=1)  # which query rows see a key
+    real_q, blind_q = (regions_q == Region.REAL) & sees, (regions_q == Region.REAL) & ~sees
+    assert blind_q.sum() == 2 + 2  # two causal queries of sequence 1, both of sequence 2
+    padding_q = regions_q != Region.REAL
+    zero_rows = lambda t, rows: bool((t[rows] == 0).all())
+    assert zero_rows(out, blind_q | padding_q) and zero_rows(batch.q.grad, blind_q | padding_q)
+    assert bool(torch.isneginf(lse[:, blind_q | padding_q]).all())
+    assert bool(out[real_q].isfinite().all() and lse[:, real_q].isfinite().all() and batch.q.grad[real_q].isfinite().all())
+    seen_k = attention_mask(batch).any(dim=0)
+    padding_k, unseen_k = regions_k != Region.REAL, (regions_k == Region.REAL) & ~seen_k
+    assert unseen_k.sum() == 2  # the last sequence's keys: it has no query
+    for grad in (batch.k.grad, batch.v.grad):
+        assert zero_rows(grad, padding_k | unseen_k) and bool(grad[~(padding_k | unseen_k)].isfinite().all())
+    # lse: the natural log of the sum of exp(scale * q.k) over the visible keys
+    scale = case.head_dim**-0.5
+    row, start_k = int(batch.cu_seqlens_q_padded[0]), int(batch.cu_seqlens_k_padded[0])
+    scores = scale * batch.q[row, 0].double() @ batch.k[start_k : start_k + 1, 0].double().T  # query 0 sees key 0 only
+    assert torch.allclose(lse[0, row].double(), torch.logsumexp(scores, 0), atol=1e-5)
+
+
+def test_code_references_point_to_the_document():
+    """No code cites the DESIGN.md that is not in the repository; the README links the doc."""
+    stale = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in ("kernels", "workbench", "postmortems")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "DESIGN.md" in line or "(DESIGN:" in line
+    ]
+    assert not stale, f"cite docs/contract.md instead: {stale}"
+    assert "docs/contract.md" in (ROOT / "README.md").read_text()
+    assert "docs/contract.md" in (ROOT / "kernels" / "contract.py").read_text()
