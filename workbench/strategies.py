@@ -43,7 +43,9 @@ class _Choices(Protocol):
 
     def integer(self, lo: int, hi: int) -> int: ...
 
-    def boolean(self) -> bool: ...
+    def boolean(self, p: float = 0.5) -> bool:
+        """True with probability about `p` (a sampling weight; Hypothesis picks its own)."""
+        ...
 
     def choice(self, options: Sequence[T]) -> T: ...
 
@@ -59,7 +61,7 @@ class _HypothesisChoices:
     def integer(self, lo: int, hi: int) -> int:
         return self.draw(st.integers(lo, hi))
 
-    def boolean(self) -> bool:
+    def boolean(self, p: float = 0.5) -> bool:
         return self.draw(st.booleans())
 
     def choice(self, options: Sequence[T]) -> T:
@@ -78,8 +80,8 @@ class _RandomChoices:
     def integer(self, lo: int, hi: int) -> int:
         return self.rng.randint(lo, hi)
 
-    def boolean(self) -> bool:
-        return self.rng.random() < 0.5
+    def boolean(self, p: float = 0.5) -> bool:
+        return self.rng.random() < p
 
     def choice(self, options: Sequence[T]) -> T:
         return self.rng.choice(options)
@@ -149,14 +151,15 @@ class LayoutSpace:
 
     # -- the one definition ---------------------------------------------------------------
     def _build(self, choose: _Choices) -> Case:
+        # Sampling weights (ignored by Hypothesis): padding, TAIL rows and edge lengths are drawn a
+        # little more often than not, where most layout bugs live (the fuzzer's weights before
+        # this module; benchmarks/fuzz_planted.py measures them).
         unequal = self.has("unequal") and choose.boolean()
-        modes = ["none"]
-        if self.has("padded"):
-            modes += (["extra"] if self.extra_padding else []) + (["align"] if self.aligns else [])
-        padding = choose.choice(modes)
+        modes = (["extra"] if self.extra_padding else []) + (["align"] if self.aligns else [])
+        padding = choose.choice(modes) if self.has("padded") and modes and choose.boolean(0.6) else "none"
 
         def length(c: _Choices) -> int:
-            if self.edge_lengths and c.boolean():
+            if self.edge_lengths and c.boolean(0.6):
                 return c.choice(self.edge_lengths)
             return c.integer(0, self.longest)
 
@@ -177,7 +180,7 @@ class LayoutSpace:
             fields["padded_k"] = tuple(n + e for _, _, n, e in seqs)
         elif padding == "align":
             fields["align"] = choose.choice(self.aligns)
-        if self.has("tail") and self.tail and choose.boolean():
+        if self.has("tail") and self.tail and choose.boolean(0.6):
             fields["tail_q"] = choose.integer(0, self.tail)
             fields["tail_k"] = choose.integer(0, self.tail)
         heads = choose.choice(self.heads)
