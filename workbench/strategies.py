@@ -9,8 +9,9 @@ function builds a layout from a source of choices; there are two sources:
 * `space.sample(rng)`: the same layouts from a `random.Random`, for the audit's fuzzer. One
   layout costs seconds in the Triton interpreter, so the fuzzer decides how many it tries and
   shrinks with its own bounded probe budget; layout `i` of a run is the same in every process.
-  (Hypothesis has no public seeded draw, and its engine also draws literals found in the
-  modules imported so far, so its draws would differ between a fuzzer and its workers.)
+  (Hypothesis draws only inside runs it drives: `.example()` is for interactive use and
+  unseeded, and its engine also mixes in literals found in the local modules imported so far,
+  so the same seed could give a fuzzer and its worker processes different layouts.)
 
 Every layout is valid by construction, and every shrink keeps it so: a padded length is drawn
 as real length + *extra* rows, never on its own; GQA's kv_heads is a divisor of the heads
