@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
-from hypothesis import strategies as st
 
 from workbench import Case, Fill, Region, pack, reference_attention
+from workbench.strategies import LayoutSpace
 
 
 def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
@@ -42,24 +42,16 @@ def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
     return out
 
 
-@st.composite
-def layouts(draw):
-    batch = draw(st.integers(1, 3))
-    lengths = st.lists(st.integers(0, 12), min_size=batch, max_size=batch)
-    kv = draw(st.sampled_from([1, 2]))
-    return Case(
-        tuple(draw(lengths)),
-        seqlens_k=tuple(draw(lengths)),
-        align=draw(st.sampled_from([None, 4])),
-        tail_q=draw(st.integers(0, 3)),
-        tail_k=draw(st.integers(0, 3)),
-        heads=kv * draw(st.sampled_from([1, 3])),
-        kv_heads=kv,
-        head_dim=8,
-        causal=draw(st.booleans()),
-        seed=draw(st.integers(0, 99)),
-        fill=draw(st.sampled_from([Fill.NAN, Fill.POS_INF, Fill.GARBAGE])),
-    )
+# Cross-attention lengths, GAP rows, TAIL rows, GQA groups of 1-3, causal, non-finite fills.
+layouts = LayoutSpace(
+    max_batch=3,
+    longest=12,
+    heads=(1, 2, 3, 6),
+    head_dims=(8,),
+    aligns=(4,),
+    fills=(Fill.NAN, Fill.POS_INF, Fill.GARBAGE),
+    nonempty=False,
+).strategy
 
 
 @given(layouts())

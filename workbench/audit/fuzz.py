@@ -1,7 +1,7 @@
 """The layout fuzzer: seeded random `Case`s, and the smallest failing one, shrunk greedily.
 
-Each layout (a `workbench.Case`: lengths including 0 and 1, GAP rows, TAIL rows, GQA, causal,
-the padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
+Each layout (a `workbench.Case` from the shared `workbench.strategies.LayoutSpace`: lengths
+including 0 and 1, GAP rows, TAIL rows, GQA, causal, the padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
 `layout_findings` (REAL rows within the bound, GAP and TAIL rows exactly 0); an exception on a
 valid layout is a finding too. The first failure of each check is shrunk: drop sequences,
 shorten them, remove padding, heads, causality... keeping a change only if the case gets
@@ -22,6 +22,7 @@ from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, adapt
 from workbench.audit.checks import Finding, layout_findings, single_threaded
 from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
+from workbench.strategies import LayoutSpace
 
 RAISES = "raises-on-valid-layout"
 
@@ -78,51 +79,27 @@ def _allowed(profile: Profile, impl: Adapted) -> tuple[tuple[str, ...], tuple[in
     return dtypes, dims
 
 
-def random_case(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
-    """One layout the implementation can express, drawn from `profile`, with at least one row
-    of q and of k (a probe of zero-row tensors has nothing to look at)."""
-    while True:
-        case = _draw(rng, impl, profile)
-        if case.total_rows("q") and case.total_rows("k"):
-            return case
-
-
-def _draw(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
-    lacks = impl.lacks
-    batch = rng.randint(1, profile.batch)
-
-    def length() -> int:
-        return rng.choice(profile.lengths) if rng.random() < 0.6 else rng.randint(0, profile.longest)
-
-    seqlens_q = tuple(length() for _ in range(batch))
-    seqlens_k = tuple(length() for _ in range(batch)) if "unequal" not in lacks and rng.random() < 0.5 else None
-    padded = {}
-    if "padded" not in lacks and rng.random() < 0.6:
-        padded["padded_q"] = tuple(n + rng.randint(0, profile.extra_padding) for n in seqlens_q)
-        padded["padded_k"] = tuple(n + rng.randint(0, profile.extra_padding) for n in (seqlens_k or seqlens_q))
-    tails = {}
-    if "tail" not in lacks and rng.random() < 0.6:
-        tails = {"tail_q": rng.randint(0, profile.tail), "tail_k": rng.randint(0, profile.tail)}
-    heads = rng.choice(profile.heads)
-    kv_heads = (
-        rng.choice([d for d in range(1, heads) if heads % d == 0] or [None])
-        if "gqa" not in lacks and rng.random() < 0.5
-        else None
-    )
+def layout_space(impl: Adapted, profile: Profile) -> LayoutSpace:
+    """The layouts `profile` allows that the implementation can express (the shared strategy's
+    bounds), each with at least one row of q and of k (a probe of zero-row tensors has nothing
+    to look at)."""
     dtypes, dims = _allowed(profile, impl)
-    return Case(
-        seqlens_q,
-        seqlens_k,
-        **padded,
-        **tails,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=rng.choice(dims),
-        dtype=rng.choice(dtypes),
-        causal="causal" not in lacks and rng.random() < 0.5,
-        seed=rng.randrange(2**16),
-        fill=rng.choice(list(Fill)),
+    return LayoutSpace(
+        max_batch=profile.batch,
+        longest=profile.longest,
+        edge_lengths=profile.lengths,
+        extra_padding=profile.extra_padding,
+        tail=profile.tail,
+        heads=profile.heads,
+        head_dims=dims,
+        dtypes=dtypes,
+        without=frozenset(impl.lacks),
     )
+
+
+def random_case(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
+    """One layout of `layout_space(impl, profile)`, drawn from `rng`."""
+    return layout_space(impl, profile).sample(rng)
 
 
 def probe_layout(impl: Adapted, case: Case) -> tuple[ProbeRecord | None, list[Finding]]:
