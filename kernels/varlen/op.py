@@ -5,6 +5,7 @@ autograd, `torch.compile` (fake tensors give the output shapes without running T
 dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
 """
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -126,6 +127,43 @@ def _backward(ctx, d_out, d_lse, _d_work):
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _ValidatedMetadata:
+    """The last metadata that passed the host check, so that the layers of one step, which all
+    pass the same cu_seqlens tensors, pay for the check (a device->host copy and a sync) once.
+
+    It holds weak references: a tensor that is freed can never match, even if a new one gets
+    its memory. A match needs the very same tensor objects, each with the version counter
+    it had when checked (any in-place write bumps it), the same row counts of q and k, the
+    same max_seqlen and scale. Anything else runs the whole check again. (A write that bypasses
+    torch's version counter, such as a raw kernel writing into the tensor's memory, is not seen:
+    pass validate=True with new tensors, as each new batch brings, to be sure.)"""
+
+    def __init__(self) -> None:
+        self.refs: tuple = ()
+        self.key: tuple = ()
+
+    @staticmethod
+    def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
+        versions = tuple(None if t is None else t._version for t in metadata)
+        return (versions, q.shape[0], k.shape[0], q.device, max_seqlen_q, max_seqlen_k, scale)
+
+    def holds(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> bool:
+        if len(self.refs) != len(metadata) or not all(isinstance(t, torch.Tensor) for t in metadata[:2]):
+            return False
+        if any((ref is None) != (t is None) or (ref is not None and ref() is not t) for ref, t in zip(self.refs, metadata)):
+            return False
+        if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+            return False
+        return self.key == self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
+
+    def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> None:
+        self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
+        self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
+
+
+_VALIDATED = _ValidatedMetadata()
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -165,8 +203,10 @@ def varlen_attention(
             causal sliding window. Key blocks wholly outside the window are skipped.
         scale: softmax scale, 1/sqrt(D) by default.
         return_lse: also return lse.
-        validate: check the metadata on the host (one small device->host copy, a sync);
-            False keeps only sync-free checks, for CUDA graphs and ``torch.compile(fullgraph=True)``.
+        validate: check the metadata on the host (one small device->host copy, a sync; skipped
+            when the very same, unmodified metadata tensors passed it last, as in the layers of
+            one step); False keeps only sync-free checks, for CUDA graphs and
+            ``torch.compile(fullgraph=True)``.
 
     Returns:
         out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
@@ -192,6 +232,9 @@ def varlen_attention(
     """
     check_causal(causal)
     left, right = check_window_size(window_size)
+    metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+    if validate and _VALIDATED.holds(metadata, q, k, max_seqlen_q, max_seqlen_k, scale):
+        validate = False  # the same metadata, unchanged, passed the host check: tensor checks only
     if validate:
         check_varlen_inputs(
             q,
@@ -207,6 +250,7 @@ def varlen_attention(
             dtypes=DTYPES,
             head_dims=HEAD_DIMS,
         )
+        _VALIDATED.remember(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
     else:
         check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
         check_cu_seqlens_tensors(
