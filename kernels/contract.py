@@ -143,6 +143,8 @@ def _to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The metadata tensors as int64 CPU tensors, in one device->host copy (one sync)."""
     if all(t.device.type == "cpu" for t in tensors):
         return [t.to(torch.int64) for t in tensors]
+    if len({t.device for t in tensors}) > 1:  # only where no device was imposed: one copy each
+        return [t.to("cpu", torch.int64) for t in tensors]
     dtype = tensors[0].dtype if all(t.dtype == tensors[0].dtype for t in tensors) else torch.int64
     host = torch.cat([t.to(dtype) for t in tensors]).cpu().to(torch.int64)
     return list(host.split([t.numel() for t in tensors]))

@@ -336,3 +336,13 @@ def test_batch_invariance_under_permutation(window):
     for i in range(len(lengths)):
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), identity[i], permuted[i]):
             assert torch.equal(a, b), f"sequence {i}: {name} changes with its place in the batch"
+
+
+def test_docstring_example_runs():
+    """varlen_attention's docstring example, as doctest runs it."""
+    import doctest
+
+    finder = doctest.DocTestFinder()
+    (test,) = [t for t in finder.find(varlen_attention, "varlen_attention") if t.examples]
+    result = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE).run(test, out=lambda _: None)
+    assert result.attempted >= 5 and result.failed == 0

@@ -891,7 +891,8 @@ def plot_ratios(record: dict, axes=None):
     axes[0].set_yticks([j + 0.4 - height / 2 for j in range(len(names))])
     axes[0].set_yticklabels(names, fontsize=7)
     axes[0].invert_yaxis()
-    axes[0].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].figure.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=len(PEERS))  # clear of the bars
     p = record["provenance"]
     axes[0].figure.suptitle(
         f"Ratios per workload: {p['device']}, torch {p['torch']}, triton {p['triton']} ({p['date']})", fontsize=9
