@@ -162,3 +162,29 @@ def test_cpu_tensors_natively_get_a_clear_error():
     batch = pack(CASE, device="cpu")
     with pytest.raises(ValueError, match=r"q is on cpu, but the Triton kernels run natively on CUDA"):
         batch.call(varlen_attention)
+
+
+@pytest.mark.parametrize("use_lse", [False, True], ids=["out", "out-and-lse"])
+def test_eager_road_and_custom_op_compute_bitwise_the_same(monkeypatch, use_lse):
+    """Plain eager calls skip the custom op's dispatch (host time); under a dispatch mode or
+    torch.compile the custom op runs. Same launchers: same bits, forward and backward."""
+    from kernels.varlen import op
+
+    results = []
+    for eager in (True, False):
+        monkeypatch.setattr(op, "_eager", lambda eager=eager: eager)
+        batch = pack(CASE.with_(fill=Fill.ZEROS))
+        out, lse = batch.call(varlen_attention, window_size=(3, -1), return_lse=True)
+        loss = out.float().sum() + (lse[torch.isfinite(lse)].sum() if use_lse else 0)
+        loss.backward()
+        results.append((out, lse, batch.q.grad, batch.k.grad, batch.v.grad))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), name
+
+
+def test_plain_calls_take_the_eager_road_and_dispatch_modes_the_custom_op():
+    from kernels.varlen import op
+
+    assert op._eager()
+    with OpLog():
+        assert not op._eager()
