@@ -6,8 +6,8 @@ relies on the allocator handing out zeros, and nothing pays for a full-buffer me
 
 Launches are few because each costs tens of microseconds of host time natively, which short
 documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
-attention, one fill of out and lse), a backward pass four (delta, dK/dV, dQ, one fill of dq,
-dk and dv), reusing the forward pass's work lists.
+attention, one fill of out and lse), a backward pass three (dQ, which also writes delta; dK/dV;
+one fill of dq, dk and dv), reusing the forward pass's work lists.
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
@@ -32,7 +32,6 @@ from kernels.interpreter import dot_upcast_needed
 from kernels.varlen.triton_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
-    attention_backward_preprocess_kernel,
     attention_forward_kernel,
     block_starts_kernel,
     fill_padding_rows_kernel,
@@ -80,7 +79,6 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
         1024: (Tile(32, 16, 4, 1),),
     },
 }
-PREPROCESS_ROWS = 64  # delta = rowsum(dO * O): memory-bound, one fixed tile
 
 
 def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[Tile, ...]:
@@ -430,34 +428,13 @@ def attention_backward(
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    delta = torch.empty_like(lse)  # only REAL rows are written, and only they are read
+    delta = torch.empty_like(lse)  # written on REAL rows by the dQ pass, read there by dK/dV
     common = dict(GROUP=group, **window.constexprs(), HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
     n_seqs = cu_seqlens_q.numel() - 1
     rows, keys = WorkList(work[QUERIES], n_seqs, total_q), WorkList(work[KEYS], n_seqs, total_k)
-
-    starts, grid = rows.blocks(PREPROCESS_ROWS)
-    attention_backward_preprocess_kernel[(grid, heads)](
-        out,
-        d_out,
-        delta if d_lse is None else d_lse.contiguous(),
-        delta,  # no d_lse: an unread pointer
-        cu_seqlens_q,
-        cu_seqlens_q_padded,
-        starts,
-        rows.n_seqs,
-        rows.search_steps,
-        out.stride(0),
-        out.stride(1),
-        d_out.stride(0),
-        d_out.stride(1),
-        lse.stride(0),
-        BLOCK_M=PREPROCESS_ROWS,
-        HEAD_DIM=head_dim,
-        HAS_DLSE=d_lse is not None,
-    )
 
     def launch_dkdv(tile: Tile):
         starts, grid = keys.blocks(tile.block_n)
@@ -492,12 +469,16 @@ def attention_backward(
 
     def launch_dq(tile: Tile):
         starts, grid = rows.blocks(tile.block_m)
-        return attention_backward_dq_kernel[(grid, heads)](
+        return attention_backward_dq_kernel[
+            (grid, heads)
+        ](
             q,
             k,
             v,
+            out,
             d_out,
             lse,
+            delta if d_lse is None else d_lse.contiguous(),  # no d_lse: an unread pointer
             delta,
             dq,
             *cu,
@@ -507,10 +488,14 @@ def attention_backward(
             qk_scale,
             scale,
             *window.kernel_args(),
-            *qkv_strides,
+            *qkv_strides[:6],
+            out.stride(0),
+            out.stride(1),
+            *qkv_strides[6:],
             dq.stride(0),
             dq.stride(1),
             lse.stride(0),
+            HAS_DLSE=d_lse is not None,
             BLOCK_M=tile.block_m,
             BLOCK_N=tile.block_n,
             **common,
@@ -518,17 +503,18 @@ def attention_backward(
             num_stages=tile.num_stages,
         )
 
-    TUNER.launch(
-        _shape_class("dkdv", q, total_k, keys.n_seqs, window, group),
-        candidate_tiles("dkdv", head_dim, q.dtype),
-        launch_dkdv,
-        total_k * heads,
-    )
+    # dQ first: it writes delta, which the dK/dV pass reads.
     TUNER.launch(
         _shape_class("dq", q, total_q, rows.n_seqs, window, group),
         candidate_tiles("dq", head_dim, q.dtype),
         launch_dq,
         total_q * heads,
+    )
+    TUNER.launch(
+        _shape_class("dkdv", q, total_k, keys.n_seqs, window, group),
+        candidate_tiles("dkdv", head_dim, q.dtype),
+        launch_dkdv,
+        total_k * heads,
     )
     fill_padding_rows(
         Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),

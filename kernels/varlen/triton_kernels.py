@@ -1,5 +1,5 @@
-"""Triton kernels of the fixed varlen attention: forward, backward (preprocess, dk/dv, dq), the
-work lists they share, and the fill of padding rows.
+"""Triton kernels of the fixed varlen attention: forward, backward (dq with delta, then dk/dv),
+the work lists they share, and the fill of padding rows.
 
 Work is split into (sequence, block) pairs: program `pid` of a launch owns block
 `pid - block_starts[seq]` of sequence `seq`, found by binary search of `block_starts` (the
@@ -427,47 +427,6 @@ def attention_forward_kernel(
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
-def attention_backward_preprocess_kernel(
-    Out,
-    DOut,
-    DLse,
-    Delta,
-    cu_q,
-    cu_q_padded,
-    block_starts,
-    n_seqs,
-    n_search_steps,
-    stride_ot,
-    stride_oh,
-    stride_dot,
-    stride_doh,
-    stride_lh,
-    BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
-):
-    """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout.
-
-    Without HAS_DLSE (lse unused, the usual case) DLse is not read: dlse = 0.
-    """
-    head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
-    if seq == n_seqs:
-        return
-    q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < len_q
-    dims = tl.arange(0, HEAD_DIM)
-    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims).to(tl.float32)
-    do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims).to(tl.float32)
-    lse_offsets = head * stride_lh + q_start + rows
-    delta = tl.sum(o * do, 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLse + lse_offsets, mask=row_ok, other=0.0)
-    tl.store(Delta + lse_offsets, delta, mask=row_ok)
-
-
 @triton.jit
 def _load_lse_log2(Lse, rows, row_ok):
     """lse in base 2 for exp2(s - lse); -inf (row with no visible key) becomes 0 so that exp2
@@ -737,8 +696,10 @@ def attention_backward_dq_kernel(
     Q,
     K,
     V,
+    Out,
     DOut,
     Lse,
+    DLse,
     Delta,
     DQ,
     cu_q,
@@ -758,11 +719,14 @@ def attention_backward_dq_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_ot,
+    stride_oh,
     stride_dot,
     stride_doh,
     stride_dqt,
     stride_dqh,
     stride_lh,
+    HAS_DLSE: tl.constexpr,
     GROUP: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
@@ -774,7 +738,10 @@ def attention_backward_dq_kernel(
     """dQ of one block of BLOCK_M query rows of one sequence and one head.
 
     A pass separate from dK/dV (it recomputes P and dP) so that every dQ row is owned by one
-    program: deterministic, no fp32 atomics, no memset of dQ.
+    program: deterministic, no fp32 atomics, no memset of dQ. It runs first and computes its
+    rows' delta = rowsum(dO * O) - dlse itself (dS = P * (dP - delta)), storing it for the
+    dK/dV pass: no separate delta launch. Without HAS_DLSE (lse unused, the usual case) DLse
+    is not read: dlse = 0.
     """
     head = tl.program_id(1)
     seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
@@ -790,7 +757,11 @@ def attention_backward_dq_kernel(
     do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
     lse_row0 = head * stride_lh + q_start
     lse2 = _load_lse_log2(Lse + lse_row0, rows, row_ok)
-    delta = tl.load(Delta + lse_row0 + rows, mask=row_ok, other=0.0)
+    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_row0 + rows, mask=row_ok, other=0.0)
+    tl.store(Delta + lse_row0 + rows, delta, mask=row_ok)  # read by the dK/dV pass, launched next
     K += (head // GROUP) * stride_kh + k_start * stride_kt
     V += (head // GROUP) * stride_vh + k_start * stride_vt
 
