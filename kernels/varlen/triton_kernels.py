@@ -1,5 +1,5 @@
-"""Triton kernels of the fixed varlen attention: forward, backward (preprocess, dk/dv, dq), the
-work lists they share, and the fill of padding rows.
+"""Triton kernels of the fixed varlen attention: forward, backward (dq with delta, then dk/dv),
+the work lists they share, and the fill of padding rows.
 
 Work is split into (sequence, block) pairs: program `pid` of a launch owns block
 `pid - block_starts[seq]` of sequence `seq`, found by binary search of `block_starts` (the
@@ -10,9 +10,15 @@ The attention kernels read and write REAL rows only: every load of q, k, v, dO, 
 masked by the real length (never the padded one), so NaN or Inf in padding never enters a
 computation. Padding rows of the outputs are written by `fill_padding_rows_kernel`.
 
+Masks are FlashAttention's windows, bottom-right aligned: query i of a sequence sees key j iff
+i + off - left <= j <= i + off + right, off = len_k - len_q, a bound of -1 being unbounded
+(causal is (-1, 0)). WINDOW_LEFT / WINDOW_RIGHT (constexpr) say which bound exists, so the
+unbounded sides compile to nothing. Key blocks wholly outside a program's window are never
+visited, in the forward pass and in both backward passes.
+
 Key loops are split as in Triton's fused-attention tutorial: blocks that every row of the
-program sees in full run with no score mask and no -inf guard; only the blocks on the causal
-diagonal or holding the ragged end of the keys pay for them. Rows past the real length of
+program sees in full run with no score mask and no -inf guard; only the blocks on the window's
+edges or holding the ragged end of the keys pay for them. Rows past the real length of
 the last block are never stored, and their zero-filled q/dO make their backward terms exactly
 0, so no loop masks them.
 
@@ -103,28 +109,96 @@ def _sequence(cu_real, cu_padded, seq):
 
 
 @triton.jit
-def _visible(rows, cols, len_k, causal_offset, CAUSAL: tl.constexpr):
-    """Query `rows` see key `cols` (broadcast): a real key and, if causal, bottom-right aligned
-    (causal_offset = len_k - len_q). Rows past len_q are not masked: they are never stored."""
+def _visible(rows, cols, len_k, offset, left, right, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+    """Query `rows` see key `cols` (broadcast): a real key inside the window, bottom-right
+    aligned (offset = len_k - len_q). Rows past len_q are not masked: they are never stored."""
     ok = cols < len_k
-    if CAUSAL:
-        ok = ok & (cols <= rows + causal_offset)
+    if WINDOW_RIGHT:
+        ok = ok & (cols <= rows + offset + right)
+    if WINDOW_LEFT:
+        ok = ok & (cols >= rows + offset - left)
     return ok
 
 
 @triton.jit
-def _key_ranges(row_start, len_q, len_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(full_end, key_end) for query rows [row_start, row_start + BLOCK_M): key blocks below
-    full_end are real keys seen by every one of those rows; those up to key_end need a mask;
-    keys at or past key_end are seen by none."""
-    if CAUSAL:
-        offset = len_k - len_q
-        key_end = tl.minimum(tl.maximum(tl.minimum(row_start + BLOCK_M, len_q) + offset, 0), len_k)
-        seen_by_all = tl.minimum(tl.maximum(row_start + offset + 1, 0), len_k)
+def _key_ranges(
+    row_start,
+    len_q,
+    len_k,
+    left,
+    right,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(key_lo, full_lo, full_hi, key_hi) for query rows [row_start, row_start + BLOCK_M):
+    key blocks in [full_lo, full_hi) are real keys seen by every real one of those rows (no
+    mask); [key_lo, full_lo) and [full_hi, key_hi) need a mask; keys outside [key_lo, key_hi)
+    are seen by none of the rows and are never loaded. Without a left bound key_lo = full_lo = 0."""
+    offset = len_k - len_q
+    last_row = tl.minimum(row_start + BLOCK_M, len_q) - 1
+    if WINDOW_RIGHT:
+        key_hi = tl.minimum(tl.maximum(last_row + offset + right + 1, 0), len_k)
+        all_hi = tl.minimum(tl.maximum(row_start + offset + right + 1, 0), len_k)
     else:
-        key_end = len_k
-        seen_by_all = len_k
-    return (seen_by_all // BLOCK_N) * BLOCK_N, key_end
+        key_hi = len_k
+        all_hi = len_k
+    if WINDOW_LEFT:
+        key_lo = tl.maximum(row_start + offset - left, 0)
+        all_lo = tl.maximum(last_row + offset - left, 0)
+    else:
+        key_lo = len_k * 0
+        all_lo = key_lo
+    key_lo = (key_lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(all_lo, BLOCK_N) * BLOCK_N
+    full_hi = (all_hi // BLOCK_N) * BLOCK_N
+    # No block seen in full: everything in [key_lo, key_hi) is masked, by the last range (the
+    # first one is compiled only with a left bound).
+    none_full = full_hi <= full_lo
+    full_lo = tl.where(none_full, key_lo, full_lo)
+    full_hi = tl.where(none_full, key_lo, full_hi)
+    return key_lo, full_lo, full_hi, key_hi
+
+
+@triton.jit
+def _query_ranges(
+    col_start,
+    len_q,
+    len_k,
+    left,
+    right,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(row_lo, masked_end, full_end, row_hi) for keys [col_start, col_start + BLOCK_N): query
+    rows outside [row_lo, row_hi) see none of them; steps of BLOCK_M rows from row_lo up to
+    masked_end and from full_end up to row_hi need a mask, those in [masked_end, full_end)
+    see every real key of the block (rows past len_q in that range read q = dO = 0 and add
+    exactly 0, so they need none)."""
+    offset = len_k - len_q
+    last_col = tl.minimum(col_start + BLOCK_N, len_k) - 1
+    if WINDOW_LEFT:
+        row_hi = tl.minimum(tl.maximum(last_col - offset + left + 1, 0), len_q)
+        all_hi = tl.minimum(tl.maximum(col_start - offset + left + 1, 0), len_q)
+    else:
+        row_hi = len_q
+        all_hi = len_q
+    if WINDOW_RIGHT:
+        row_lo = tl.minimum(tl.maximum(col_start - offset - right, 0), row_hi)
+        all_lo = tl.maximum(last_col - offset - right, row_lo)
+    else:
+        row_lo = len_q * 0
+        all_lo = row_lo
+    masked_end = tl.minimum(row_lo + tl.cdiv(all_lo - row_lo, BLOCK_M) * BLOCK_M, row_hi)
+    whole = masked_end + (tl.maximum(all_hi - masked_end, 0) // BLOCK_M) * BLOCK_M
+    # When every row from masked_end to len_q sees the block, the last partial step needs no
+    # mask either (its rows past len_q add 0).
+    full_end = tl.where(all_hi >= len_q, row_hi, whole)
+    full_end = tl.maximum(full_end, masked_end)
+    return row_lo, masked_end, full_end, row_hi
 
 
 @triton.jit
@@ -178,10 +252,13 @@ def _forward_blocks(
     col_lo,
     col_hi,
     len_k,
-    causal_offset,
+    offset,
+    left,
+    right,
     qk_scale,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -192,7 +269,9 @@ def _forward_blocks(
         k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
         qk = _dot(q, tl.trans(k), DOT_UPCAST)
         if MASKED:
-            qk = tl.where(_visible(rows[:, None], cols[None, :], len_k, causal_offset, CAUSAL), qk, float("-inf"))
+            qk = tl.where(
+                _visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), qk, float("-inf")
+            )
         # Scaling the row max (qk_scale > 0) instead of every score leaves one fused
         # multiply-add per score for exp2's argument, as in Triton's fused-attention tutorial.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -210,7 +289,7 @@ def _forward_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_forward_kernel(
     Q,
     K,
@@ -225,6 +304,8 @@ def attention_forward_kernel(
     n_seqs,
     n_search_steps,
     qk_scale,
+    window_left,
+    window_right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -235,7 +316,8 @@ def attention_forward_kernel(
     stride_oh,
     stride_lh,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -243,7 +325,7 @@ def attention_forward_kernel(
 ):
     """One block of BLOCK_M query rows of one sequence and one head: online softmax over keys."""
     head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=CAUSAL)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
@@ -259,7 +341,34 @@ def attention_forward_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    key_lo, full_lo, full_hi, key_hi = _key_ranges(
+        row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
+    )
+    if WINDOW_LEFT:  # the window's left edge; without a left bound this range is empty
+        acc, l_i, m_i = _forward_blocks(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K,
+            V,
+            stride_kt,
+            stride_vt,
+            dims,
+            rows,
+            key_lo,
+            full_lo,
+            len_k,
+            len_k - len_q,
+            window_left,
+            window_right,
+            qk_scale,
+            MASKED=True,
+            WINDOW_LEFT=WINDOW_LEFT,
+            WINDOW_RIGHT=WINDOW_RIGHT,
+            BLOCK_N=BLOCK_N,
+            DOT_UPCAST=DOT_UPCAST,
+        )
     acc, l_i, m_i = _forward_blocks(
         acc,
         l_i,
@@ -271,13 +380,16 @@ def attention_forward_kernel(
         stride_vt,
         dims,
         rows,
-        0,
-        full_end,
+        full_lo,
+        full_hi,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=False,
-        CAUSAL=CAUSAL,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
@@ -292,13 +404,16 @@ def attention_forward_kernel(
         stride_vt,
         dims,
         rows,
-        full_end,
-        key_end,
+        full_hi,
+        key_hi,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=True,
-        CAUSAL=CAUSAL,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
@@ -310,47 +425,6 @@ def attention_forward_kernel(
     out_ptrs = Out + head * stride_oh + (q_start + rows)[:, None] * stride_ot + dims[None, :]
     tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
-
-
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
-def attention_backward_preprocess_kernel(
-    Out,
-    DOut,
-    DLse,
-    Delta,
-    cu_q,
-    cu_q_padded,
-    block_starts,
-    n_seqs,
-    n_search_steps,
-    stride_ot,
-    stride_oh,
-    stride_dot,
-    stride_doh,
-    stride_lh,
-    BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
-):
-    """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout.
-
-    Without HAS_DLSE (lse unused, the usual case) DLse is not read: dlse = 0.
-    """
-    head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
-    if seq == n_seqs:
-        return
-    q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < len_q
-    dims = tl.arange(0, HEAD_DIM)
-    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims).to(tl.float32)
-    do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims).to(tl.float32)
-    lse_offsets = head * stride_lh + q_start + rows
-    delta = tl.sum(o * do, 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLse + lse_offsets, mask=row_ok, other=0.0)
-    tl.store(Delta + lse_offsets, delta, mask=row_ok)
 
 
 @triton.jit
@@ -378,14 +452,19 @@ def _dkdv_blocks(
     row_lo,
     row_hi,
     len_q,
-    causal_offset,
+    len_k,
+    offset,
+    left,
+    right,
     qk_scale,
     MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """dK, dV contributions of query rows [row_lo, row_hi) of one head (Q, DO, Lse, Delta at the
-    sequence's first row). MASKED applies the causal mask; nothing else needs one: keys past
+    sequence's first row). MASKED applies the window; nothing else needs a mask: keys past
     len_k are never stored, and rows past len_q read q = dO = 0, lse = delta = 0, which makes
     their dV and dK terms exactly 0."""
     offs = tl.arange(0, BLOCK_M)
@@ -399,7 +478,8 @@ def _dkdv_blocks(
         delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
         pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
         if MASKED:
-            pT = tl.where(cols[:, None] <= rows[None, :] + causal_offset, pT, 0.0)
+            # A select, not a product: pT may be +inf on a row that sees no key (its lse2 is 0).
+            pT = tl.where(_visible(rows[None, :], cols[:, None], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), pT, 0.0)
         dv = _dot(pT.to(do.dtype), do, DOT_UPCAST, dv)
         dpT = _dot(v, tl.trans(do), DOT_UPCAST)
         dsT = pT * (dpT - delta[None, :])
@@ -407,7 +487,7 @@ def _dkdv_blocks(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_backward_dkdv_kernel(
     Q,
     K,
@@ -426,6 +506,8 @@ def attention_backward_dkdv_kernel(
     n_search_steps,
     qk_scale,
     scale,
+    window_left,
+    window_right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -440,7 +522,8 @@ def attention_backward_dkdv_kernel(
     stride_dvh,
     stride_lh,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -466,15 +549,9 @@ def attention_backward_dkdv_kernel(
     k = _load_rows(K + kv_head * stride_kh, k_start, cols, col_ok, stride_kt, dims)
     v = _load_rows(V + kv_head * stride_vh, k_start, cols, col_ok, stride_vt, dims)
 
-    # Query rows below first_row see none of these keys; from masked_end on, each sees all.
-    causal_offset = len_k - len_q
-    if CAUSAL:
-        first_row = tl.maximum(col_start - causal_offset, 0)
-        rows_to_mask = tl.maximum(col_start + BLOCK_N - 1 - causal_offset - first_row, 0)
-        masked_end = tl.minimum(first_row + tl.cdiv(rows_to_mask, BLOCK_M) * BLOCK_M, len_q)
-    else:
-        first_row = col_start * 0
-        masked_end = first_row
+    row_lo, masked_end, full_end, row_hi = _query_ranges(
+        col_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
+    )
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     for g in range(GROUP):
@@ -483,6 +560,34 @@ def attention_backward_dkdv_kernel(
         DO_seq = DOut + head * stride_doh + q_start * stride_dot
         Lse_seq = Lse + head * stride_lh + q_start
         Delta_seq = Delta + head * stride_lh + q_start
+        if WINDOW_RIGHT:  # the window's lower edge in rows; without a right bound it is empty
+            dk, dv = _dkdv_blocks(
+                dk,
+                dv,
+                k,
+                v,
+                Q_seq,
+                DO_seq,
+                Lse_seq,
+                Delta_seq,
+                stride_qt,
+                stride_dot,
+                dims,
+                cols,
+                row_lo,
+                masked_end,
+                len_q,
+                len_k,
+                len_k - len_q,
+                window_left,
+                window_right,
+                qk_scale,
+                MASKED=True,
+                WINDOW_LEFT=WINDOW_LEFT,
+                WINDOW_RIGHT=WINDOW_RIGHT,
+                BLOCK_M=BLOCK_M,
+                DOT_UPCAST=DOT_UPCAST,
+            )
         dk, dv = _dkdv_blocks(
             dk,
             dv,
@@ -496,37 +601,48 @@ def attention_backward_dkdv_kernel(
             stride_dot,
             dims,
             cols,
-            first_row,
             masked_end,
+            full_end,
             len_q,
-            causal_offset,
-            qk_scale,
-            MASKED=True,
-            BLOCK_M=BLOCK_M,
-            DOT_UPCAST=DOT_UPCAST,
-        )
-        dk, dv = _dkdv_blocks(
-            dk,
-            dv,
-            k,
-            v,
-            Q_seq,
-            DO_seq,
-            Lse_seq,
-            Delta_seq,
-            stride_qt,
-            stride_dot,
-            dims,
-            cols,
-            masked_end,
-            len_q,
-            len_q,
-            causal_offset,
+            len_k,
+            len_k - len_q,
+            window_left,
+            window_right,
             qk_scale,
             MASKED=False,
+            WINDOW_LEFT=WINDOW_LEFT,
+            WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
         )
+        if WINDOW_LEFT:
+            dk, dv = _dkdv_blocks(
+                dk,
+                dv,
+                k,
+                v,
+                Q_seq,
+                DO_seq,
+                Lse_seq,
+                Delta_seq,
+                stride_qt,
+                stride_dot,
+                dims,
+                cols,
+                full_end,
+                row_hi,
+                len_q,
+                len_k,
+                len_k - len_q,
+                window_left,
+                window_right,
+                qk_scale,
+                MASKED=True,
+                WINDOW_LEFT=WINDOW_LEFT,
+                WINDOW_RIGHT=WINDOW_RIGHT,
+                BLOCK_M=BLOCK_M,
+                DOT_UPCAST=DOT_UPCAST,
+            )
 
     dk_ptrs = DK + kv_head * stride_dkh + (k_start + cols)[:, None] * stride_dkt + dims[None, :]
     dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims[None, :]
@@ -550,10 +666,13 @@ def _dq_blocks(
     col_lo,
     col_hi,
     len_k,
-    causal_offset,
+    offset,
+    left,
+    right,
     qk_scale,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -565,20 +684,22 @@ def _dq_blocks(
         p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
         if MASKED:
             # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
-            p = tl.where(_visible(rows[:, None], cols[None, :], len_k, causal_offset, CAUSAL), p, 0.0)
+            p = tl.where(_visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), p, 0.0)
         dp = _dot(do, tl.trans(v), DOT_UPCAST)
         ds = p * (dp - delta[:, None])
         dq = _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
     return dq
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_backward_dq_kernel(
     Q,
     K,
     V,
+    Out,
     DOut,
     Lse,
+    DLse,
     Delta,
     DQ,
     cu_q,
@@ -590,19 +711,25 @@ def attention_backward_dq_kernel(
     n_search_steps,
     qk_scale,
     scale,
+    window_left,
+    window_right,
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_ot,
+    stride_oh,
     stride_dot,
     stride_doh,
     stride_dqt,
     stride_dqh,
     stride_lh,
+    HAS_DLSE: tl.constexpr,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -611,10 +738,13 @@ def attention_backward_dq_kernel(
     """dQ of one block of BLOCK_M query rows of one sequence and one head.
 
     A pass separate from dK/dV (it recomputes P and dP) so that every dQ row is owned by one
-    program: deterministic, no fp32 atomics, no memset of dQ.
+    program: deterministic, no fp32 atomics, no memset of dQ. It runs first and computes its
+    rows' delta = rowsum(dO * O) - dlse itself (dS = P * (dP - delta)), storing it for the
+    dK/dV pass: no separate delta launch. Without HAS_DLSE (lse unused, the usual case) DLse
+    is not read: dlse = 0.
     """
     head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=CAUSAL)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
@@ -627,12 +757,44 @@ def attention_backward_dq_kernel(
     do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
     lse_row0 = head * stride_lh + q_start
     lse2 = _load_lse_log2(Lse + lse_row0, rows, row_ok)
-    delta = tl.load(Delta + lse_row0 + rows, mask=row_ok, other=0.0)
+    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_row0 + rows, mask=row_ok, other=0.0)
+    tl.store(Delta + lse_row0 + rows, delta, mask=row_ok)  # read by the dK/dV pass, launched next
     K += (head // GROUP) * stride_kh + k_start * stride_kt
     V += (head // GROUP) * stride_vh + k_start * stride_vt
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    key_lo, full_lo, full_hi, key_hi = _key_ranges(
+        row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
+    )
+    if WINDOW_LEFT:
+        dq = _dq_blocks(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            K,
+            V,
+            stride_kt,
+            stride_vt,
+            dims,
+            rows,
+            key_lo,
+            full_lo,
+            len_k,
+            len_k - len_q,
+            window_left,
+            window_right,
+            qk_scale,
+            MASKED=True,
+            WINDOW_LEFT=WINDOW_LEFT,
+            WINDOW_RIGHT=WINDOW_RIGHT,
+            BLOCK_N=BLOCK_N,
+            DOT_UPCAST=DOT_UPCAST,
+        )
     dq = _dq_blocks(
         dq,
         q,
@@ -645,13 +807,16 @@ def attention_backward_dq_kernel(
         stride_vt,
         dims,
         rows,
-        0,
-        full_end,
+        full_lo,
+        full_hi,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=False,
-        CAUSAL=CAUSAL,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
@@ -667,13 +832,16 @@ def attention_backward_dq_kernel(
         stride_vt,
         dims,
         rows,
-        full_end,
-        key_end,
+        full_hi,
+        key_hi,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=True,
-        CAUSAL=CAUSAL,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
