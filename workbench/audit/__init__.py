@@ -5,14 +5,17 @@
     print(report)                                 # verdict table, fuzzer summary, reproductions
 
 `audit` wraps the function in an adapter (`workbench.audit.adapters`: ours, contract,
-torch-varlen, flash-attn, te-thd, bshd, or your own via `register_adapter`), runs every check of
-`workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), including the
-bad-input campaign (`workbench.audit.campaign`), then fuzzes `budget` random layouts
+torch-varlen, flash-attn, te-thd, bshd, or your own via `register_adapter`; the paths of
+`workbench.audit.paths` need none), checks the adapter against the function's signature, runs
+every check of `workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), and
+grades input validation apart (`workbench.audit.campaign`: validates / partly validates / no
+validation; a grade never fails the audit, since an attention that computes every valid layout
+right is correct even if it checks nothing), then fuzzes `budget` random layouts
 (`workbench.audit.fuzz`) and shrinks the first failure of each check to a minimal layout printed
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
 Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
-[--dtype D] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
+[--dtype D] [--checks A,B] [--skip A,B] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
 back and prints it as the command did.
 """
 
@@ -81,7 +84,12 @@ class AuditReport:
 
     def campaign_table(self) -> str:
         """The bad-input campaign, one line per malformed call."""
-        return format_campaign(next((r.rows for r in self.results if r.name == "bad-input"), ()))
+        return format_campaign(next((r.rows for r in self.results if r.name == "input-validation"), ()))
+
+    @property
+    def validation(self) -> str:
+        """The input-validation grade (validates / partly validates / no validation), or n/a / not run."""
+        return next((r.verdict.value for r in self.results if r.name == "input-validation"), "not run")
 
     def __str__(self) -> str:
         lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})", "", self.table()]
@@ -136,6 +144,7 @@ def audit(
     dtype: str | None = None,
     budget: int | None = None,
     checks: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
     seed: int = 0,
     time_limit: float | None = None,
     workers: int = 1,
@@ -149,9 +158,10 @@ def audit(
     start = time.perf_counter()
     impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
     names = list(CHECKS) if checks is None else list(checks)
-    unknown = [n for n in names if n not in CHECKS]
+    unknown = [n for n in [*names, *skip] if n not in CHECKS]
     if unknown:
         raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
+    names = [n for n in names if n not in skip]
     # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
     results = []
@@ -174,7 +184,7 @@ def audit(
 def _argv(args) -> list[str]:
     """The command line that gives `args` again (for the re-run under another device)."""
     argv = [args.target]
-    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "checks", "notebook", "record"):
+    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "checks", "skip", "notebook", "record"):
         value = getattr(args, name)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
@@ -222,6 +232,7 @@ def run_command(args) -> int:
             time_limit=args.time_limit,
             workers=args.workers,
             checks=args.checks.split(",") if args.checks else None,
+            skip=args.skip.split(",") if getattr(args, "skip", None) else (),
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (ValueError, ImportError) as exc:
@@ -229,7 +240,7 @@ def run_command(args) -> int:
         return 2
     print(report)
     if any(r.rows for r in report.results):
-        print("\nbad-input campaign:\n" + report.campaign_table())
+        print("\ninput validation (bad-input campaign):\n" + report.campaign_table())
     if args.record:
         Path(args.record).parent.mkdir(parents=True, exist_ok=True)
         Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")

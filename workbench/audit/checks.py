@@ -21,16 +21,29 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters import Adapted, AdapterRefused
+from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.campaign import run_campaign, summarize
 from workbench.layout import Case, Fill, Region, pack
 from workbench.probe import TENSORS, ProbeRecord, probe
 
 
 class Verdict(str, enum.Enum):
+    """pass / FAIL / n/a for correctness checks; the three grades of the input-validation check,
+    which never fail an audit (a correct attention that checks nothing still computes right)."""
+
     PASS = "pass"
     FAIL = "FAIL"
     NA = "n/a"
+    VALIDATES = "validates"
+    PARTLY = "partly validates"
+    NO_VALIDATION = "no validation"
+
+    @property
+    def graded(self) -> bool:
+        return self in (Verdict.VALIDATES, Verdict.PARTLY, Verdict.NO_VALIDATION)
+
+
+GRADE_VERDICTS = {"validates": Verdict.VALIDATES, "partial": Verdict.PARTLY, "none": Verdict.NO_VALIDATION}
 
 
 @dataclass(frozen=True)
@@ -187,6 +200,8 @@ class Check:
                 result = self.run(ctx)
             except AdapterRefused as exc:
                 result = CheckResult(self.name, Verdict.NA, str(exc))
+            except NoOutput as exc:  # not a wrong result: nothing to compare
+                result = CheckResult(self.name, Verdict.FAIL, f"no output: {exc}")
             except Exception as exc:  # a crash on valid input is a finding, never an aborted audit
                 where = traceback.extract_tb(exc.__traceback__)[-1]
                 result = CheckResult(
@@ -299,9 +314,13 @@ def _determinism(ctx: Context) -> CheckResult:
     return CheckResult("", Verdict.PASS, f"{case.label()}: identical", (case,), records=(first, second))
 
 
-@check("bad-input", "every malformed call of workbench.malformed gets a clear error naming the argument", needs=("metadata",))
-def _bad_input(ctx: Context) -> CheckResult:
+@check(
+    "input-validation",
+    "graded, not pass/FAIL: each malformed call of workbench.malformed gets a clear error naming the argument, "
+    "or (a list for a tensor, a negative scale) the fp64 oracle's answer",
+    needs=("metadata",),
+)
+def _input_validation(ctx: Context) -> CheckResult:
     rows = run_campaign(ctx.impl, ctx.dtype)
-    ok, evidence = summarize(rows)
-    verdict = Verdict.NA if ok is None else Verdict.PASS if ok else Verdict.FAIL
-    return CheckResult("", verdict, evidence, rows=tuple(rows))
+    grade, evidence = summarize(rows)
+    return CheckResult("", Verdict.NA if grade is None else GRADE_VERDICTS[grade], evidence, rows=tuple(rows))

@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, adapt
+from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, NoOutput, adapt
 from workbench.audit.checks import Finding, layout_findings, single_threaded
 from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
 
 RAISES = "raises-on-valid-layout"
+NO_OUTPUT = "no-output"
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ def probe_layout(impl: Adapted, case: Case) -> tuple[ProbeRecord | None, list[Fi
         record = probe(impl, pack(case, impl.device), name=impl.name, poisoned=True, **impl.case_kwargs(case))
     except AdapterRefused:
         return None, []
+    except NoOutput as exc:  # nothing to judge: not a wrong result
+        return None, [Finding(NO_OUTPUT, str(exc))]
     except Exception as exc:  # a valid layout must never raise
         return None, [Finding(RAISES, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")]
     return record, layout_findings(record)

@@ -18,6 +18,7 @@ from workbench.audit.fuzz import FuzzResult
 from workbench.provenance import GPU_DATA
 from workbench.tables import fixed_width
 
+CAMPAIGN_CHECKS = ("input-validation", "bad-input")  # its name, and its name in records before it was graded
 RECORD_COMMAND = "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json"
 
 
@@ -51,7 +52,7 @@ def verdict_table(record: dict[str, Any]) -> str:
 
 def campaign_table(record: dict[str, Any]) -> str:
     """The record's bad-input campaign as `AuditReport.campaign_table()` printed it (empty when not run)."""
-    rows = next((check["rows"] for check in record["checks"] if check["name"] == "bad-input"), ())
+    rows = next((check["rows"] for check in record["checks"] if check["name"] in CAMPAIGN_CHECKS), ())
     return format_campaign(rows)
 
 
