@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.audit import paths  # noqa: F401  (registers the adapters of every path)
 from workbench.audit.adapters import (
     ADAPTERS,
     FEATURES,

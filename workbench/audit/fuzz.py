@@ -5,7 +5,9 @@ the padding's fill, dtype) is probed once under NaN-poisoned memory and judged b
 `layout_findings` (REAL rows within the bound, GAP and TAIL rows exactly 0); an exception on a
 valid layout is a finding too. The first failure of each check is shrunk: drop sequences,
 shorten them, remove padding, heads, causality... keeping a change only if the case gets
-smaller and still fails the same check. The result is printed as a runnable snippet.
+smaller and still fails the same check, then drops every sequence the failure does not need.
+The result is printed as a plain-torch snippet pasteable into an upstream issue
+(`workbench.audit.snippets`), with a workbench replay beside it.
 
 Two profiles: `tiny` for the Triton interpreter (a few dozen rows: CI runs hundreds of layouts)
 and `native` for GPUs (up to a few thousand rows, block-edge lengths, head dims 32-128).
@@ -20,6 +22,7 @@ from typing import Any
 
 from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, NoOutput, adapt
 from workbench.audit.checks import Finding, layout_findings, single_threaded
+from workbench.audit.snippets import torch_snippet
 from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
 
@@ -249,7 +252,31 @@ def shrink(impl: Adapted, case: Case, finding: Finding, profile: Profile, budget
             if hit:
                 current, finding, improved = candidate, hit, True
                 break
-    return current, finding, spent
+    current, finding, extra = _drop_unneeded_sequences(impl, current, finding)
+    return current, finding, spent + extra
+
+
+def _drop_unneeded_sequences(impl: Adapted, case: Case, finding: Finding) -> tuple[Case, Finding, int]:
+    """A last pass, outside the budget (at most one probe per sequence): drop every sequence the
+    failure does not need, such as an unrelated empty key sequence the greedy pass kept because
+    its budget ran out first."""
+    spent, i = 0, 0
+    while i < case.batch and case.batch > 1:
+        per_seq = _per_sequence(case)
+        try:
+            variant = _normalised(case.with_(**{n: getattr(case, n)[:i] + getattr(case, n)[i + 1 :] for n in per_seq}))
+        except (ValueError, TypeError):
+            i += 1
+            continue
+        hit = None
+        if variant.total_rows("q") and variant.total_rows("k"):
+            spent += 1
+            hit = next((f for f in run_layout(impl, variant) if f.check == finding.check), None)
+        if hit:
+            case, finding = variant, hit
+        else:
+            i += 1
+    return case, finding, spent
 
 
 # -- the fuzzer ---------------------------------------------------------------------------
@@ -264,7 +291,8 @@ class FuzzFailure:
     case: Case  # shrunk
     original: Case  # as first drawn
     shrink_probes: int
-    snippet: str
+    snippet: str  # plain torch where the adapter spells out its call (workbench.audit.snippets), else the replay
+    replay: str = ""  # the same case replayed through the workbench
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -274,6 +302,7 @@ class FuzzFailure:
             "original": self.original.to_dict(),
             "shrink_probes": self.shrink_probes,
             "snippet": self.snippet,
+            "replay": self.replay,
         }
 
 
@@ -387,8 +416,10 @@ def fuzz(
             case = layout(impl, profile, seed, index)
             with single_threaded():
                 small, small_finding, spent = shrink(impl, case, finding, profile)
+            replay = snippet(impl, small, small_finding)
+            plain = torch_snippet(impl, small, small_finding)
             result.failures.append(
-                FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding))
+                FuzzFailure(finding.check, small_finding.evidence, small, case, spent, plain or replay, replay)
             )
     result.seconds = time.perf_counter() - start
     return result
