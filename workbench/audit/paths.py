@@ -350,40 +350,18 @@ def _dmattn_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     }
 
 
-@register_adapter(
-    "dmattn",
-    lacks=_dmattn_lacks,
-    detect=lambda fn, names: {"attn_mask", "attn_bias", "is_causal", "softmax_scale"} <= names,
-    case_kwargs=_fill_kwargs,
-    calls=(3, ("attn_mask", "attn_bias", "is_causal", "softmax_scale")),
-    dtypes=("float16", "bfloat16"),
-    head_dims=(16, 32, 64, 128),
-)
-def _dmattn(fn: Callable) -> Callable:
-    """flash-dmattn's triton_dmattn_func / flex_dmattn_func(query, key, value, attn_mask, attn_bias, is_causal, softmax_scale).
-
-    Decisions: q, k, v padded to (B, S, H, D) with the case's padding fill; attn_mask
-    (B, H, S_q, S_k) in q's dtype, 1 where a query may attend (real keys of its sequence;
-    causality bottom-right, inside the mask), so is_causal=False (the kernel's own causal is
-    top-left in padded coordinates and the Flex backend defaults is_causal=None to True);
-    attn_bias None (zeros); the output's real rows scattered back to THD."""
-
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-        padding_fill: Fill | str = Fill.ZEROS,
-    ):
-        q4, k4, v4, real_q = _padded_batch(
+def _make_dmattn(name: str, zero_bias: bool) -> None:
+    @register_adapter(
+        name,
+        lacks=_dmattn_lacks,
+        detect=(lambda fn, names: {"attn_mask", "attn_bias", "is_causal", "softmax_scale"} <= names) if zero_bias else None,
+        case_kwargs=_fill_kwargs,
+        calls=(3, ("attn_mask", "attn_bias", "is_causal", "softmax_scale")),
+        dtypes=("float16", "bfloat16"),
+        head_dims=(16, 32, 64, 128),
+    )
+    def wrap(fn: Callable) -> Callable:
+        def call(
             q,
             k,
             v,
@@ -391,16 +369,53 @@ def _dmattn(fn: Callable) -> Callable:
             cu_seqlens_k,
             max_seqlen_q,
             max_seqlen_k,
-            cu_seqlens_q_padded,
-            cu_seqlens_k_padded,
-            padding_fill,
-        )
-        mask = bshd_mask(cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device)
-        mask = mask[:, None].expand(-1, q.shape[1], -1, -1).to(q.dtype).contiguous()
-        out4 = _first(fn(q4, k4, v4, attn_mask=mask, attn_bias=None, is_causal=False, softmax_scale=scale))
-        return _back_to_thd(out4, real_q, q, cu_seqlens_q, cu_seqlens_q_padded)
+            *,
+            cu_seqlens_q_padded=None,
+            cu_seqlens_k_padded=None,
+            causal=False,
+            scale=None,
+            padding_fill: Fill | str = Fill.ZEROS,
+        ):
+            q4, k4, v4, real_q = _padded_batch(
+                q,
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                cu_seqlens_q_padded,
+                cu_seqlens_k_padded,
+                padding_fill,
+            )
+            mask = bshd_mask(
+                cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device
+            )
+            mask = mask[:, None].expand(-1, q.shape[1], -1, -1).to(q.dtype).contiguous()
+            bias = torch.zeros_like(mask) if zero_bias else None
+            out4 = _first(fn(q4, k4, v4, attn_mask=mask, attn_bias=bias, is_causal=False, softmax_scale=scale))
+            return _back_to_thd(out4, real_q, q, cu_seqlens_q, cu_seqlens_q_padded)
 
-    return call
+        return call
+
+    wrap.__doc__ = (
+        "flash-dmattn's triton_dmattn_func / flex_dmattn_func(query, key, value, attn_mask, attn_bias, is_causal, softmax_scale). "
+        "Decisions: q, k, v padded to (B, S, H, D) with the case's padding fill; attn_mask (B, H, S_q, S_k) in q's dtype, "
+        "1 where a query may attend (real keys of its sequence; causality bottom-right, inside the mask), so is_causal=False "
+        "(the Triton kernel's own causal is top-left in padded coordinates, and the Flex backend turns is_causal=None into "
+        "True); "
+        + (
+            "attn_bias explicit zeros (B, H, S_q, S_k): with attn_bias=None, 1.2.2's Triton backward returns a bias gradient "
+            "for a None input and autograd raises (adapter dmattn-nobias shows it)"
+            if zero_bias
+            else "attn_bias=None, the signature's default"
+        )
+        + "; the output's real rows scattered back to THD."
+    )
+
+
+_make_dmattn("dmattn", zero_bias=True)
+_make_dmattn("dmattn-nobias", zero_bias=False)
 
 
 # -- flash-sparse-attn's Triton varlen functions ----------------------------------------------
@@ -517,6 +532,7 @@ MATRIX = (
     *((name, "torch.nn.functional:scaled_dot_product_attention", name) for name in SDPA_BACKENDS),
     ("sdpa-nested", "torch.nn.functional:scaled_dot_product_attention", "sdpa-nested"),
     ("dmattn-triton", "flash_dmattn.flash_dmattn_triton:triton_dmattn_func", "dmattn"),
+    ("dmattn-triton-nobias", "flash_dmattn.flash_dmattn_triton:triton_dmattn_func", "dmattn-nobias"),
     ("dmattn-flex", "flash_dmattn.flash_dmattn_flex:flex_dmattn_func", "dmattn"),
     ("fsa-dense-varlen", "workbench.audit.paths:fsa_dense_varlen", "fsa-varlen"),
     ("fsa-sparse-varlen", "workbench.audit.paths:fsa_sparse_varlen", "fsa-varlen"),
