@@ -151,7 +151,7 @@ def main() -> int:
     parser.add_argument("--rows", help="only these rows (default: every row of MATRIX)")
     parser.add_argument("--deadline", type=float, default=400, help="seconds the whole script may take (default 400)")
     parser.add_argument("--budget", type=int, default=1000, help="layouts per path (default 1000)")
-    parser.add_argument("--jobs", type=int, default=12, help="audits at once (default 12)")
+    parser.add_argument("--jobs", type=int, default=14, help="audits at once (default 14: all rows)")
     parser.add_argument("--sanitizer-jobs", type=int, default=6, help="compute-sanitizer runs at once (default 6)")
     parser.add_argument("--skip-sanitizer", action="store_true")
     args = parser.parse_args()

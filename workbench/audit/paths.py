@@ -421,6 +421,42 @@ _make_dmattn("dmattn-nobias", zero_bias=False)
 # -- flash-sparse-attn's Triton varlen functions ----------------------------------------------
 
 
+class _Missing:
+    """Stands for a name of the missing triton_kernels: using it raises ImportError."""
+
+    def __init__(self, *args, **kwargs):
+        raise ImportError("triton_kernels is not installed (stubbed by workbench.audit.paths for flash_sparse_attn's import)")
+
+    def __class_getitem__(cls, item):
+        return cls
+
+
+def _stub_attribute(attr: str):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return _Missing
+
+
+class _TritonKernelsStub:
+    """Import hook: every `triton_kernels[.x.y]` module is a stub whose names are `_Missing`."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "triton_kernels" and not name.startswith("triton_kernels."):
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = _stub_attribute  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
 def _fsa_module():
     """flash_sparse_attn, importable without OpenAI's triton_kernels.
 
@@ -431,17 +467,7 @@ def _fsa_module():
     try:
         importlib.import_module("triton_kernels.matmul_ogs")
     except ImportError:
-        stub = types.ModuleType("triton_kernels.matmul_ogs")
-
-        def missing(name):
-            def f(*args, **kwargs):
-                raise ImportError(f"triton_kernels.matmul_ogs.{name} is not installed (stubbed by workbench.audit.paths)")
-
-            return f
-
-        stub.__getattr__ = lambda name: missing(name)  # type: ignore[method-assign]
-        sys.modules.setdefault("triton_kernels", types.ModuleType("triton_kernels"))
-        sys.modules["triton_kernels.matmul_ogs"] = stub
+        sys.meta_path.insert(0, _TritonKernelsStub())
     return importlib.import_module("flash_sparse_attn")
 
 
