@@ -39,7 +39,7 @@ from workbench.records import write_record  # noqa: E402
 
 DATA = ROOT / "data" / "gpu"
 # Compilation-heavy paths fuzz for less time (FlexAttention compiles per head dim, dtype and GQA).
-FUZZ_SECONDS = {"flex-document": 150, "dmattn-flex": 120}
+FUZZ_SECONDS = {"flex-document": 100}
 SANITIZER_TOOLS = ("initcheck", "memcheck")
 
 
@@ -50,7 +50,7 @@ def _tail(text: str, n: int = 12) -> list[str]:
 def run_audit(row: str, target: str, adapter: str, args, deadline: float) -> dict:
     record = DATA / f"audit-{row}.json"
     record.unlink(missing_ok=True)
-    fuzz_s = min(FUZZ_SECONDS.get(row, 100), max(10, deadline - time.time() - 120))
+    fuzz_s = min(FUZZ_SECONDS.get(row, 90), max(10, deadline - time.time() - 150))
     hard = max(30, int(deadline - time.time() - 5))
     command = [
         sys.executable,

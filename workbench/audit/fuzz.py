@@ -27,6 +27,7 @@ from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
 
 RAISES = "raises-on-valid-layout"
+SHRINK_SECONDS = 60  # with a time limit: how long shrinking may run after the search stops
 NO_OUTPUT = "no-output"
 
 
@@ -235,17 +236,19 @@ def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
     return variants
 
 
-def shrink(impl: Adapted, case: Case, finding: Finding, profile: Profile, budget: int | None = None) -> tuple[Case, Finding, int]:
+def shrink(
+    impl: Adapted, case: Case, finding: Finding, profile: Profile, budget: int | None = None, stop_at: float | None = None
+) -> tuple[Case, Finding, int]:
     """The smallest variant of failing `case` that still fails `finding.check` (greedy), with its
-    finding and the probes spent."""
+    finding and the probes spent; `stop_at` (time.time()) ends the greedy pass early."""
     budget = profile.shrink_probes if budget is None else budget
     current, spent, improved = case, 0, True
-    while improved and spent < budget:
+    while improved and spent < budget and (stop_at is None or time.time() < stop_at):
         improved = False
         for candidate in sorted(set(candidates(current, impl, profile)), key=size):
             if size(candidate) >= size(current):
                 continue
-            if spent >= budget:
+            if spent >= budget or (stop_at is not None and time.time() > stop_at):
                 break
             spent += 1
             hit = next((f for f in run_layout(impl, candidate) if f.check == finding.check), None)
@@ -415,7 +418,10 @@ def fuzz(
             shrunk.add(finding.check)
             case = layout(impl, profile, seed, index)
             with single_threaded():
-                small, small_finding, spent = shrink(impl, case, finding, profile)
+                # Shrinking gets SHRINK_SECONDS past the search's time limit, in all.
+                small, small_finding, spent = shrink(
+                    impl, case, finding, profile, stop_at=None if deadline is None else deadline + SHRINK_SECONDS
+                )
             replay = snippet(impl, small, small_finding)
             plain = torch_snippet(impl, small, small_finding)
             result.failures.append(
