@@ -119,8 +119,10 @@ class AuditReport:
             "passed": self.passed,
             "failed": self.failed,
             "seconds": round(self.seconds, 2),
+            "validation": self.validation,
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
+            "versions": package_versions(),
             "provenance": provenance(),
         }
 
@@ -129,6 +131,22 @@ class AuditReport:
         from workbench.audit.notebook import write_notebook
 
         return write_notebook(self, path, execute=execute, root=root)
+
+
+AUDITED_PACKAGES = ("torch", "triton", "flash-dmattn", "flash-sparse-attn", "flash-attn", "transformer-engine")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages the audit matrix covers (absent ones left out)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in AUDITED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
 
 
 def _default_dtype(impl: Adapted) -> str:
