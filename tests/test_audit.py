@@ -318,6 +318,7 @@ def test_flash_attn_adapter_on_a_fake_of_its_signature():
 def test_te_adapter_maps_thd_keywords_and_bottom_right_causal():
     report = audit(te_dot_product_attention, budget=0)
     verdicts = report.verdicts()
+    assert verdicts.pop("custom-scale") == "n/a" and "constructor" in report.result("custom-scale").evidence
     assert set(verdicts.values()) == {"pass", "validates"}, report.table()
     rows = {r["id"]: r for r in report.result("input-validation").rows}
     assert rows["scale-nan"]["outcome"] == "n/a" and "constructor" in rows["scale-nan"]["evidence"]
@@ -328,6 +329,7 @@ def test_bshd_adapter_catches_sdpa_letting_masked_nan_through_and_passes_a_guard
     report = audit(sdpa_bshd, "bshd", budget=0)
     verdicts = report.verdicts()
     assert verdicts.pop("tail-rows") == verdicts.pop("gap-rows") == verdicts.pop("input-validation") == "n/a"
+    assert verdicts.pop("custom-scale") == "n/a"  # sdpa_bshd takes no scale keyword
     # Masked scores are -inf, but probability 0 times a NaN value at a padded position is NaN.
     assert verdicts.pop("padding-leak") == "FAIL" and "(nan padding): out:" in report.result("padding-leak").evidence
     assert set(verdicts.values()) == {"pass"}, report.table()  # torch >= 2.5 SDPA gives 0 on fully masked rows

@@ -30,6 +30,8 @@ _FINDING_OF = {
     "gap-rows": "gap-rows",
     "padding-leak": "real-accuracy",
     "empty-sequences": None,
+    "no-real-query": None,
+    "custom-scale": "real-accuracy",
     "fully-masked-rows": "real-accuracy",
     "causal-unequal": "real-accuracy",
     "gqa": "real-accuracy",
