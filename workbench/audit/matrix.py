@@ -45,16 +45,34 @@ COLOURS = {
     "not run": "#ffffff",
 }
 
-# Findings already reported upstream: (row, column) -> [(url, what it says)]. Each link was found
-# with a search of the upstream trackers and read; a finding not listed here appears to be new.
-KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {
-    ("torch-varlen", "tail-rows"): [
-        ("https://github.com/pytorch/pytorch/issues/176793", "varlen_attn leaves rows past cu_seqlens[-1] uninitialised")
-    ],
-    ("torch-varlen", "fuzzer"): [
-        ("https://github.com/pytorch/pytorch/issues/176793", "varlen_attn leaves rows past cu_seqlens[-1] uninitialised")
-    ],
-}
+# Findings already reported upstream: (row, check or "fuzz:<check>", as `fails` names them) ->
+# [(url, what it says)]. Each link was found with a search of the upstream trackers and read; a
+# FAIL not listed here appears to be new.
+KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {}
+
+
+def known_links(row: str, column: str) -> list[tuple[str, str]]:
+    """The upstream links of one cell (the fuzzer's cell: those of every fuzz:<check> of the row)."""
+    if column == "fuzzer":
+        return [link for (r, c), links in KNOWN_UPSTREAM.items() if r == row and c.startswith("fuzz:") for link in links]
+    return KNOWN_UPSTREAM.get((row, column), [])
+
+
+def new_findings(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """FAILs with no upstream report found."""
+    return [(row, check) for row, check, _ in fails(records) if (row, check) not in KNOWN_UPSTREAM]
+
+
+# Every FAIL the matrix shows, judged: (row, check or "fuzz:<check>") -> (kind, one line), kind one of
+#   "upstream"    genuine behaviour of the upstream code, reached through a call a user makes
+#   "documented"  upstream behaviour its own documentation or maintainers describe as intended
+#   "wrapper"     a consequence of a choice our adapter makes (the line says which)
+JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def unjudged(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """FAIL cells without a judgement (the page asserts there are none)."""
+    return [(row, check) for row, check, _ in fails(records) if (row, check) not in JUDGEMENTS]
 
 
 def load_matrix(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
@@ -157,7 +175,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
                         + html.escape("\n".join(f"{r['id']:<26} {r['outcome']:<20} {r['evidence']}" for r in rows))
                         + "</pre>"
                     )
-            for url, note in KNOWN_UPSTREAM.get((record["row"], column), []):
+            for url, note in known_links(record["row"], column):
                 inner += f'<p>known upstream: <a href="{html.escape(url)}">{html.escape(url)}</a> ({html.escape(note)})</p>'
             colour = COLOURS.get(verdict, "#ffffff")
             cells.append(f'<td style="background:{colour}">{_details(html.escape(verdict), inner)}</td>')
