@@ -38,6 +38,7 @@ from workbench.audit.adapters import (
     load,
     register_adapter,
 )
+from workbench.audit.campaign import CUDA_FAULTS
 from workbench.audit.checks import CHECKS, CheckResult, Context, Finding, Verdict, layout_findings, single_threaded
 from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
 from workbench.audit.records import format_campaign, format_verdicts
@@ -183,19 +184,42 @@ def audit(
     names = [n for n in names if n not in skip]
     # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
-    results = []
-    with single_threaded():
-        for name in names:
-            results.append(CHECKS[name](ctx))
-            if log:
-                log(f"{name}: {results[-1].verdict.value} ({results[-1].seconds:.1f} s)")
     if budget is None:
         budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
+    # The malformed calls of the input-validation campaign run last, after the fuzzer: they are
+    # the likeliest to fault the device. A CUDA fault (sticky: every later call fails for its
+    # sake) stops everything after it, said so in each verdict, instead of failing it.
+    late = [n for n in names if n == "input-validation"]
+    results: list[CheckResult] = []
+    lost: str | None = None
+
+    def run(name: str) -> None:
+        nonlocal lost
+        if lost:
+            results.append(CheckResult(name, Verdict.NA, f"not run: the CUDA context was lost at {lost}"))
+            return
+        results.append(CHECKS[name](ctx))
+        result = results[-1]
+        if impl.device.type == "cuda" and result.verdict is Verdict.FAIL and any(f in result.evidence for f in CUDA_FAULTS):
+            lost = f"check {name}"
+        if log:
+            log(f"{name}: {result.verdict.value} ({result.seconds:.1f} s)")
+
+    with single_threaded():
+        for name in names:
+            if name not in late:
+                run(name)
     fuzzed = None
-    if budget and not impl.why_not():
+    if budget and not impl.why_not() and not lost:
         fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers)
+        if "CUDA context lost" in fuzzed.stopped_early:
+            lost = "the fuzzer"
         if log:
             log(fuzzed.summary())
+    with single_threaded():
+        for name in late:
+            run(name)
+    results.sort(key=lambda r: names.index(r.name))
     target = impl.target or impl.name
     return AuditReport(target, impl.adapter.name, str(impl.device), ctx.dtype, results, fuzzed, time.perf_counter() - start)
 

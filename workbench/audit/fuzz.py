@@ -351,9 +351,18 @@ def _scan(
         for index in indices:
             if deadline is not None and time.time() > deadline:
                 break
-            found += [(index, f) for f in run_layout(impl, layout(impl, profile, seed, index))]
+            findings = run_layout(impl, layout(impl, profile, seed, index))
+            found += [(index, f) for f in findings]
             tried += 1
+            if impl.device.type == "cuda" and any(_faulted(f) for f in findings):
+                break  # a CUDA fault is sticky: every later layout would fail for its sake
     return tried, found
+
+
+def _faulted(finding: Finding) -> bool:
+    from workbench.audit.campaign import CUDA_FAULTS
+
+    return any(fault in finding.evidence for fault in CUDA_FAULTS)
 
 
 def _scan_in_worker(target: str, adapter: str, device: str, profile: Profile, seed: int, indices: range, deadline: float | None):
@@ -410,18 +419,24 @@ def fuzz(
                 n, f = part.result()
                 tried, found = tried + n, found + f
     result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
-    if tried < budget:
+    faulted = next((i for i, f in sorted(found, key=lambda x: x[0]) if _faulted(f)), None)
+    if faulted is not None:
+        result.stopped_early = f"CUDA context lost at layout {faulted} (a fault is sticky: nothing after it can run)"
+    elif tried < budget:
         result.stopped_early = f"time limit of {time_limit:g} s reached"
     shrunk: set[str] = set()
     for index, finding in sorted(found, key=lambda x: x[0]):
         if finding.check not in shrunk:
             shrunk.add(finding.check)
             case = layout(impl, profile, seed, index)
-            with single_threaded():
-                # Shrinking gets SHRINK_SECONDS past the search's time limit, in all.
-                small, small_finding, spent = shrink(
-                    impl, case, finding, profile, stop_at=None if deadline is None else deadline + SHRINK_SECONDS
-                )
+            if faulted is not None:  # no probe can run any more: the layout as drawn
+                small, small_finding, spent = case, finding, 0
+            else:
+                with single_threaded():
+                    # Shrinking gets SHRINK_SECONDS past the search's time limit, in all.
+                    small, small_finding, spent = shrink(
+                        impl, case, finding, profile, stop_at=None if deadline is None else deadline + SHRINK_SECONDS
+                    )
             replay = snippet(impl, small, small_finding)
             plain = torch_snippet(impl, small, small_finding)
             result.failures.append(
