@@ -170,9 +170,13 @@ class Context:
 
     def judge(self, cases: list[Case], checks: tuple[str, ...], *, poisoned: bool = True, passed: str = "") -> CheckResult:
         """Probes each case; the first one with a finding among `checks` is the FAIL evidence."""
-        records = []
+        records, refused = [], []
         for case in cases:
-            record = self.probe(case, poisoned=poisoned)
+            try:
+                record = self.probe(case, poisoned=poisoned)
+            except AdapterRefused as exc:  # this case cannot be expressed; the others still judge
+                refused.append(f"{case.label()}: {exc}")
+                continue
             records.append(record)
             bad = [f for f in layout_findings(record) if f.check in checks]
             if bad:
@@ -180,7 +184,10 @@ class Context:
                 return CheckResult(
                     "", Verdict.FAIL, evidence, (case, *[c for c in cases if c is not case]), records=tuple(records)
                 )
-        return CheckResult("", Verdict.PASS, passed or max_ratio(records), tuple(cases), records=tuple(records))
+        if not records:
+            raise AdapterRefused("; ".join(refused))
+        note = f" ({len(refused)} of {len(cases)} cases n/a: {refused[0]})" if refused else ""
+        return CheckResult("", Verdict.PASS, (passed or max_ratio(records)) + note, tuple(cases), records=tuple(records))
 
 
 @dataclass(frozen=True)
