@@ -755,13 +755,17 @@ def norm_inflation(monitors: dict[str, GradientHealth], param: str = QKV) -> flo
     return max(b / f for b, f in zip(buggy, fixed))
 
 
+NORM_PARAMS = ("blocks.0.qkv.weight", "blocks.0.proj.weight", "blocks.0.mlp.0.weight", "embed.weight")
+
+
 def gradient_norm_explorer(studies: dict[int, dict[str, GradientHealth]]):
     """A slider over trailing rows: per-parameter gradient norms over training, replica beside fixed."""
     from workbench.explorer import explore
     from workbench.plots import plot_health
 
     def frame(trailing_rows: int):
-        return plot_health(studies[trailing_rows], title=f"{trailing_rows} trailing rows, stale finite memory")
+        title = f"{trailing_rows} trailing rows, stale finite memory"
+        return plot_health(studies[trailing_rows], params=list(NORM_PARAMS), title=title)
 
     return explore(frame, trailing_rows=list(studies))
 
@@ -837,6 +841,23 @@ def capture_table(compile_: dict[str, dict[str, Any]], graphs: dict[str, dict[st
     return table(("subject", "torch.compile(fullgraph=True)", "CUDA graph capture"), rows)
 
 
+def fixed_kernel_speed():
+    """Our fixed kernel's forward+backward time beside torch varlen_attn's, per workload of the
+    committed H200 benchmark (data/gpu/bench-*.json): speed-up > 1 means ours is faster."""
+    from workbench.records import load_records
+
+    rows = []
+    for record in load_records("bench-*.json", how="python -m workbench.bench --record data/gpu/bench-h200.json"):
+        by = {(r["workload"], r["impl"]): r for r in record["rows"]}
+        for (workload, impl), r in by.items():
+            theirs = by.get((workload, "torch varlen_attn"))
+            if impl == "ours" and theirs and not r["error"] and not theirs["error"]:
+                speedup = theirs["forward_backward_ms"] / r["forward_backward_ms"]
+                rows.append((workload, theirs["forward_backward_ms"], r["forward_backward_ms"], speedup))
+        device = record["provenance"].get("device", "?")
+    return table(("workload", "varlen_attn fwd+bwd ms", "fixed kernel fwd+bwd ms", "speed-up"), rows, title=f"on {device}")
+
+
 def gpu_points_table(record: dict[str, Any]):
     """One row per (memory, pad, impl) of a GPU record: non-finite counts and peak |x| in TAIL
     rows of out/dq/dk/dv, REAL rows against the fp64 oracle, and the REAL-row gap to our kernel."""
@@ -861,6 +882,35 @@ def gpu_points_table(record: dict[str, Any]):
         ("memory", "trailing rows", "impl", "TAIL non-finite out/dq/dk/dv", "TAIL max |x|", "REAL vs fp64", "REAL vs fixed"),
         rows,
         fold=10,
+    )
+
+
+def workaround_evidence(results: TorchVarlenResults, prefix: str):
+    """One workaround (name starting with `prefix`): the replica on this machine, and torch's
+    varlen_attn from the GPU record when there is one, with its time relative to varlen_attn as is."""
+
+    def tail(p):
+        if "error" in p:
+            return p["error"][:60]
+        if p["tail_nonfinite"]:
+            return f"{p['tail_nonfinite']} non-finite"
+        return "exactly 0" if p["tail_zero"] else f"finite, max |x| {p['tail_max_abs']:.3g}"
+
+    sources = [("replica (CPU, interpreter)", results.workarounds, {})]
+    if results.gpu:
+        probes = results.gpu["probes"]
+        timing = {t["workaround"]: t for t in probes["timing"]}
+        sources.append((f"varlen_attn ({results.gpu['provenance'].get('device', 'GPU')})", probes["workarounds"], timing))
+    rows = []
+    for where, points, timing in sources:
+        for p in points:
+            if p["workaround"].startswith(prefix):
+                t = timing.get(p["workaround"], {})
+                ratio = f"{t['vs_as_is']:.2f}x" if "vs_as_is" in t else ("not timed" if not timing else t.get("error", "")[:40])
+                within = "" if "error" in p else ("yes" if p["real_within_bound"] else "NO")
+                rows.append((where, p["loss"], tail(p), within, ratio))
+    return table(
+        ("run", "loss reads", "TAIL rows of out, dq, dk, dv (poisoned)", "REAL rows within bound", "time vs as is"), rows
     )
 
 
