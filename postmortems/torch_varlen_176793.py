@@ -1146,7 +1146,7 @@ def _corrected_stale(r: TorchVarlenResults):
 
 @claims(
     "replica, stale finite memory, loss over real rows only: no NaN anywhere, yet the TAIL rows of d(qkv) hold "
-    "garbage and the QKV weight gradient is wrong by more than 10%",
+    "garbage and the QKV weight gradient is wrong by more than 10%; the GPU record checks varlen_attn itself",
     evidence=REPLICA,
 )
 def _damage(r: TorchVarlenResults):
@@ -1219,7 +1219,11 @@ def _fixed_sweep(r: TorchVarlenResults):
     return good == len(points) > 0, f"{good}/{len(points)} points (poisoned memory)"
 
 
-@claims("the proposed ValueError (PRs #186786/#188933) rejects a layout the fixed kernel handles correctly", evidence=REPLICA)
+@claims(
+    "the proposed ValueError (PRs #186786/#188933), wrapped around the replica, rejects a layout the fixed kernel handles "
+    "correctly",
+    evidence=REPLICA,
+)
 def _check_rejects(r: TorchVarlenResults):
     c = r.check
     error = c.rejects_tail["error"] or "nothing"
@@ -1230,8 +1234,8 @@ def _check_rejects(r: TorchVarlenResults):
 
 
 @claims(
-    "host reads (the check's .item(), the slice's int()) break torch.compile(fullgraph=True); the dummy sequence, "
-    "device zeroing and the fixed kernel compile",
+    "around the replica, host reads (the check's .item(), the slice's int()) break torch.compile(fullgraph=True); "
+    "the dummy sequence, device zeroing and the fixed kernel compile",
     evidence=REPLICA,
 )
 def _compile(r: TorchVarlenResults):
