@@ -1345,6 +1345,19 @@ def _register_gpu_claims() -> None:
         good = [p["workaround"] for p in points if _zero_and_right(p)]
         return len(good) == len(points) == 4, f"exact and within bound: {good}"
 
+    @claims(
+        "H200: CUDA-graph capture works for varlen_attn as is, with (a) the dummy sequence, with (c) device zeroing and "
+        "for our kernel; it fails for (b) the slice and for the proposed check (host reads)",
+        evidence=UPSTREAM_GPU,
+    )
+    def _gpu_capture(r: TorchVarlenResults):
+        graphs = r.gpu["probes"]["capture"]["cuda_graph"]
+        host = {n for n in graphs if n.endswith("proposed check") or "(b) slice" in n}
+        holds = (
+            len(host) == 2 and all(not graphs[n]["ok"] for n in host) and all(graphs[n]["ok"] for n in graphs if n not in host)
+        )
+        return holds, "; ".join(f"{n}: {'captured' if o['ok'] else o['error'].split(':')[0]}" for n, o in graphs.items())
+
 
 if gpu_record() is not None:
     _register_gpu_claims()
