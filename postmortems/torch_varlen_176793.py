@@ -1291,13 +1291,15 @@ def _gpu_points(r: TorchVarlenResults, impl: str, poisoned: bool) -> list[dict[s
     return [p for p in r.gpu["probes"]["points"] if p["impl"] == impl and p["poisoned"] is poisoned]
 
 
-def _register_gpu_claims() -> None:
-    @claims("H200: the seed's code verbatim (2-D float32 chunks) stops with an error in varlen_attn", evidence=UPSTREAM_GPU)
+def register_gpu_claims(target: Claims) -> None:
+    """Registers in `target` the claims read from a GPU record's probes (`results.gpu`)."""
+
+    @target("H200: the seed's code verbatim (2-D float32 chunks) stops with an error in varlen_attn", evidence=UPSTREAM_GPU)
     def _gpu_seed(r: TorchVarlenResults):
         raised = r.gpu["probes"]["seed_repro"].get("raised")
         return bool(raised), f"raised: {raised}"
 
-    @claims(
+    @target(
         "H200, varlen_attn, memory poisoned: every trailing pad > 0 leaves non-finite TAIL rows in out, dq, dk and dv; "
         "no trailing rows, none; REAL rows within bound of fp64 at every point",
         evidence=UPSTREAM_GPU,
@@ -1311,7 +1313,7 @@ def _register_gpu_claims() -> None:
         holds = sorted(broken) == expected and clean == [0] and real and len(points) == len(GPU_PADS)
         return holds, f"broken at pads {broken}; clean at {clean}; REAL within bound everywhere: {real}"
 
-    @claims(
+    @target(
         "H200, varlen_attn: the seed's out.sum() is NaN only when memory is poisoned; as the allocator left it, it "
         "was finite in this run",
         evidence=UPSTREAM_GPU,
@@ -1322,7 +1324,7 @@ def _register_gpu_claims() -> None:
         as_left = [k for k, v in runs.items() if "poisoned=False" in k and math.isfinite(v.get("loss", math.nan))]
         return len(poisoned) == 2 and len(as_left) == 2, f"NaN when poisoned: {poisoned}; finite as left: {as_left}"
 
-    @claims(
+    @target(
         "H200, varlen_attn, stale finite blocks in the allocator, loss over real rows only: the QKV weight gradient "
         "is finite and wrong (relative error > 1%), with no NaN to warn",
         evidence=UPSTREAM_GPU,
@@ -1335,7 +1337,7 @@ def _register_gpu_claims() -> None:
             f"finite {d['weight_grad_finite']}; TAIL d(qkv) max |x| {d['dqkv_tail_max_abs']:.3g}; rel. error {d['weight_grad_rel_error']:.3g}",
         )
 
-    @claims(
+    @target(
         "H200, varlen_attn, poisoned, loss mask: workarounds (a) dummy sequence, (b) slice, (c) device zeroing and "
         "(d) our kernel all leave TAIL rows exactly 0 and REAL rows within bound",
         evidence=UPSTREAM_GPU,
@@ -1345,7 +1347,7 @@ def _register_gpu_claims() -> None:
         good = [p["workaround"] for p in points if _zero_and_right(p)]
         return len(good) == len(points) == 4, f"exact and within bound: {good}"
 
-    @claims(
+    @target(
         "H200: CUDA-graph capture works for varlen_attn as is, with (a) the dummy sequence, with (c) device zeroing and "
         "for our kernel; it fails for (b) the slice and for the proposed check (host reads)",
         evidence=UPSTREAM_GPU,
@@ -1360,4 +1362,4 @@ def _register_gpu_claims() -> None:
 
 
 if gpu_record() is not None:
-    _register_gpu_claims()
+    register_gpu_claims(claims)

@@ -175,3 +175,27 @@ def test_budget_batches_have_the_trailing_rows_asked_for():
     batches, _ = pm.budget_batches(pad=5, steps=2)
     for batch in batches:
         assert batch.tokens.numel() - int(batch.cu_seqlens[-1]) == 5
+
+
+def test_gpu_claims_read_a_record_of_probes():
+    from types import SimpleNamespace
+
+    from workbench.postmortem import Claims
+
+    tiny = TINY.with_(tail_q=0, tail_k=0)
+    probes = pm.upstream_probes(
+        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, iters=1, on_gpu=False
+    )
+    probes = json.loads(json.dumps(jsonable(probes)))
+    names = list(probes["capture"]["compile_fullgraph"])
+    host_reads = [n for n in names if n.endswith("proposed check") or "(b) slice" in n]
+    graphs = {n: {"ok": n not in host_reads, "error": "AcceleratorError: x"} for n in names}
+    probes["capture"]["cuda_graph"] = graphs
+    probes["seed_repro"] = {"raised": "RuntimeError: FlashAttention only support fp16 and bf16 data type"}
+    gpu_claims = Claims()
+    pm.register_gpu_claims(gpu_claims)
+    verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}))
+    assert not [v.evidence for v in verdicts if v.evidence.startswith("check raised")]
+    assert all(v.level.kind == "upstream-gpu" for v in verdicts) and len(host_reads) == 2
+    assert verdicts[0].claim.startswith("H200: the seed's code verbatim") and verdicts[0].holds
+    assert [v.holds for v in verdicts if "CUDA-graph capture" in v.claim] == [True]
