@@ -142,6 +142,9 @@ GPU_PADS = (0, 2, 64, 512)
 GPU_CASE = Case(seqlens_q=SEED_SEQLENS, heads=16, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS, seed=176793)
 GPU_PREFILL_MB = 256  # NaN blocks left in the CUDA caching allocator before poisoned runs
 GPU_TRAILING = 64  # trailing rows of the GPU workaround and damage probes
+# Workaround timing at a training-sized batch too (the seed's 944 tokens are launch-bound):
+# 8 documents of 2048 tokens, the benchmark's "8x2048 d64" workload, plus 64 trailing rows.
+GPU_TIMING_CASE = Case(seqlens_q=(2048,) * 8, tail_q=64, tail_k=64, heads=16, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS)
 CASES = tuple(STUDY.with_(seqlens_q=layout, tail_q=pad, tail_k=pad) for layout in LAYOUTS for pad in PADS) + tuple(
     GPU_CASE.with_(tail_q=pad, tail_k=pad) for pad in GPU_PADS
 )
@@ -599,11 +602,33 @@ def nan_map(result: SweepResult):
 @contextlib.contextmanager
 def _stale_cuda_blocks(like: torch.Tensor, count: int = 8, scale: float = 1.0) -> Iterator[None]:
     """Leaves `count` freed blocks shaped like `like`, holding finite values, in the CUDA caching
-    allocator: the stale activations a training step leaves behind for the next `empty_like`."""
+    allocator: the stale activations a training step leaves behind for the next `empty_like`.
+    The cache is emptied first, so that blocks of earlier (poisoned) runs are not handed out."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     generator = torch.Generator(device=like.device).manual_seed(0)
     blocks = [torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype) * scale for _ in range(count)]
     del blocks
     yield
+
+
+def _allocator(garbage: str, like: torch.Tensor, seed: int):
+    """The memory state `qkv_damage` runs under: "stale" finite values (the replica's
+    `stale_memory()`, and on CUDA freed finite blocks for upstream's own allocations), or
+    "as left": whatever the allocator hands back (on CUDA after emptying its cache, so that
+    NaN blocks of earlier poisoned runs in this process are not what is measured)."""
+    stack = contextlib.ExitStack()
+    if garbage == "stale":
+        stack.enter_context(stale_memory(scale=1.0, seed=seed))
+        if like.is_cuda:
+            stack.enter_context(_stale_cuda_blocks(like))
+    elif garbage == "as left":
+        if like.is_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    else:
+        raise ValueError(f"qkv_damage(garbage={garbage!r}): give 'stale' or 'as left'.")
+    return stack
 
 
 def qkv_damage(
@@ -635,24 +660,19 @@ def qkv_damage(
     probe_dir = torch.randn(real, heads, head_dim, generator=generator).to(device, torch.float32)
     cu = cumulative(seqlens, device)
 
-    def weight_grad(fn: Callable, stale: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def weight_grad(fn: Callable, garbage_on: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
         weight = weight0.clone().requires_grad_()
         qkv = x @ weight.T
         qkv.retain_grad()
         q, k, v = qkv.view(rows, 3, heads, head_dim).unbind(1)
-        context = contextlib.nullcontext()
-        if stale and device.type == "cuda":
-            context = _stale_cuda_blocks(q)
-        elif stale:
-            context = stale_memory(scale=1.0, seed=seed)
-        with context:
+        with _allocator(garbage, q, seed) if garbage_on else contextlib.nullcontext():
             out = fn(q, k, v, cu, cu, max(seqlens), max(seqlens))
             loss = (out[:real].float() * probe_dir).sum()  # the loss reads real rows only
             loss.backward()
         return weight.grad.float(), qkv.grad.float(), float(loss.detach())
 
-    correct, correct_dqkv, loss_ok = weight_grad(as_sliced(varlen_fn), stale=False)
-    grad, dqkv, loss = weight_grad(varlen_fn, stale=garbage == "stale")
+    correct, correct_dqkv, loss_ok = weight_grad(as_sliced(varlen_fn), garbage_on=False)
+    grad, dqkv, loss = weight_grad(varlen_fn, garbage_on=True)
     tail = dqkv[real:]
     return {
         "garbage": garbage,
@@ -1045,6 +1065,7 @@ def upstream_probes(
     trailing: int = GPU_TRAILING,
     prefill_mb: int = GPU_PREFILL_MB,
     iters: int = 20,
+    timing_case: Case | None = GPU_TIMING_CASE,
     on_gpu: bool = True,
 ) -> dict[str, Any]:
     """Everything `gpu_probes` measures, for any torch-style `varlen_fn` (tests pass the replica on CPU).
@@ -1071,6 +1092,8 @@ def upstream_probes(
     with _memory(True, prefill_mb):
         data["workarounds"] = workaround_checks(varlen_fn, tail_case, device, poisoned=True)
     data["timing"] = time_workarounds(varlen_fn, tail_case, device, iters=iters)
+    if timing_case is not None:
+        data["timing_large"] = time_workarounds(varlen_fn, timing_case, device, iters=iters)
     batch = pack(case, device)  # no TAIL rows: a layout every subject accepts
     subjects = _subjects(base=varlen_fn, name="varlen_attn")
     data["capture"] = {"compile_fullgraph": {n: compile_fullgraph(fn, batch) for n, fn in subjects.items()}}
@@ -1359,6 +1382,18 @@ def register_gpu_claims(target: Claims) -> None:
             len(host) == 2 and all(not graphs[n]["ok"] for n in host) and all(graphs[n]["ok"] for n in graphs if n not in host)
         )
         return holds, "; ".join(f"{n}: {'captured' if o['ok'] else o['error'].split(':')[0]}" for n, o in graphs.items())
+
+    @target(
+        "H200: torch.compile(fullgraph=True) captures varlen_attn as is and with workarounds (a), (b) and (c); only "
+        "the proposed check's data-dependent branch breaks the graph",
+        evidence=UPSTREAM_GPU,
+    )
+    def _gpu_compile(r: TorchVarlenResults):
+        compiled = r.gpu["probes"]["capture"]["compile_fullgraph"]
+        broken = [n for n, o in compiled.items() if not o["ok"]]
+        return broken == ["varlen_attn + proposed check"], "; ".join(
+            f"{n}: {'compiles' if o['ok'] else o['error'].split(':')[0]}" for n, o in compiled.items()
+        )
 
 
 if gpu_record() is not None:

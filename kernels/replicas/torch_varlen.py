@@ -20,7 +20,6 @@ of our own. Real rows are computed correctly: the bug is what is *not* written.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import torch
@@ -35,8 +34,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # `stale_memory()`: while active, the replica's upstream-style allocations (out, dq, dk, dv) come
 # back filled with finite, seeded values, as a caching allocator hands back the stale
-# activations of earlier ops in training. A list per thread: [seed, scale, allocations so far].
-_STALE = threading.local()
+# activations of earlier ops in training. Process-wide, not per thread: on CUDA the backward
+# runs in autograd's device thread. [seed, scale, allocations so far], or None.
+_STALE: list = [None]
 
 
 @contextlib.contextmanager
@@ -46,18 +46,18 @@ def stale_memory(scale: float = 1.0, seed: int = 0) -> Iterator[None]:
     training, where nothing turns NaN and nothing warns. Deterministic, unlike the allocator."""
     if not (scale > 0 and scale < float("inf")):
         raise ValueError(f"stale_memory(scale={scale!r}): give a finite scale > 0, the size of the stale values.")
-    saved = getattr(_STALE, "state", None)
-    _STALE.state = [seed, float(scale), 0]
+    saved = _STALE[0]
+    _STALE[0] = [seed, float(scale), 0]
     try:
         yield
     finally:
-        _STALE.state = saved
+        _STALE[0] = saved
 
 
 def _uninitialised_like(t: torch.Tensor) -> torch.Tensor:
     """`torch.empty_like(t)`, upstream's allocation; under `stale_memory()`, stale finite values."""
     out = torch.empty_like(t)
-    state = getattr(_STALE, "state", None)
+    state = _STALE[0]
     if state is not None:
         seed, scale, count = state
         state[2] += 1
