@@ -793,10 +793,12 @@ def gradient_norm_explorer(studies: dict[int, dict[str, GradientHealth]]):
 # -- reproduce -------------------------------------------------------------------------------------
 
 
-def gpu_record() -> dict[str, Any] | None:
-    """The newest GPU record of this post-mortem that carries `gpu_probes` (None: none yet)."""
-    records = [r for r in gpu_records(META) if r.get("probes")]
-    return records[-1] if records else None
+def gpu_record(key: str = "points") -> dict[str, Any] | None:
+    """The GPU record of this post-mortem whose probes carry `key`, the most recently made
+    (provenance date) if several do; None when none does. "points": the full `gpu_probes` run;
+    "damage": the QKV damage and workaround timings (recorded alone in a fresh process too)."""
+    records = [r for r in gpu_records(META) if key in r.get("probes", {})]
+    return max(records, key=lambda r: r["provenance"].get("date", "")) if records else None
 
 
 @dataclass
@@ -810,6 +812,7 @@ class TorchVarlenResults(Results):
     training: TrainingStudy | None  # None where the Triton kernels are compiled (a GPU machine)
     norms: dict[int, dict[str, GradientHealth]] | None  # gradient_norms(); None on a GPU machine
     gpu: dict[str, Any] | None  # gpu_record(): torch's own varlen_attn on a GPU
+    gpu_damage: dict[str, Any] | None = None  # gpu_record("damage"): the QKV damage and workaround timings
 
     def at(self, impl: str, seqlens_q: tuple[int, ...] = STUDY.seqlens_q, tail_q: int = STUDY.tail_q):
         return record_at(self.sweep, impl, seqlens_q, tail_q)
@@ -843,6 +846,7 @@ def reproduce(device: str | torch.device | None = None) -> TorchVarlenResults:
         training=training() if INTERPRETED else None,
         norms=gradient_norms() if INTERPRETED else None,
         gpu=gpu_record(),
+        gpu_damage=gpu_record("damage"),
     )
 
 
@@ -919,8 +923,9 @@ def workaround_evidence(results: TorchVarlenResults, prefix: str):
     sources = [("replica (CPU, interpreter)", results.workarounds, {}, {})]
     if results.gpu:
         probes = results.gpu["probes"]
-        small = {t["workaround"]: t for t in probes["timing"]}
-        large = {t["workaround"]: t for t in probes.get("timing_large", [])}
+        timed = (results.gpu_damage or results.gpu)["probes"]
+        small = {t["workaround"]: t for t in timed["timing"]}
+        large = {t["workaround"]: t for t in timed.get("timing_large", [])}
         sources.append((f"varlen_attn ({results.gpu['provenance'].get('device', 'GPU')})", probes["workarounds"], small, large))
 
     def ratio(timing: dict[str, Any], name: str) -> str:
@@ -1062,6 +1067,27 @@ def time_workarounds(varlen_fn: Callable, case: Case, device=None, *, iters: int
     return timings
 
 
+def damage_probes(
+    varlen_fn: Callable,
+    device,
+    *,
+    case: Case = GPU_CASE,
+    trailing: int = GPU_TRAILING,
+    iters: int = 20,
+    timing_case: Case | None = GPU_TIMING_CASE,
+) -> dict[str, Any]:
+    """The QKV damage with the allocator as left, then with stale finite blocks (run it first in
+    a fresh process: poisoned runs leave NaN in the CUDA cache), and each workaround's time."""
+    shape = dict(seqlens=case.seqlens_q, heads=case.heads, head_dim=case.head_dim, dtype=case.torch_dtype, device=device)
+    data: dict[str, Any] = {
+        "damage": {g: qkv_damage(varlen_fn, trailing=trailing, garbage=g, **shape) for g in ("as left", "stale")}
+    }
+    data["timing"] = time_workarounds(varlen_fn, case.with_(tail_q=trailing, tail_k=trailing), device, iters=iters)
+    if timing_case is not None:
+        data["timing_large"] = time_workarounds(varlen_fn, timing_case, device, iters=iters)
+    return data
+
+
 def upstream_probes(
     varlen_fn: Callable,
     device,
@@ -1076,13 +1102,13 @@ def upstream_probes(
 ) -> dict[str, Any]:
     """Everything `gpu_probes` measures, for any torch-style `varlen_fn` (tests pass the replica on CPU).
 
-    In order: the QKV damage (allocator as left first, then stale finite blocks), the probe
+    In order: `damage_probes` (damage before anything is poisoned, and timings), the probe
     points over `pads` (unpoisoned first: poisoning leaves NaN in the allocator's cache), the
-    corrected repro, the workarounds under poisoning and their times, and capture.
+    corrected repro, the workarounds under poisoning, and capture.
     """
     shape = dict(seqlens=case.seqlens_q, heads=case.heads, head_dim=case.head_dim, dtype=case.torch_dtype, device=device)
     data: dict[str, Any] = {"signature": f"{getattr(varlen_fn, '__name__', 'fn')}{inspect.signature(varlen_fn)}"}
-    data["damage"] = {g: qkv_damage(varlen_fn, trailing=trailing, garbage=g, **shape) for g in ("as left", "stale")}
+    data.update(damage_probes(varlen_fn, device, case=case, trailing=trailing, iters=iters, timing_case=timing_case))
     impls = {"varlen_attn": torch_style(varlen_fn, "varlen_attn"), "fixed": varlen_attention, "replica": replica}
     data["points"] = list(probe_points(impls, case, pads, device=device, prefill_mb=prefill_mb))
     data["corrected_repro"] = {}
@@ -1097,9 +1123,6 @@ def upstream_probes(
     tail_case = case.with_(tail_q=trailing, tail_k=trailing)
     with _memory(True, prefill_mb):
         data["workarounds"] = workaround_checks(varlen_fn, tail_case, device, poisoned=True)
-    data["timing"] = time_workarounds(varlen_fn, tail_case, device, iters=iters)
-    if timing_case is not None:
-        data["timing_large"] = time_workarounds(varlen_fn, timing_case, device, iters=iters)
     batch = pack(case, device)  # no TAIL rows: a layout every subject accepts
     subjects = _subjects(base=varlen_fn, name="varlen_attn")
     data["capture"] = {"compile_fullgraph": {n: compile_fullgraph(fn, batch) for n, fn in subjects.items()}}
@@ -1359,7 +1382,7 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_damage(r: TorchVarlenResults):
-        d = r.gpu["probes"]["damage"]["stale"]
+        d = r.gpu_damage["probes"]["damage"]["stale"]
         holds = d["weight_grad_finite"] and d["dqkv_tail_nonfinite"] == 0 and d["weight_grad_rel_error"] > 0.01
         return (
             holds,

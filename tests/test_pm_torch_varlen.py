@@ -194,7 +194,7 @@ def test_gpu_claims_read_a_record_of_probes():
     probes["seed_repro"] = {"raised": "RuntimeError: FlashAttention only support fp16 and bf16 data type"}
     gpu_claims = Claims()
     pm.register_gpu_claims(gpu_claims)
-    verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}))
+    verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}, gpu_damage={"probes": probes}))
     assert not [v.evidence for v in verdicts if v.evidence.startswith("check raised")]
     assert all(v.level.kind == "upstream-gpu" for v in verdicts) and len(host_reads) == 2
     assert verdicts[0].claim.startswith("H200: the seed's code verbatim") and verdicts[0].holds
