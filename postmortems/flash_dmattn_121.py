@@ -26,6 +26,8 @@ import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import matplotlib
+import matplotlib.colors
 import numpy as np
 import torch
 
@@ -33,15 +35,17 @@ from kernels import INTERPRETED, default_device, varlen_attention
 from kernels.replicas.dmattn import isfinite_exists, launch_patch_as_written, triton_dmattn_func
 from workbench import Case, Fill, pack, poisoned_memory, probe
 from workbench.bounds import FACTORS, ErrorCheck, error_check, lse_error
+from workbench.health import GradientHealth
+from workbench.plots import plot_health  # importing plots also lets a cell ending with a Figure show it
 from workbench.postmortem import (
     OURS,
     REPLICA,
+    TOY,
     UPSTREAM_CPU,
     Claims,
     Link,
     Meta,
     figure,
-    gpu_records,
     table,
 )
 from workbench.postmortem import Results as PostmortemResults
@@ -647,6 +651,315 @@ def ours_on_packed(device=None):
     return probe(varlen_attention, batch, name="varlen_attention", grad_out=d_out)
 
 
+# -- the damage over training: a tiny model, buggy beside fixed ---------------------------------------
+
+TRAIN_SEQLEN, TRAIN_HEADS, TRAIN_HEAD_DIM, TRAIN_VOCAB = 64, 1, 16, 32
+TRAIN_STEPS = 4
+TRAIN_PADS = (0, 8, 24, 40)  # left padding of batch item 1 (the explorer's slider); 24 shows the bug
+TRAIN_VARIANTS = (
+    "flash-dmattn 1.2.2",
+    "1.2.2 + Copilot patch (replica)",
+    "1.2.2, sanitized (nan_to_num on out, dq, dk, dv)",
+    "workaround on 1.2.2: padding rows see themselves",
+)
+SHOWN_VARIANTS = (TRAIN_VARIANTS[0], TRAIN_VARIANTS[2], TRAIN_VARIANTS[3])  # the patch's run looks like 1.2.2's: NaN
+
+
+class TinyAttentionLM(torch.nn.Module):
+    """Embedding, one causal attention layer with a residual, and a vocabulary head: enough for
+    the gradient of every parameter to pass through the attention's dQ, dK and dV."""
+
+    def __init__(self, attend, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        dim = TRAIN_HEADS * TRAIN_HEAD_DIM
+        self.attend = attend
+        self.embed = torch.nn.Embedding(TRAIN_VOCAB, dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = torch.nn.Linear(dim, dim, bias=False)
+        self.head = torch.nn.Linear(dim, TRAIN_VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        batch, seqlen = tokens.shape
+        x = self.embed(tokens)
+        q, k, v = self.qkv(x).view(batch, seqlen, 3, TRAIN_HEADS, TRAIN_HEAD_DIM).unbind(2)
+        y = self.attend(q, k, v).reshape(batch, seqlen, -1).to(x.dtype)
+        return self.head(x + self.proj(y))
+
+
+def _train_mask(pad: int, see_self: bool) -> MaskCase:
+    return MaskCase("train", "left_pad_self" if see_self else "left_pad", amount=pad, seqlen=TRAIN_SEQLEN, batch=2, causal=True)
+
+
+def _attention(variant: str, pad: int, device):
+    """The attention a variant trains with, in the upstream dtype of `device`, on the left-padded batch's mask."""
+    dtype = getattr(torch, upstream_dtype(device))
+    case = _train_mask(pad, see_self=variant == TRAIN_VARIANTS[3])
+    mask = case.mask().to(device)
+    if variant == TRAIN_VARIANTS[1]:
+        return lambda q, k, v: triton_dmattn_func(q.to(dtype), k.to(dtype), v.to(dtype), mask, None, True, patch=True)
+    func = upstream_triton_func()
+    full = mask.expand(2, TRAIN_HEADS, TRAIN_SEQLEN, TRAIN_SEQLEN).contiguous()
+    bias = torch.zeros(full.shape, dtype=dtype, device=device)
+    if variant == TRAIN_VARIANTS[2]:
+        return lambda q, k, v: _Sanitized.apply(func, q.to(dtype), k.to(dtype), v.to(dtype), full, bias)
+    return lambda q, k, v: func(q.to(dtype), k.to(dtype), v.to(dtype), full, bias, True, None)
+
+
+class _Sanitized(torch.autograd.Function):
+    """1.2.2's kernel with its output and gradients passed through `nan_to_num` (zeros for NaN): what
+    the `_sanitize_tensors` helper in 1.2.2's CUDA interface does where it is called (every call is
+    commented out in 1.2.2), and what any "zero the non-finite values" fix amounts to."""
+
+    @staticmethod
+    def forward(ctx, func, q, k, v, mask, bias):
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out = func(*leaves, mask, bias, True, None)
+        ctx.graph = (leaves, out)
+        return torch.nan_to_num(out.detach(), nan=0.0)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        leaves, out = ctx.graph
+        grads = torch.autograd.grad(out, leaves, d_out)
+        return (None, *(torch.nan_to_num(g, nan=0.0) for g in grads), None, None)
+
+
+@functools.lru_cache(maxsize=16)
+def train_health(pad: int, device: str | None = None) -> dict[str, GradientHealth]:
+    """TRAIN_STEPS of SGD on a copy-the-previous-token task, batch 2 with item 1 left-padded by `pad`
+    tokens (loss on real tokens only), per variant from the same initial weights and batches:
+    variant -> the GradientHealth monitor of its run."""
+    if not 0 <= pad < TRAIN_SEQLEN:
+        raise ValueError(f"train_health(pad={pad}): give 0 <= pad < {TRAIN_SEQLEN}.")
+    device = default_device() if device is None else torch.device(device)
+    generator = torch.Generator().manual_seed(121)
+    batches = [torch.randint(1, TRAIN_VOCAB, (2, TRAIN_SEQLEN), generator=generator) for _ in range(TRAIN_STEPS)]
+    real = torch.ones(2, TRAIN_SEQLEN, dtype=torch.bool)
+    real[1, :pad] = False
+    runs = {}
+    for variant in TRAIN_VARIANTS:
+        model = TinyAttentionLM(_attention(variant, pad, device)).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        monitor = GradientHealth(model)
+        for tokens in batches:
+            tokens = tokens.clone()
+            tokens[~real] = 0  # the padding token
+            tokens = tokens.to(device)
+            with _quiet():
+                logits = model(tokens)
+                targets_ok = real[:, 1:].to(device)  # predict token t-1 at position t, on real positions
+                loss = torch.nn.functional.cross_entropy(logits[:, 1:][targets_ok], tokens[:, :-1][targets_ok])
+                optimizer.zero_grad()
+                loss.backward()
+            optimizer.step()
+            monitor.step(loss)
+        monitor.close()
+        runs[variant] = monitor
+    return runs
+
+
+def plot_training(pad: int, device=None):
+    """Per-parameter gradient norms over training, the three variants side by side (an explorer frame)."""
+    runs = train_health(pad, None if device is None else str(device))
+    return plot_health(
+        {v: runs[v] for v in SHOWN_VARIANTS}, title=f"batch item 1 left-padded by {pad} of {TRAIN_SEQLEN} tokens (causal)"
+    )
+
+
+def training_summary(runs: dict[str, GradientHealth]) -> dict[str, dict]:
+    """Per variant: first step with a non-finite gradient (None if never) and the last step's norms."""
+    found = {}
+    for variant, monitor in runs.items():
+        first = next((r.step for r in monitor.history if r.nonfinite_grads), None)
+        found[variant] = {
+            "first_nonfinite_step": first,
+            "nonfinite_at_step0": len(monitor.history[0].nonfinite_grads),
+            "params": len(monitor.names),
+            "final_norms": {name: monitor.norms(name)[-1] for name in monitor.names.values()},
+        }
+    return found
+
+
+def training_deviation(runs: dict[str, GradientHealth]) -> float:
+    """Largest relative difference, over parameters and steps, between the sanitized run's gradient norms
+    and the workaround's (the correct gradients): how far the sanitized, finite gradients are off."""
+    patched, fixed = runs[TRAIN_VARIANTS[2]], runs[TRAIN_VARIANTS[3]]
+    worst = 0.0
+    for name in fixed.names.values():
+        for a, b in zip(patched.norms(name), fixed.norms(name)):
+            worst = max(worst, abs(a - b) / max(abs(b), 1e-12))
+    return worst
+
+
+# -- tables -------------------------------------------------------------------------------------------
+
+
+def _ratio(x: float) -> str:
+    return "NaN" if x != x else f"{x:.2f}"
+
+
+def upstream_table(results: Results):
+    """1.2.2's Triton kernel per case: non-finite entries of each tensor, and its worst error in units of the bound."""
+    rows = []
+    for r in results.upstream.values():
+        worst = max(r.error_ratio(n) for n in UPSTREAM_TENSORS)
+        rows.append([r.case.name, *(f"{r.nonfinite(n)}/{r.tensors[n].numel()}" for n in UPSTREAM_TENSORS), _ratio(worst)])
+    return table(
+        ["case", *(f"bad {n}" for n in UPSTREAM_TENSORS), "err/bound"],
+        rows,
+        title=f"flash-dmattn {results.upstream_version}, {results.upstream_dtype}",
+    )
+
+
+def patch_table(results: Results):
+    """The patch (replica) on each failing case: what it made finite, what it left, and how wrong the finite ones are."""
+    rows = []
+    for case in results.failing():
+        buggy, patched = results.get(case, "replica"), results.get(case, "patch")
+        fixed = [n for n in TENSORS if not buggy.finite(n) and patched.finite(n)]
+        left = [n for n in TENSORS if not patched.finite(n)]
+        rows.append(
+            [
+                case.name,
+                ", ".join(fixed) or "-",
+                ", ".join(left) or "-",
+                *(f"{patched.error_ratio(g):.0f}x" for g in ("dk", "dv")),
+            ]
+        )
+    return table(["failing case", "made finite", "still non-finite", "dK err/bound", "dV err/bound"], rows)
+
+
+def nan_do_table(results: Results):
+    """NaN in one row of dO: non-finite gradient entries from autograd (oracle), the replica and the patch."""
+    rows = [["fp64 oracle (autograd)", *(results.nan_do_oracle_nonfinite[g] for g in GRADS)]]
+    rows += [[v, *(r.nonfinite(g) for g in GRADS)] for v, r in results.nan_do.items()]
+    return table(["", *(f"bad {g}" for g in GRADS)], rows)
+
+
+def coverage_table(results: Results):
+    return table(
+        ["case (1.2.2)", "NaN-filled memory changes no bit", "gradients finite"],
+        [[c.case, c.identical, c.finite] for c in results.coverage],
+    )
+
+
+def sweep_table(results: Results):
+    return table(
+        ["density", "Q=K", "NaN rows", "predicted", "exact", "dV NaN fraction"],
+        [
+            [
+                p["density"],
+                p["seqlen"],
+                p["nan_rows"],
+                p["predicted_nan_rows"],
+                p["prediction_exact"],
+                f"{p['dv_nonfinite_fraction']:.2f}",
+            ]
+            for p in results.sweep.records
+        ],
+    )
+
+
+def gpu_table(record: dict):
+    """The GPU record's upstream cases: 1.2.2 natively in bf16."""
+    rows = []
+    for name, r in record["probes"]["cases"].items():
+        if not r["ok"]:
+            rows.append([name, r["error"], "", "", "", ""])
+            continue
+        worst = max(r["error_over_bound"].values())
+        rows.append([name, *(f"{r['nonfinite'][n]}/{r['numel'][n]}" for n in UPSTREAM_TENSORS), _ratio(worst)])
+    return table(["case", *(f"bad {n}" for n in UPSTREAM_TENSORS), "err/bound"], rows)
+
+
+# -- plots --------------------------------------------------------------------------------------------
+
+
+def _draw_mask(ax, case: MaskCase, nan_rows: torch.Tensor, item: int = 0) -> None:
+    """The mask of batch item `item` (dark = visible), 1.2.2's first key block, NaN rows in red."""
+    n = case.seqlen
+    mask = case.mask()
+    visible = torch.ones(n, n, dtype=torch.bool) if mask is None else mask[item, 0].clone()
+    if case.causal:
+        visible &= torch.ones(n, n, dtype=torch.bool).tril()
+    ax.imshow(
+        visible.float().numpy(),
+        cmap=matplotlib.colors.ListedColormap(["#ffffff", "#8c959f"]),
+        vmin=0,
+        vmax=1,
+        interpolation="nearest",
+        extent=(-0.5, n - 0.5, n - 0.5, -0.5),
+    )
+    rows = torch.nonzero(nan_rows).flatten().tolist()
+    for r in rows:
+        ax.axhspan(r - 0.5, r + 0.5, color="#d1495b", alpha=0.55, lw=0)
+    if n > UPSTREAM_BLOCK_N:
+        ax.axvline(UPSTREAM_BLOCK_N - 0.5, color="#2f6db5", lw=1.2, ls="--")
+    ax.grid(False)
+    ax.set_xlabel(f"key (dashed: end of key block 0, {UPSTREAM_BLOCK_N} keys)")
+    ax.set_ylabel("query")
+    ax.set_title(f"mask (grey = visible)\nred: {len(rows)} NaN output rows", fontsize=9)
+
+
+def plot_mechanism(results: Results, case: MaskCase, item: int = 0):
+    """Left: `case`'s mask with 1.2.2's NaN output rows. Right: per-key |dV| of the oracle and of 1.2.2, the patch (replica) and the workaround."""
+    name = case.name
+    up = results.upstream[name]
+    fig, axes = figure(1, 2, width=10.5, height=4.0)
+    left, right = axes[0]
+    _draw_mask(left, up.case, observed_upstream_nan_rows(up)[item], item)
+    ref = oracle(up.case, results.device)["oracle"]
+    keys = torch.arange(case.seqlen)
+    right.plot(keys, ref["dv"][item].double().norm(dim=(-2, -1)).cpu(), color="#1f2328", lw=2.2, label="fp64 oracle")
+    dv = up.tensors["dv"][item].double().norm(dim=(-2, -1)).cpu()
+    right.plot(
+        keys,
+        torch.nan_to_num(dv, nan=0.0),
+        color="#d1495b",
+        lw=0,
+        marker="x",
+        ms=3,
+        label=f"1.2.2: {up.nan_rows('dv')} NaN rows (drawn at 0)",
+    )
+    replica = {c.name: c for c in REPLICA_CASES}
+    if name in replica:
+        patched = results.get(replica[name], "patch").tensors["dv"][item].double().norm(dim=(-2, -1)).cpu()
+        right.plot(keys, patched, color="#e09f3e", lw=1.4, label="Copilot patch (replica): finite, wrong")
+    right.set_xlabel("key")
+    right.set_ylabel("|dV| per key")
+    right.set_title(f"dV per key, batch item {item}", fontsize=9)
+    right.legend(loc="upper right", fontsize=8)
+    fig.suptitle(name, x=0.01, ha="left", fontsize=10)
+    return fig
+
+
+def plot_sweep(results: Results):
+    """NaN output rows of 1.2.2 on random masks: observed vs predicted by the first-key-block rule."""
+    fig, axes = figure(1, 1, width=6.0, height=3.0)
+    ax = axes[0, 0]
+    records = results.sweep.records
+    for seqlen, marker in zip(SWEEP_SEQLENS, ("o", "s")):
+        points = [p for p in records if p["seqlen"] == seqlen]
+        ax.plot(
+            [p["density"] for p in points],
+            [p["nan_rows"] for p in points],
+            marker,
+            ms=8,
+            mfc="none",
+            label=f"observed, Q=K={seqlen}",
+        )
+        ax.plot([p["density"] for p in points], [p["predicted_nan_rows"] for p in points], "x", ms=6, color="#1f2328")
+    ax.plot([], [], "x", color="#1f2328", label="predicted")
+    ax.set_xscale("log")
+    ax.set_xlabel("mask density (fraction of (query, key) pairs kept)")
+    ax.set_ylabel("NaN output rows")
+    ax.set_title("flash-dmattn 1.2.2 on random masks", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
 # -- the whole study ----------------------------------------------------------------------------------
 
 
@@ -666,6 +979,7 @@ class Results(PostmortemResults):
     isfinite_error: str
     isfinite_in_triton: bool
     ours: object  # ProbeRecord of our kernel on the packed layout
+    training: dict  # the tiny model at TRAIN_PAD: per variant first non-finite step, final norms; 'deviation'
 
     def up(self, case: MaskCase) -> UpstreamRun:
         return self.upstream[case.name]
@@ -689,6 +1003,7 @@ class Results(PostmortemResults):
             "coverage": [vars(c) for c in self.coverage],
             "replica": [r.summary() for r in self.replica.values()],
             "isfinite_error": self.isfinite_error,
+            "training": self.training,
         }
 
 
@@ -714,7 +1029,16 @@ def reproduce(device=None) -> Results:
         isfinite_error=patch_as_written_error(device),
         isfinite_in_triton=isfinite_exists(),
         ours=ours_on_packed(device),
+        training=_training(device),
     )
+
+
+TRAIN_PAD = 24  # the padding the explorer opens on and the training claim is checked at
+
+
+def _training(device) -> dict:
+    runs = train_health(TRAIN_PAD, None if device is None else str(device))
+    return {"pad": TRAIN_PAD, "variants": training_summary(runs), "deviation": training_deviation(runs)}
 
 
 # -- GPU probes: what only the upstream code run natively shows ------------------------------------
@@ -1050,4 +1374,21 @@ def _ours(r: Results):
     return (
         holds,
         f"padding zero {fixed.padding_exactly_zero}, real rows finite {fixed.real_finite}, within bound {fixed.real_within_bound}",
+    )
+
+
+@claims(
+    "tiny model, left padding 24 of 64: 1.2.2 and the patch NaN in every parameter's gradient at step 0; sanitizing gives finite, wrong gradients; the workaround finite",
+    evidence=TOY,
+)
+def _training_claim(r: Results):
+    t = r.training["variants"]
+    buggy, patched, sanitized, fixed = (t[v] for v in TRAIN_VARIANTS)
+    holds = all(x["nonfinite_at_step0"] == x["params"] for x in (buggy, patched))
+    holds = holds and sanitized["first_nonfinite_step"] is None and fixed["first_nonfinite_step"] is None
+    holds = holds and r.training["deviation"] > 0.05
+    return holds, (
+        f"parameters with a non-finite gradient at step 0: 1.2.2 {buggy['nonfinite_at_step0']}/{buggy['params']}, "
+        f"patch {patched['nonfinite_at_step0']}/{patched['params']}; sanitized and workaround never; "
+        f"sanitized gradient norms up to {r.training['deviation']:.0%} off the workaround's"
     )
