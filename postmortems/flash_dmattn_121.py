@@ -1,14 +1,16 @@
-"""Post-mortem flash-dmattn-121: NaN in dV, a patch that cannot compile, and the real culprit.
+"""Post-mortem flash-dmattn-121: fully masked rows make flash-dmattn's dK/dV NaN; the Copilot fix hides it.
 
-The seed is a Copilot PR presented as the fix for flash-dmattn#121: `zeros_like` dk/dv buffers and
-`tl.where(tl.isfinite(x), x, 0.0)` sprinkled over the Triton backward. The issue was filed against
-the CUDA backend; the PR edits the Triton one, where every dk/dv row is written anyway, calls a
-function Triton does not have, and — made to compile — hides NaN instead of removing its cause.
+The seed is a Copilot PR presented as the fix for flash-sparse-attention#121 (formerly
+SmallDoges/flash-dmattn): `zeros_like` dk/dv buffers and `tl.where(tl.isfinite(x), x, 0.0)` over the
+Triton backward. This module runs the upstream code itself, flash-dmattn 1.2.2's Triton backend
+(`upstream_module()`: under the interpreter with its `q.is_cuda` assertions stripped, natively as
+is), against a float64 dense oracle (`dense_reference`: a row with no visible key has output 0 and
+gradient 0), on CPU in fp16 (the interpreter's bf16 `tl.dot` is broken) and, through `gpu_probes`,
+on a GPU in bf16. It shows which of the report's claims hold on the released code, the NaN it does
+have (a query row with no visible key in key block 0), two workarounds and a tiny model's training.
 
-The cause in the Triton path is the forward's online softmax: a query row whose first visited key
-block is fully masked for it gets `m_ij = -inf` and `exp(-inf - (-inf)) = NaN`. We study it through
-a replica of that path (`kernels.replicas.dmattn`) against a float64 dense oracle (`dense_reference`
-below: flash-dmattn's semantics, a row with no visible key has output 0 and gradient 0).
+The replica (`kernels.replicas.dmattn`) is kept for what upstream cannot show: the Copilot patch
+applied, and a guard for rows with no visible key.
 
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
@@ -21,6 +23,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import itertools
+import subprocess
 import sys
 import types
 from dataclasses import dataclass, field, replace
@@ -42,10 +45,12 @@ from workbench.postmortem import (
     REPLICA,
     TOY,
     UPSTREAM_CPU,
+    UPSTREAM_GPU,
     Claims,
     Link,
     Meta,
     figure,
+    gpu_records,
     table,
 )
 from workbench.postmortem import Results as PostmortemResults
@@ -53,16 +58,22 @@ from workbench.sweep import SweepResult, sweep
 
 META = Meta(
     id="flash-dmattn-121",
-    title="flash-dmattn: NaN gradients from fully masked rows, and a Copilot patch that hides them",
+    title="flash-dmattn: fully masked rows turn the whole batch item's dK and dV NaN; the Copilot fix would hide it",
     component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Triton backend, boolean attention mask",
     category="training bug",
-    impact="a padding mask that leaves a query row no visible key in its first key block turns out, dK and dV NaN for the whole batch item",
+    impact="a query row with no visible key among keys 0-63 (e.g. left padding + causal) makes that batch item's dK and dV NaN in every row",
     upstream_status="closed (not fixed)",
-    status_note="the issue is closed; released 1.2.2's Triton backend still returns NaN for fully masked rows; the Copilot PR was never merged",
-    our_verdict="the report's symptom (NaN in dV only, seed configuration) is not reproduced; a related NaN from fully masked rows is, and the proposed patch cannot compile and would hide it",
-    detection="NaN in out and in every dK/dV row of the batch item after backward, with a boolean mask that fully masks some query rows",
-    fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); ours: guard rows with no visible key",
-    tags=("attention mask", "fully masked rows", "NaN", "unsound fix"),
+    status_note=(
+        "#121 is closed; the last flash-dmattn release (1.2.2) still has no guard for fully masked rows in its Triton "
+        "backend; flash-sparse-attn 2.x dropped the boolean-mask API; the Copilot PR was never merged"
+    ),
+    our_verdict=(
+        "the report's symptom (NaN in dV only, on its own configuration) is not reproduced; a different, real NaN from "
+        "fully masked rows is, on the upstream code; the proposed patch cannot compile and, made to, hides that NaN"
+    ),
+    detection="NaN loss or NaN gradients at the first step with a left-padded (or otherwise fully masking) boolean mask",
+    fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); workarounds: pad on the right, or let padding rows see themselves",
+    tags=("attention mask", "padding", "fully masked rows", "NaN", "unsound fix"),
     reported="2025-08-24",
     published="2026-11-29",
     revised="2026-12-01",
@@ -72,7 +83,39 @@ META = Meta(
             "https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
             date="2025-08-24",
             kind="issue",
-            status="closed",
+            status="closed; filed against the CUDA backend",
+        ),
+        Link(
+            "flash-sparse-attention#136 (tensor sanitization)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/pull/136",
+            date="2025-08-29",
+            kind="PR",
+            status="open, not merged: a nan_to_num helper",
+        ),
+        Link(
+            "flash-sparse-attention#185 (varlen with mask and bias)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/pull/185",
+            date="2025-10-09",
+            kind="PR",
+            status="merged; says it zeroes NaN/Inf values",
+        ),
+        Link(
+            "flash-dmattn 1.2.2",
+            "https://pypi.org/project/flash-dmattn/1.2.2/",
+            date="2025-11-05",
+            kind="release",
+            status="last flash-dmattn release (sdist files dated 2025-11-05); Triton backend unguarded",
+        ),
+        Link(
+            "flash-sparse-attn 2.0.6",
+            "https://pypi.org/project/flash-sparse-attn/2.0.6/",
+            date="2026-09-09",
+            kind="release",
+            status="latest (wheel files dated 2026-09-09); no boolean-mask API; import needs undeclared triton_kernels",
+        ),
+        Link(
+            "guarded Triton backend in the successor repository (read at 0b8d052)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/blob/0b8d05282f725c7d823ca428c8d7d782aec69fa2/flash_sparse_attn/flash_sparse_attn_triton.py",
         ),
         Link("triton#11584 (interpreter bf16 dot)", "https://github.com/triton-lang/triton/issues/11584"),
     ),
@@ -352,13 +395,15 @@ class UpstreamRun:
 
 
 UPSTREAM_TENSORS = ("out", "dq", "dk", "dv")  # 1.2.2's triton_dmattn_func returns no lse
-# The upstream kernel's cases (dtype set per device by `upstream_cases`): the seed's configuration,
-# fully masked rows, a fully masked leading block, and a left-padded causal batch (HF's 4-D padding
+# The upstream kernel's cases (dtype set per device by `upstream_cases`): the seed's configuration, the
+# same at a length that is not a multiple of 64 and an unmasked ragged batch, fully masked rows, a fully masked leading block, and a left-padded causal batch (HF's 4-D padding
 # mask), without and with a loss mask, then the two workarounds: pad on the right, or let each
 # padding query row see itself.
 _PAD = dict(amount=40, batch=2, causal=True)
 UPSTREAM_CASES = (
     SEED,
+    MaskCase("seed config at Q=K=200 (not a multiple of 64)", "none", seqlen=200, head_dim=64, causal=True, seed=42),
+    MaskCase("no mask, Q=K=100", "none", seqlen=100),
     MaskCase("8 fully masked rows", "rows", amount=8),
     MaskCase("leading block masked, 16 rows", "leading", amount=16),
     MaskCase("left-padded batch (40), causal", "left_pad", **_PAD),
@@ -518,13 +563,35 @@ def predict_upstream_nan_rows(case: MaskCase) -> torch.Tensor:
     return ~visible[:, 0, :, :UPSTREAM_BLOCK_N].any(-1)
 
 
+UPSTREAM_BWD_BLOCK_M = 64  # 1.2.2's backward: BLOCK_M = 64 (autotune has one config), BLOCK_N = 128
+
+
+def predict_upstream_nan_grad_items(case: MaskCase) -> torch.Tensor:
+    """(B,) bool: the batch items whose dK and dV 1.2.2 fills with NaN in every row, from the mask and length.
+
+    Two ways in. A NaN output row (`predict_upstream_nan_rows`) reaches every key through
+    `dV += pT dO` and `dK += dsT Q` (NaN * 0 is NaN, so a zero dO does not stop it). And when Q is not a
+    multiple of the backward's 64-row block, its last block reads rows past Q: the forward loaded the
+    mask there as 0 (1.2.2 always has a mask: it makes an all-ones one when given None), so those rows
+    are fully masked and their stored lse is NaN; dO there is 0, and NaN * 0 poisons every key again,
+    in every batch item, while the output and dQ (whose rows past Q are never stored) stay finite."""
+    ragged = case.seqlen % UPSTREAM_BWD_BLOCK_M != 0
+    return predict_upstream_nan_rows(case).any(-1) | ragged
+
+
+def observed_upstream_nan_grad_items(result: UpstreamRun) -> torch.Tensor:
+    """(B,) bool: items whose dK and dV hold a non-finite value in every key row."""
+    rows = [(~torch.isfinite(result.tensors[g].float())).flatten(2).any(-1).all(-1) for g in ("dk", "dv")]
+    return (rows[0] & rows[1]).cpu()
+
+
 def observed_upstream_nan_rows(result: UpstreamRun) -> torch.Tensor:
     """(B, Q) bool: rows where the upstream output holds a non-finite value."""
     return (~torch.isfinite(result.tensors["out"].float())).flatten(2).any(-1).cpu()
 
 
 SWEEP_DENSITIES = (0.02, 0.05, 0.1, 0.3)  # fraction of (query, key) pairs a random mask keeps
-SWEEP_SEQLENS = (64, 128)
+SWEEP_SEQLENS = (64, 100, 128)
 
 
 def random_case(density: float, seqlen: int, dtype: str = "float16") -> MaskCase:
@@ -550,6 +617,8 @@ def sweep_point(density: float, seqlen: int, device=None) -> dict:
         "predicted_nan_rows": int(predicted.sum()),
         "prediction_exact": bool(torch.equal(predicted, observed)),
         "dv_nonfinite_fraction": result.nonfinite("dv") / result.tensors["dv"].numel(),
+        "dk_nonfinite_fraction": result.nonfinite("dk") / result.tensors["dk"].numel(),
+        "grad_items_exact": bool(torch.equal(predict_upstream_nan_grad_items(case), observed_upstream_nan_grad_items(result))),
     }
 
 
@@ -560,11 +629,12 @@ def upstream_sweep(device=None, densities=SWEEP_DENSITIES, seqlens=SWEEP_SEQLENS
 
 # -- empty_like -> zeros_like, on the upstream code ---------------------------------------------------
 
-# Even and ragged lengths, causal and not: square, as 1.2.2's causal mask is top-left aligned.
+# Lengths that are multiples of 64 (others NaN-fill dK/dV, see predict_upstream_nan_grad_items), causal and
+# not, with and without a mask: square, as 1.2.2's causal mask is top-left aligned.
 COVERAGE_CASES = (
     MaskCase("Q=K=128", "none", seqlen=128),
-    MaskCase("Q=K=100, causal", "none", seqlen=100, causal=True),
-    MaskCase("Q=K=96, 8 masked rows", "rows", amount=8, seqlen=96),
+    MaskCase("Q=K=192, causal", "none", seqlen=192, causal=True),
+    MaskCase("Q=K=64, all-True mask", "all", seqlen=64),
 )
 
 
@@ -796,7 +866,7 @@ def training_deviation(runs: dict[str, GradientHealth]) -> float:
 # -- tables -------------------------------------------------------------------------------------------
 
 
-def _ratio(x: float) -> str:
+def ratio_text(x: float) -> str:
     return "NaN" if x != x else f"{x:.2f}"
 
 
@@ -805,7 +875,7 @@ def upstream_table(results: Results):
     rows = []
     for r in results.upstream.values():
         worst = max(r.error_ratio(n) for n in UPSTREAM_TENSORS)
-        rows.append([r.case.name, *(f"{r.nonfinite(n)}/{r.tensors[n].numel()}" for n in UPSTREAM_TENSORS), _ratio(worst)])
+        rows.append([r.case.name, *(f"{r.nonfinite(n)}/{r.tensors[n].numel()}" for n in UPSTREAM_TENSORS), ratio_text(worst)])
     return table(
         ["case", *(f"bad {n}" for n in UPSTREAM_TENSORS), "err/bound"],
         rows,
@@ -870,7 +940,7 @@ def gpu_table(record: dict):
             rows.append([name, r["error"], "", "", "", ""])
             continue
         worst = max(r["error_over_bound"].values())
-        rows.append([name, *(f"{r['nonfinite'][n]}/{r['numel'][n]}" for n in UPSTREAM_TENSORS), _ratio(worst)])
+        rows.append([name, *(f"{r['nonfinite'][n]}/{r['numel'][n]}" for n in UPSTREAM_TENSORS), ratio_text(worst)])
     return table(["case", *(f"bad {n}" for n in UPSTREAM_TENSORS), "err/bound"], rows)
 
 
@@ -980,6 +1050,8 @@ class Results(PostmortemResults):
     isfinite_in_triton: bool
     ours: object  # ProbeRecord of our kernel on the packed layout
     training: dict  # the tiny model at TRAIN_PAD: per variant first non-finite step, final norms; 'deviation'
+    successor_import: str  # what `import flash_sparse_attn` (2.0.6) raises here, or 'ok'
+    gpu: dict | None  # the latest GPU record (data/gpu/flash-dmattn-121-*.json), None before one is committed
 
     def up(self, case: MaskCase) -> UpstreamRun:
         return self.upstream[case.name]
@@ -1004,6 +1076,7 @@ class Results(PostmortemResults):
             "replica": [r.summary() for r in self.replica.values()],
             "isfinite_error": self.isfinite_error,
             "training": self.training,
+            "successor_import": self.successor_import,
         }
 
 
@@ -1030,7 +1103,25 @@ def reproduce(device=None) -> Results:
         isfinite_in_triton=isfinite_exists(),
         ours=ours_on_packed(device),
         training=_training(device),
+        successor_import=successor_import_error(),
+        gpu=gpu_record(),
     )
+
+
+def gpu_record() -> dict | None:
+    """The latest GPU record of this post-mortem (its file name sorts last), or None."""
+    records = gpu_records(META)
+    return records[-1] if records else None
+
+
+def successor_import_error() -> str:
+    """`import flash_sparse_attn` in a fresh interpreter: 'ok', or the exception's first line."""
+    code = "import flash_sparse_attn"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if done.returncode == 0:
+        return "ok"
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 TRAIN_PAD = 24  # the padding the explorer opens on and the training claim is checked at
@@ -1207,6 +1298,7 @@ def gpu_probes(device) -> dict:
 claims = Claims()
 _AFFECTED = ("8 fully masked rows", "leading block masked, 16 rows", "left-padded batch (40), causal")
 _WORKAROUNDS = ("workaround: right-padded, loss mask", "workaround: padding rows see themselves, loss mask")
+_RAGGED = ("seed config at Q=K=200 (not a multiple of 64)", "no mask, Q=K=100")
 
 
 def _counts(result, names) -> str:
@@ -1261,15 +1353,28 @@ def _affected(r: Results):
 
 
 @claims(
-    "NaN in dV never comes alone on 1.2.2 (the report's symptom): wherever dV is NaN, the output is NaN too",
+    "at a length that is not a multiple of 64, even with no mask, 1.2.2 NaN-fills every dK and dV row while out and dQ stay finite",
     evidence=UPSTREAM_CPU,
 )
-def _never_alone(r: Results):
+def _ragged(r: Results):
+    parts, good = [], 0
+    for name in _RAGGED:
+        x = r.upstream[name]
+        ok = (
+            x.finite("out") and x.finite("dq") and all(_item_rows_nan(x, g, i) for g in ("dk", "dv") for i in range(x.case.batch))
+        )
+        good += ok
+        parts.append(f"{name}: non-finite {_counts(x, UPSTREAM_TENSORS)}")
+    return good == len(_RAGGED), "; ".join(parts)
+
+
+@claims("dV is never NaN without dK on 1.2.2 (the report has dK clean): every case and random mask", evidence=UPSTREAM_CPU)
+def _dv_with_dk(r: Results):
     runs = list(r.upstream.values())
-    alone = sum(x.nonfinite("dv") > 0 and x.finite("out") for x in runs)
-    alone += sum(p["dv_nonfinite_fraction"] > 0 and p["nan_rows"] == 0 for p in r.sweep.records)
+    alone = sum(x.nonfinite("dv") > 0 and x.finite("dk") for x in runs)
+    alone += sum(p["dv_nonfinite_fraction"] > 0 and p["dk_nonfinite_fraction"] == 0 for p in r.sweep.records)
     with_dv = sum(x.nonfinite("dv") > 0 for x in runs) + sum(p["dv_nonfinite_fraction"] > 0 for p in r.sweep.records)
-    return alone == 0 and with_dv > 0, f"{with_dv} runs with NaN dV (cases + sweep), {alone} of them with a finite output"
+    return alone == 0 and with_dv > 0, f"{with_dv} runs with NaN dV (cases + sweep), {alone} of them with a finite dK"
 
 
 @claims(
@@ -1293,20 +1398,27 @@ def _workarounds(r: Results):
     return good == len(runs), f"{good}/{len(runs)}; worst error {worst:.2f} x bound"
 
 
-@claims("NaN rows of 1.2.2 are exactly those with no visible key among keys 0-63 (its first key block)", evidence=UPSTREAM_CPU)
+@claims(
+    "the two rules predict 1.2.2 exactly: NaN output rows (no visible key among keys 0-63) and NaN-filled dK/dV items (such a row, or a length not a multiple of 64)",
+    evidence=UPSTREAM_CPU,
+)
 def _prediction(r: Results):
-    cases = sum(torch.equal(predict_upstream_nan_rows(x.case), observed_upstream_nan_rows(x)) for x in r.upstream.values())
-    points = sum(bool(p.get("prediction_exact")) for p in r.sweep.records)
+    cases = sum(
+        torch.equal(predict_upstream_nan_rows(x.case), observed_upstream_nan_rows(x))
+        and torch.equal(predict_upstream_nan_grad_items(x.case), observed_upstream_nan_grad_items(x))
+        for x in r.upstream.values()
+    )
+    points = sum(bool(p.get("prediction_exact")) and bool(p.get("grad_items_exact")) for p in r.sweep.records)
     total = len(r.upstream) + len(r.sweep.records)
     return cases + points == total, f"{cases + points}/{total} (cases + random-mask sweep)"
 
 
 @claims(
-    "1.2.2's backward writes every dK/dV row: NaN-filled fresh memory changes no bit, so empty_like -> zeros_like changes nothing",
+    "1.2.2's backward writes every dK/dV row: NaN-filled fresh memory changes no bit of finite gradients, so empty_like -> zeros_like changes nothing",
     evidence=UPSTREAM_CPU,
 )
 def _coverage(r: Results):
-    good = sum(c.identical for c in r.coverage)
+    good = sum(c.identical and c.finite for c in r.coverage)
     return good == len(
         r.coverage
     ), f"{good}/{len(r.coverage)} configurations bit-identical ({', '.join(c.case for c in r.coverage)})"
@@ -1392,3 +1504,73 @@ def _training_claim(r: Results):
         f"patch {patched['nonfinite_at_step0']}/{patched['params']}; sanitized and workaround never; "
         f"sanitized gradient norms up to {r.training['deviation']:.0%} off the workaround's"
     )
+
+
+@claims(
+    "flash-sparse-attn 2.0.6 (the successor) cannot be imported: it needs `triton_kernels`, which it does not declare",
+    evidence=UPSTREAM_CPU,
+)
+def _successor_import(r: Results):
+    return "triton_kernels" in r.successor_import, r.successor_import
+
+
+def _gpu_probes(r: Results) -> dict:
+    if r.gpu is None:
+        raise LookupError(
+            "no GPU record: run workbench repro flash-dmattn-121 --device cuda --record data/gpu/flash-dmattn-121-h200.json"
+        )
+    return r.gpu["probes"]
+
+
+@claims(
+    "on the GPU in bf16, the seed configuration over 20 seeds, with and without NaN-filled memory: no NaN, within the oracle's bound",
+    evidence=UPSTREAM_GPU,
+)
+def _gpu_seed(r: Results):
+    seeds = _gpu_probes(r)["seed_config_seeds"]
+    holds = all(
+        s["runs"] == len(GPU_SEEDS) and not s["errors"] and s["nonfinite_runs"] == 0 and s["worst_error_over_bound"] <= 1
+        for s in seeds.values()
+    )
+    return holds, "; ".join(
+        f"{k}: {s['nonfinite_runs']}/{s['runs']} runs with NaN, worst {s['worst_error_over_bound']:.2f} x bound"
+        for k, s in seeds.items()
+    )
+
+
+@claims(
+    "on the GPU in bf16: fully masked rows and lengths not a multiple of 64 give the CPU's NaN pattern, the workarounds are finite and within bound",
+    evidence=UPSTREAM_GPU,
+)
+def _gpu_cases(r: Results):
+    cases = _gpu_probes(r)["cases"]
+    parts, good = [], 0
+    for name in _AFFECTED:
+        c = cases[name]
+        item_rows = r.upstream[name].case.seqlen
+        ok = (
+            c["ok"]
+            and c["nan_rows"]["dk"] == c["nan_rows"]["dv"] == item_rows
+            and c["nan_rows"]["out"] == r.upstream[name].nan_rows("out")
+        )
+        good += ok
+        parts.append(
+            f"{name}: out NaN rows {c['nan_rows']['out'] if c['ok'] else c['error']}, dV NaN rows {c['nan_rows']['dv'] if c['ok'] else '-'}"
+        )
+    for name in _RAGGED:
+        c = cases[name]
+        ok = (
+            c["ok"]
+            and c["nonfinite"]["out"] == c["nonfinite"]["dq"] == 0
+            and c["nan_rows"]["dv"] == c["nan_rows"]["dk"] == r.upstream[name].nan_rows("dv")
+        )
+        good += ok
+        parts.append(
+            f"{name}: dK/dV NaN rows {c['nan_rows']['dk'] if c['ok'] else c['error']}, out finite {c['ok'] and c['nonfinite']['out'] == 0}"
+        )
+    for name in _WORKAROUNDS:
+        c = cases[name]
+        ok = c["ok"] and not any(c["nonfinite"].values()) and max(c["error_over_bound"].values()) <= 1
+        good += ok
+        parts.append(f"{name}: finite and within {ok}")
+    return good == len(_AFFECTED) + len(_RAGGED) + len(_WORKAROUNDS), "; ".join(parts)
