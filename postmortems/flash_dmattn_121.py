@@ -58,22 +58,23 @@ from workbench.sweep import SweepResult, sweep
 
 META = Meta(
     id="flash-dmattn-121",
-    title="flash-dmattn: fully masked rows turn the whole batch item's dK and dV NaN; the Copilot fix would hide it",
-    component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Triton backend, boolean attention mask",
+    title="flash-dmattn: its Triton backward NaN-fills dK and dV (lengths off 64, fully masked rows); the Copilot fix would hide it",
+    component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Triton backend",
     category="training bug",
-    impact="a query row with no visible key among keys 0-63 (e.g. left padding + causal) makes that batch item's dK and dV NaN in every row",
+    impact="flash-dmattn 1.2.2 Triton: a length not a multiple of 64, or a row seeing none of keys 0-63 (left padding + causal), NaN-fills dK and dV",
     upstream_status="closed (not fixed)",
     status_note=(
-        "#121 is closed; the last flash-dmattn release (1.2.2) still has no guard for fully masked rows in its Triton "
-        "backend; flash-sparse-attn 2.x dropped the boolean-mask API; the Copilot PR was never merged"
+        "#121 is closed; the last flash-dmattn release (1.2.2) still NaN-fills dK/dV in its Triton backend at lengths off 64 "
+        "and for fully masked rows; flash-sparse-attn 2.x dropped the boolean-mask API; the Copilot PR was never merged"
     ),
     our_verdict=(
-        "the report's symptom (NaN in dV only, on its own configuration) is not reproduced; a different, real NaN from "
-        "fully masked rows is, on the upstream code; the proposed patch cannot compile and, made to, hides that NaN"
+        "the report's symptom is reproduced on the released Triton backend at lengths not a multiple of 64 (with dK NaN too), "
+        "not on its own configuration (256); fully masked rows give a second NaN; the proposed patch cannot compile and, "
+        "made to, turns the first into finite, wrong dK/dV and leaves the second's NaN output"
     ),
-    detection="NaN loss or NaN gradients at the first step with a left-padded (or otherwise fully masking) boolean mask",
-    fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); workarounds: pad on the right, or let padding rows see themselves",
-    tags=("attention mask", "padding", "fully masked rows", "NaN", "unsound fix"),
+    detection="NaN in every dK/dV row (finite output) at lengths off 64; NaN output rows and NaN gradients with left padding + causal",
+    fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); workarounds: pad lengths to a multiple of 64, pad on the right or let padding rows see themselves",
+    tags=("attention mask", "padding", "ragged length", "NaN", "unsound fix"),
     reported="2025-08-24",
     published="2026-11-29",
     revised="2026-12-01",
@@ -667,11 +668,12 @@ def upstream_coverage(device=None) -> list[Coverage]:
 # every block; on these cases both turn the same rows NaN.
 REPLICA_CASES = (
     SEED,
+    MaskCase("all-True mask, Q=K=100", "all", seqlen=100),  # 1.2.2 always has a mask: it makes all-ones for None
     MaskCase("8 fully masked rows", "rows", amount=8),
     MaskCase("leading block masked, 16 rows", "leading", amount=16),
     MaskCase("left-padded batch (40), causal", "left_pad", amount=40, batch=2, causal=True),
 )
-PADDED = REPLICA_CASES[3]
+PADDED = REPLICA_CASES[4]
 NAN_DO_ROW = 200  # a query row of the seed config where dO arrives as NaN (a NaN loss term)
 
 
@@ -1455,6 +1457,21 @@ def patch_error_ratios(r: Results) -> dict[str, float]:
 def _patch_wrong(r: Results):
     ratios = patch_error_ratios(r)
     return min(ratios.values()) > 10, "dV/dK error / bound: " + ", ".join(f"{x:.0f}x" for x in ratios.values())
+
+
+@claims(
+    "on the report's symptom (replica, all-True mask, Q=K=100: dK/dV NaN, out finite) the patch leaves no sign: every tensor finite, dK/dV more than 10x off",
+    evidence=REPLICA,
+)
+def _patch_silent(r: Results):
+    case = REPLICA_CASES[1]
+    buggy, patched = r.get(case, "replica"), r.get(case, "patch")
+    holds = buggy.finite("out") and not buggy.finite("dv") and patched.all_finite
+    worst = min(patched.error_ratio(g) for g in ("dk", "dv"))
+    return (
+        holds and worst > 10,
+        f"replica non-finite: {_counts(buggy, TENSORS)}; patch: all finite, dK/dV error {worst:.0f}x the bound or more",
+    )
 
 
 @claims("patch-equivalent swallows NaN arriving through dO: dV finite where autograd gives NaN", evidence=REPLICA)
