@@ -1009,22 +1009,17 @@ def plot_mechanism(results: Results, case: MaskCase, item: int = 0):
 
 def plot_sweep(results: Results):
     """NaN output rows of 1.2.2 on random masks: observed vs predicted by the first-key-block rule."""
-    fig, axes = figure(1, 1, width=6.0, height=3.0)
+    fig, axes = figure(1, 1, width=6.4, height=3.0)
     ax = axes[0, 0]
-    records = results.sweep.records
-    for seqlen, marker in zip(SWEEP_SEQLENS, ("o", "s")):
+    records = [p for p in results.sweep.records if p["ok"]]
+    positions = {d: i for i, d in enumerate(SWEEP_DENSITIES)}
+    for k, (seqlen, marker) in enumerate(zip(SWEEP_SEQLENS, ("o", "s", "D"))):
         points = [p for p in records if p["seqlen"] == seqlen]
-        ax.plot(
-            [p["density"] for p in points],
-            [p["nan_rows"] for p in points],
-            marker,
-            ms=8,
-            mfc="none",
-            label=f"observed, Q=K={seqlen}",
-        )
-        ax.plot([p["density"] for p in points], [p["predicted_nan_rows"] for p in points], "x", ms=6, color="#1f2328")
+        x = [positions[p["density"]] + (k - 1) * 0.15 for p in points]
+        ax.plot(x, [p["nan_rows"] for p in points], marker, ms=8, mfc="none", label=f"observed, Q=K={seqlen}")
+        ax.plot(x, [p["predicted_nan_rows"] for p in points], "x", ms=6, color="#1f2328")
     ax.plot([], [], "x", color="#1f2328", label="predicted")
-    ax.set_xscale("log")
+    ax.set_xticks(range(len(SWEEP_DENSITIES)), [f"{d:g}" for d in SWEEP_DENSITIES])
     ax.set_xlabel("mask density (fraction of (query, key) pairs kept)")
     ax.set_ylabel("NaN output rows")
     ax.set_title("flash-dmattn 1.2.2 on random masks", fontsize=10)
@@ -1243,25 +1238,25 @@ def successor_probe(device) -> dict:
     if not found["plain_import"]["ok"]:
         found["stubbed"] = _stub_triton_kernels()
 
-    def seed_config():
+    def dense(case: MaskCase):
         fsa = importlib.import_module("flash_sparse_attn")
-        x = replace(SEED, dtype="bfloat16").inputs(device)
+        x = case.inputs(device)
         leaves = [x[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]  # (B, S, H, D), as 1.2.2
-        out = fsa.flash_dense_attn_func(*leaves, is_causal=True)
+        # is_autotune=False: its default 64 x 64 tiles, no autotuning sweep (minutes of compilation)
+        out = fsa.flash_dense_attn_func(*leaves, is_causal=case.causal, is_autotune=False)
         out.backward(x["d_out"])
-        ref = oracle(replace(SEED, dtype="bfloat16"), str(device))
+        ref = oracle(case, str(device))
+        tensors = dict(zip(UPSTREAM_TENSORS, (out.detach(), *(t.grad for t in leaves))))
         return {
             "error_over_bound": {
                 n: error_check(n, t, ref["oracle"][n], ref["baseline"][n], torch.bfloat16).ratio / FACTORS[n]
-                for n, t in zip(("out", "dq", "dk", "dv"), (out.detach(), *(t.grad for t in leaves)))
+                for n, t in tensors.items()
             },
-            "nonfinite": {
-                n: int((~torch.isfinite(t.float())).sum())
-                for n, t in zip(("out", "dq", "dk", "dv"), (out, *(t.grad for t in leaves)))
-            },
+            "nonfinite": {n: int((~torch.isfinite(t.float())).sum()) for n, t in tensors.items()},
         }
 
-    found["seed_config"] = _outcome(seed_config)
+    for case in (SEED, UPSTREAM_CASES[1]):  # the seed's configuration, and the same at 200 tokens
+        found[case.name] = _outcome(lambda c=case: dense(replace(c, dtype="bfloat16")))
     return found
 
 
@@ -1274,9 +1269,11 @@ def gpu_probes(device) -> dict:
     if device.type != "cuda":
         raise ValueError(f"gpu_probes(device={device}): run it on CUDA (workbench repro ... --device cuda).")
     found: dict = {"upstream_version": upstream_version(), "dtype": "bfloat16"}
+    print("gpu_probes: call errors, cases", flush=True)
     found["call_errors"] = _outcome(lambda: upstream_call_errors(device))
     found["cases"] = {c.name: _outcome(lambda c=c: upstream_run(c, device).summary()) for c in upstream_cases("bfloat16")}
     seeds = {}
+    print("gpu_probes: seed configuration over", len(GPU_SEEDS), "seeds", flush=True)
     for poisoned in (False, True):
         runs = [
             _outcome(lambda s=s, p=poisoned: upstream_run(replace(SEED, dtype="bfloat16", seed=s), device, poisoned=p).summary())
@@ -1290,8 +1287,11 @@ def gpu_probes(device) -> dict:
             "worst_error_over_bound": max((max(r["error_over_bound"].values()) for r in runs if r["ok"]), default=None),
         }
     found["seed_config_seeds"] = seeds
+    print("gpu_probes: speed", flush=True)
     found["speed"] = _outcome(lambda: speed_vs_upstream(device))
+    print("gpu_probes: flash-sparse-attn", flush=True)
     found["successor"] = _outcome(lambda: successor_probe(device))
+    print("gpu_probes: done", flush=True)
     return found
 
 
