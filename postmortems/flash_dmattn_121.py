@@ -946,6 +946,59 @@ def gpu_table(record: dict):
     return table(["case", *(f"bad {n}" for n in UPSTREAM_TENSORS), "err/bound"], rows)
 
 
+def _successor_cell(results: Results, case_name: str) -> str:
+    """What the GPU record says flash-sparse-attn's dense kernel did on one case (it needs CUDA)."""
+    if results.gpu is None:
+        return "no GPU record"
+    successor = results.gpu["probes"]["successor"]
+    run = successor.get(case_name) if successor.get("ok") else None
+    if run is None:
+        return "not run: " + successor.get("error", "no such probe")
+    if not run["ok"]:
+        return "raised " + run["error"]
+    bad = [n for n, c in run["nonfinite"].items() if c]
+    return f"NaN in {', '.join(bad)}" if bad else "finite (GPU, bf16)"
+
+
+def report_claims_table(results: Results):
+    """The report's claims, each checked on 1.2.2 (this run, and the GPU record) and on flash-sparse-attn 2.0.6."""
+    seed, ragged = results.up(SEED), results.upstream[UPSTREAM_CASES[1].name]
+
+    def state(run: UpstreamRun) -> str:
+        bad = [n for n in UPSTREAM_TENSORS if not run.finite(n)]
+        return f"NaN in {', '.join(bad)}" if bad else "finite, within bound" if run.all_within else "finite, outside the bound"
+
+    gpu_seeds = "no GPU record"
+    if results.gpu is not None:
+        runs = results.gpu["probes"]["seed_config_seeds"]
+        gpu_seeds = "; ".join(f"{k}: NaN in {s['nonfinite_runs']}/{s['runs']} seeds" for k, s in runs.items())
+    coverage = all(c.identical and c.finite for c in results.coverage)
+    rows = [
+        [
+            "the snippet runs",
+            results.call_errors["seed snippet as written"],
+            "no triton_dmattn_func; import: " + results.successor_import,
+        ],
+        [
+            "NaN in dV on 1x256x1x64, causal, bf16",
+            f"no: {results.upstream_dtype} here {state(seed)}; H200 bf16 {gpu_seeds}",
+            _successor_cell(results, SEED.name),
+        ],
+        [
+            "only dV is NaN (dQ, dK, out, lse fine)",
+            f"at 200 tokens: {state(ragged)}; dK with dV always",
+            "at 200 tokens: " + _successor_cell(results, UPSTREAM_CASES[1].name),
+        ],
+        [
+            "cause: empty_like dk/dv",
+            "no: NaN-filled memory changes no bit" if coverage else "not shown",
+            "not checked (other code)",
+        ],
+        ["fix: tl.where(tl.isfinite(x), x, 0)", "cannot compile; made to, hides the NaN (replica)", "not applicable (API gone)"],
+    ]
+    return table(["the report says", f"flash-dmattn {results.upstream_version}", f"flash-sparse-attn {SUCCESSOR_VERSION}"], rows)
+
+
 # -- plots --------------------------------------------------------------------------------------------
 
 

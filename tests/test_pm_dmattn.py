@@ -277,3 +277,10 @@ def test_meta_and_module_shape():
     assert pm.META.reported == "2025-08-24" and pm.META.timeline[0].kind == "issue"
     assert {e.kind for e in pm.claims.levels} >= {"upstream-cpu", "upstream-gpu", "replica", "ours", "toy"}
     assert not hasattr(pm, "_table") and not hasattr(pm, "_figure")
+
+
+def test_report_claims_table_reads_this_run_and_says_when_the_gpu_record_is_missing():
+    shown = pm.report_claims_table(_broken_results())
+    assert isinstance(shown, Table) and len(shown.rows) == 5 and shown.header[1] == "flash-dmattn 1.2.2"
+    assert "no GPU record" in shown.rows[1][1] and shown.rows[1][2] == "no GPU record"
+    assert shown.rows[3][1] == "not shown"  # the broken coverage does not support "changes no bit"
