@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from string import Template
 
-import nbformat
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _MARKER = re.compile(r"^# %%(?P<markdown> \[markdown\])?(?: tags=(?P<tags>[\w,-]+))?\s*$")
@@ -41,6 +40,8 @@ def parse_cells(text: str) -> list:
     def close():
         if kind is not None:
             source = "\n".join(lines).strip("\n")
+            import nbformat  # here: the registry imports this module on the CLI's Jupyter-free paths
+
             make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
             cell = make(source)
             if tags:
@@ -63,6 +64,8 @@ def parse_cells(text: str) -> list:
 def render_notebook(postmortem_id: str, module: str, package: str):
     """`notebooks/<id>.ipynb`: the reader block first, then the outline every post-mortem follows."""
     text = Template((TEMPLATES / "notebook.tmpl").read_text()).substitute(_fields(postmortem_id, module, package))
+    import nbformat
+
     nb = nbformat.v4.new_notebook()
     nb.cells = parse_cells(text)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

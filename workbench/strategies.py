@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from workbench.layout import DTYPES, Case, Fill
+from workbench.layout import DTYPE_NAMES, Case, Fill
 
 T = TypeVar("T")
 
@@ -138,8 +138,8 @@ class LayoutSpace:
         object.__setattr__(self, "head_dims", _ascending(self.head_dims, "head_dims", 1))
         object.__setattr__(self, "aligns", _ascending(self.aligns, "aligns", 1, allow_empty=True))
         dtypes = tuple(self.dtypes)
-        if not dtypes or any(d not in DTYPES for d in dtypes):
-            raise ValueError(f"LayoutSpace.dtypes = {dtypes!r}: give one or more of {sorted(DTYPES)}.")
+        if not dtypes or any(d not in DTYPE_NAMES for d in dtypes):
+            raise ValueError(f"LayoutSpace.dtypes = {dtypes!r}: give one or more of {sorted(DTYPE_NAMES)}.")
         object.__setattr__(self, "dtypes", dtypes)
         fills = tuple(Fill(f) for f in self.fills)
         if not fills:

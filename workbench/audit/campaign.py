@@ -164,7 +164,9 @@ def run_campaign(impl: Adapted, dtype: str) -> list[dict[str, str]]:
     """One row per catalogue case: id, outcome, evidence. Padded cases on a padded layout,
     the others on an unpadded one; neither has TAIL rows."""
     bases = {
-        padded: base_args(DTYPE_NAMES[dtype], impl.device, padded=padded, kv_heads=HEADS if "gqa" in impl.lacks else 2, tail=False)
+        padded: base_args(
+            DTYPE_NAMES[dtype], impl.device, padded=padded, kv_heads=HEADS if "gqa" in impl.lacks else 2, tail=False
+        )
         for padded in ({False, True} if "padded" not in impl.lacks else {False})
     }
     rows: list[dict[str, str]] = []
