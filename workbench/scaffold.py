@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from string import Template
 
-
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _MARKER = re.compile(r"^# %%(?P<markdown> \[markdown\])?(?: tags=(?P<tags>[\w,-]+))?\s*$")
 
