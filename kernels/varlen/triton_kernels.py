@@ -153,8 +153,8 @@ def _key_ranges(
     key_lo = (key_lo // BLOCK_N) * BLOCK_N
     full_lo = tl.cdiv(all_lo, BLOCK_N) * BLOCK_N
     full_hi = (all_hi // BLOCK_N) * BLOCK_N
-    # No block seen in full: everything in [key_lo, key_hi) is masked, by the last range (the
-    # first one is compiled only with a left bound).
+    # No block seen in full: everything in [key_lo, key_hi) is masked, walked as the range from
+    # full_hi (the left edge [key_lo, full_lo) is then empty, with or without a left bound).
     none_full = full_hi <= full_lo
     full_lo = tl.where(none_full, key_lo, full_lo)
     full_hi = tl.where(none_full, key_lo, full_hi)
