@@ -56,8 +56,10 @@ INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 
 # Native candidates per kernel, by the bytes of one q/k row (head_dim x itemsize); the first of
 # each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
-# compiling for sm_90 (`python -m kernels.varlen.tiles`): none spills and all fit Hopper's
-# 227 KB of shared memory; wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
+# compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
+# memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
+# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner times them beside the
+# others). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
 # and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     "forward": {

@@ -153,8 +153,8 @@ def _key_ranges(
     key_lo = (key_lo // BLOCK_N) * BLOCK_N
     full_lo = tl.cdiv(all_lo, BLOCK_N) * BLOCK_N
     full_hi = (all_hi // BLOCK_N) * BLOCK_N
-    # No block seen in full: everything in [key_lo, key_hi) is masked, by the last range (the
-    # first one is compiled only with a left bound).
+    # No block seen in full: everything in [key_lo, key_hi) is masked, walked as the range from
+    # full_hi (the left edge [key_lo, full_lo) is then empty, with or without a left bound).
     none_full = full_hi <= full_lo
     full_lo = tl.where(none_full, key_lo, full_lo)
     full_hi = tl.where(none_full, key_lo, full_hi)
@@ -202,6 +202,15 @@ def _query_ranges(
 
 
 @triton.jit
+def _block_start(i, lo, n_first, second_lo, STEP: tl.constexpr):
+    """Start of step i of a walk over [lo, lo + n_first * STEP) then on from second_lo: the
+    window's two masked edges in one loop. With a left and a right bound a kernel then compiles
+    two loops (unmasked, masked), as without them; a third loop costs registers (spills at head
+    dim 128). Other masks walk one range with `range(lo, hi, STEP)`, as before windows."""
+    return tl.where(i < n_first, lo + i * STEP, second_lo + (i - n_first) * STEP)
+
+
+@triton.jit
 def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):
     # Under the Triton interpreter, tl.dot on bfloat16 multiplies the raw bit patterns
     # (triton-lang/triton#11584). There, and only there, bf16 operands are upcast to fp32:
@@ -238,6 +247,52 @@ def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constex
 
 
 @triton.jit
+def _forward_step(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    stride_kt,
+    stride_vt,
+    dims,
+    rows,
+    cols,
+    len_k,
+    offset,
+    left,
+    right,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """One key block of the online softmax."""
+    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+    qk = _dot(q, tl.trans(k), DOT_UPCAST)
+    if MASKED:
+        qk = tl.where(
+            _visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), qk, float("-inf")
+        )
+    # Scaling the row max (qk_scale > 0) instead of every score leaves one fused
+    # multiply-add per score for exp2's argument, as in Triton's fused-attention tutorial.
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASKED:
+        # A row that has seen no visible key yet keeps m = -inf: subtract 0 instead, so that
+        # exp2 sees -inf - 0 (= 0) and never -inf - (-inf) (= NaN).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new  # every row sees every key of an unmasked block: m_new is finite
+    p = tl.exp2(qk * qk_scale - m_sub[:, None])
+    alpha = tl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, DOT_UPCAST, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _forward_blocks(
     acc,
     l_i,
@@ -249,43 +304,75 @@ def _forward_blocks(
     stride_vt,
     dims,
     rows,
-    col_lo,
-    col_hi,
+    first_lo,
+    hi,
+    n_first,
+    second_lo,
+    n_blocks,
     len_k,
     offset,
     left,
     right,
     qk_scale,
     MASKED: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    """Online softmax over key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
+    """Online softmax over key blocks of one sequence (K, V at its first row): [first_lo, hi),
+    or with TWO_RANGES n_blocks of them, n_first from first_lo then on from second_lo."""
     offs = tl.arange(0, BLOCK_N)
-    for col_start in range(col_lo, col_hi, BLOCK_N):
-        cols = col_start + offs
-        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
-        qk = _dot(q, tl.trans(k), DOT_UPCAST)
-        if MASKED:
-            qk = tl.where(
-                _visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), qk, float("-inf")
+    if TWO_RANGES:
+        for i in range(0, n_blocks):
+            cols = _block_start(i, first_lo, n_first, second_lo, BLOCK_N) + offs
+            acc, l_i, m_i = _forward_step(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                cols,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
             )
-        # Scaling the row max (qk_scale > 0) instead of every score leaves one fused
-        # multiply-add per score for exp2's argument, as in Triton's fused-attention tutorial.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if MASKED:
-            # A row that has seen no visible key yet keeps m = -inf: subtract 0 instead, so that
-            # exp2 sees -inf - 0 (= 0) and never -inf - (-inf) (= NaN).
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_sub = m_new  # every row sees every key of an unmasked block: m_new is finite
-        p = tl.exp2(qk * qk_scale - m_sub[:, None])
-        alpha = tl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _dot(p.to(v.dtype), v, DOT_UPCAST, acc * alpha[:, None])
-        m_i = m_new
+    else:
+        for col_start in range(first_lo, hi, BLOCK_N):
+            acc, l_i, m_i = _forward_step(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                col_start + offs,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
     return acc, l_i, m_i
 
 
@@ -344,31 +431,13 @@ def attention_forward_kernel(
     key_lo, full_lo, full_hi, key_hi = _key_ranges(
         row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
     )
-    if WINDOW_LEFT:  # the window's left edge; without a left bound this range is empty
-        acc, l_i, m_i = _forward_blocks(
-            acc,
-            l_i,
-            m_i,
-            q,
-            K,
-            V,
-            stride_kt,
-            stride_vt,
-            dims,
-            rows,
-            key_lo,
-            full_lo,
-            len_k,
-            len_k - len_q,
-            window_left,
-            window_right,
-            qk_scale,
-            MASKED=True,
-            WINDOW_LEFT=WINDOW_LEFT,
-            WINDOW_RIGHT=WINDOW_RIGHT,
-            BLOCK_N=BLOCK_N,
-            DOT_UPCAST=DOT_UPCAST,
-        )
+    # Blocks [full_lo, full_hi) unmasked; masked [full_hi, key_hi) and, with a left bound, the
+    # window's left edge [key_lo, full_lo) first, in the same loop.
+    n_left = (full_lo - key_lo) // BLOCK_N
+    n_right = tl.cdiv(tl.maximum(key_hi - full_hi, 0), BLOCK_N)
+    masked_lo = full_hi
+    if WINDOW_LEFT:
+        masked_lo = key_lo
     acc, l_i, m_i = _forward_blocks(
         acc,
         l_i,
@@ -382,12 +451,16 @@ def attention_forward_kernel(
         rows,
         full_lo,
         full_hi,
+        0,
+        0,
+        0,
         len_k,
         len_k - len_q,
         window_left,
         window_right,
         qk_scale,
         MASKED=False,
+        TWO_RANGES=False,
         WINDOW_LEFT=WINDOW_LEFT,
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
@@ -404,14 +477,18 @@ def attention_forward_kernel(
         stride_vt,
         dims,
         rows,
-        full_hi,
+        masked_lo,
         key_hi,
+        n_left,
+        full_hi,
+        n_left + n_right,
         len_k,
         len_k - len_q,
         window_left,
         window_right,
         qk_scale,
         MASKED=True,
+        TWO_RANGES=WINDOW_LEFT,
         WINDOW_LEFT=WINDOW_LEFT,
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
@@ -436,6 +513,50 @@ def _load_lse_log2(Lse, rows, row_ok):
 
 
 @triton.jit
+def _dkdv_step(
+    dk,
+    dv,
+    k,
+    v,
+    Q,
+    DO,
+    Lse,
+    Delta,
+    stride_qt,
+    stride_dot,
+    dims,
+    cols,
+    rows,
+    len_q,
+    len_k,
+    offset,
+    left,
+    right,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """One step of query rows for dK, dV."""
+    row_ok = rows < len_q
+    rows64 = rows.to(tl.int64)
+    qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
+    do = tl.load(DO + rows64[:, None] * stride_dot + dims[None, :], mask=row_ok[:, None], other=0.0)
+    lse2 = _load_lse_log2(Lse, rows, row_ok)
+    delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
+    pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
+    if MASKED:
+        # A select, not a product: pT may be +inf on a row that sees no key (its lse2 is 0).
+        pT = tl.where(_visible(rows[None, :], cols[:, None], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), pT, 0.0)
+    dv = _dot(pT.to(do.dtype), do, DOT_UPCAST, dv)
+    dpT = _dot(v, tl.trans(do), DOT_UPCAST)
+    dsT = pT * (dpT - delta[None, :])
+    dk = _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST, dk)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_blocks(
     dk,
     dv,
@@ -449,8 +570,11 @@ def _dkdv_blocks(
     stride_dot,
     dims,
     cols,
-    row_lo,
-    row_hi,
+    first_lo,
+    hi,
+    n_first,
+    second_lo,
+    n_blocks,
     len_q,
     len_k,
     offset,
@@ -458,32 +582,72 @@ def _dkdv_blocks(
     right,
     qk_scale,
     MASKED: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    """dK, dV contributions of query rows [row_lo, row_hi) of one head (Q, DO, Lse, Delta at the
-    sequence's first row). MASKED applies the window; nothing else needs a mask: keys past
-    len_k are never stored, and rows past len_q read q = dO = 0, lse = delta = 0, which makes
-    their dV and dK terms exactly 0."""
+    """dK, dV contributions of steps of BLOCK_M query rows of one head (Q, DO, Lse, Delta at the
+    sequence's first row), walked as in _forward_blocks. MASKED applies the window; nothing
+    else needs a mask: keys past len_k are never stored, and rows past len_q read
+    q = dO = 0, lse = delta = 0, which makes their dV and dK terms exactly 0."""
     offs = tl.arange(0, BLOCK_M)
-    for row_start in range(row_lo, row_hi, BLOCK_M):
-        rows = row_start + offs
-        row_ok = rows < len_q
-        rows64 = rows.to(tl.int64)
-        qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
-        do = tl.load(DO + rows64[:, None] * stride_dot + dims[None, :], mask=row_ok[:, None], other=0.0)
-        lse2 = _load_lse_log2(Lse, rows, row_ok)
-        delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
-        pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
-        if MASKED:
-            # A select, not a product: pT may be +inf on a row that sees no key (its lse2 is 0).
-            pT = tl.where(_visible(rows[None, :], cols[:, None], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), pT, 0.0)
-        dv = _dot(pT.to(do.dtype), do, DOT_UPCAST, dv)
-        dpT = _dot(v, tl.trans(do), DOT_UPCAST)
-        dsT = pT * (dpT - delta[None, :])
-        dk = _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST, dk)
+    if TWO_RANGES:
+        for i in range(0, n_blocks):
+            rows = _block_start(i, first_lo, n_first, second_lo, BLOCK_M) + offs
+            dk, dv = _dkdv_step(
+                dk,
+                dv,
+                k,
+                v,
+                Q,
+                DO,
+                Lse,
+                Delta,
+                stride_qt,
+                stride_dot,
+                dims,
+                cols,
+                rows,
+                len_q,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
+    else:
+        for row_start in range(first_lo, hi, BLOCK_M):
+            dk, dv = _dkdv_step(
+                dk,
+                dv,
+                k,
+                v,
+                Q,
+                DO,
+                Lse,
+                Delta,
+                stride_qt,
+                stride_dot,
+                dims,
+                cols,
+                row_start + offs,
+                len_q,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
     return dk, dv
 
 
@@ -552,6 +716,15 @@ def attention_backward_dkdv_kernel(
     row_lo, masked_end, full_end, row_hi = _query_ranges(
         col_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
     )
+    # Masked: [row_lo, masked_end) (the window's lower edge, empty without a right bound) and
+    # [full_end, row_hi) (its upper edge, empty without a left bound); with both bounds, both
+    # in one loop.
+    n_low = tl.cdiv(masked_end - row_lo, BLOCK_M)
+    n_high = tl.cdiv(tl.maximum(row_hi - full_end, 0), BLOCK_M)
+    masked_lo, masked_hi = row_lo, masked_end
+    if WINDOW_LEFT:
+        if not WINDOW_RIGHT:
+            masked_lo, masked_hi = full_end, row_hi
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     for g in range(GROUP):
@@ -560,34 +733,37 @@ def attention_backward_dkdv_kernel(
         DO_seq = DOut + head * stride_doh + q_start * stride_dot
         Lse_seq = Lse + head * stride_lh + q_start
         Delta_seq = Delta + head * stride_lh + q_start
-        if WINDOW_RIGHT:  # the window's lower edge in rows; without a right bound it is empty
-            dk, dv = _dkdv_blocks(
-                dk,
-                dv,
-                k,
-                v,
-                Q_seq,
-                DO_seq,
-                Lse_seq,
-                Delta_seq,
-                stride_qt,
-                stride_dot,
-                dims,
-                cols,
-                row_lo,
-                masked_end,
-                len_q,
-                len_k,
-                len_k - len_q,
-                window_left,
-                window_right,
-                qk_scale,
-                MASKED=True,
-                WINDOW_LEFT=WINDOW_LEFT,
-                WINDOW_RIGHT=WINDOW_RIGHT,
-                BLOCK_M=BLOCK_M,
-                DOT_UPCAST=DOT_UPCAST,
-            )
+        dk, dv = _dkdv_blocks(
+            dk,
+            dv,
+            k,
+            v,
+            Q_seq,
+            DO_seq,
+            Lse_seq,
+            Delta_seq,
+            stride_qt,
+            stride_dot,
+            dims,
+            cols,
+            masked_lo,
+            masked_hi,
+            n_low,
+            full_end,
+            n_low + n_high,
+            len_q,
+            len_k,
+            len_k - len_q,
+            window_left,
+            window_right,
+            qk_scale,
+            MASKED=True,
+            TWO_RANGES=WINDOW_LEFT and WINDOW_RIGHT,
+            WINDOW_LEFT=WINDOW_LEFT,
+            WINDOW_RIGHT=WINDOW_RIGHT,
+            BLOCK_M=BLOCK_M,
+            DOT_UPCAST=DOT_UPCAST,
+        )
         dk, dv = _dkdv_blocks(
             dk,
             dv,
@@ -603,6 +779,9 @@ def attention_backward_dkdv_kernel(
             cols,
             masked_end,
             full_end,
+            0,
+            0,
+            0,
             len_q,
             len_k,
             len_k - len_q,
@@ -610,44 +789,52 @@ def attention_backward_dkdv_kernel(
             window_right,
             qk_scale,
             MASKED=False,
+            TWO_RANGES=False,
             WINDOW_LEFT=WINDOW_LEFT,
             WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
         )
-        if WINDOW_LEFT:
-            dk, dv = _dkdv_blocks(
-                dk,
-                dv,
-                k,
-                v,
-                Q_seq,
-                DO_seq,
-                Lse_seq,
-                Delta_seq,
-                stride_qt,
-                stride_dot,
-                dims,
-                cols,
-                full_end,
-                row_hi,
-                len_q,
-                len_k,
-                len_k - len_q,
-                window_left,
-                window_right,
-                qk_scale,
-                MASKED=True,
-                WINDOW_LEFT=WINDOW_LEFT,
-                WINDOW_RIGHT=WINDOW_RIGHT,
-                BLOCK_M=BLOCK_M,
-                DOT_UPCAST=DOT_UPCAST,
-            )
 
     dk_ptrs = DK + kv_head * stride_dkh + (k_start + cols)[:, None] * stride_dkt + dims[None, :]
     dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims[None, :]
     tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _dq_step(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    K,
+    V,
+    stride_kt,
+    stride_vt,
+    dims,
+    rows,
+    cols,
+    len_k,
+    offset,
+    left,
+    right,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """One key block of dQ."""
+    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+    p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
+    if MASKED:
+        # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
+        p = tl.where(_visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), p, 0.0)
+    dp = _dot(do, tl.trans(v), DOT_UPCAST)
+    ds = p * (dp - delta[:, None])
+    return _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
 
 
 @triton.jit
@@ -663,31 +850,77 @@ def _dq_blocks(
     stride_vt,
     dims,
     rows,
-    col_lo,
-    col_hi,
+    first_lo,
+    hi,
+    n_first,
+    second_lo,
+    n_blocks,
     len_k,
     offset,
     left,
     right,
     qk_scale,
     MASKED: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    """dQ contributions of key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
+    """dQ contributions of key blocks of one sequence (K, V at its first row), walked as in
+    _forward_blocks."""
     offs = tl.arange(0, BLOCK_N)
-    for col_start in range(col_lo, col_hi, BLOCK_N):
-        cols = col_start + offs
-        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
-        p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
-        if MASKED:
-            # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
-            p = tl.where(_visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), p, 0.0)
-        dp = _dot(do, tl.trans(v), DOT_UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq = _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
+    if TWO_RANGES:
+        for i in range(0, n_blocks):
+            cols = _block_start(i, first_lo, n_first, second_lo, BLOCK_N) + offs
+            dq = _dq_step(
+                dq,
+                q,
+                do,
+                lse2,
+                delta,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                cols,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
+    else:
+        for col_start in range(first_lo, hi, BLOCK_N):
+            dq = _dq_step(
+                dq,
+                q,
+                do,
+                lse2,
+                delta,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                col_start + offs,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
     return dq
 
 
@@ -769,32 +1002,11 @@ def attention_backward_dq_kernel(
     key_lo, full_lo, full_hi, key_hi = _key_ranges(
         row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
     )
+    n_left = (full_lo - key_lo) // BLOCK_N
+    n_right = tl.cdiv(tl.maximum(key_hi - full_hi, 0), BLOCK_N)
+    masked_lo = full_hi
     if WINDOW_LEFT:
-        dq = _dq_blocks(
-            dq,
-            q,
-            do,
-            lse2,
-            delta,
-            K,
-            V,
-            stride_kt,
-            stride_vt,
-            dims,
-            rows,
-            key_lo,
-            full_lo,
-            len_k,
-            len_k - len_q,
-            window_left,
-            window_right,
-            qk_scale,
-            MASKED=True,
-            WINDOW_LEFT=WINDOW_LEFT,
-            WINDOW_RIGHT=WINDOW_RIGHT,
-            BLOCK_N=BLOCK_N,
-            DOT_UPCAST=DOT_UPCAST,
-        )
+        masked_lo = key_lo
     dq = _dq_blocks(
         dq,
         q,
@@ -809,12 +1021,16 @@ def attention_backward_dq_kernel(
         rows,
         full_lo,
         full_hi,
+        0,
+        0,
+        0,
         len_k,
         len_k - len_q,
         window_left,
         window_right,
         qk_scale,
         MASKED=False,
+        TWO_RANGES=False,
         WINDOW_LEFT=WINDOW_LEFT,
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
@@ -832,14 +1048,18 @@ def attention_backward_dq_kernel(
         stride_vt,
         dims,
         rows,
-        full_hi,
+        masked_lo,
         key_hi,
+        n_left,
+        full_hi,
+        n_left + n_right,
         len_k,
         len_k - len_q,
         window_left,
         window_right,
         qk_scale,
         MASKED=True,
+        TWO_RANGES=WINDOW_LEFT,
         WINDOW_LEFT=WINDOW_LEFT,
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
