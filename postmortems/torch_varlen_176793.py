@@ -1376,18 +1376,33 @@ def register_gpu_claims(target: Claims) -> None:
         as_left = [k for k, v in runs.items() if "poisoned=False" in k and math.isfinite(v.get("loss", math.nan))]
         return len(poisoned) == 2 and len(as_left) == 2, f"NaN when poisoned: {poisoned}; finite as left: {as_left}"
 
-    @target(
-        "H200, varlen_attn, stale finite blocks in the allocator, loss over real rows only: the QKV weight gradient "
-        "is finite and wrong (relative error > 1%), with no NaN to warn",
-        evidence=UPSTREAM_GPU,
-    )
-    def _gpu_damage(r: TorchVarlenResults):
-        d = r.gpu_damage["probes"]["damage"]["stale"]
-        holds = d["weight_grad_finite"] and d["dqkv_tail_nonfinite"] == 0 and d["weight_grad_rel_error"] > 0.01
-        return (
-            holds,
-            f"finite {d['weight_grad_finite']}; TAIL d(qkv) max |x| {d['dqkv_tail_max_abs']:.3g}; rel. error {d['weight_grad_rel_error']:.3g}",
+    damage = gpu_record("damage")
+    if damage is not None and "points" not in damage["probes"]:  # a fresh-process damage record
+
+        @target(
+            "H200, varlen_attn, stale finite blocks in the allocator, loss over real rows only: the QKV weight gradient "
+            "is finite and wrong (relative error > 1%), with no NaN to warn",
+            evidence=UPSTREAM_GPU,
         )
+        def _gpu_damage(r: TorchVarlenResults):
+            d = r.gpu_damage["probes"]["damage"]["stale"]
+            holds = d["weight_grad_finite"] and d["dqkv_tail_nonfinite"] == 0 and d["weight_grad_rel_error"] > 0.01
+            return holds, (
+                f"finite {d['weight_grad_finite']}; TAIL d(qkv) max |x| {d['dqkv_tail_max_abs']:.3g}; "
+                f"rel. error {d['weight_grad_rel_error']:.3g}"
+            )
+
+    else:
+
+        @target(
+            "H200, varlen_attn, in a process that had run poisoned probes, loss over real rows only: NaN left in the "
+            "allocator reaches the padding rows of d(qkv) and makes the QKV weight gradient NaN",
+            evidence=UPSTREAM_GPU,
+        )
+        def _gpu_damage_nan(r: TorchVarlenResults):
+            d = r.gpu_damage["probes"]["damage"]["as left"]
+            holds = not d["weight_grad_finite"] and d["dqkv_tail_nonfinite"] > 0 and d["correct_tail_zero"]
+            return holds, f"weight grad finite {d['weight_grad_finite']}; non-finite TAIL d(qkv) {d['dqkv_tail_nonfinite']}"
 
     @target(
         "H200, varlen_attn, poisoned, loss mask: workarounds (a) dummy sequence, (b) slice, (c) device zeroing and "
