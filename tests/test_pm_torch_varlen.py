@@ -192,6 +192,7 @@ def test_gpu_claims_read_a_record_of_probes():
     graphs = {n: {"ok": n not in host_reads, "error": "AcceleratorError: x"} for n in names}
     probes["capture"]["cuda_graph"] = graphs
     probes["seed_repro"] = {"raised": "RuntimeError: FlashAttention only support fp16 and bf16 data type"}
+    probes["timing_large"] = probes["timing"]
     gpu_claims = Claims()
     pm.register_gpu_claims(gpu_claims)
     verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}, gpu_damage={"probes": probes}))
