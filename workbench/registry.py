@@ -172,8 +172,8 @@ def recorded_verdicts(pm: PostMortem, nb) -> list:
     from workbench.postmortem import METADATA_KEY, ClaimVerdict
 
     index, cell = _code_cells(nb)[-1]
-    carried = [o.get("metadata", {}).get(METADATA_KEY, {}).get("claims") for o in cell.get("outputs", [])]
-    carried = next((c for c in carried if c), None)
+    shown = [o.get("metadata", {}).get(METADATA_KEY, {}).get("claims") for o in cell.get("outputs", [])]
+    carried = next((c for c in shown if c), None)
     if carried is None:
         raise RegistryError(
             f"{pm.notebook}: cell {index} shows no claim verdicts; execute the notebook (`workbench execute {pm.id}`)."
@@ -220,7 +220,10 @@ class Registry:
 
     @property
     def package_dir(self) -> Path:
-        return Path(importlib.import_module(self.package).__file__).parent
+        module = importlib.import_module(self.package)
+        if module.__file__ is None:
+            raise RegistryError(f"package {self.package!r} has no __init__.py; post-mortems live in a regular package.")
+        return Path(module.__file__).parent
 
     @property
     def root(self) -> Path:

@@ -34,7 +34,10 @@ def render_module(postmortem_id: str, module: str, title: str, package: str) -> 
 
 def parse_cells(text: str) -> list:
     """Cells of a percent-format template: `# %%` / `# %% [markdown]`, optional ` tags=a,b`."""
-    cells, kind, tags, lines = [], None, [], []
+    cells: list = []
+    kind: str | None = None
+    tags: list[str] = []
+    lines: list[str] = []
 
     def close():
         if kind is not None:

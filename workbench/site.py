@@ -217,6 +217,8 @@ class Page:
     def row(self) -> dict[str, Any]:
         from workbench.postmortem import overall_verdict, strongest
 
+        if self.postmortem is None:
+            raise ValueError(f"{self.file} is a plain notebook: it has no index row.")
         meta = self.postmortem.meta
         best = strongest(v.level for v in self.verdicts)
         return {
