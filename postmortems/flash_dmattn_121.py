@@ -918,23 +918,6 @@ def coverage_table(results: Results):
     )
 
 
-def sweep_table(results: Results):
-    return table(
-        ["density", "Q=K", "NaN rows", "predicted", "exact", "dV NaN fraction"],
-        [
-            [
-                p["density"],
-                p["seqlen"],
-                p["nan_rows"],
-                p["predicted_nan_rows"],
-                p["prediction_exact"],
-                f"{p['dv_nonfinite_fraction']:.2f}",
-            ]
-            for p in results.sweep.records
-        ],
-    )
-
-
 def gpu_table(record: dict):
     """The GPU record's upstream cases: 1.2.2 natively in bf16."""
     rows = []
