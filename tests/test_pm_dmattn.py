@@ -250,7 +250,7 @@ def test_claims_fail_on_results_that_do_not_support_them():
     verdicts = pm.claims.check(_broken_results())
     assert len(verdicts) == len(pm.claims) >= 15 and not any(v.holds for v in verdicts)
     gpu = [v for v in verdicts if v.level.kind == "upstream-gpu"]
-    assert len(gpu) == 2 and all("no GPU record" in v.evidence for v in gpu)
+    assert len(gpu) == 3 and all("no GPU record" in v.evidence for v in gpu)
 
 
 def test_tables_are_tables():
@@ -270,6 +270,9 @@ def test_tables_are_tables():
     shown = pm.gpu_table(record)
     assert isinstance(shown, Table) and shown.rows[0][-1] == "0.50" and shown.rows[1][1] == "RuntimeError: boom"
     assert pm.ratio_text(float("nan")) == "NaN"
+    assert (
+        pm.worst_ratio([0.1, float("nan"), 0.2]) != pm.worst_ratio([0.1, float("nan"), 0.2]) and pm.worst_ratio([0.1, 0.3]) == 0.3
+    )
 
 
 def test_meta_and_module_shape():

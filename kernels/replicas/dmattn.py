@@ -2,7 +2,9 @@
 
 flash-dmattn's Triton backend (`flash_dmattn/flash_dmattn_triton.py`, mid-2025) is Tri Dao's
 `flash_attn_triton.py` plus a boolean dynamic mask and an additive bias, both (B, H_kv, Q, K).
-This module keeps its mechanism, written by us:
+This module keeps its mechanism, written by us. The released 1.2.2 differs in one respect: its
+`any_active` block skipping is commented out, so it visits every key block (the post-mortem runs
+1.2.2 itself for everything but the patch and the guard below):
 
 * forward: one program per (query tile, batch x head); online softmax over key blocks, masked
   scores set to -inf, `m_ij = max(rowmax(scores), lse_i)`, and a key block skipped when the mask
@@ -17,11 +19,13 @@ The bug: a query row whose first *visited* key block is fully masked for it has
 and in the backward `p = exp(s - NaN)` is NaN for every key the tile visits, so dV (and dK, dQ,
 dbias) turn NaN — on real keys too, through the other rows of the tile.
 
-Two compile-time switches replay the two upstream answers:
+Two compile-time switches replay two answers:
 
-* `guard` — the maintainers' later fix: `m_ij = where(m_ij > -inf, m_ij, 0)`, the running sum and
-  the output scale guarded the same way, and the backward's lse read as 0 where it is -inf. A row
-  with no visible key then has output 0, lse -inf and gradient 0.
+* `guard` — our guard for rows with no visible key: `m_ij = where(m_ij > -inf, m_ij, 0)`, the
+  running sum and the output scale guarded the same way, and the backward's lse read as 0 where it
+  is -inf. A row with no visible key then has output 0, lse -inf and gradient 0. (No flash-dmattn
+  release has a guard; a later, undated version of the successor repository guards the lse it
+  subtracts instead: HKUSTDial/flash-sparse-attention@0b8d052, read, not run.)
 * `patch` — a working equivalent of the Copilot PR in the seed: `zeros_like` dk/dv buffers and
   `tl.where(isfinite(x), x, 0.0)` on the loaded dO, on each dv/dk accumulation delta and on the
   final dk/dv store. `tl.isfinite` does not exist in Triton (the PR as written cannot compile);
@@ -657,7 +661,7 @@ def triton_dmattn_func(
     """flash-dmattn's `triton_dmattn_func`: q (B, Q, H, D), k/v (B, K, H_kv, D); mask (bool) and bias
     broadcastable to (B, H_kv, Q, K); returns out (B, Q, H, D) (and lse (B, H, Q) with `return_lse`).
 
-    Differentiable in query, key, value and attn_bias. `guard` applies the maintainers' fix,
+    Differentiable in query, key, value and attn_bias. `guard` applies our guard for rows with no visible key,
     `patch` the Copilot PR's masking; `block_m`/`block_n` set the tile sizes (upstream autotunes).
     """
     mask, bias = _check(query, key, value, attn_mask, attn_bias, block_m, block_n)
