@@ -7,14 +7,16 @@ before any `@triton.jit` below is evaluated.
 from kernels._compat import DEVICE, INTERPRETED, default_device  # first: it picks interpreter or native
 from kernels.contract import (
     VarlenShape,
+    check_causal,
     check_cu_seqlens,
     check_cu_seqlens_tensors,
     check_scale,
     check_varlen_inputs,
     check_varlen_tensors,
+    check_window_size,
 )
 from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8
-from kernels.varlen import varlen_attention
+from kernels.varlen import AuxRequest, varlen_attention, varlen_attn
 
 __all__ = [
     "DEVICE",
@@ -26,7 +28,11 @@ __all__ = [
     "check_scale",
     "check_varlen_inputs",
     "check_varlen_tensors",
+    "check_causal",
+    "check_window_size",
     "varlen_attention",
+    "varlen_attn",
+    "AuxRequest",
     "Fp8Blockwise",
     "quantize_fp8_blockwise",
     "varlen_attention_fp8",

@@ -139,66 +139,81 @@ def check_cu_seqlens_tensors(
     return cu_seqlens_q.numel() - 1
 
 
-def _as_host_list(name: str, cu: torch.Tensor) -> list[int]:
-    values = cu.tolist()
+def _to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The metadata tensors as int64 CPU tensors, in one device->host copy (one sync)."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return [t.to(torch.int64) for t in tensors]
+    if len({t.device for t in tensors}) > 1:  # only where no device was imposed: one copy each
+        return [t.to("cpu", torch.int64) for t in tensors]
+    dtype = tensors[0].dtype if all(t.dtype == tensors[0].dtype for t in tensors) else torch.int64
+    host = torch.cat([t.to(dtype) for t in tensors]).cpu().to(torch.int64)
+    return list(host.split([t.numel() for t in tensors]))
+
+
+def _as_host_list(name: str, values: torch.Tensor) -> torch.Tensor:
+    """Checks one boundary vector (a CPU int64 tensor) in vectorised form; returns it."""
     if values[0] != 0:
         raise ValueError(
-            f"{name}[0] = {values[0]}: cumulative boundaries must start at 0; "
+            f"{name}[0] = {int(values[0])}: cumulative boundaries must start at 0; "
             f"prepend 0 (torch.nn.functional.pad(lengths.cumsum(0), (1, 0)))."
         )
-    for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
-            raise ValueError(
-                f"{name} decreases at index {i}: {name}[{i - 1}] = {values[i - 1]} > "
-                f"{name}[{i}] = {values[i]}; boundaries must be non-decreasing cumulative "
-                "sums of sequence lengths."
-            )
+    decreasing = (values[1:] < values[:-1]).nonzero()
+    if decreasing.numel():
+        i = int(decreasing[0, 0]) + 1
+        raise ValueError(
+            f"{name} decreases at index {i}: {name}[{i - 1}] = {int(values[i - 1])} > "
+            f"{name}[{i}] = {int(values[i])}; boundaries must be non-decreasing cumulative "
+            "sums of sequence lengths."
+        )
     return values
 
 
 def _check_side(
     side: str,
-    cu: torch.Tensor,
-    cu_padded: torch.Tensor | None,
+    real: torch.Tensor,
+    padded_values: torch.Tensor | None,
     total: int | None,
     max_seqlen: object,
 ) -> list[int]:
-    """Checks the values of one side (q or k), tensors already checked; returns the real lengths."""
+    """Checks the values of one side (q or k), given as CPU tensors; returns the real lengths."""
     name, name_padded = f"cu_seqlens_{side}", f"cu_seqlens_{side}_padded"
-    real = _as_host_list(name, cu)
-    lengths = [b - a for a, b in zip(real, real[1:])]
-    if cu_padded is None:
+    real = _as_host_list(name, real)
+    lengths = real[1:] - real[:-1]
+    if padded_values is None:
         padded, layout = real, name
     else:
-        padded, layout = _as_host_list(name_padded, cu_padded), name_padded
-        for i, length in enumerate(lengths):
-            room = padded[i + 1] - padded[i]
-            if length > room:
-                raise ValueError(
-                    f"sequence {i} has {length} real tokens ({name}[{i + 1}] - {name}[{i}]) "
-                    f"but only {room} rows in the padded layout ({name_padded}[{i + 1}] - "
-                    f"{name_padded}[{i}]); a real length must not exceed its padded length. "
-                    f"Did you swap {name} and {name_padded}?"
-                )
-    if total is not None and padded[-1] > total:
+        padded, layout = _as_host_list(name_padded, padded_values), name_padded
+        rooms = padded[1:] - padded[:-1]
+        too_long = (lengths > rooms).nonzero()
+        if too_long.numel():
+            i = int(too_long[0, 0])
+            length, room = int(lengths[i]), int(rooms[i])
+            raise ValueError(
+                f"sequence {i} has {length} real tokens ({name}[{i + 1}] - {name}[{i}]) "
+                f"but only {room} rows in the padded layout ({name_padded}[{i + 1}] - "
+                f"{name_padded}[{i}]); a real length must not exceed its padded length. "
+                f"Did you swap {name} and {name_padded}?"
+            )
+    end = int(padded[-1])
+    if total is not None and end > total:
         tensor = "q" if side == "q" else "k and v"
         raise ValueError(
-            f"{layout}[-1] = {padded[-1]} exceeds {tensor}.shape[0] = {total}: the layout "
+            f"{layout}[-1] = {end} exceeds {tensor}.shape[0] = {total}: the layout "
             f"addresses rows past the end of {tensor}. Pass tensors with at least "
-            f"{padded[-1]} rows or fix {layout}. (Rows beyond {layout}[-1] are legal TAIL "
+            f"{end} rows or fix {layout}. (Rows beyond {layout}[-1] are legal TAIL "
             "padding; fewer rows are not.)"
         )
     max_name = f"max_seqlen_{side}"
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
         raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass int({name}.diff().max()).")
-    longest = max(lengths)
+    longest = int(lengths.max())
     if max_seqlen < longest:
-        i = lengths.index(longest)
+        i = int((lengths == longest).nonzero()[0, 0])
         raise ValueError(
             f"{max_name} = {max_seqlen} is smaller than sequence {i}'s real length {longest}; "
             f"tokens past {max_name} would be silently dropped. Pass {max_name} >= {longest}."
         )
-    return lengths
+    return lengths.tolist()
 
 
 def check_cu_seqlens(
@@ -226,8 +241,11 @@ def check_cu_seqlens(
         cu_seqlens_k_padded=cu_seqlens_k_padded,
         device=device,
     )
-    lengths_q = _check_side("q", cu_seqlens_q, cu_seqlens_q_padded, total_q, max_seqlen_q)
-    lengths_k = _check_side("k", cu_seqlens_k, cu_seqlens_k_padded, total_k, max_seqlen_k)
+    given = [t for t in (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded) if t is not None]
+    host = dict(zip(map(id, given), _to_host(given)))
+    q_padded, k_padded = (None if t is None else host[id(t)] for t in (cu_seqlens_q_padded, cu_seqlens_k_padded))
+    lengths_q = _check_side("q", host[id(cu_seqlens_q)], q_padded, total_q, max_seqlen_q)
+    lengths_k = _check_side("k", host[id(cu_seqlens_k)], k_padded, total_k, max_seqlen_k)
     return lengths_q, lengths_k
 
 
@@ -272,3 +290,45 @@ def check_varlen_inputs(
     )
     check_scale(scale, shape.head_dim)
     return shape
+
+
+def check_causal(causal: object) -> bool:
+    """`causal` must be a bool (a string such as "yes" is a mistake, not a truthy flag)."""
+    if not isinstance(causal, bool):
+        raise TypeError(
+            f"causal must be a bool, got {type(causal).__name__} {causal!r}; pass causal=True or causal=False "
+            "(window_size=(-1, 0) is the same as causal=True)."
+        )
+    return causal
+
+
+def check_window_size(window_size: object) -> tuple[int, int]:
+    """FlashAttention's window_size=(left, right): two ints >= -1, -1 meaning unbounded. No host sync.
+
+    Query i of a sequence sees key j iff i + len_k - len_q - left <= j <= i + len_k - len_q + right.
+    """
+    if isinstance(window_size, (str, bytes, torch.Tensor)) or not isinstance(window_size, Sequence):
+        raise TypeError(
+            f"window_size must be a (left, right) pair of ints, got {type(window_size).__name__} {window_size!r}; "
+            "e.g. window_size=(4096, 0) for a causal sliding window, (-1, -1) for none."
+        )
+    if len(window_size) != 2:
+        raise ValueError(
+            f"window_size must have 2 entries (left, right), got {len(window_size)}: {tuple(window_size)!r}; "
+            "use -1 for an unbounded side, e.g. (-1, 0) for causal."
+        )
+    bounds = []
+    for side, bound in zip(("left", "right"), window_size):
+        if isinstance(bound, bool) or not hasattr(bound, "__index__"):
+            raise TypeError(
+                f"window_size {side} bound must be an int, got {type(bound).__name__} {bound!r}; "
+                "pass whole numbers of keys, -1 for unbounded."
+            )
+        bound = int(bound)
+        if bound < -1:
+            raise ValueError(
+                f"window_size {side} bound = {bound} is invalid: it must be >= 0 (keys on that side of the "
+                "diagonal a query sees) or -1 (unbounded)."
+            )
+        bounds.append(bound)
+    return bounds[0], bounds[1]

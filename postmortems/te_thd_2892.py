@@ -1,59 +1,66 @@
-"""Post-mortem te-thd-2892: real vs padded cu_seqlens in THD, FP8 alignment padding,
-sequence-parallel sizing (NVIDIA/TransformerEngine#2892).
+"""Post-mortem te-thd-2892: real vs padded cu_seqlens in TransformerEngine's THD attention, FP8
+alignment padding and VERL's identical-boundaries workaround (NVIDIA/TransformerEngine#2892).
 
-The report (seed 004) claimed a SIGSEGV in FP8-blockwise fused attention when
-`cu_seqlens_q != cu_seqlens_q_padded`, an unpadded output with FP8 delayed scaling, and a
-training collapse (ppl 3.7 -> 3055) from VERL's workaround of passing identical boundaries.
-Upstream established: the reporter withdrew the SIGSEGV (a side effect of their own
-workarounds), TE 2.12 had no FP8 THD attention at all (THD ran in BF16, FP8 touched only the
-GEMMs), and the remaining corruption came from extending `cu_seqlens_padded[-1]` for FP8
-alignment (follow-up PR #2911).
+TransformerEngine needs compiled CUDA extensions that cannot be built here (nor on the GPU
+image), so nothing on this page runs TE itself. Every claim says what produced its evidence:
+a reading of TE's source at a named commit, our replica of a mechanism (the contract as one
+masked matmul, `workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model
+(`workbench.tinylm`), or our own kernel (`kernels.varlen_attention`).
 
-This module studies the whole contract the report is about, one part per function:
+The study, one function per part:
 
-1. `layout_contract` / `te_recipe` — TE's docstring example and TE's own test recipe through
-   the fixed kernel and the fp64 oracle;
-2. `workaround_error` / `workaround_sweep` / `train_three_ways` / `train_bidirectional` — what
-   `cu_seqlens = cu_seqlens_padded` does to real rows, to a tiny causal LM trained on packed
-   data (nothing: causal masking hides end-of-sequence padding) and to a bidirectional one;
-3. `fp8_study` / `cast_study` — blockwise FP8 scales from real rows only vs from every row, and
-   the Triton interpreter's fp32 -> e4m3 cast that the quantizer has to round around;
-4. `seqpar_study` — sequence-parallel all-gather / scatter sized from real vs padded boundaries;
-5. `rope_study` — RoPE positions from the padded layout vs from real boundaries.
+1. `workaround_error` / `contract_error` / `workaround_sweep`: what `cu_seqlens = cu_seqlens_padded`
+   (VERL's workaround) does to real rows of attention, causal and not;
+2. `train_three_ways` / `bidirectional_seeds` / `health_runs`: the same on a tiny model's training
+   (causal: nothing; bidirectional: several seeds; per-parameter gradient norms by padding share);
+3. `fp8_study`: blockwise FP8 scales from real rows, from every row, and from every row with the
+   padding zeroed;
+4. `tail_blind` / `zero_tail`: a backend that never writes the rows after `cu_seqlens[-1]`, and
+   the workaround of zeroing them;
+5. `auto_detect_table`: TE's `pad_between_seqs` auto-detect, transcribed from two commits;
+6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), `te_recipe` (TE's THD padding test
+   on our kernel), `cast_study` (the Triton interpreter's e4m3 cast).
 
-`reproduce()` runs them all; `claims` checks the results; the tables and plots below show them.
+`reproduce()` runs them all and returns `TeResults`; `claims` checks them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
 
 import matplotlib
 import torch
-from matplotlib.figure import Figure
 
 from kernels import INTERPRETED, default_device, varlen_attention
 from kernels.fp8 import FP8, FP8_MAX, plain_cast_e4m3, quantize_fp8_blockwise, quantize_reference, varlen_attention_fp8
 from workbench.bounds import ErrorCheck, error_check
 from workbench.health import GradientHealth
 from workbench.layout import Case, Fill, Region, cumulative, pack, unpad_thd
-from workbench.plots import (
-    FACE,
-    INK,
-    REGION_COLORS,
-    SERIES,
-    STYLE,
-    attention_mask,
-)  # importing plots lets a cell ending with a Figure show it
+from workbench.plots import INK, REGION_COLORS, SERIES, STYLE, attention_mask, plot_health
 from workbench.poison import poisoned_memory
-from workbench.postmortem import Claims, Link, Meta
+from workbench.postmortem import (
+    OURS,
+    REPLICA,
+    TOY,
+    Claims,
+    Link,
+    Meta,
+    Results,
+    figure,
+    source_at,
+    table,
+)
 from workbench.probe import ProbeRecord, grad_output, probe
 from workbench.reference import reference_attention
 from workbench.seqpar import BOUNDARIES, SeqParStudy, run_sequence_parallel
 from workbench.tinylm import (
+    IGNORE,
+    PAD_TOKEN,
     LMConfig,
+    PackedTokens,
     SyntheticTask,
     TinyLM,
     TrainingRun,
@@ -64,23 +71,84 @@ from workbench.tinylm import (
     train,
 )
 
+ISSUE = "https://github.com/NVIDIA/TransformerEngine/issues/2892"
+TE = "https://github.com/NVIDIA/TransformerEngine"
+# The upstream commits read for the source-reading claims (the v2.12 tag, and main as fetched).
+TE_V2_12 = "NVIDIA/TransformerEngine@5671fd3675906cda1ade26c24a65d3dedd88eb89"
+TE_MAIN = "NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b"
+MCORE = "NVIDIA/Megatron-LM@003b4ce2615f4e501ecbc39e01e0f76d237a35d9"
+
 META = Meta(
     id="te-thd-2892",
-    title="Real vs padded cu_seqlens in THD attention: FP8 alignment padding, VERL's workaround, sequence-parallel sizing",
-    component="TransformerEngine / DotProductAttention (THD) + Megatron-Core sequence parallelism",
-    upstream_status="withdrawn",
-    status_note="SIGSEGV withdrawn by the reporter; tail-padding corruption followed up in PR #2911",
-    detection="training perplexity collapse and exploding gradient norm with packed, FP8-aligned sequences",
-    fix_type="contract: mask by real boundaries, lay out and communicate by padded ones; FP8 scales from real rows",
-    tags=("thd", "cu_seqlens_padded", "fp8", "sequence-parallel", "rope", "training"),
+    title="TransformerEngine THD: real vs padded cu_seqlens, FP8 alignment padding and VERL's identical-boundaries workaround",
+    component="TransformerEngine / DotProductAttention (THD) and FP8 GEMMs; VERL sequence packing",
+    category="training bug",
+    impact=(
+        "FP8 alignment padding in packed THD batches corrupted a reported run (ppl 3.7 -> 3055); VERL's identical "
+        "cu_seqlens workaround shows padding to non-causal attention"
+    ),
+    upstream_status="open",
+    status_note=(
+        "the issue is open; its SIGSEGV was withdrawn by the reporter on 2026-04-17; the reporter's PR #2911 "
+        "(pad FP8 GEMMs inside cublas_gemm) is open, not merged"
+    ),
+    our_verdict=(
+        "crash not reproduced by anyone (withdrawn); the workaround is harmless for causal attention with padding "
+        "at each sequence's end and harmful without a causal mask; the FP8-scale mechanism holds in our replica only"
+    ),
+    detection="loss and gradient-norm blow-up when FP8 alignment padding is enabled for packed sequences",
+    fix_type="pass real cu_seqlens with cu_seqlens_padded; keep padding rows zero before FP8 quantization; zero tail rows",
+    tags=("thd", "cu_seqlens_padded", "fp8", "training"),
     reported="2026-04-16",
-    published="2026-05-01",
+    published="2026-11-29",
+    revised="2026-12-01",
     links=(
-        Link("TE#2892", "https://github.com/NVIDIA/TransformerEngine/issues/2892"),
-        Link("TE PR #2911", "https://github.com/NVIDIA/TransformerEngine/pull/2911"),
-        Link("TE#3331", "https://github.com/NVIDIA/TransformerEngine/issues/3331"),
-        Link("TE#2391", "https://github.com/NVIDIA/TransformerEngine/issues/2391"),
-        Link("TE PR #3205", "https://github.com/NVIDIA/TransformerEngine/pull/3205"),
+        Link(
+            "Dao-AILab/flash-attention#1228: rows after cu_seqlens[-1] may be uninitialised",
+            "https://github.com/Dao-AILab/flash-attention/issues/1228",
+            "2024-09-14",
+            "issue",
+            "open",
+        ),
+        Link("TE#2391: FlashAttention with pad_between_seqs=True", f"{TE}/issues/2391", "2025-11-17", "issue", "open when read"),
+        Link(
+            "verl#5440: FP8 block-quantization padding for the Megatron EngineWorker",
+            "https://github.com/verl-project/verl/pull/5440",
+            "2026-02-28",
+            "PR",
+            "merged",
+        ),
+        Link("TE#2892: the report (SIGSEGV, VERL workaround, ppl 3.7 -> 3055)", ISSUE, "2026-04-16", "issue", "open"),
+        Link(
+            "TE#2892: the reporter withdraws the SIGSEGV; corruption from extending cu_seqlens_padded[-1]",
+            ISSUE,
+            "2026-04-17",
+            "thread",
+            "comment",
+        ),
+        Link("TE PR #2911: auto-pad FP8 GEMM m/k inside cublas_gemm", f"{TE}/pull/2911", "2026-04-21", "PR", "open, not merged"),
+        Link("TE PR #2596: pad_between_seqs with FlashAttention 3", f"{TE}/pull/2596", "2026-05-22", "PR", "merged, in v2.17"),
+        Link(
+            "TE PR #2898: CUDA graphs with THD; rewrites the pad_between_seqs auto-detect",
+            f"{TE}/pull/2898",
+            "2026-07-01",
+            "PR",
+            "merged, in v2.18",
+        ),
+        Link(
+            "TE PR #3205: FA3/FA4 with pad_between_seqs, exact zeros on padding rows",
+            f"{TE}/pull/3205",
+            "2026-07-13",
+            "PR",
+            "open",
+        ),
+        Link(
+            "TE#3331: THD + context parallelism, auto-detect blind to tail padding",
+            f"{TE}/issues/3331",
+            "2026-08-08",
+            "issue",
+            "closed by its reporter (worked around)",
+        ),
     ),
     seed="004_c27650584a0de2fe.txt",
 )
@@ -232,6 +300,15 @@ def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorChe
     return error_check("out", workaround_call(batch, impl).cpu()[real], oracle, baseline, case.torch_dtype)
 
 
+def contract_error(case: Case, impl=dense_attention, device=None) -> ErrorCheck:
+    """REAL-row output error of the correct call (real `cu_seqlens`, padded `cu_seqlens_padded`)."""
+    batch = pack(case, device, requires_grad=False)
+    real = batch.regions_q == Region.REAL
+    oracle = batch.call(reference_attention).cpu()[real]
+    baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype).cpu()[real]
+    return error_check("out", batch.call(impl).cpu()[real], oracle, baseline, case.torch_dtype)
+
+
 SWEEP_SEQLENS = (24, 40, 17, 31)
 PADDING_FRACTIONS = (0.0, 0.1, 0.2, 0.35, 0.5)
 
@@ -274,9 +351,9 @@ def workaround_sweep(impl, fractions=PADDING_FRACTIONS, **case_fields) -> dict[b
     }
 
 
-# -- 2b. Training a tiny causal LM three ways (and the tail mechanism of PR #2911) ------------
+# -- 2. Training a tiny model with the workaround, and a backend that leaves the tail unwritten -----
 
-TRAIN_STEPS = 80
+TRAIN_STEPS = 60
 TRAIN_SEQS = 8  # sequences per packed batch
 ALIGN = 16  # FP8 alignment: every padded length (or the total) a multiple of 16 rows
 EVAL_SEQLENS = (20, 33, 12, 27, 9, 40, 11, 30)
@@ -313,13 +390,14 @@ class _Extend(torch.autograd.Function):
 
 
 def tail_blind(attention):
-    """TE 2.12's path for padding only at the end, built on a correct `attention`.
+    """A backend that knows only `cu_seqlens`, built on a correct `attention`: rows from
+    `cu_seqlens[-1]` on are never written in the output nor in dq/dk/dv (`torch.empty`).
 
-    TE decides `pad_between_seqs` by comparing `cu_seqlens_padded[:-1]` with `cu_seqlens[:-1]`
-    (TE#3331), blind to tail padding, so it hands the batch to a backend that knows only
-    `cu_seqlens`: rows from `cu_seqlens[-1]` on are never written in the output nor in
-    dq/dk/dv (FA3 leaves garbage there; TE's CP tests note it, PR #3205 makes zeros a
-    requirement). Real rows stay exact: the damage is only what is not written.
+    FlashAttention-2's varlen kernels leave those rows unwritten (Dao-AILab/flash-attention#1228).
+    TE 2.12 to 2.17.1 keep FlashAttention eligible for a batch padded only at its end, since
+    their `pad_between_seqs` auto-detect ignores the last boundary (`pad_between_seqs_v2_12`);
+    on Hopper and newer TE prefers its fused backend, which zeroes those rows. Real rows stay
+    exact: the damage is only what is not written.
     """
 
     def tail_blind_attention(
@@ -343,26 +421,59 @@ def tail_blind(attention):
     return tail_blind_attention
 
 
+class _ZeroTailGrad(torch.autograd.Function):
+    """Identity whose backward replaces gradient rows >= `end` by exact zeros (NaN included)."""
+
+    @staticmethod
+    def forward(ctx, x, end):
+        ctx.end = end
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows = torch.arange(grad.shape[0], device=grad.device)[:, None, None]
+        return torch.where(rows < ctx.end, grad, torch.zeros_like(grad)), None
+
+
+def zero_tail(attention):
+    """The workaround for a tail-blind backend: zero rows >= `cu_seqlens[-1]` of the output and
+    of dq/dk/dv (with `torch.where`, so that NaN left there is replaced, not multiplied)."""
+
+    def zero_tail_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs):
+        end_q, end_k = int(cu_seqlens_q[-1]), int(cu_seqlens_k[-1])
+        q, k, v = _ZeroTailGrad.apply(q, end_q), _ZeroTailGrad.apply(k, end_k), _ZeroTailGrad.apply(v, end_k)
+        out = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs)
+        rows = torch.arange(out.shape[0], device=out.device)[:, None, None]
+        return torch.where(rows < end_q, out, torch.zeros_like(out))
+
+    return zero_tail_attention
+
+
 def _training_seqlens(steps: int, seed: int) -> list[tuple[int, ...]]:
     generator = torch.Generator().manual_seed(seed)
     return [tuple(torch.randint(6, 40, (TRAIN_SEQS,), generator=generator).tolist()) for _ in range(steps)]
 
 
-TRAINING_RUNS = ("correct", "workaround", "padding at the end", "padding at the end, tail-blind backend")
+TRAINING_RUNS = (
+    "correct",
+    "workaround",
+    "padding at the end",
+    "padding at the end, tail-blind backend",
+    "padding at the end, tail-blind backend, tail zeroed",
+)
 
 
 def train_three_ways(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, tuple[TrainingRun, GradientHealth]]:
-    """The tiny LM trained on the same packed sequences with each layout / metadata choice.
+    """The tiny causal LM trained on the same packed sequences with each layout / metadata choice.
 
-    * correct — every sequence padded to a multiple of `ALIGN`, masked by real boundaries;
-    * workaround — same layout, `cu_seqlens = cu_seqlens_padded` (VERL);
-    * padding at the end — sequences back to back, only `cu_seqlens_padded[-1]` extended;
-    * padding at the end, tail-blind backend — the same through `tail_blind` (TE#3331's
-      backend choice), under `poisoned_memory()` so unwritten rows hold NaN on every run.
+    * correct: every sequence padded to a multiple of `ALIGN`, masked by real boundaries;
+    * workaround: same layout, `cu_seqlens = cu_seqlens_padded` (VERL);
+    * padding at the end: sequences back to back, only `cu_seqlens_padded[-1]` extended;
+    * the same through `tail_blind` under `poisoned_memory()` (unwritten rows hold NaN), and
+      through `zero_tail(tail_blind(...))`, the workaround.
 
-    Attention is `workbench.tinylm.dense_attention` (the contract as one masked matmul,
-    tested against the fp64 oracle): the interpreted Triton kernel costs seconds per step.
-    Every run is evaluated with the correct contract on the same held-out batch.
+    Attention is `dense_attention` (the contract as one masked matmul, tested against the fp64
+    oracle). Every run is evaluated on the same held-out sequences, packed in its own layout.
     """
     seqlens = _training_seqlens(steps, seed)
 
@@ -370,37 +481,83 @@ def train_three_ways(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, tuple
         task = SyntheticTask(seed=seed)  # same sequences for every run
         return [task.batch(lengths, **layout) for lengths in seqlens]
 
-    eval_batch = SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN)
-    common = dict(eval_batch=eval_batch, config=LMConfig(seed=seed), monitor_factory=GradientHealth)
-    correct, workaround, end, blind = TRAINING_RUNS
+    # Held out: the same sequences in each run's own layout (a tail-only backend cannot read padding between sequences).
+    between = dict(eval_batch=SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN))
+    at_end = dict(eval_batch=SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, tail_align=ALIGN))
+    common = dict(config=LMConfig(seed=seed), monitor_factory=GradientHealth)
+    correct, workaround, end, blind, zeroed = TRAINING_RUNS
     runs = {
-        correct: train(correct, batches(align=ALIGN), **common),
-        workaround: train(workaround, batches(align=ALIGN), workaround=True, **common),
-        end: train(end, batches(tail_align=ALIGN), **common),
+        correct: train(correct, batches(align=ALIGN), **between, **common),
+        workaround: train(workaround, batches(align=ALIGN), workaround=True, **between, **common),
+        end: train(end, batches(tail_align=ALIGN), **at_end, **common),
     }
     with poisoned_memory():
-        runs[blind] = train(blind, batches(tail_align=ALIGN), attention=tail_blind(dense_attention), **common)
+        runs[blind] = train(blind, batches(tail_align=ALIGN), attention=tail_blind(dense_attention), **at_end, **common)
+        runs[zeroed] = train(
+            zeroed, batches(tail_align=ALIGN), attention=zero_tail(tail_blind(dense_attention)), **at_end, **common
+        )
     return runs
 
 
 MASK_RATE = 0.25  # share of real tokens the masked-token objective hides
+BIDIRECTIONAL_SEEDS = (0, 1, 2, 3, 4)
+BIDIRECTIONAL_STEPS = 50
 
 
-def train_bidirectional(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, TrainingRun]:
+@dataclass(frozen=True)
+class SeedRun:
+    """The bidirectional toy trained with one seed, correct and with the workaround."""
+
+    seed: int
+    correct: TrainingRun
+    workaround: TrainingRun
+
+    @property
+    def train_gap(self) -> float:
+        """Workaround minus correct: final training loss (mean of the last 10% of steps)."""
+        return self.workaround.final_loss - self.correct.final_loss
+
+    @property
+    def heldout_gap(self) -> float:
+        """Workaround minus correct: held-out loss, both judged with the correct contract."""
+        return self.workaround.eval_loss - self.correct.eval_loss
+
+
+def padded_batch(task: SyntheticTask, seqlens, fraction: float) -> PackedTokens:
+    """`task`'s sequences with about `fraction` of every sequence's rows as padding at its end."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction = {fraction} must be in [0, 1): the share of padding rows.")
+    padded = [n + round(fraction * n / (1.0 - fraction)) for n in seqlens]
+    cu, cu_padded = cumulative(seqlens), cumulative(padded)
+    tokens = torch.full((int(cu_padded[-1]),), PAD_TOKEN, dtype=torch.int64)
+    targets = torch.full_like(tokens, IGNORE)
+    for n, start in zip(seqlens, cu_padded.tolist()):
+        sequence = task.sequence(n)
+        tokens[start : start + n] = sequence
+        targets[start : start + n - 1] = sequence[1:]
+    return PackedTokens(tokens, targets, cu, cu_padded, max(seqlens))
+
+
+def train_bidirectional(
+    steps: int = BIDIRECTIONAL_STEPS, seed: int = 0, *, fraction: float | None = None, monitor: bool = False
+) -> dict[str, tuple[TrainingRun, GradientHealth | None]]:
     """A bidirectional (non-causal) tiny model trained on masked tokens, correct vs workaround.
 
-    Same sequences and per-sequence alignment as `train_three_ways`; every real token is
-    hidden with probability `MASK_RATE` (the mask token is one past the task's vocabulary)
-    and predicted from the rest of its sequence. Without a causal mask, padding keys of a
-    sequence are visible to all of its real queries once the workaround declares them tokens.
+    Every real token is hidden with probability `MASK_RATE` (the mask token is one past the
+    task's vocabulary) and predicted from the rest of its sequence. Layout: each sequence
+    padded to a multiple of `ALIGN` (fraction None) or by `fraction` of its rows. Without a
+    causal mask, the workaround shows a sequence's padding keys to all of its real queries.
     """
     seqlens = _training_seqlens(steps, seed)
     mask_token = SyntheticTask().vocab
     config = LMConfig(vocab=mask_token + 1, seed=seed, causal=False)
 
+    def layout(task, lengths):
+        return task.batch(lengths, align=ALIGN) if fraction is None else padded_batch(task, lengths, fraction)
+
     def batches():
         task, generator = SyntheticTask(seed=seed), torch.Generator().manual_seed(seed)
-        return [mask_tokens(task.batch(lengths, align=ALIGN), mask_token, MASK_RATE, generator) for lengths in seqlens]
+        return [mask_tokens(layout(task, lengths), mask_token, MASK_RATE, generator) for lengths in seqlens]
 
     eval_batch = mask_tokens(
         SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN),
@@ -408,16 +565,96 @@ def train_bidirectional(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, Tr
         MASK_RATE,
         torch.Generator().manual_seed(seed + 1),
     )
+    factory = GradientHealth if monitor else None
     return {
-        name: train(name, batches(), eval_batch, config=config, workaround=name == "workaround")[0]
+        name: train(name, batches(), eval_batch, config=config, workaround=name == "workaround", monitor_factory=factory)
         for name in ("correct", "workaround")
     }
+
+
+def bidirectional_seeds(seeds=BIDIRECTIONAL_SEEDS, steps: int = BIDIRECTIONAL_STEPS) -> tuple[SeedRun, ...]:
+    """The bidirectional toy, correct vs workaround, once per seed (weights, data, masks)."""
+    runs = []
+    for seed in seeds:
+        pair = train_bidirectional(steps, seed)
+        runs.append(SeedRun(seed, pair["correct"][0], pair["workaround"][0]))
+    return tuple(runs)
+
+
+HEALTH_FRACTIONS = (0.75, 0.5, 0.25, 0.0)  # the explorer opens on the first: the damage shows
+HEALTH_STEPS = 30
+HEALTH_PARAMS = ("blocks.0.qkv.weight", "blocks.1.qkv.weight", "embed.weight")
+
+
+@functools.lru_cache(maxsize=len(HEALTH_FRACTIONS))
+def health_runs(fraction: float, steps: int = HEALTH_STEPS) -> dict[str, GradientHealth]:
+    """Per-parameter gradient norms of the bidirectional toy, workaround and correct contract,
+    with `fraction` of every sequence's rows as padding (cached: the explorer reuses them)."""
+    runs = train_bidirectional(steps, 0, fraction=fraction, monitor=True)
+    return {"VERL workaround": runs["workaround"][1], "correct contract": runs["correct"][1]}
+
+
+def qkv_norm_ratio(monitors: dict[str, GradientHealth], last: int = 10) -> float:
+    """Mean gradient norm of the qkv projections over the last `last` steps, workaround / correct."""
+
+    def mean(monitor):
+        values = [x for name in HEALTH_PARAMS if "qkv" in name for x in monitor.norms(name)[-last:]]
+        return sum(values) / len(values)
+
+    return mean(monitors["VERL workaround"]) / mean(monitors["correct contract"])
+
+
+def plot_gradient_health(fraction: float):
+    """The explorer's frame: per-parameter gradient norms over training, workaround beside correct."""
+    monitors = health_runs(fraction)
+    fig = plot_health(monitors, list(HEALTH_PARAMS))
+    finite = [x for m in monitors.values() for name in HEALTH_PARAMS for x in m.norms(name) if math.isfinite(x) and x > 0]
+    fig.axes[0].set_ylim(min(finite) / 4, max(finite) * 4)  # zoom past the threshold bands: the runs' own range
+    fig.suptitle(
+        f"bidirectional toy, {fraction:.0%} of rows are padding: qkv gradient norm, workaround / correct = "
+        f"{qkv_norm_ratio(monitors):.2f}",
+        x=0.01,
+        ha="left",
+        fontsize=10,
+    )
+    return fig
+
+
+# -- 5. TE's pad_between_seqs auto-detect, transcribed ---------------------------------------------
+
+
+def pad_between_seqs_v2_12(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> bool:
+    """TE 2.12 to 2.17.1 (`DotProductAttention.forward`, qkv_format "thd", argument None): padding
+    between sequences iff the boundaries differ anywhere but in their last entry."""
+    return not torch.equal(cu_seqlens_padded[:-1], cu_seqlens[:-1])
+
+
+def pad_between_seqs_main(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> bool:
+    """TE main after PR #2898 (v2.18): padding between sequences iff a padded tensor was passed
+    that is not the same object as the real one (sync-free, so values are not compared)."""
+    return cu_seqlens_padded is not cu_seqlens
+
+
+def auto_detect_layouts() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(cu_seqlens, cu_seqlens_padded) of four layouts of the sequences 3, 2, 4."""
+    cu = cumulative([3, 2, 4])
+    return {
+        "padding between sequences (TE's docstring)": (cu, cumulative([4, 4, 5])),
+        "padding at the end only": (cu, cumulative([3, 2, 11])),
+        "VERL: equal values, two tensors": (cumulative([4, 4, 5]), cumulative([4, 4, 5])),
+        "no padding, one tensor passed twice": (cu, cu),
+    }
+
+
+def auto_detect() -> dict[str, tuple[bool, bool]]:
+    """Layout -> (TE 2.12 detects padding between sequences, TE main detects it)."""
+    return {name: (pad_between_seqs_v2_12(*pair), pad_between_seqs_main(*pair)) for name, pair in auto_detect_layouts().items()}
 
 
 # -- 3. FP8 blockwise: scales from REAL rows vs from every row ----------------------------------
 
 FP8_CASE = Case(seqlens_q=(20, 13, 30), align=16, heads=2, head_dim=32, dtype="bfloat16", causal=True, seed=3)
-FP8_FILLS = (Fill.GARBAGE, Fill.HUGE, Fill.NAN)
+FP8_FILLS = (Fill.GARBAGE, Fill.HUGE, Fill.NAN, Fill.ZEROS)
 
 
 def _quantized(batch, scales_from: str, quantize=quantize_fp8_blockwise):
@@ -486,15 +723,15 @@ def cast_study(device=None) -> dict:
 CAST_VALUES = (124.3, -124.3, 17.0, 200.0, 1.0625, 0.3, 3.0)
 
 
-# -- 4. Sequence-parallel sizing ------------------------------------------------------------------
+# -- appendix: sequence-parallel sizing (a lesson, on our own all-gather) ----------------------------
 
 SEQPAR_SEQLENS = (20, 13, 27, 9)  # 69 real tokens; aligned to 16 rows: 96 rows, 48 per rank
 
 
 def seqpar_study(device=None, world_size: int = 2) -> SeqParStudy:
-    """One layer of the tiny LM (dense contract attention, RoPE from the padded layout) run
-    sequence-parallel on `world_size` processes, with the all-gather sized from padded
-    boundaries, from real ones (our check), and from real ones unchecked (torch's error)."""
+    """One layer of the tiny LM run sequence-parallel on `world_size` processes with our own
+    all-gather (`workbench.seqpar`), sized from padded boundaries, from real ones (our check),
+    and from real ones unchecked (what torch.distributed itself says)."""
     model = TinyLM(LMConfig(seed=1))
     batch = SyntheticTask(seed=2).batch(SEQPAR_SEQLENS, align=ALIGN)
     with torch.no_grad():
@@ -504,7 +741,7 @@ def seqpar_study(device=None, world_size: int = 2) -> SeqParStudy:
     )
 
 
-# -- 5. RoPE positions: padded layout vs real boundaries --------------------------------------------
+# -- appendix: RoPE positions: padded layout vs real boundaries --------------------------------------------
 
 ROPE_CASE = Case(seqlens_q=(24, 40, 17, 31), align=16, heads=2, head_dim=32, dtype="bfloat16", causal=True, seed=5)
 
@@ -587,124 +824,174 @@ CASES = (
 )
 
 
-def reproduce(device=None) -> dict:
+@dataclass
+class TeResults(Results):
+    """Everything `reproduce()` measured."""
+
+    layout: ProbeRecord  # our kernel on TE's docstring layout
+    recipe: RecipeResult  # TE's THD padding test applied to our kernel
+    workaround_kernel: dict[bool, ErrorCheck]  # causal -> our kernel called the VERL way
+    contract: dict[bool, ErrorCheck]  # causal -> the replica called the right way
+    workaround_sweep: dict[bool, list[tuple[float, ErrorCheck]]]
+    training: dict[str, tuple[TrainingRun, GradientHealth]]
+    seeds: tuple[SeedRun, ...]
+    health: dict[str, GradientHealth]  # the explorer's opening frame
+    auto_detect: dict[str, tuple[bool, bool]]
+    fp8: dict[tuple[str, str], ErrorCheck]
+    fp8_zero_scales_equal: bool  # zero padding: scales over all rows == scales over real rows
+    cast: dict
+    seqpar: SeqParStudy
+    rope: RopeStudy
+
+
+def fp8_zero_padding_scales_equal(case: Case = FP8_CASE, device=None) -> bool:
+    """With padding rows zeroed, block scales over every row equal those over real rows (and so do the codes)."""
+    batch = pack(case.with_(fill=Fill.ZEROS), device, requires_grad=False)
+    real, every = _quantized(batch, "real"), _quantized(batch, "all")
+    return all(torch.equal(a.scale, b.scale) and torch.equal(a.data.float(), b.data.float()) for a, b in zip(real, every))
+
+
+def reproduce(device=None) -> TeResults:
     """Every part of the study. The fixed and FP8 Triton kernels run on one small case each;
     sweeps and training use `dense_attention` (the same contract, tested against the oracle)."""
     with warnings.catch_warnings():
         # numpy inside the interpreter, on the NaN-poisoned blocks the FP8 study poisons on purpose
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
         fp8 = fp8_study(device=device)
-    return {
-        "layout": layout_contract(device=device),
-        "recipe": te_recipe(varlen_attention, RECIPE_SEQLENS, device=device),
-        "workaround_kernel": {causal: workaround_error(CASES[1 + causal], varlen_attention, device) for causal in (False, True)},
-        "workaround_sweep": workaround_sweep(dense_attention),
-        "training": train_three_ways(),
-        "bidirectional": train_bidirectional(),
-        "fp8": fp8,
-        "cast": cast_study(device),
-        "seqpar": seqpar_study(device),
-        "rope": rope_study(device=device),
-    }
+    return TeResults(
+        layout=layout_contract(device=device),
+        recipe=te_recipe(varlen_attention, RECIPE_SEQLENS, device=device),
+        workaround_kernel={causal: workaround_error(CASES[1 + causal], varlen_attention, device) for causal in (False, True)},
+        contract={causal: contract_error(CASES[1 + causal]) for causal in (False, True)},
+        workaround_sweep=workaround_sweep(dense_attention),
+        training=train_three_ways(),
+        seeds=bidirectional_seeds(),
+        health=health_runs(HEALTH_FRACTIONS[0]),
+        auto_detect=auto_detect(),
+        fp8=fp8,
+        fp8_zero_scales_equal=fp8_zero_padding_scales_equal(device=device),
+        cast=cast_study(device),
+        seqpar=seqpar_study(device),
+        rope=rope_study(device=device),
+    )
 
 
 # -- tables -----------------------------------------------------------------------------------------
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    width = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(f"{str(c):<{w}}" for c, w in zip(r, width)).rstrip() for r in [header, *rows]]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
 
 
 def _ratio(check: ErrorCheck) -> str:
     return f"{check.error:.3g} ({check.ratio:.3g} x PyTorch)" if check.error == check.error else "NaN"
 
 
-def workaround_table(results: dict) -> str:
-    sweep = results["workaround_sweep"]
+def _within(check: ErrorCheck) -> str:
+    return "yes" if check.within else "NO"
+
+
+def workaround_table(results: TeResults):
+    """REAL-row error: VERL's call vs the right call, at `WORKAROUND_FRACTION` padding."""
+    sweep = {causal: dict(points)[WORKAROUND_FRACTION] for causal, points in results.workaround_sweep.items()}
     rows = [
-        [f"{f:.2f}", _ratio(nc), "yes" if nc.within else "NO", _ratio(c), "yes" if c.within else "NO"]
-        for (f, nc), (_, c) in zip(sweep[False], sweep[True])
+        (
+            "causal" if causal else "non-causal",
+            _ratio(sweep[causal]),
+            _within(sweep[causal]),
+            _ratio(results.contract[causal]),
+            _within(results.contract[causal]),
+        )
+        for causal in (True, False)
     ]
-    return _table(["padding", "non-causal error", "within", "causal error", "within"], rows)
+    return table(
+        ("attention", "cu_seqlens = cu_seqlens_padded", "within", "real cu_seqlens + cu_seqlens_padded", "within"),
+        rows,
+        title=f"REAL-row error against the fp64 oracle, {WORKAROUND_FRACTION:.0%} padding at each sequence's end (replica)",
+    )
 
 
-def training_table(results: dict) -> str:
-    runs = [(f"causal LM: {name}", run) for name, (run, _) in results["training"].items()]
-    runs += [(f"bidirectional: {name}", run) for name, run in results["bidirectional"].items()]
+def sweep_table(results: TeResults):
+    sweep = results.workaround_sweep
+    return table(
+        ("padding", "non-causal error", "within", "causal error", "within"),
+        [(f"{f:.2f}", _ratio(nc), _within(nc), _ratio(c), _within(c)) for (f, nc), (_, c) in zip(sweep[False], sweep[True])],
+    )
+
+
+def auto_detect_table(results: TeResults):
+    return table(
+        ("layout", "TE 2.12-2.17.1", "TE main (v2.18)"),
+        [(name, str(old), str(new)) for name, (old, new) in results.auto_detect.items()],
+        title="pad_between_seqs when left None (source reading, transcribed)",
+    )
+
+
+def training_table(results: TeResults):
     rows = [
-        [
+        (
             name,
             f"{run.losses[0]:.3f}",
             f"{run.final_loss:.3f}",
-            f"{math.exp(run.final_loss):.2f}" if math.isfinite(run.final_loss) else "nan",
             f"{run.eval_loss:.3f}",
-        ]
-        for name, run in runs
+        )
+        for name, (run, _) in results.training.items()
     ]
-    return _table(["run", "first loss", "final loss", "final ppl", "held-out loss (correct contract)"], rows)
+    return table(("causal toy, run", "first loss", "final loss", "held-out loss"), rows)
 
 
-def fp8_table(results: dict) -> str:
-    rows = [
-        [fill, scales, f"{check.error:.3g}", f"{check.bound:.3g}", "yes" if check.within else "NO"]
-        for (fill, scales), check in results["fp8"].items()
-    ]
-    return _table(["padding holds", "scales from", "REAL-row error", "FP8 bound", "within"], rows)
+def seeds_table(results: TeResults):
+    rows = [(str(s.seed), f"{s.train_gap:+.3f}", f"{s.heldout_gap:+.3f}") for s in results.seeds]
+    return table(
+        ("seed", "training loss, workaround - correct", "held-out loss, workaround - correct"),
+        rows,
+        title=f"bidirectional toy, {BIDIRECTIONAL_STEPS} steps, padding to multiples of {ALIGN} rows",
+    )
 
 
-def cast_table(results: dict) -> str:
-    found = results["cast"]["values"]
+def fp8_table(results: TeResults):
+    rows = [(fill, scales, f"{c.error:.3g}", f"{c.bound:.3g}", _within(c)) for (fill, scales), c in results.fp8.items()]
+    return table(("padding holds", "scales from", "REAL-row error", "FP8 bound", "within"), rows)
+
+
+def cast_table(results: TeResults):
+    found = results.cast["values"]
     n = len(CAST_VALUES)
     rows = [
-        [f"{x:g}", f"{t:g}", f"{tr:g}", f"{q:g}"]
+        (f"{x:g}", f"{t:g}", f"{tr:g}", f"{q:g}")
         for x, t, tr, q in zip(*(found[k][:n].tolist() for k in ("x", "torch", "triton", "quantizer")))
     ]
-    return _table(["fp32 value", "torch .to(e4m3)", "Triton x.to(tl.float8e4nv)", "our quantizer"], rows)
+    return table(("fp32 value", "torch .to(e4m3)", "Triton x.to(tl.float8e4nv)", "our quantizer"), rows)
 
 
-def seqpar_table(results: dict) -> str:
-    study = results["seqpar"]
+def seqpar_table(results: TeResults):
     rows = [
-        [
+        (
             f"{BOUNDARIES[r.size_from]}[-1]",
             "ours" if r.validate else "none",
             str(r.rows),
             "-" if r.out is None else str(tuple(r.out.shape)),
             str(r.exact),
-            (r.error or "")[:90],
-        ]
-        for r in study.runs
+            (r.error or "").split(":")[0],
+        )
+        for r in results.seqpar.runs
     ]
-    return _table(["all-gather sized from", "check", "rows", "output", "== one process", "error (rank 0)"], rows)
+    return table(("all-gather sized from", "size check", "rows", "output", "== one process", "error"), rows)
 
 
-def rope_table(results: dict) -> str:
-    study = results["rope"]
+def rope_table(results: TeResults):
     rows = [
-        [str(s.index), str(s.length), str(s.offset), s.kind, _ratio(s.check), "yes" if s.check.within else "NO"]
-        for s in study.sequences
+        (str(s.index), str(s.length), str(s.offset), s.kind, _ratio(s.check), _within(s.check)) for s in results.rope.sequences
     ]
-    return _table(["sequence", "real tokens", "first position", "real-boundary positions", "attention error", "within"], rows)
+    return table(("sequence", "real tokens", "first position", "real-boundary positions", "attention error", "within"), rows)
 
 
 # -- plots ------------------------------------------------------------------------------------------------
 
 
-def _figure(ncols: int, width: float, height: float):
-    with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(width, height), facecolor=FACE, layout="constrained")
-        return fig, fig.subplots(1, ncols, squeeze=False)[0]
-
-
-def plot_workaround_sweep(results: dict):
+def plot_workaround_sweep(results: TeResults):
     """REAL-row error of the workaround in units of the bound, vs padding fraction, causal or not."""
-    fig, (ax,) = _figure(1, 6.0, 3.0)
+    fig, axes = figure(1, 1, width=6.0, height=3.0)
+    ax = axes[0, 0]
     with matplotlib.rc_context(STYLE):
         for k, causal in enumerate((False, True)):
-            points = results["workaround_sweep"][causal]
+            points = results.workaround_sweep[causal]
             ax.plot(
                 [f for f, _ in points],
                 [c.error / c.bound for _, c in points],
@@ -716,63 +1003,45 @@ def plot_workaround_sweep(results: dict):
         ax.set_yscale("log")
         ax.set_xlabel("padding fraction of every sequence")
         ax.set_ylabel("REAL-row error / bound")
-        ax.set_title("cu_seqlens = cu_seqlens_padded (VERL's workaround), zero padding", loc="left")
+        ax.set_title("cu_seqlens = cu_seqlens_padded, zero padding", loc="left")
         ax.legend()
     return fig
 
 
-def plot_training(results: dict):
-    """Loss per step: the causal LM three (four) ways, and the bidirectional model two ways."""
-    fig, (causal, bidirectional) = _figure(2, 10.5, 3.2)
+def plot_seeds(results: TeResults):
+    """Per-seed gaps (workaround - correct) of the bidirectional toy: training and held-out loss."""
+    fig, axes = figure(1, 1, width=6.0, height=2.8)
+    ax = axes[0, 0]
     with matplotlib.rc_context(STYLE):
-        for k, (name, (run, _)) in enumerate(results["training"].items()):
-            losses = torch.tensor(run.losses)
-            causal.plot(
-                torch.where(losses.isfinite(), losses, torch.nan),
-                lw=1.2,
-                ls=("-", "--", ":", "-")[k],
-                color=SERIES[k],
-                label=name,
-            )
-            if not losses.isfinite().all():
-                first = int((~losses.isfinite()).nonzero()[0])
-                causal.annotate(
-                    f"{name}: NaN from step {first}",
-                    (first, run.losses[0]),
-                    xytext=(8, 0),
-                    textcoords="offset points",
-                    fontsize=8,
-                    color=SERIES[k],
-                )
-        for k, (name, run) in enumerate(results["bidirectional"].items()):
-            bidirectional.plot(run.losses, lw=1.2, color=SERIES[k], label=f"{name} (final {run.final_loss:.3f})")
-        for ax, title in (
-            (causal, "causal LM: the workaround's curve lies exactly under the correct one"),
-            (bidirectional, "bidirectional, masked tokens: padding keys visible"),
-        ):
-            ax.set_xlabel("step")
-            ax.set_ylabel("training loss")
-            ax.set_title(title, loc="left")
-            ax.legend(loc="lower left")
+        for k, attr in enumerate(("train_gap", "heldout_gap")):
+            gaps = [getattr(s, attr) for s in results.seeds]
+            ax.plot(gaps, [k] * len(gaps), "o", color=SERIES[k], ms=7, alpha=0.8)
+            ax.plot([sum(gaps) / len(gaps)], [k], "|", color=INK, ms=18, mew=2)
+        ax.axvline(0.0, color=INK, lw=1, ls="--")
+        ax.set_yticks([0, 1], ["training loss", "held-out loss"])
+        ax.set_ylim(-0.6, 1.6)
+        ax.set_xlabel(f"workaround - correct ({len(results.seeds)} seeds; bar: mean)")
+        ax.set_title("bidirectional toy: the gap per seed", loc="left")
     return fig
 
 
-def plot_fp8(results: dict):
+def plot_fp8(results: TeResults):
     """REAL-row error of the FP8 forward per padding fill, scales from real rows vs all rows."""
-    fig, (ax,) = _figure(1, 6.0, 3.0)
-    fills = list(dict.fromkeys(fill for fill, _ in results["fp8"]))
+    fig, axes = figure(1, 1, width=6.5, height=3.0)
+    ax = axes[0, 0]
+    fills = list(dict.fromkeys(fill for fill, _ in results.fp8))
     with matplotlib.rc_context(STYLE):
         for k, scales in enumerate(("real", "all")):
             for i, fill in enumerate(fills):
-                check = results["fp8"][(fill, scales)]
+                check = results.fp8[(fill, scales)]
                 x = i + (k - 0.5) * 0.38
                 if math.isfinite(check.error):
                     ax.bar(x, check.error, 0.36, color=SERIES[k], label=f"scales from {scales} rows" if i == 0 else None)
                 else:
                     ax.bar(x, 10.0, 0.36, color=REGION_COLORS[Region.TAIL], alpha=0.35, hatch="xx", label="NaN" if k else None)
-                    ax.text(x, 1.0, "NaN", ha="center", rotation=90, fontsize=8)
+                    ax.text(x, 11.0, "NaN", ha="center", va="bottom", fontsize=8)
             ax.hlines(
-                [results["fp8"][(f, "real")].bound for f in fills],
+                [results.fp8[(f, "real")].bound for f in fills],
                 [i - 0.45 for i in range(len(fills))],
                 [i + 0.45 for i in range(len(fills))],
                 colors=INK,
@@ -780,18 +1049,21 @@ def plot_fp8(results: dict):
                 lw=1,
             )
         ax.set_yscale("log")
-        ax.set_xticks(range(len(fills)), [f"padding: {f}" for f in fills])
+        ax.set_ylim(top=40.0)
+        ax.set_xticks(range(len(fills)), fills)
+        ax.set_xlabel("what the padding rows hold")
         ax.set_ylabel("max REAL-row error vs fp64")
         ax.set_title("blockwise FP8 forward (dashed: FP8 bound)", loc="left")
-        ax.legend()
+        ax.legend(loc="upper left")
     return fig
 
 
-def plot_rope(results: dict):
+def plot_rope(results: TeResults):
     """Positions per row (padded layout vs real boundaries) and the attention error per sequence."""
-    study = results["rope"]
+    study = results.rope
     batch = pack(study.case, "cpu", requires_grad=False)
-    fig, (left, right) = _figure(2, 10.5, 3.0)
+    fig, axes = figure(1, 2, width=10.5, height=3.0)
+    left, right = axes[0]
     with matplotlib.rc_context(STYLE):
         real = torch.nonzero(batch.regions_q == Region.REAL).flatten()  # padding rows carry no token to rotate
         left.plot(real, study.from_padded[real], ".", ms=3, color=SERIES[0], label="from cu_seqlens_padded (Megatron-Core MLA)")
@@ -811,55 +1083,25 @@ def plot_rope(results: dict):
     return fig
 
 
-EXPLORER_SEQLENS = {
-    "TE docstring (3, 2, 4)": (3, 2, 4),
-    "mixed (24, 40, 17, 31)": SWEEP_SEQLENS,
-    "seed (100, 150, 120, 130)": (100, 150, 120, 130),
-}
-
-
-def plot_workaround_layout(seqlens: str, align: int, fraction: float, causal: bool):
-    """One layout under the workaround: which keys each query sees (red: padding keys), and the
-    error of every REAL row against the oracle of the correct contract."""
-    case = padding_case(fraction, causal=causal, seqlens=EXPLORER_SEQLENS[seqlens], align=align)
-    batch = pack(case, "cpu", requires_grad=False)
-    sees_all = pack(case.with_(seqlens_q=case.padded_q), "cpu", requires_grad=False)  # what the workaround declares
-    mask = attention_mask(sees_all).int() + (attention_mask(sees_all) & (batch.regions_k != Region.REAL)[None, :]).int()
-    real = batch.regions_q == Region.REAL
-    oracle = batch.call(reference_attention)
-    baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype)
-    got = workaround_call(batch, dense_attention)
-    check = error_check("out", got[real], oracle[real], baseline[real], case.torch_dtype)
-    per_row = (got.double() - oracle).abs().amax(dim=(1, 2)).where(real, torch.nan)
-    fig, (left, right) = _figure(2, 10.5, 3.6)
-    padding = 1 - sum(case.seqlens_q) / batch.q.shape[0]
+def plot_contract(case: Case = TE_DOCSTRING):
+    """Which keys each query sees: with real cu_seqlens (left) and with cu_seqlens = cu_seqlens_padded (right, red: padding keys)."""
+    batch = pack(case.with_(causal=False), "cpu", requires_grad=False)
+    sees_all = pack(case.with_(seqlens_q=case.padded_q, causal=False), "cpu", requires_grad=False)
+    right_call = attention_mask(batch).int()
+    verl = attention_mask(sees_all).int() + (attention_mask(sees_all) & (batch.regions_k != Region.REAL)[None, :]).int()
+    fig, axes = figure(1, 2, width=8.0, height=3.4)
+    colors = matplotlib.colors.ListedColormap(["white", "#1f3b63", REGION_COLORS[Region.TAIL]])
     with matplotlib.rc_context(STYLE):
-        left.grid(False)
-        left.imshow(
-            mask.numpy(),
-            cmap=matplotlib.colors.ListedColormap([FACE, "#1f3b63", REGION_COLORS[Region.TAIL]]),
-            vmin=0,
-            vmax=2,
-            interpolation="nearest",
-            aspect="auto",
-        )
-        left.set_xlabel("key row")
-        left.set_ylabel("query row")
-        left.set_title("visible under the workaround (red: padding keys)", loc="left")
-        rows = torch.arange(per_row.numel())
-        right.plot(rows[real], per_row[real].clamp(min=1e-12), ".", ms=3, color=SERIES[0])
-        right.axhline(check.bound, color=INK, ls="--", lw=1, label=f"bound {check.bound:.2g}")
-        right.set_yscale("log")
-        right.set_xlabel("row")
-        right.set_ylabel("|out - oracle| (REAL rows)")
-        right.set_title(f"max error {check.error:.3g}: {'within' if check.within else 'ABOVE'} bound", loc="left")
-        right.legend()
-        fig.suptitle(
-            f"{seqlens}, align {align}, {'causal' if causal else 'non-causal'}: padding is {padding:.0%} of rows",
-            x=0.01,
-            ha="left",
-            fontsize=10,
-        )
+        for ax, mask, title in (
+            (axes[0, 0], right_call, "real cu_seqlens + cu_seqlens_padded"),
+            (axes[0, 1], verl, "cu_seqlens = cu_seqlens_padded (VERL)"),
+        ):
+            ax.grid(False)
+            ax.imshow(mask.numpy(), cmap=colors, vmin=0, vmax=2, interpolation="nearest")
+            ax.set_xlabel("key row")
+            ax.set_ylabel("query row")
+            ax.set_title(title, loc="left", fontsize=9)
+        fig.suptitle("TE's docstring layout [a a a 1 b b 2 2 c c c c 3], no causal mask", x=0.01, ha="left", fontsize=10)
     return fig
 
 
@@ -869,10 +1111,149 @@ claims = Claims()
 
 
 @claims(
-    "fixed kernel on TE's docstring layout: padded output shape, padding rows exactly 0 in out/dq/dk/dv, REAL rows within bound"
+    "TE's pad_between_seqs auto-detect, 2.12 to 2.17.1: a batch padded only at its end, or VERL's equal boundaries, "
+    "reads as no padding between sequences",
+    evidence=source_at(TE_V2_12),
 )
-def _layout(r: dict):
-    record = r["layout"]
+def _auto_detect_old(r: TeResults):
+    found = {name: old for name, (old, _) in r.auto_detect.items()}
+    names = list(found)
+    holds = found[names[0]] and not found[names[1]] and not found[names[2]] and not found[names[3]]
+    return holds, "; ".join(f"{name}: {value}" for name, value in found.items())
+
+
+@claims(
+    "TE main (PR #2898, v2.18): any padded tensor that is not the very object passed as cu_seqlens counts as padding "
+    "between sequences, VERL's equal values included",
+    evidence=source_at(TE_MAIN),
+)
+def _auto_detect_new(r: TeResults):
+    found = {name: new for name, (_, new) in r.auto_detect.items()}
+    names = list(found)
+    holds = found[names[0]] and found[names[1]] and found[names[2]] and not found[names[3]]
+    return holds, "; ".join(f"{name}: {value}" for name, value in found.items())
+
+
+@claims(
+    "VERL's workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it",
+    evidence=REPLICA,
+)
+def _workaround_noncausal(r: TeResults):
+    points = r.workaround_sweep[False]
+    padded = [c for f, c in points if f > 0]
+    errors = [c.error for c in padded]
+    kernel, right = r.workaround_kernel[False], r.contract[False]
+    holds = (
+        points[0][1].within
+        and not any(c.within for c in padded)
+        and errors == sorted(errors)
+        and not kernel.within
+        and right.within
+    )
+    return holds, "errors " + ", ".join(f"{f:.2f}: {c.error:.3f}" for f, c in points) + (
+        f"; our kernel at {WORKAROUND_FRACTION}: {kernel.error:.3f}; called right: {right.error:.2g}"
+    )
+
+
+@claims(
+    "VERL's workaround, causal attention with padding at each sequence's end: REAL rows within the bound at every fraction",
+    evidence=REPLICA,
+)
+def _workaround_causal(r: TeResults):
+    points = r.workaround_sweep[True]
+    kernel = r.workaround_kernel[True]
+    worst = max(c.ratio for _, c in points)
+    return all(
+        c.within for _, c in points
+    ) and kernel.within, f"worst {worst:.2f} x PyTorch over {len(points)} fractions; our kernel {kernel.ratio:.2f} x"
+
+
+@claims("causal toy trained with the workaround: loss identical to the correct run at every step", evidence=TOY)
+def _training_causal(r: TeResults):
+    correct, workaround = (r.training[name][0] for name in TRAINING_RUNS[:2])
+    return workaround.losses == correct.losses, f"{len(correct.losses)} steps, final loss {correct.final_loss:.4f} both"
+
+
+@claims(
+    "bidirectional toy, padding to multiples of 16: the workaround's training loss ends higher in most seeds, "
+    "but its held-out loss does not (the sign changes with the seed)",
+    evidence=TOY,
+)
+def _training_bidirectional(r: TeResults):
+    train_gaps = [s.train_gap for s in r.seeds]
+    held_gaps = [s.heldout_gap for s in r.seeds]
+    higher = sum(g > 0 for g in train_gaps)
+    holds = higher > len(train_gaps) / 2 and any(g > 0 for g in held_gaps) and any(g < 0 for g in held_gaps)
+    return holds, (
+        f"{len(train_gaps)} seeds; training gap {min(train_gaps):+.3f} to {max(train_gaps):+.3f} (higher in {higher}); "
+        f"held-out gap {min(held_gaps):+.3f} to {max(held_gaps):+.3f}"
+    )
+
+
+@claims(
+    f"bidirectional toy, {HEALTH_FRACTIONS[0]:.0%} padding: the workaround's qkv gradient norms fall below half the correct run's "
+    "(padding keys dilute attention)",
+    evidence=TOY,
+)
+def _health(r: TeResults):
+    ratio = qkv_norm_ratio(r.health)
+    return ratio < 0.5, f"mean qkv gradient norm over the last 10 of {HEALTH_STEPS} steps, workaround / correct = {ratio:.2f}"
+
+
+@claims(
+    "padding only at the end through a backend that never writes the tail, in poisoned memory: NaN gradients at the first step; "
+    "zeroing the tail rows of out and dq/dk/dv restores the correct run",
+    evidence=REPLICA,
+)
+def _tail_blind(r: TeResults):
+    end, blind, zeroed = (r.training[name] for name in TRAINING_RUNS[2:])
+    chain = blind[1].causal_chain()
+    holds = (
+        math.isfinite(blind[0].losses[0])
+        and all(math.isnan(x) for x in blind[0].losses[1:])
+        and chain.origin is not None
+        and chain.origin.step == 0
+        and max(abs(a - b) for a, b in zip(zeroed[0].losses, end[0].losses)) < 1e-5
+    )
+    return holds, (
+        f"tail-blind: first non-finite gradient at step {chain.origin.step if chain else '-'} in {chain.first_parameter}; "
+        f"tail zeroed: final loss {zeroed[0].final_loss:.4f}, correct backend {end[0].final_loss:.4f} (every step within 1e-5)"
+    )
+
+
+@claims("FP8 scales from REAL rows: REAL-row error within the FP8 bound whatever the padding holds", evidence=REPLICA)
+def _fp8_real(r: TeResults):
+    checks = {fill: c for (fill, scales), c in r.fp8.items() if scales == "real"}
+    return all(c.within for c in checks.values()), ", ".join(
+        f"{fill}: {c.error:.3f} <= {c.bound:.3f}" for fill, c in checks.items()
+    )
+
+
+@claims("FP8 scales from all rows: a huge padding row rounds real tokens to 0, a NaN row makes them NaN", evidence=REPLICA)
+def _fp8_all(r: TeResults):
+    huge, nan = r.fp8[("huge", "all")], r.fp8[("nan", "all")]
+    return huge.ratio > 10 * huge.factor and math.isnan(
+        nan.error
+    ), f"huge: error {huge.error:.3g} ({huge.error / huge.bound:.0f} x bound); NaN: error {nan.error}"
+
+
+@claims(
+    "FP8 scales from all rows with the padding rows zeroed: scales and codes identical to scales from REAL rows", evidence=REPLICA
+)
+def _fp8_zeros(r: TeResults):
+    zero = r.fp8[("zeros", "all")]
+    return (
+        r.fp8_zero_scales_equal and zero.within,
+        f"scales and codes equal: {r.fp8_zero_scales_equal}; error {zero.error:.3f} <= {zero.bound:.3f}",
+    )
+
+
+@claims(
+    "our kernel on TE's docstring layout: padded output shape, padding rows exactly 0 in out/dq/dk/dv, REAL rows within bound",
+    evidence=OURS,
+)
+def _layout(r: TeResults):
+    record = r.layout
     shape = tuple(record.tensors["out"].shape)
     holds = shape == (13, 2, 16) and record.padding_exactly_zero and record.real_finite and record.real_within_bound
     worst = max(c.ratio for c in record.errors.values())
@@ -883,141 +1264,32 @@ def _layout(r: dict):
 
 
 @claims(
-    "TE's own THD padding test (0-3 padding rows per sequence, unpadded reference): fixed kernel passes TE's fp16 tolerance and our bound"
+    "TE's own THD padding test (0-3 padding rows per sequence, unpadded reference) passes on our kernel, TE's fp16 tolerance and our bound",
+    evidence=OURS,
 )
-def _recipe(r: dict):
-    result = r["recipe"]
+def _recipe(r: TeResults):
+    result = r.recipe
     return (
         result.te_passes and result.within_bound and result.padding_max_abs == 0.0,
         f"pads {result.pads}; TE margin max {max(result.te_error.values()):.2g} <= {result.te_tolerance:g}; padding max |x| {result.padding_max_abs:g}",
     )
 
 
-@claims("workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it")
-def _workaround_noncausal(r: dict):
-    points = r["workaround_sweep"][False]
-    padded = [c for f, c in points if f > 0]
-    errors = [c.error for c in padded]
-    kernel = r["workaround_kernel"][False]
-    holds = points[0][1].within and not any(c.within for c in padded) and errors == sorted(errors) and not kernel.within
-    return holds, "errors " + ", ".join(
-        f"{f:.2f}: {c.error:.3f}" for f, c in points
-    ) + f"; fixed kernel at {WORKAROUND_FRACTION}: {kernel.error:.3f}"
-
-
-@claims("workaround, causal attention with padding at each sequence's end: REAL rows within the bound at every fraction")
-def _workaround_causal(r: dict):
-    points = r["workaround_sweep"][True]
-    kernel = r["workaround_kernel"][True]
-    worst = max(c.ratio for _, c in points)
-    return all(
-        c.within for _, c in points
-    ) and kernel.within, f"worst {worst:.2f} x PyTorch over {len(points)} fractions; fixed kernel {kernel.ratio:.2f} x"
-
-
 @claims(
-    "causal LM trained with the workaround: loss identical to the correct run at every step (the issue's 'ends above' does not hold here)"
+    "RoPE positions from cu_seqlens_padded (Megatron-Core MLA's choice): every sequence's real tokens get 0..len-1",
+    evidence=REPLICA,
 )
-def _training_causal(r: dict):
-    correct, workaround = (r["training"][name][0] for name in TRAINING_RUNS[:2])
-    return workaround.losses == correct.losses, f"{len(correct.losses)} steps, final loss {correct.final_loss:.4f} both"
-
-
-@claims("bidirectional model trained with the workaround: training loss ends above the correct run")
-def _training_bidirectional(r: dict):
-    correct, workaround = r["bidirectional"]["correct"], r["bidirectional"]["workaround"]
-    half = len(correct.losses) // 2
-    gaps = [w - c for c, w in zip(correct.losses[half:], workaround.losses[half:])]
-    mean_gap = sum(gaps) / len(gaps)
-    holds = workaround.final_loss > correct.final_loss and mean_gap > 0
-    return (
-        holds,
-        f"final loss {workaround.final_loss:.3f} vs {correct.final_loss:.3f}; second half: workaround higher on {sum(g > 0 for g in gaps)}/{len(gaps)} steps, by {mean_gap:.3f} on average",
-    )
-
-
-@claims(
-    "padding only at the end through a tail-blind backend (TE#3331) in poisoned memory: NaN gradients at the first step, NaN loss after it"
-)
-def _tail_blind(r: dict):
-    end, blind = (r["training"][name] for name in TRAINING_RUNS[2:])
-    chain = blind[1].causal_chain()
-    losses = blind[0].losses
-    holds = (
-        math.isfinite(end[0].final_loss)
-        and math.isfinite(losses[0])
-        and all(math.isnan(x) for x in losses[1:])
-        and chain.origin is not None
-        and chain.origin.step == 0
-    )
-    return (
-        holds,
-        f"correct backend final loss {end[0].final_loss:.4f}; tail-blind: first non-finite gradient at step {chain.origin.step if chain else '-'} in {chain.first_parameter}",
-    )
-
-
-@claims("FP8 scales from REAL rows: REAL-row error within the FP8 bound whatever the padding holds")
-def _fp8_real(r: dict):
-    checks = {fill: c for (fill, scales), c in r["fp8"].items() if scales == "real"}
-    return all(c.within for c in checks.values()), ", ".join(
-        f"{fill}: {c.error:.3f} <= {c.bound:.3f}" for fill, c in checks.items()
-    )
-
-
-@claims("FP8 scales from all rows: a huge padding row rounds real tokens to 0, a NaN row makes them NaN")
-def _fp8_all(r: dict):
-    huge, nan = r["fp8"][("huge", "all")], r["fp8"][("nan", "all")]
-    garbage = r["fp8"].get(("garbage", "all"))
-    extra = f"; ~1e4 garbage stays in e4m3's range: {garbage.error:.3f}" if garbage else ""
-    return huge.ratio > 10 * huge.factor and math.isnan(
-        nan.error
-    ), f"huge: error {huge.error:.3g} ({huge.error / huge.bound:.0f} x bound); NaN: error {nan.error}{extra}"
-
-
-@claims(
-    "fp32 -> e4m3: Triton's own cast differs from torch's only under the interpreter; our quantizer's explicit rounding matches torch"
-)
-def _cast(r: dict):
-    values, sample = r["cast"]["values"], r["cast"]["sample"]
-    differs = values["triton_differs"] > 0 and sample["triton_differs"] > 0
-    holds = differs == INTERPRETED and values["quantizer_matches"] and sample["quantizer_matches"]
-    where = "interpreted" if INTERPRETED else "native"
-    return (
-        holds,
-        f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}",
-    )
-
-
-@claims("sequence parallel, 2 ranks: all-gather sized from cu_seqlens_padded reproduces the single-process layer exactly")
-def _seqpar_padded(r: dict):
-    run = r["seqpar"].run("padded")
-    return run.exact, f"{r['seqpar'].backend}: {run.rows} rows gathered, output torch.equal to one process: {run.exact}"
-
-
-@claims("sequence parallel: sizing from cu_seqlens gives the unpadded size and a clear error naming the boundary and the fix")
-def _seqpar_real(r: dict):
-    study = r["seqpar"]
-    checked, raw = study.run("real"), study.run("real", validate=False)
-    clear = all(
-        e and e.startswith("SizingError") and "cu_seqlens[-1]" in e and "cu_seqlens_padded[-1]" in e for e in checked.errors
-    )
-    return (
-        clear and raw.out is None,
-        f"{checked.rows} real rows vs {study.layout_rows} in the layout; unchecked, torch says: {raw.error.split(':', 1)[0] if raw.error else 'nothing'}",
-    )
-
-
-@claims("RoPE positions from cu_seqlens_padded (Megatron-Core MLA): every sequence's real tokens get 0..len-1")
-def _rope_padded(r: dict):
-    study = r["rope"]
+def _rope_padded(r: TeResults):
+    study = r.rope
     return study.consistent, f"{len(study.sequences)} sequences, {int(study.from_padded.numel())} rows"
 
 
 @claims(
-    "RoPE positions from cu_seqlens on a padded layout: a restart inside a sequence corrupts attention; a constant shift does not"
+    "RoPE positions from cu_seqlens on a padded layout: a restart inside a sequence corrupts attention; a constant shift does not",
+    evidence=REPLICA,
 )
-def _rope_real(r: dict):
-    kinds = {kind: [s for s in r["rope"].sequences if s.kind == kind] for kind in ("restarted", "shifted")}
+def _rope_real(r: TeResults):
+    kinds = {kind: [s for s in r.rope.sequences if s.kind == kind] for kind in ("restarted", "shifted")}
     holds = (
         bool(kinds["restarted"])
         and not any(s.check.within for s in kinds["restarted"])
@@ -1025,4 +1297,42 @@ def _rope_real(r: dict):
     )
     return holds, "; ".join(
         f"{kind}: " + ", ".join(f"seq {s.index} {s.check.ratio:.3g} x" for s in seqs) for kind, seqs in kinds.items()
+    )
+
+
+@claims(
+    "sizing lesson, our all-gather on 2 processes: sized from cu_seqlens_padded[-1] it reproduces one process exactly",
+    evidence=OURS,
+)
+def _seqpar_padded(r: TeResults):
+    run = r.seqpar.run("padded")
+    return run.exact, f"{r.seqpar.backend}: {run.rows} rows gathered, output torch.equal to one process: {run.exact}"
+
+
+@claims(
+    "sizing lesson: sized from cu_seqlens[-1] the buffer is too small; our check names the boundary and the fix", evidence=OURS
+)
+def _seqpar_real(r: TeResults):
+    study = r.seqpar
+    checked, raw = study.run("real"), study.run("real", validate=False)
+    clear = all(
+        e and e.startswith("SizingError") and "cu_seqlens[-1]" in e and "cu_seqlens_padded[-1]" in e for e in checked.errors
+    )
+    return clear and raw.out is None, (
+        f"{checked.rows} real rows vs {study.layout_rows} in the layout; unchecked, torch says: {raw.error.split(':', 1)[0] if raw.error else 'nothing'}"
+    )
+
+
+@claims(
+    "fp32 -> e4m3: Triton's own cast differs from torch's only under the interpreter; our quantizer's explicit rounding matches torch",
+    evidence=OURS,
+)
+def _cast(r: TeResults):
+    values, sample = r.cast["values"], r.cast["sample"]
+    differs = values["triton_differs"] > 0 and sample["triton_differs"] > 0
+    holds = differs == INTERPRETED and values["quantizer_matches"] and sample["quantizer_matches"]
+    where = "interpreted" if INTERPRETED else "native"
+    return holds, (
+        f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; "
+        f"quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}"
     )

@@ -40,5 +40,17 @@ if ! has_torch .venv/bin/python; then
     "${PIP[@]}" torch triton
 fi
 "${PIP[@]}" -e ".[lab,test]"
+# The `upstream` extra (pyproject.toml): the upstream code a post-mortem runs. --no-deps keeps pip
+# from replacing torch; the environment builds flash-dmattn's pure-Python backends without CUDA.
+UPSTREAM=$(.venv/bin/python - <<'PY'
+import re
+extras = open("pyproject.toml").read().split("[project.optional-dependencies]")[1]
+block = re.search(r"^upstream = \[(.*?)^\]", extras, re.S | re.M).group(1)
+print(" ".join(re.findall(r'^\s*"([^"]+)"', block, re.M)))
+PY
+)
+"${PIP[@]}" setuptools wheel packaging  # what flash-dmattn's setup.py imports (no build isolation)
+FLASH_DMATTN_SKIP_CUDA_BUILD=TRUE FLASH_DMATTN_FORCE_BUILD=TRUE \
+    "${PIP[@]}" --no-deps --no-build-isolation $UPSTREAM
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 touch .venv/.installed

@@ -8,8 +8,13 @@ import kernels
 
 # The Triton interpreter is slow and timing on shared CI machines is noisy: no deadlines,
 # few examples. `HYPOTHESIS_PROFILE=thorough` runs many more (e.g. natively on a GPU).
-settings.register_profile("ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Layouts come from workbench.strategies. Both profiles keep Hypothesis's replay database in its
+# default directory (.hypothesis/ where pytest runs, git-ignored): a failing layout is replayed
+# first on the next run. (Hypothesis's own "ci" profile, replaced here, turns the database off.)
+# print_blob prints the line that reproduces a failure elsewhere, e.g. from a CI log.
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("ci", max_examples=15, **_common)
+settings.register_profile("thorough", max_examples=300, **_common)
 settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

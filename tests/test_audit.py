@@ -140,9 +140,10 @@ def test_each_check_catches_its_planted_bug(impl, check, evidence):
 
 def test_the_oracle_passes_every_check():
     report = audit(reference_attention, budget=0)
-    assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == []
-    assert report.passed and report.ran
-    assert report.result("bad-input").evidence == "27/27 clear errors (2 n/a)"  # no declared dtypes/head dims
+    assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == ["input-validation"]
+    assert report.passed and report.ran and report.validation == "validates"
+    # head_dim 24 and float64 are legal for the oracle: accepted with the right answer, not n/a.
+    assert report.result("input-validation").evidence == "27/29 clear errors, 2 accepted correctly"
 
 
 # -- adapters -------------------------------------------------------------------------------
@@ -277,11 +278,14 @@ def test_torch_210_adapter_finds_the_tail_bug_and_knows_what_210_lacks():
     assert verdicts["gap-rows"] == verdicts["gqa"] == "n/a"
     assert "enable_gqa" in report.result("gqa").evidence and "no padded layout" in report.result("gap-rows").evidence
     assert verdicts["real-accuracy"] == verdicts["causal-unequal"] == verdicts["fully-masked-rows"] == "pass"
-    rows = {r["id"]: r for r in report.result("bad-input").rows}
+    rows = {r["id"]: r for r in report.result("input-validation").rows}
     assert rows["scale-nan"]["outcome"] == "n/a" and "2.10" in rows["scale-nan"]["evidence"]
     assert rows["padded-decreasing"]["outcome"] == "n/a"
-    # Trusted, like FlashAttention; the base call has TAIL rows, left unwritten: NaN under poisoning.
-    assert rows["max-seqlen-too-small"]["outcome"] == Outcome.SILENT_NAN.value
+    # The fake trusts cu_seqlens and ignores max_seqlen: on the campaign's layout without TAIL
+    # rows (so the TAIL bug cannot pose as a bad-input finding) that is the oracle's answer.
+    assert rows["max-seqlen-too-small"]["outcome"] == Outcome.CORRECT.value
+    assert report.validation == "no validation" and report.passed is False  # failed: tail-rows, not validation
+    assert "input-validation" not in report.failed
     assert rows["dtype-unsupported"]["outcome"] != "n/a"  # torch declares fp16/bf16 only
 
 
@@ -300,19 +304,23 @@ def test_torch_211_adapter_passes_causal_as_a_window_and_scale_by_keyword():
 def test_flash_attn_adapter_on_a_fake_of_its_signature():
     report = audit(flash_attn_varlen_func, budget=0, dtype="float16")
     verdicts = report.verdicts()
-    assert verdicts.pop("gap-rows") == "n/a" and verdicts.pop("bad-input") == "FAIL"
+    assert verdicts.pop("gap-rows") == "n/a" and verdicts.pop("input-validation") == "no validation"
+    assert report.passed  # validation is graded apart: it never fails the audit
     assert set(verdicts.values()) == {"pass"}, verdicts
-    rows = {r["id"]: r["outcome"] for r in report.result("bad-input").rows}
-    # The fake trusts its metadata: a list crashes deep inside, a short max_seqlen is ignored.
+    rows = {r["id"]: r["outcome"] for r in report.result("input-validation").rows}
+    # The fake trusts its metadata: a list crashes deep inside (AttributeError: an accident, not
+    # a refusal); a short max_seqlen is ignored, which gives the oracle's answer; a negative
+    # scale is valid mathematics, computed right.
     assert rows["cu-not-tensor"] == Outcome.CRASH.value
-    assert rows["max-seqlen-too-small"] == Outcome.SILENT_WRONG.value
+    assert rows["max-seqlen-too-small"] == rows["scale-negative"] == Outcome.CORRECT.value
 
 
 def test_te_adapter_maps_thd_keywords_and_bottom_right_causal():
     report = audit(te_dot_product_attention, budget=0)
     verdicts = report.verdicts()
-    assert set(verdicts.values()) == {"pass"}, report.table()
-    rows = {r["id"]: r for r in report.result("bad-input").rows}
+    assert verdicts.pop("custom-scale") == "n/a" and "constructor" in report.result("custom-scale").evidence
+    assert set(verdicts.values()) == {"pass", "validates"}, report.table()
+    rows = {r["id"]: r for r in report.result("input-validation").rows}
     assert rows["scale-nan"]["outcome"] == "n/a" and "constructor" in rows["scale-nan"]["evidence"]
     assert rows["cu-decreasing"]["outcome"] == Outcome.CLEAR.value  # named cu_seqlens_k: the oracle validates
 
@@ -320,7 +328,8 @@ def test_te_adapter_maps_thd_keywords_and_bottom_right_causal():
 def test_bshd_adapter_catches_sdpa_letting_masked_nan_through_and_passes_a_guarded_one():
     report = audit(sdpa_bshd, "bshd", budget=0)
     verdicts = report.verdicts()
-    assert verdicts.pop("tail-rows") == verdicts.pop("gap-rows") == verdicts.pop("bad-input") == "n/a"
+    assert verdicts.pop("tail-rows") == verdicts.pop("gap-rows") == verdicts.pop("input-validation") == "n/a"
+    assert verdicts.pop("custom-scale") == "n/a"  # sdpa_bshd takes no scale keyword
     # Masked scores are -inf, but probability 0 times a NaN value at a padded position is NaN.
     assert verdicts.pop("padding-leak") == "FAIL" and "(nan padding): out:" in report.result("padding-leak").evidence
     assert set(verdicts.values()) == {"pass"}, report.table()  # torch >= 2.5 SDPA gives 0 on fully masked rows
@@ -377,20 +386,44 @@ def _raises(exc):
     return impl
 
 
+def _list_tolerant_oracle(q, k, v, cu_q, cu_k, *args, **kwargs):
+    as_tensor = [torch.as_tensor(c, dtype=torch.int32) for c in (cu_q, cu_k)]
+    return oracle(q, k, v, *as_tensor, *args, **kwargs)
+
+
 @pytest.mark.parametrize(
-    "impl, outcome",
+    "impl, case, outcome",
     [
-        (_raises(ValueError("cu_seqlens_k is not monotonic")), Outcome.CLEAR),
-        (_raises(ValueError("bad metadata")), Outcome.VAGUE),
-        (_raises(IndexError("index 9 is out of bounds")), Outcome.CRASH),
-        (lambda q, *a, **kw: torch.full_like(q, math.nan), Outcome.SILENT_NAN),
-        (lambda q, *a, **kw: torch.zeros_like(q), Outcome.SILENT_WRONG),
+        (_raises(ValueError("cu_seqlens_k is not monotonic")), "cu-decreasing", Outcome.CLEAR),
+        # Any exception type naming the argument is a clear error (torch's own C++ checks raise RuntimeError).
+        (_raises(RuntimeError("cu_seqlens_q must have dtype int32")), "cu-float", Outcome.CLEAR),
+        (_raises(ValueError("bad metadata")), "cu-decreasing", Outcome.VAGUE),
+        (_raises(RuntimeError("CUDA error: an illegal memory access was encountered")), "cu-decreasing", Outcome.CRASH),
+        (_raises(IndexError("index 9 is out of bounds")), "cu-decreasing", Outcome.CRASH),
+        (lambda q, *a, **kw: None, "cu-decreasing", Outcome.NO_OUTPUT),
+        (lambda q, *a, **kw: torch.full_like(q, math.nan), "cu-decreasing", Outcome.SILENT_NAN),
+        (lambda q, *a, **kw: torch.zeros_like(q), "cu-decreasing", Outcome.ACCEPTED),  # no answer to be wrong about
+        (lambda q, *a, **kw: torch.zeros_like(q), "cu-not-tensor", Outcome.SILENT_WRONG),  # compared with fp64
+        (_list_tolerant_oracle, "cu-not-tensor", Outcome.CORRECT),  # a list that gives the right answer
+        (oracle, "scale-negative", Outcome.CORRECT),  # valid mathematics
     ],
-    ids=["clear", "vague", "crash", "silent-nan", "silent-wrong"],
+    ids=[
+        "clear",
+        "clear-runtime-error",
+        "vague",
+        "crash-cuda",
+        "crash-accident",
+        "no-output",
+        "silent-nan",
+        "accepted",
+        "silent-wrong",
+        "list-correct",
+        "negative-scale",
+    ],
 )
-def test_campaign_classifies_what_an_implementation_does(impl, outcome):
+def test_campaign_classifies_what_an_implementation_does(impl, case, outcome):
     adapted = adapt(impl, "contract")
-    assert classify(adapted, BY_ID["cu-decreasing"], base_args())[0] is outcome
+    assert classify(adapted, BY_ID[case], base_args(tail=False))[0] is outcome
 
 
 def test_campaign_accepts_the_implementations_own_argument_names():
@@ -420,7 +453,7 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
                 "--budget",
                 "3",
                 "--checks",
-                "real-accuracy,bad-input",
+                "real-accuracy,input-validation",
                 "--record",
                 str(record),
             ]
@@ -429,7 +462,7 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
     )
     data = json.loads(record.read_text())
     assert data["passed"] and data["fuzz"]["tried"] == 3 and data["provenance"]["torch"] == torch.__version__
-    assert [c["name"] for c in data["checks"]] == ["real-accuracy", "bad-input"] and len(data["checks"][1]["rows"]) == len(
+    assert [c["name"] for c in data["checks"]] == ["real-accuracy", "input-validation"] and len(data["checks"][1]["rows"]) == len(
         CATALOGUE
     )
     assert "PASSED" in capsys.readouterr().out
@@ -446,8 +479,9 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
 
 
 def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():
-    report = audit(tail_unwritten, "contract", budget=0, checks=["tail-rows", "bad-input"])
+    report = audit(tail_unwritten, "contract", budget=0, checks=["tail-rows", "input-validation"])
     lines = report.table().splitlines()
     assert lines[0].split() == ["check", "verdict", "evidence"] and set(lines[1]) == {"-"}
-    assert lines[2].startswith("tail-rows  FAIL") and lines[3].startswith("bad-input  FAIL")
+    assert lines[2].split()[:2] == ["tail-rows", "FAIL"] and lines[3].split()[0] == "input-validation"
+    assert report.failed == ["tail-rows"]
     assert [line.split()[0] for line in report.campaign_table().splitlines()] == [c.id for c in CATALOGUE]

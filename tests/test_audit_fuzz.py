@@ -44,14 +44,34 @@ def test_shrinking_reaches_a_local_minimum_that_still_fails():
     assert (failure.case.total_rows("q"), failure.case.total_rows("k"), failure.case.heads) == (1, 1, 1)
 
 
-def test_reproduction_snippet_runs_and_shows_the_failure(capsys):
+def test_reproduction_snippets_run_and_show_the_failure(capsys):
     result = fuzz(adapt(tail_unwritten, "contract"), 10, seed=3)
-    snippet = result.failures[0].snippet
-    assert (
-        'adapt("test_audit:tail_unwritten", adapter="contract", device="cpu")' in snippet and "case = Case(seqlens_q=" in snippet
-    )
-    exec(compile(snippet, "<snippet>", "exec"), {})
+    failure = result.failures[0]
+    replay = failure.replay
+    assert 'adapt("test_audit:tail_unwritten", adapter="contract", device="cpu")' in replay and "case = Case(seqlens_q=" in replay
+    exec(compile(replay, "<replay>", "exec"), {})
     assert "tail-rows: out:" in capsys.readouterr().out
+    # The snippet for an upstream issue: plain torch, the function imported from its module.
+    plain = failure.snippet
+    assert "workbench" not in plain and "from test_audit import tail_unwritten" in plain
+    exec(compile(plain, "<snippet>", "exec"), {})
+    printed = capsys.readouterr().out
+    tail = failure.case.total_rows("q") - sum(failure.case.padded_lengths("q"))
+    assert (
+        f"out: damaged REAL rows [], padding rows not 0 {list(range(failure.case.total_rows('q') - tail, failure.case.total_rows('q')))}"
+        in printed
+    )
+
+
+def test_the_shrinker_drops_an_unrelated_empty_sequence():
+    from workbench.audit.fuzz import shrink
+    from workbench.layout import Case, Fill
+
+    impl = adapt(tail_unwritten, "contract")
+    case = Case((3, 0), seqlens_k=(3, 0), tail_q=2, heads=1, head_dim=16, fill=Fill.ZEROS)
+    finding = next(f for f in run_layout(impl, case) if f.check == "tail-rows")
+    small, _, _ = shrink(impl, case, finding, PROFILES["tiny"], budget=0)  # no greedy budget: the last pass alone
+    assert small.batch == 1 and small.seqlens_q == (3,)
 
 
 def test_time_limit_stops_the_fuzzer_and_says_so():

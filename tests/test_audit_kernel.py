@@ -13,5 +13,7 @@ def test_our_kernel_passes_every_check():
     report = audit(kernels.varlen_attention, budget=0)
     assert report.adapter == "ours" and [r.name for r in report.results] == list(CHECKS)
     assert report.passed, report.table()
-    assert report.result("bad-input").evidence == "29/29 clear errors"  # ours declares dtypes and head dims
+    assert (
+        report.result("input-validation").evidence == "29/29 clear errors" and report.validation == "validates"
+    )  # ours declares dtypes and head dims
     print(f"\n{report.table()}\n({report.seconds:.0f} s)")

@@ -83,7 +83,7 @@ def test_campaign_table_is_empty_without_the_bad_input_check(records_copy):
 
 
 def test_a_record_prints_exactly_like_the_report_it_was_recorded_from():
-    report = audit(tail_unwritten, "contract", budget=0, checks=["tail-rows", "bad-input"])
+    report = audit(tail_unwritten, "contract", budget=0, checks=["tail-rows", "input-validation"])
     record = json.loads(json.dumps(report.to_dict()))  # what --record writes and the loader reads
     assert verdict_table(record) == report.table() and verdicts(record) == report.verdicts()
     assert campaign_table(record) == report.campaign_table()

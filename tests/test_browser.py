@@ -2,8 +2,9 @@
 driven by Playwright with executable_path; `make test` installs it with scripts/system-deps.sh).
 
 Static site: the index loads without console errors or off-site requests, every page it links
-resolves, every image renders, the tag filter filters, and moving an explorer slider changes
-the plot. Live: JupyterLab on localhost runs a scaffolded post-mortem notebook, and moving the
+resolves, every image renders, the tag filter filters, code inputs are folded behind toggles while
+outputs stay visible, headings carry anchors a reader can link to, a long table unfolds its rows,
+and moving an explorer slider changes the plot. Live: JupyterLab on localhost runs a scaffolded post-mortem notebook, and moving the
 explorer's slider redraws the plot from the kernel.
 """
 
@@ -187,6 +188,87 @@ def test_moving_a_static_explorer_slider_changes_the_plot(browser, site):
         assert image.evaluate("i => i.complete && i.naturalWidth > 0"), f"{name}: the new frame does not render"
     assert watched.errors == [] and watched.external == []
     watched.close()
+
+
+def _postmortem_pages(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("*.html") if 'class="wb-page-header"' in p.read_text())
+
+
+def test_code_inputs_fold_behind_toggles_and_outputs_stay_visible(browser, site):
+    out, url = site
+    watched = Watched(browser, url)
+    page = watched.page
+    pages = _postmortem_pages(out)
+    assert pages, "the site has no post-mortem page"
+    for name in pages:
+        page.goto(url + name)
+        folds = page.locator("details.wb-code")
+        assert folds.count() == page.locator(".jp-CodeCell").count() > 0, name
+        first = folds.first
+        editor = first.locator(".jp-InputArea-editor")
+        assert not editor.is_visible(), f"{name}: code is not folded by default"
+        assert page.locator(".jp-OutputArea-output").first.is_visible(), f"{name}: outputs must stay visible"
+        first.locator("summary").click()
+        assert editor.is_visible(), f"{name}: the toggle does not unfold the code"
+        first.locator("summary").click()
+        assert not editor.is_visible()
+        toggle = page.locator("button.wb-code-all")
+        toggle.click()
+        assert page.eval_on_selector_all("details.wb-code", "ds => ds.every(d => d.open)"), name
+        assert toggle.get_attribute("aria-pressed") == "true" and toggle.inner_text() == "fold all code"
+        toggle.click()
+        assert page.eval_on_selector_all("details.wb-code", "ds => ds.every(d => !d.open)"), name
+    assert watched.errors == [] and watched.external == []
+    watched.close()
+
+
+def test_headings_carry_anchors_a_reader_can_link_to(browser, site):
+    out, url = site
+    watched = Watched(browser, url)
+    page = watched.page
+    for name in _postmortem_pages(out):
+        page.goto(url + name)
+        heading = page.locator("h2#Upstream-status")
+        anchor = heading.locator("a.anchor-link")
+        assert anchor.get_attribute("href") == "#Upstream-status", name
+        assert not anchor.is_visible()
+        heading.hover()
+        assert anchor.is_visible(), f"{name}: the anchor does not show on hover"
+        anchor.click()
+        assert page.url.endswith(f"{name}#Upstream-status")
+        top = heading.evaluate("h => h.getBoundingClientRect().top")
+        assert -1 <= top < 100, f"{name}: following the anchor left the heading at y={top}"
+        # A link to the section lands there from a fresh load, too.
+        page.goto(url + "index.html")
+        page.goto(f"{url}{name}#Upstream-status")
+        assert -1 <= heading.evaluate("h => h.getBoundingClientRect().top") < 100
+    assert watched.errors == [] and watched.external == []
+    watched.close()
+
+
+def test_a_long_table_unfolds_its_rows(browser, tmp_path):
+    """workbench.postmortem.Table folds rows past `fold` behind a button; site.js unfolds them."""
+    from workbench.postmortem import table
+    from workbench.site import SITE
+
+    (tmp_path / "static").mkdir()
+    shutil.copy(SITE / "static" / "site.js", tmp_path / "static")
+    shown = table(("n", "square"), [(i, i * i) for i in range(20)], fold=5)
+    (tmp_path / "t.html").write_text(f'<html><body>{shown._repr_html_()}<script src="static/site.js"></script></body></html>')
+    server, url = _serve(tmp_path)
+    watched = Watched(browser, url)
+    page = watched.page
+    page.goto(url + "t.html")
+    assert page.locator("tbody tr:visible").count() == 5
+    button = page.locator("button.wb-more-rows")
+    assert button.inner_text() == "15 more rows"
+    button.click()
+    assert page.locator("tbody tr:visible").count() == 20 and button.get_attribute("aria-expanded") == "true"
+    button.click()
+    assert page.locator("tbody tr:visible").count() == 5 and button.inner_text() == "15 more rows"
+    assert watched.errors == [] and watched.external == []
+    watched.close()
+    server.shutdown()
 
 
 # -- live: JupyterLab --------------------------------------------------------------------------

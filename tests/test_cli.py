@@ -1,6 +1,7 @@
 """The `workbench` command line: list, repro (verdicts, exit status, records), new, lab."""
 
 import json
+import re
 import sys
 
 import nbformat
@@ -9,7 +10,7 @@ import torch
 from conftest import FAST_FIX, PLANTED_BUG, plain_notebook, scaffold_variant
 
 from workbench import Case, cli
-from workbench.registry import read_manifest
+from workbench.registry import read_manifest, recorded_verdicts
 
 
 def test_every_command_is_wired():
@@ -25,8 +26,13 @@ def test_new_scaffolds_an_executed_postmortem(scaffolded, capsys):
     assert pm.meta.title == "A scaffolded post-mortem"
     nb = nbformat.read(pm.notebook, as_version=4)
     assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code"), "committed with outputs"
-    claims_output = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    verdicts = recorded_verdicts(pm, nb)  # from the claims cell's output metadata
+    assert [v.holds for v in verdicts] == [True, True]
+    claims_output = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[-1].outputs)
     assert claims_output.count("HOLDS") == 2 and "FAILS" not in claims_output
+    # The GPU section says so when nothing was recorded for this id.
+    gpu = next(c for c in nb.cells if c.cell_type == "code" and "gpu_records(pm.META)" in c.source)
+    assert "Not recorded yet" in gpu.outputs[0]["data"]["text/markdown"]
 
 
 def test_new_rejects_bad_input_with_exit_2(project, capsys):
@@ -84,13 +90,13 @@ def test_repro_prints_verdicts_and_records_with_provenance(project, tmp_path, ca
     record = tmp_path / "out" / "holds.json"
     assert cli.main(["repro", "holds", "--device", "cpu", "--record", str(record)]) == 0
     printed = capsys.readouterr().out
-    assert "HOLDS    our kernel  padding rows of out, dq, dk, dv are exactly 0" in printed
+    assert re.search(r"HOLDS\s+our kernel\s+padding rows of out, dq, dk, dv are exactly 0", printed)
     assert "2/2 claims hold" in printed
     data = json.loads(record.read_text())
     assert data["id"] == "holds" and data["verdict"] == "2/2 claims hold"
     assert [c["holds"] for c in data["claims"]] == [True, True]
     assert set(data["provenance"]) >= {"python", "torch", "triton", "device", "mode", "commit", "date"}
-    (row,) = data["results"]  # one case: a key/value pair, since Case keys are not strings
+    (row,) = data["results"]["probes"]  # one case: a key/value pair, since Case keys are not strings
     assert row["key"]["seqlens_q"] == [5, 3]
     assert row["value"]["padding_exactly_zero"] is True and row["value"]["nonfinite_real"] == 0
 
@@ -99,8 +105,8 @@ def test_repro_exits_1_naming_the_failing_claims(project, capsys):
     scaffold_variant(project, "planted-bug", PLANTED_BUG)
     assert cli.main(["repro", "planted-bug"]) == cli.EXIT_FAILED
     printed = capsys.readouterr().out
-    assert "FAILS    our kernel  padding rows of out, dq, dk, dv are exactly 0" in printed
-    assert "FAILS    our kernel  real rows match the fp64 reference" in printed
+    assert re.search(r"FAILS\s+our kernel\s+padding rows of out, dq, dk, dv are exactly 0", printed)
+    assert re.search(r"FAILS\s+our kernel\s+real rows match the fp64 reference", printed)
     assert "0/2 claims hold" in printed
 
 

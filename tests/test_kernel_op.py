@@ -123,36 +123,28 @@ def test_validate_false_never_syncs_on_cuda():
         torch.cuda.set_sync_debug_mode(0)
 
 
-def _torch_varlen_attn(batch, causal: bool):
-    """torch.nn.attention.varlen.varlen_attn, whose causal flag changed between torch 2.11 and 2.13."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    params = inspect.signature(varlen_attn).parameters
-    if "is_causal" in params:
-        flags = {"is_causal": causal}
-    else:
-        flags = {"window_size": (-1, 0) if causal else (-1, -1)}
-    leaves = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
-    out = varlen_attn(*leaves, *batch.args()[3:], **flags)
-    return out, leaves
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen_attn runs on CUDA only")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_real_rows_agree_with_torch_varlen_attn(dtype, causal):
-    """Ours within 2x (out) / 3x (grads) of varlen_attn's error against the oracle. No padding
-    (varlen_attn has no padded layout) and no GQA (its flag is newer than torch 2.11)."""
-    case = Case((300, 17, 1, 513), heads=4, head_dim=128, dtype=dtype, causal=causal)
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (300, 0), (8, 2), (0, -1)], ids=str)
+def test_real_rows_agree_with_torch_varlen_attn(dtype, window):
+    """Ours within 2x (out) / 3x (grads) of varlen_attn's error against the oracle, windows
+    included. No padding (varlen_attn has no padded layout) and no GQA (its flag is newer than
+    torch 2.11)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    if "window_size" not in inspect.signature(varlen_attn).parameters:
+        pytest.skip("torch 2.10's varlen_attn has no window_size")
+    case = Case((300, 17, 1, 513), heads=4, head_dim=128, dtype=dtype)
     batch = pack(case, device="cuda")
     d_out = torch.randn_like(batch.q)
-    theirs, leaves = _torch_varlen_attn(batch, causal)
+    leaves = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
+    theirs = varlen_attn(*leaves, *batch.args()[3:], window_size=window)
     theirs.backward(d_out)
-    ours = batch.call(varlen_attention)
+    ours = batch.call(varlen_attention, window_size=window)
     ours.backward(d_out)
     exact = [t.detach().double().requires_grad_() for t in (batch.q, batch.k, batch.v)]
-    oracle = reference_attention(*exact, *batch.args()[3:], **batch.kwargs())
+    oracle = reference_attention(*exact, *batch.args()[3:], **batch.kwargs(), window_size=window)
     oracle.backward(d_out.double())
     named = zip(
         ("out", "dq", "dk", "dv"),
@@ -162,7 +154,7 @@ def test_real_rows_agree_with_torch_varlen_attn(dtype, causal):
     )
     for name, mine, torchs, exact_value in named:
         check = error_check(name, mine.detach(), exact_value.detach(), torchs.detach(), batch.q.dtype)
-        assert check.within, f"vs torch varlen_attn: {check}"
+        assert check.within, f"vs torch varlen_attn, window {window}: {check}"
 
 
 @pytest.mark.skipif(INTERPRETED, reason="natively only: the interpreter reads CPU tensors")
@@ -170,3 +162,29 @@ def test_cpu_tensors_natively_get_a_clear_error():
     batch = pack(CASE, device="cpu")
     with pytest.raises(ValueError, match=r"q is on cpu, but the Triton kernels run natively on CUDA"):
         batch.call(varlen_attention)
+
+
+@pytest.mark.parametrize("use_lse", [False, True], ids=["out", "out-and-lse"])
+def test_eager_road_and_custom_op_compute_bitwise_the_same(monkeypatch, use_lse):
+    """Plain eager calls skip the custom op's dispatch (host time); under a dispatch mode or
+    torch.compile the custom op runs. Same launchers: same bits, forward and backward."""
+    from kernels.varlen import op
+
+    results = []
+    for eager in (True, False):
+        monkeypatch.setattr(op, "_eager", lambda eager=eager: eager)
+        batch = pack(CASE.with_(fill=Fill.ZEROS))
+        out, lse = batch.call(varlen_attention, window_size=(3, -1), return_lse=True)
+        loss = out.float().sum() + (lse[torch.isfinite(lse)].sum() if use_lse else 0)
+        loss.backward()
+        results.append((out, lse, batch.q.grad, batch.k.grad, batch.v.grad))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), name
+
+
+def test_plain_calls_take_the_eager_road_and_dispatch_modes_the_custom_op():
+    from kernels.varlen import op
+
+    assert op._eager()
+    with OpLog():
+        assert not op._eager()

@@ -44,6 +44,16 @@ def test_every_native_candidate_tile_keeps_the_contract(row_bytes, index):
             assert_contract(case.with_(head_dim=head_dim))
 
 
+@pytest.mark.parametrize("window", [(20, 0), (0, 40), (33, 17)], ids=str)
+@pytest.mark.parametrize("index", [0, *(pytest.param(i, marks=pytest.mark.slow) for i in range(1, 4))])
+def test_every_native_candidate_tile_keeps_the_contract_under_windows(index, window):
+    """Windows narrower and wider than the 16..128-row blocks: key blocks skipped on both sides,
+    masked edges, rows that see no key (len_q > len_k), for each pinned tile."""
+    tiles = {kernel: by_bytes[256][index] for kernel, by_bytes in NATIVE_TILES.items()}
+    with TUNER.pinned(**tiles):
+        assert_contract(CAUSAL_CASE.with_(causal=False, head_dim=16 if INTERPRETED else 128), window_size=window)
+
+
 def test_pinned_names_kernels():
     with pytest.raises(ValueError, match=r"pinned\(\) got \['backward'\]"):
         with TUNER.pinned(backward=Tile(64, 64, 4, 1)):

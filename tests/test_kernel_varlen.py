@@ -12,12 +12,12 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from hypothesis import given
 
 from kernels import default_device, varlen_attention
 from workbench import Case, Fill, Region, error_check, grad_output, pack, probe, reference_attention
 from workbench.bounds import lse_error
+from workbench.strategies import LayoutSpace
 
 
 def nan_on_padding(batch) -> torch.Tensor:
@@ -156,31 +156,17 @@ def test_strided_inputs():
     assert torch.equal(out, expected)
 
 
-@st.composite
-def layouts(draw):
-    batch = draw(st.integers(1, 4))
-    lengths = st.lists(st.integers(0, 70), min_size=batch, max_size=batch)
-    seqlens_q = draw(lengths)
-    seqlens_k = draw(st.one_of(st.none(), lengths))
-    extra = st.lists(st.integers(0, 5), min_size=batch, max_size=batch)
-    kv_heads = draw(st.sampled_from([1, 2]))
-    case = Case(
-        tuple(seqlens_q),
-        seqlens_k=None if seqlens_k is None else tuple(seqlens_k),
-        padded_q=tuple(n + e for n, e in zip(seqlens_q, draw(extra))),
-        tail_q=draw(st.integers(0, 4)),
-        tail_k=draw(st.integers(0, 4)),
-        heads=kv_heads * draw(st.sampled_from([1, 2])),
-        kv_heads=kv_heads,
-        head_dim=draw(st.sampled_from([16, 32])),
-        dtype=draw(st.sampled_from(["float32", "float16", "bfloat16"])),
-        causal=draw(st.booleans()),
-        seed=draw(st.integers(0, 99)),
-        fill=draw(st.sampled_from([Fill.NAN, Fill.NEG_INF, Fill.HUGE])),
-    )
-    # workbench.probe needs at least one row of q and of k; test_zero_rows covers none.
-    assume(case.total_rows("q") > 0 and case.total_rows("k") > 0)
-    return case
+# workbench.probe needs at least one row of q and of k (nonempty, the default); test_zero_rows covers none.
+layouts = LayoutSpace(
+    max_batch=4,
+    longest=70,
+    extra_padding=5,
+    tail=4,
+    heads=(1, 2, 4),
+    head_dims=(16, 32),
+    dtypes=("float32", "float16", "bfloat16"),
+    fills=(Fill.NAN, Fill.NEG_INF, Fill.HUGE),
+).strategy
 
 
 @given(layouts())

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 
 from workbench import (
     Case,
@@ -22,30 +21,13 @@ from workbench import (
     thd_to_bshd,
     unpad_thd,
 )
+from workbench.strategies import LayoutSpace
 
-
-@st.composite
-def cases(draw):
-    """Small packed layouts: empty and length-1 sequences, gaps, tails, GQA, cross-attention."""
-    batch = draw(st.integers(1, 4))
-    lengths = st.lists(st.integers(0, 9), min_size=batch, max_size=batch)
-    seqlens_q = draw(lengths)
-    seqlens_k = draw(st.none() | lengths)
-    extra = draw(st.lists(st.integers(0, 3), min_size=batch, max_size=batch))
-    kv_heads = draw(st.sampled_from([1, 2]))
-    return Case(
-        tuple(seqlens_q),
-        seqlens_k=None if seqlens_k is None else tuple(seqlens_k),
-        padded_q=tuple(n + e for n, e in zip(seqlens_q, extra)),
-        align=draw(st.none() | st.sampled_from([4, 16])),
-        tail_q=draw(st.integers(0, 5)),
-        tail_k=draw(st.integers(0, 5)),
-        heads=kv_heads * draw(st.sampled_from([1, 2])),
-        kv_heads=kv_heads,
-        head_dim=8,
-        seed=draw(st.integers(0, 1000)),
-        fill=draw(st.sampled_from(list(Fill))),
-    )
+# Small packed layouts: empty and length-1 sequences, GAP rows (explicit or aligned), TAIL rows,
+# GQA, len_q != len_k, every fill; also layouts with no row at all (the conversions handle them).
+cases = LayoutSpace(
+    max_batch=4, longest=9, extra_padding=3, tail=5, heads=(1, 2, 4), head_dims=(8,), aligns=(4, 16), nonempty=False
+).strategy
 
 
 def test_te_docstring_layout():

@@ -1,6 +1,7 @@
 """Post-mortem triton-interpreter-bf16-dot: its results, and claims that fail when the facts change."""
 
 import copy
+import dataclasses
 import json
 
 import nbformat
@@ -8,8 +9,8 @@ import pytest
 
 from kernels import DEVICE
 from postmortems import triton_interpreter_bf16_dot as pm
-from workbench.cli import jsonable
-from workbench.postmortem import ClaimFailed
+from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, ClaimFailed, Evidence, strongest
+from workbench.records import jsonable, load_records
 from workbench.registry import Registry, check_notebook, recorded_verdicts
 
 
@@ -23,7 +24,11 @@ def _statement(prefix: str) -> str:
 
 
 def _attention(results, impl, dtype="bfloat16"):
-    return next(r for r in results["interpreter"]["attention"] if r["impl"] == impl and r["dtype"] == dtype)
+    return next(r for r in results.interpreter["attention"] if r["impl"] == impl and r["dtype"] == dtype)
+
+
+def _replace(results, **changes):
+    return dataclasses.replace(copy.deepcopy(results), **changes)
 
 
 def test_module_and_committed_notebook_follow_the_pipeline_conventions():
@@ -33,6 +38,18 @@ def test_module_and_committed_notebook_follow_the_pipeline_conventions():
     verdicts = recorded_verdicts(postmortem, nb)
     assert [v.claim for v in verdicts] == pm.claims.statements
     assert all(v.holds for v in verdicts)
+    assert pm.META.category == "tooling bug"
+
+
+def test_every_claim_says_what_produced_its_evidence():
+    levels = dict(zip(pm.claims.statements, pm.claims.levels))
+    assert levels[_statement("bf16 tl.dot under the interpreter")] == UPSTREAM_CPU  # the real interpreter
+    assert levels[_statement("compiled natively on a GPU")] == UPSTREAM_GPU  # the recorded H200 run
+    source = levels[_statement("the interpreter stores bf16 as uint16")]
+    assert source.kind == "source" and source.at == pm.SOURCE_READ
+    assert levels[_statement("our kernels are within the bound")] == OURS
+    assert strongest(pm.claims.levels) == UPSTREAM_GPU
+    assert all(isinstance(level, Evidence) for level in levels.values())
 
 
 def test_every_claim_holds_on_this_machine(results):
@@ -41,26 +58,36 @@ def test_every_claim_holds_on_this_machine(results):
 
 
 def test_results_are_json_ready(results):
-    assert json.loads(json.dumps(results)) == results
+    summary = results.summary()
+    assert json.loads(json.dumps(summary)) == summary
+    assert set(summary) == {"interpreter", "native", "compiled", "source", "gpu"}
 
 
 def test_study_covers_every_dtype_and_the_three_implementations(results):
-    rows = results["interpreter"]["attention"]
+    rows = results.interpreter["attention"]
     assert {(r["impl"], r["dtype"]) for r in rows} == {
         *((pm.REPRODUCTION, case.dtype) for case in pm.CASES),
         (pm.WORKAROUND, "bfloat16"),
         (pm.FIXED, "bfloat16"),
     }
     assert set(_attention(results, pm.FIXED)["errors"]) == {"out", "dq", "dk", "dv"}
-    assert set(results["interpreter"]["forward_seconds"]) == {case.dtype for case in pm.CASES}
+    assert set(results.interpreter["forward_seconds"]) == {case.dtype for case in pm.CASES}
 
 
 def _fixed_upstream(r):  # what a Triton with PR #11585 merged would report
-    r["interpreter"]["detector"]["checks"]["bfloat16"]["relative"] = 3e-8
+    r.interpreter["detector"]["checks"]["bfloat16"]["relative"] = 3e-8
 
 
 def _other_mechanism(r):
-    r["interpreter"]["detector"]["bit_pattern_gap"] = 1.0
+    r.interpreter["detector"]["bit_pattern_gap"] = 1.0
+
+
+def _source_changed(r):  # a Triton whose create_dot converts bf16 too
+    r.source["create_dot"] = r.source["create_dot"].replace("primitive_bitwidth == 8", "primitive_bitwidth <= 16")
+
+
+def _native_wrong(r):  # a GPU record whose native bf16 dot is off
+    r.gpu[-1]["results"]["native"]["detector"]["checks"]["bfloat16"]["correct"] = False
 
 
 def _reproduction_nan(r):
@@ -72,17 +99,19 @@ def _fixed_kernel_off(r):
 
 
 def _detector_wrong(r):
-    r["interpreter"]["detector"]["bf16_dot_is_broken"] = False
+    r.interpreter["detector"]["bf16_dot_is_broken"] = False
 
 
 def _upcast_compiled_in(r):
-    r["compiled"]["off"]["conversions"] = 2
+    r.compiled["off"]["conversions"] = 2
 
 
 BREAKS = [
     ("bf16 tl.dot under the interpreter differs", _fixed_upstream),
     ("the interpreter's bf16 tl.dot is exactly", _other_mechanism),
-    ("a bf16 CPU reproduction without the workaround", _reproduction_nan),
+    ("the interpreter stores bf16 as uint16", _source_changed),
+    ("a bf16 attention forward with two tl.dot", _reproduction_nan),
+    ("compiled natively on a GPU", _native_wrong),
     ("our kernels are within the bound", _fixed_kernel_off),
     ("the detector's answer matches", _detector_wrong),
     ("natively the workaround is compiled out", _upcast_compiled_in),
@@ -95,13 +124,13 @@ def test_each_claim_fails_when_its_fact_changes(results, prefix, breakage):
     breakage(broken)
     failing = [v.claim for v in pm.claims.check(broken) if not v.holds]
     assert failing == [_statement(prefix)]
-    with pytest.raises(ClaimFailed, match="1 of 6 claims do not hold"):
+    with pytest.raises(ClaimFailed, match=f"1 of {len(pm.claims)} claims do not hold"):
         pm.claims.report(broken)
 
 
 def _native(results, broken: bool):
     """A native study as a GPU run reports it: the bf16 dot correct, no upcast."""
-    native = copy.deepcopy(results["interpreter"])
+    native = copy.deepcopy(results.interpreter)
     detector = native["detector"]
     detector.update(interpreted=False, bit_pattern_gap=None, bf16_dot_is_broken=broken)
     detector["checks"]["bfloat16"].update(relative=1e-8, correct=True)
@@ -109,11 +138,16 @@ def _native(results, broken: bool):
 
 
 def test_native_results_take_part_in_the_detector_and_compile_claims(results):
-    with_native = copy.deepcopy(results) | {"native": _native(results, broken=False)}
+    with_native = _replace(results, native=_native(results, broken=False))
     assert all(v.holds for v in pm.claims.check(with_native))
-    wrong = copy.deepcopy(results) | {"native": _native(results, broken=True)}
+    wrong = _replace(results, native=_native(results, broken=True))
     failing = {v.claim for v in pm.claims.check(wrong) if not v.holds}
     assert failing == {_statement("the detector's answer matches"), _statement("natively the workaround is compiled out")}
+
+
+def test_without_any_native_run_the_gpu_claim_fails_saying_how_to_record_one(results):
+    (verdict,) = [v for v in pm.claims.check(_replace(results, gpu=[], native=None)) if v.level == UPSTREAM_GPU]
+    assert not verdict.holds and "workbench repro triton-interpreter-bf16-dot --device cuda --record" in verdict.evidence
 
 
 def test_reproduce_refuses_the_other_device():
@@ -122,20 +156,38 @@ def test_reproduce_refuses_the_other_device():
         pm.reproduce(device=other)
 
 
-def test_gpu_records_written_by_workbench_repro_are_rendered(results, tmp_path, monkeypatch):
-    # The record `workbench repro --record` writes: our results go through its `jsonable` unchanged.
-    record = {"provenance": {"device": "NVIDIA H200"}, "verdict": "6/6 claims hold", "results": jsonable(results)}
+def test_the_committed_gpu_record_is_read_in_its_older_shape(results):
+    """data/gpu/triton-interpreter-bf16-dot-h200.json predates `source`, `gpu` and claim levels:
+    gpu_records(META) still reads it, and its results render through the same tables."""
+    (record,) = load_records(f"{pm.META.id}-*.json")
+    assert record["provenance"]["device"] == "NVIDIA H200" and record["results"]["native"] is not None
+    assert results.gpu and results.gpu[-1]["file"] == record["file"]
+    recorded = pm._recorded(record)
+    assert str(pm.dot_table(recorded)).count("native ") == 4
+    assert "NVIDIA H200" in str(pm.gpu_table(results))
+
+
+def test_records_written_by_workbench_repro_are_rendered(results, tmp_path):
+    # The record `workbench repro --record` writes: our results go through `jsonable` unchanged.
+    record = {"provenance": {"device": "NVIDIA H200"}, "verdict": "8/8 claims hold", "results": jsonable(results)}
     (tmp_path / f"{pm.META.id}-h200.json").write_text(json.dumps(record))
     (tmp_path / "another-postmortem-h200.json").write_text("{}")
-    monkeypatch.setattr(pm, "GPU_DATA", tmp_path)
-    records = pm.gpu_records()
-    assert len(records) == 1 and records[0]["results"] == results
-    assert "bfloat16 + upcast" in pm.dot_table(records[0]["results"])
-    assert "bfloat16" in pm.cost_table(records[0]["results"])
+    (loaded,) = load_records(f"{pm.META.id}-*.json", tmp_path)
+    assert loaded["results"] == results.summary()
+    assert "bfloat16 + upcast" in str(pm.dot_table(pm._recorded(loaded)))
 
 
 def test_tables_show_each_mode_present(results):
-    with_native = copy.deepcopy(results) | {"native": _native(results, broken=False)}
-    table = pm.dot_table(with_native)
-    assert table.count("interpreter ") == 4 and table.count("native ") == 4
-    assert pm.dot_table({**results, "native": None}).count("native ") == 0
+    with_native = _replace(results, native=_native(results, broken=False))
+    shown = str(pm.dot_table(with_native))
+    assert shown.count("interpreter ") == 4 and shown.count("native ") == 4
+    assert str(pm.dot_table(_replace(results, native=None))).count("native ") == 0
+
+
+def test_listings_read_the_code_as_it_is_now():
+    from kernels.varlen import triton_kernels
+
+    assert "def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):" in str(pm.listing("our _dot"))
+    assert triton_kernels._dot.fn.__name__ == "_dot"
+    with pytest.raises(ValueError, match="give one of"):
+        pm.listing("nothing")

@@ -1,8 +1,10 @@
-"""Post-mortem te-thd-2892: TE's layout contract and test recipe, the workaround, RoPE, claims."""
+"""Post-mortem te-thd-2892: the contract and TE's recipe on our kernel, VERL's workaround, tail rows,
+FP8 scales, TE's pad_between_seqs auto-detect as transcribed, the toy's training, and the claims."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +12,8 @@ import torch
 from kernels import INTERPRETED, varlen_attention
 from postmortems import te_thd_2892 as pm
 from workbench import Region, pack, probe, reference_attention
-from workbench.tinylm import dense_attention
+from workbench.postmortem import Results
+from workbench.tinylm import IGNORE, PAD_TOKEN, SyntheticTask, dense_attention
 
 
 def ignores_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
@@ -20,18 +23,16 @@ def ignores_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
     return reference_attention(q, k, v, cu_q, cu_k, max_q, max_k, compute_dtype=q.dtype, **kwargs)
 
 
-def test_te_docstring_example_through_the_fixed_kernel():
+def test_te_docstring_example_through_our_kernel():
     record = pm.layout_contract()
-    assert (
-        pm.TE_DOCSTRING.padded_lengths("q") == pm.TE_DOCSTRING.padded_lengths("k") == (4, 4, 5)
-    )  # cu_seqlens_q_padded = [0, 4, 8, 13]
+    assert pm.TE_DOCSTRING.padded_lengths("q") == pm.TE_DOCSTRING.padded_lengths("k") == (4, 4, 5)  # [0, 4, 8, 13]
     assert record.tensors["out"].shape == (13, 2, 16) and record.tensors["dk"].shape == (13, 2, 16)
     assert (record.regions_q == Region.REAL).sum() == 9  # cu_seqlens_q = [0, 3, 5, 9]
     assert record.real_finite and record.padding_exactly_zero and record.real_within_bound
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_te_recipe_on_the_fixed_kernel(dtype):
+def test_te_recipe_on_our_kernel(dtype):
     result = pm.te_recipe(varlen_attention, (5, 9, 3, 12), dtype=dtype, seed=1)
     assert sum(result.pads) > 0, "the drawn layout must contain padding between sequences"
     assert result.te_passes, result.te_error
@@ -50,10 +51,11 @@ def test_te_recipe_rejects_dtypes_without_te_tolerance():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_workaround_on_the_fixed_kernel(causal):
-    check = pm.workaround_error(pm.padding_case(0.2, causal=causal))
-    # Non-causal: padding keys steal softmax mass. Causal: trailing padding is never visible.
-    assert check.within is causal, str(check)
+def test_workaround_and_the_right_call(causal):
+    case = pm.padding_case(0.2, causal=causal)
+    # Non-causal: padding keys steal softmax mass. Causal: padding at a sequence's end is never visible.
+    assert pm.workaround_error(case).within is causal
+    assert pm.contract_error(case).within  # real cu_seqlens + cu_seqlens_padded: always right
 
 
 def test_workaround_error_grows_with_padding():
@@ -64,32 +66,69 @@ def test_workaround_error_grows_with_padding():
     assert all(c.within for _, c in sweep[True])
 
 
-def test_padding_case_fraction_and_alignment():
+def test_padding_case_and_padded_batch():
     assert pm.padding_case(0.2, causal=True, seqlens=(24, 5)).padded_q == (30, 6)
     assert pm.padding_case(0.2, causal=True, seqlens=(24, 5), align=16).padded_q == (32, 16)
     with pytest.raises(ValueError, match="fraction = 1.0 must be in"):
         pm.padding_case(1.0, causal=True)
     with pytest.raises(ValueError, match="align = 0 must be >= 1"):
         pm.padding_case(0.1, causal=True, align=0)
+    batch = pm.padded_batch(SyntheticTask(seed=0), (12, 6), 0.5)
+    assert batch.cu_seqlens.tolist() == [0, 12, 18] and batch.cu_seqlens_padded.tolist() == [0, 24, 36]
+    assert batch.padding_fraction == pytest.approx(0.5)
+    assert (batch.tokens[12:24] == PAD_TOKEN).all() and (batch.targets[11:24] == IGNORE).all()
+    assert (batch.tokens[:12] != PAD_TOKEN).all()
+    with pytest.raises(ValueError, match="fraction = 1.0 must be in"):
+        pm.padded_batch(SyntheticTask(), (4,), 1.0)
 
 
-def test_tail_blind_backend_leaves_tail_rows_unwritten():
+def test_tail_blind_backend_leaves_the_tail_unwritten_and_zero_tail_mends_it():
     case = pm.Case((6, 5), padded_q=(6, 9), heads=2, head_dim=16, causal=True, fill=pm.Fill.ZEROS)
-    record = probe(pm.tail_blind(dense_attention), pack(case, "cpu"), poisoned=True)
-    tail = record.regions_q == Region.GAP  # the last sequence's padding: a tail in TE's eyes
-    assert torch.isnan(record.tensors["out"][tail]).all() and torch.isnan(record.tensors["dq"][tail]).all()
-    assert record.real_within_bound  # real rows are exact: the damage is what is not written
-    assert probe(pm.tail_blind(dense_attention), pack(case, "cpu")).real_within_bound
+    blind = probe(pm.tail_blind(dense_attention), pack(case, "cpu"), poisoned=True)
+    tail = blind.regions_q == Region.GAP  # the last sequence's padding: a tail in the backend's eyes
+    assert torch.isnan(blind.tensors["out"][tail]).all() and torch.isnan(blind.tensors["dq"][tail]).all()
+    assert blind.real_within_bound  # real rows are exact: the damage is what is not written
+    mended = probe(pm.zero_tail(pm.tail_blind(dense_attention)), pack(case, "cpu"), poisoned=True)
+    assert mended.padding_exactly_zero and mended.real_within_bound
+    for name in ("out", "dq", "dk", "dv"):
+        real = mended.regions(name) == Region.REAL
+        assert torch.equal(mended.tensors[name][real], blind.tensors[name][real])
 
 
-def test_training_three_ways():
+def test_training_the_causal_toy():
     runs = pm.train_three_ways(steps=12)
-    correct, workaround, end, blind = (runs[name][0] for name in pm.TRAINING_RUNS)
-    assert workaround.losses == correct.losses  # causal masking hides trailing padding exactly
+    correct, workaround, end, blind, zeroed = (runs[name][0] for name in pm.TRAINING_RUNS)
+    assert workaround.losses == correct.losses  # causal masking hides padding at a sequence's end exactly
     assert end.losses == pytest.approx(correct.losses, rel=1e-5)
-    assert not math.isfinite(blind.final_loss)
-    chain = runs[pm.TRAINING_RUNS[-1]][1].causal_chain()
+    assert not math.isfinite(blind.final_loss) and math.isfinite(blind.losses[0])
+    assert zeroed.losses == pytest.approx(end.losses, rel=1e-5)
+    chain = runs[pm.TRAINING_RUNS[3]][1].causal_chain()
     assert chain.origin.step == 0 and chain.first_parameter == "norm.weight"
+
+
+def test_bidirectional_toy_sees_padding_under_the_workaround():
+    (run,) = pm.bidirectional_seeds(seeds=(3,), steps=3)
+    # Same weights and data at step 0: only the visible padding keys differ.
+    assert run.seed == 3 and run.correct.losses[0] != run.workaround.losses[0]
+    assert all(math.isfinite(x) for x in run.correct.losses + run.workaround.losses)
+    assert run.train_gap == run.workaround.final_loss - run.correct.final_loss
+
+
+def test_gradient_health_runs():
+    none = pm.health_runs(0.0, steps=3)
+    assert set(none) == {"VERL workaround", "correct contract"}
+    assert pm.qkv_norm_ratio(none) == 1.0  # no padding: the workaround is the right call
+    some = pm.health_runs(0.5, steps=3)
+    assert all(len(m.history) == 3 and set(pm.HEALTH_PARAMS) <= set(m.names.values()) for m in some.values())
+    assert pm.qkv_norm_ratio(some) != 1.0
+    assert pm.health_runs(0.5, steps=3) is some  # cached: the explorer reuses the notebook's runs
+
+
+def test_pad_between_seqs_transcriptions():
+    found = pm.auto_detect()
+    assert list(found.values()) == [(True, True), (False, True), (False, True), (False, False)]
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert pm.pad_between_seqs_main(cu, cu.clone()) and not pm.pad_between_seqs_v2_12(cu, cu.clone())
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
@@ -100,12 +139,11 @@ def test_fp8_scales_from_real_rows_survive_poisoned_padding():
     assert math.isnan(study[("nan", "all")].error)
 
 
-def test_bidirectional_model_sees_padding_under_the_workaround():
-    runs = pm.train_bidirectional(steps=3)
-    correct, workaround = runs["correct"], runs["workaround"]
-    # Same weights and data at step 0: only the visible padding keys differ.
-    assert correct.losses[0] != workaround.losses[0]
-    assert all(math.isfinite(x) for x in correct.losses + workaround.losses)
+def test_fp8_zeroed_padding_leaves_the_scales_alone():
+    assert pm.fp8_zero_padding_scales_equal()
+    huge = pm.pack(pm.FP8_CASE.with_(fill=pm.Fill.HUGE), None, requires_grad=False)
+    real, every = pm._quantized(huge, "real"), pm._quantized(huge, "all")
+    assert not all(torch.equal(a.scale, b.scale) for a, b in zip(real, every))
 
 
 def test_interpreter_cast_and_quantizer_rounding():
@@ -133,20 +171,31 @@ def test_rope_positions_study():
 
 
 def test_claims_fail_when_facts_change():
-    rope = pm.rope_study(pm.TE_DOCSTRING.with_(dtype="float32"))
-    results = {"rope": rope, "cast": pm.cast_study()}
+    assert issubclass(pm.TeResults, Results)
+    results = SimpleNamespace(rope=pm.rope_study(pm.TE_DOCSTRING.with_(dtype="float32")), auto_detect=pm.auto_detect())
     held = {v.claim: v.holds for v in pm.claims.check(results)}
-    rope_claims = [c for c in pm.claims.statements if c.startswith("RoPE")]
-    assert all(held[c] for c in rope_claims) and held[next(c for c in held if c.startswith("fp32 -> e4m3"))]
+    rope = [c for c in pm.claims.statements if c.startswith("RoPE")]
+    detect = [c for c in pm.claims.statements if "auto-detect" in c or "PR #2898" in c]
+    assert len(rope) == 2 and len(detect) == 2 and all(held[c] for c in rope + detect)
     # A layout without padding has nothing to restart: the corruption claim must stop holding.
-    results["rope"] = pm.rope_study(pm.TE_DOCSTRING.with_(padded_q=None, padded_k=None, dtype="float32"))
-    assert not {v.claim: v.holds for v in pm.claims.check(results)}[rope_claims[1]]
+    results.rope = pm.rope_study(pm.TE_DOCSTRING.with_(padded_q=None, padded_k=None, dtype="float32"))
+    # A TE that compared every boundary would see the tail: the 2.12 claim must stop holding.
+    results.auto_detect = {name: (True, new) for name, (_, new) in results.auto_detect.items()}
+    held = {v.claim: v.holds for v in pm.claims.check(results)}
+    assert not held[rope[1]] and not held[detect[0]] and held[detect[1]]
     # A claim whose results are missing fails, it does not vanish.
-    assert not {v.claim: v.holds for v in pm.claims.check({})}[rope_claims[0]]
+    assert not any(v.holds for v in pm.claims.check(SimpleNamespace()))
 
 
-def test_explorer_frame():
-    fig = pm.plot_workaround_layout("TE docstring (3, 2, 4)", 16, 0.2, False)
-    assert "ABOVE bound" in fig.axes[1].get_title(loc="left")
-    fig = pm.plot_workaround_layout("TE docstring (3, 2, 4)", 16, 0.2, True)
-    assert "within bound" in fig.axes[1].get_title(loc="left")
+def test_every_claim_names_its_evidence_and_source_claims_their_commit():
+    levels = dict(zip(pm.claims.statements, pm.claims.levels))
+    assert {e.kind for e in levels.values()} == {"source", "replica", "toy", "ours"}
+    assert {e.at for e in levels.values() if e.kind == "source"} == {pm.TE_V2_12, pm.TE_MAIN}
+    assert all(e.kind == "ours" for claim, e in levels.items() if "our kernel" in claim or "our all-gather" in claim)
+
+
+def test_figures():
+    fig = pm.plot_gradient_health(0.0)
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["VERL workaround", "correct contract"]
+    assert "= 1.00" in fig._suptitle.get_text()
+    assert len(pm.plot_contract().axes) == 2

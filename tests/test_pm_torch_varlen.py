@@ -7,11 +7,20 @@ import math
 import pytest
 import torch
 
+from kernels.replicas.torch_varlen import stale_memory
 from postmortems import torch_varlen_176793 as pm
 from workbench import Case, Fill, pack, poisoned_memory
+from workbench.records import jsonable
 from workbench.registry import Registry
 
 TINY = Case(seqlens_q=(9, 5), tail_q=2, tail_k=2, heads=1, head_dim=16, dtype="float16", fill=Fill.ZEROS)
+
+
+def _call(fn, batch, d_out=None):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v))
+    out = fn(q, k, v, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
+    out.backward(torch.ones_like(out) if d_out is None else d_out)
+    return out.detach(), q.grad, k.grad, v.grad
 
 
 def test_registered_with_a_conforming_notebook():
@@ -21,6 +30,14 @@ def test_registered_with_a_conforming_notebook():
     check_notebook(post_mortem)
     assert post_mortem.meta.seed == "000_1019a3997e440af2.txt"
     assert pm.STUDY in pm.CASES and all(c.tail_q == c.tail_k for c in pm.CASES)
+
+
+def test_meta_dates_follow_the_issue_and_its_links():
+    assert pm.META.reported == "2026-03-07"  # the issue's own date, not a later PR's
+    dated = pm.META.timeline
+    assert dated[0].label.startswith("pytorch#176793") and dated[0].date == pm.META.reported
+    assert {link.status for link in dated if "ValueError" in link.label or "resubmitted" in link.label} == {"closed, not merged"}
+    assert pm.META.revised >= max(link.date for link in dated)
 
 
 def test_seed_inputs_are_two_dimensional_and_unequal():
@@ -40,57 +57,146 @@ def test_corrected_repro(impl, broken):
     assert (outcome["out_tail_nonfinite"] == 3 * 16, outcome["grad_tail_nonfinite"] == 3 * 48) == (broken, broken)
 
 
-def test_proposed_check_rejects_trailing_rows_and_needs_the_host():
+def test_stale_memory_is_finite_deterministic_and_scoped():
+    with pytest.raises(ValueError, match="finite scale > 0"):
+        with stale_memory(scale=math.inf):
+            pass
+    outcomes = []
+    for _ in range(2):
+        with stale_memory(seed=3):
+            outcomes.append(pm.corrected_repro(pm.replica_varlen_attn, seqlens=(9, 5), heads=1, head_dim=16, dtype=torch.float16))
+    assert outcomes[0] == outcomes[1] and math.isfinite(outcomes[0]["loss"])
+    assert outcomes[0]["out_tail_nonfinite"] == outcomes[0]["grad_tail_nonfinite"] == 0
+    with poisoned_memory():  # outside the block, poisoning shows again: the state was restored
+        assert math.isnan(
+            pm.corrected_repro(pm.replica_varlen_attn, seqlens=(9, 5), heads=1, head_dim=16, dtype=torch.float16)["loss"]
+        )
+
+
+def test_check_your_run_table_names_the_unwritten_rows():
+    batch = pack(TINY)
+    with poisoned_memory():
+        out, dq, dk, dv = _call(pm.replica_varlen_attn, batch)
+    report = pm.tail_rows_report(out, {"dq": dq, "dk": dk, "dv": dv}, batch.cu_seqlens_q, batch.cu_seqlens_k)
+    assert [r[:3] for r in report.rows] == [(name, "2", "32") for name in ("out", "dq", "dk", "dv")]
+
+
+def test_workarounds_keep_real_rows_and_zero_the_tail_under_a_loss_mask():
+    batch = pack(TINY)
+    d_out = pm._masked_grad_out(batch)
+    with poisoned_memory():
+        base = _call(pm.replica_varlen_attn, batch, d_out)
+        results = {name: _call(fn, batch, d_out) for name, fn in pm.workarounds(pm.replica_varlen_attn).items()}
+    real = 14
+    for name, tensors in results.items():
+        for got, want in zip(tensors, base):
+            assert torch.allclose(got[:real].float(), want[:real].float(), atol=2e-3), name
+        tails = [t[real:] for t in tensors]
+        assert all(bool((t == 0).all()) for t in tails) is (name != "as is"), name
+
+
+def test_dummy_sequence_without_a_loss_mask_trains_the_padding():
+    batch = pack(TINY)
+    with poisoned_memory():
+        _, dq, dk, dv = _call(pm.as_dummy_sequence(pm.replica_varlen_attn), batch)  # dO = 1 on every row
+    tail = torch.cat([dk[14:], dv[14:]])
+    assert torch.isfinite(tail).all() and tail.abs().max() > 0
+
+
+def test_dummy_sequence_appends_one_boundary_on_the_device():
+    seen = {}
+
+    def spy(q, k, v, cu_q, cu_k, max_q, max_k):
+        seen.update(cu_q=cu_q.tolist(), max_q=max_q)
+        return torch.zeros_like(q)
+
+    batch = pack(TINY)
+    pm.as_dummy_sequence(spy)(batch.q, batch.k, batch.v, batch.cu_seqlens_q, batch.cu_seqlens_k, 9, 9)
+    assert seen == {"cu_q": [0, 9, 14, 16], "max_q": 16}
+
+
+def test_zero_rows_from_replaces_nan_rather_than_multiplying_it():
+    x = torch.full((4, 2), math.nan)
+    x[:2] = 1.0
+    out = pm._zero_rows_from(x, torch.tensor(2))
+    assert out.tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_sliced_pads_the_output_back_to_the_buffer():
+    batch = pack(TINY)
+    out, dq, _, _ = _call(pm.as_sliced(pm.replica_varlen_attn), batch)
+    assert out.shape == batch.q.shape and bool((out[14:] == 0).all()) and bool((dq[14:] == 0).all())
+
+
+def test_qkv_damage_is_finite_and_wrong_only_with_the_buggy_op():
+    buggy = pm.qkv_damage(pm.replica_varlen_attn, seqlens=(9, 5), trailing=3, heads=1, head_dim=16)
+    assert buggy["weight_grad_finite"] and buggy["dqkv_tail_nonfinite"] == 0 and buggy["weight_grad_rel_error"] > 0.1
+    assert buggy["dqkv_real_max_abs_diff"] == 0.0 and buggy["correct_tail_zero"]
+    fixed = pm.qkv_damage(pm.fixed_torch_style, seqlens=(9, 5), trailing=3, heads=1, head_dim=16)
+    assert fixed["weight_grad_rel_error"] == 0.0 and fixed["dqkv_tail_max_abs"] == 0.0
+
+
+def test_proposed_check_rejects_trailing_rows_and_host_reads_break_compile():
     batch, no_tail = pack(TINY), pack(TINY.with_(tail_q=0, tail_k=0))
     with pytest.raises(ValueError, match=r"query has 16 tokens but cu_seq_q\[-1\] = 14"):
         pm.proposed_check(batch.q, batch.k, batch.cu_seqlens_q, batch.cu_seqlens_k)
     pm.proposed_check(no_tail.q, no_tail.k, no_tail.cu_seqlens_q, no_tail.cu_seqlens_k)
-    compiled = {name: pm.compile_fullgraph(fn, no_tail) for name, fn in pm._subjects(on_gpu=False).items()}
-    assert not compiled["replica + proposed check"]["ok"]
-    assert compiled["replica (as upstream: no check)"]["ok"] and compiled["fixed kernel, validate=False"]["ok"]
+    compiled = {name: pm.compile_fullgraph(fn, no_tail) for name, fn in pm._subjects().items()}
+    assert {name for name, o in compiled.items() if not o["ok"]} == {
+        "replica + proposed check",
+        "replica + (b) slice (host sync)",
+    }
 
 
-def test_with_proposed_check_keeps_the_signature_the_adapter_reads():
-    import inspect
-
-    checked = pm.with_proposed_check(pm.replica_varlen_attn)
-    assert "is_causal" in inspect.signature(checked).parameters
-    assert pm.torch_style(checked, "checked").name == "checked"
-
-
-def test_probe_points_record_failures_and_agreement_as_json():
-    def broken(*args, **kwargs):
-        raise RuntimeError("boom")
-
-    impls = {"replica": pm.replica, "fixed": pm.varlen_attention, "broken": broken}
-    points = json.loads(json.dumps(list(pm.probe_points(impls, TINY, (0, 2), device="cpu"))))
-    assert [p["impl"] for p in points[:4]] == ["replica", "fixed", "broken", "replica vs fixed"]
-    assert all(p["error"] == "RuntimeError: boom" for p in points if p["impl"] == "broken")
-    poisoned_replica = [p for p in points if p["impl"] == "replica" and p["poisoned"] and p["pad"] == 2][0]
-    assert poisoned_replica["nonfinite"]["dq"]["TAIL"] == 2 * 16 and poisoned_replica["real_within_bound"]
-    # REAL rows: the replica and the fixed kernel agree (the bug is only in rows nobody writes).
-    agreement = [p["real_max_abs_diff"] for p in points if p["impl"] == "replica vs fixed"]
-    assert all(max(d.values()) < 1e-2 for d in agreement)
-    table = pm.gpu_table({"points": points})
-    assert "error: RuntimeError: boom" in table and "32/32/32/32" in table
+def test_upstream_probes_run_on_any_torch_style_function_and_are_json():
+    tiny = TINY.with_(tail_q=0, tail_k=0)
+    data = pm.upstream_probes(
+        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, iters=1, timing_case=None, on_gpu=False
+    )
+    record = {"probes": json.loads(json.dumps(jsonable(data)))}
+    assert set(record["probes"]) >= {"damage", "points", "corrected_repro", "workarounds", "timing", "capture"}
+    assert record["probes"]["timing"][0]["vs_as_is"] == 1.0
+    assert "(d) our fixed kernel" in str(pm.gpu_workaround_table(record))
+    points = pm.gpu_points_table(record)
+    assert ("poisoned", "2", "varlen_attn", "32/32/32/32") == points.rows[-3][:4]
 
 
-def test_token_budget_attention_sees_rows_after_the_last_sequence_as_uncovered():
-    from workbench.tinylm import SyntheticTask
-
-    batch = SyntheticTask(seed=1).batch((5, 7), tail_align=16)
-    q = torch.randn(16, 1, 16)
-    with poisoned_memory():
-        out = pm.token_budget_attention(
-            q, q, q, batch.cu_seqlens, batch.cu_seqlens, 7, 7, cu_seqlens_q_padded=batch.cu_seqlens_padded, causal=True
-        )
-    assert torch.isnan(out[12:]).all() and torch.isfinite(out[:12]).all()
+def test_gpu_probes_say_why_without_cuda():
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        pm.gpu_probes("cpu")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
-def test_recording_without_cuda_says_why(capsys, tmp_path):
-    assert pm.main(["--record", str(tmp_path / "x.json")]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().err
-    assert not (tmp_path / "x.json").exists()
-    with pytest.raises(RuntimeError, match="CUDA only"):
-        pm.upstream()
+def test_upstream_code_reads_the_installed_source_without_docstrings():
+    code = pm.upstream_code()
+    assert "_flash_attention_forward" in code and "Shape legend" not in code
+
+
+def test_budget_batches_have_the_trailing_rows_asked_for():
+    batches, _ = pm.budget_batches(pad=5, steps=2)
+    for batch in batches:
+        assert batch.tokens.numel() - int(batch.cu_seqlens[-1]) == 5
+
+
+def test_gpu_claims_read_a_record_of_probes():
+    from types import SimpleNamespace
+
+    from workbench.postmortem import Claims
+
+    tiny = TINY.with_(tail_q=0, tail_k=0)
+    probes = pm.upstream_probes(
+        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, iters=1, timing_case=None, on_gpu=False
+    )
+    probes = json.loads(json.dumps(jsonable(probes)))
+    names = list(probes["capture"]["compile_fullgraph"])
+    host_reads = [n for n in names if n.endswith("proposed check") or "(b) slice" in n]
+    graphs = {n: {"ok": n not in host_reads, "error": "AcceleratorError: x"} for n in names}
+    probes["capture"]["cuda_graph"] = graphs
+    probes["seed_repro"] = {"raised": "RuntimeError: FlashAttention only support fp16 and bf16 data type"}
+    probes["timing_large"] = probes["timing"]
+    gpu_claims = Claims()
+    pm.register_gpu_claims(gpu_claims)
+    verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}, gpu_damage={"probes": probes}))
+    assert not [v.evidence for v in verdicts if v.evidence.startswith("check raised")]
+    assert all(v.level.kind == "upstream-gpu" for v in verdicts) and len(host_reads) == 2
+    assert verdicts[0].claim.startswith("H200: the seed's code verbatim") and verdicts[0].holds
+    assert [v.holds for v in verdicts if "CUDA-graph capture" in v.claim] == [True]

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
-from hypothesis import strategies as st
 
 from workbench import Case, Fill, Region, pack, reference_attention
+from workbench.strategies import LayoutSpace
 
 
 def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
@@ -42,24 +42,16 @@ def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
     return out
 
 
-@st.composite
-def layouts(draw):
-    batch = draw(st.integers(1, 3))
-    lengths = st.lists(st.integers(0, 12), min_size=batch, max_size=batch)
-    kv = draw(st.sampled_from([1, 2]))
-    return Case(
-        tuple(draw(lengths)),
-        seqlens_k=tuple(draw(lengths)),
-        align=draw(st.sampled_from([None, 4])),
-        tail_q=draw(st.integers(0, 3)),
-        tail_k=draw(st.integers(0, 3)),
-        heads=kv * draw(st.sampled_from([1, 3])),
-        kv_heads=kv,
-        head_dim=8,
-        causal=draw(st.booleans()),
-        seed=draw(st.integers(0, 99)),
-        fill=draw(st.sampled_from([Fill.NAN, Fill.POS_INF, Fill.GARBAGE])),
-    )
+# Cross-attention lengths, GAP rows, TAIL rows, GQA groups of 1-3, causal, non-finite fills.
+layouts = LayoutSpace(
+    max_batch=3,
+    longest=12,
+    heads=(1, 2, 3, 6),
+    head_dims=(8,),
+    aligns=(4,),
+    fills=(Fill.NAN, Fill.POS_INF, Fill.GARBAGE),
+    nonempty=False,
+).strategy
 
 
 @given(layouts())
@@ -134,3 +126,29 @@ def test_low_precision_compute_dtype_is_pytorchs_own_error():
     assert low.dtype == torch.bfloat16
     err = (low.double() - exact).abs().max().item()
     assert 1e-4 < err < 5e-2  # bf16 rounding, neither zero nor garbage
+
+
+@pytest.mark.parametrize("window", [(2, 0), (0, 3), (1, 1), (0, 0), (-1, 2)], ids=str)
+def test_oracle_windows_match_sdpa_with_an_explicit_mask(window):
+    """Each sequence through SDPA in float64 with the window written out entry by entry
+    (bottom-right aligned); rows that see no key are 0 in the oracle."""
+    case = Case((7, 3, 9), seqlens_k=(7, 6, 4), align=4, tail_q=2, heads=2, kv_heads=1, head_dim=8, fill=Fill.NAN)
+    batch = pack(case, device="cpu", requires_grad=False)
+    out = batch.call(reference_attention, window_size=window)
+    left, right = window
+    q, k, v = (t.double() for t in (batch.q, batch.k, batch.v))
+    bq, bk = batch.cu_seqlens_q.tolist(), batch.cu_seqlens_k.tolist()
+    pq, pk = batch.cu_seqlens_q_padded.tolist(), batch.cu_seqlens_k_padded.tolist()
+    for i in range(case.batch):
+        lq, lk = bq[i + 1] - bq[i], bk[i + 1] - bk[i]
+        mask = torch.zeros(lq, lk, dtype=torch.bool)
+        for r in range(lq):
+            for c in range(lk):
+                diagonal = r + lk - lq
+                mask[r, c] = (left < 0 or c >= diagonal - left) and (right < 0 or c <= diagonal + right)
+        qi = q[pq[i] : pq[i] + lq].transpose(0, 1)
+        ki = k[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(2, 0)
+        vi = v[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(2, 0)
+        expected = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask).transpose(0, 1)
+        expected = torch.where(mask.any(-1)[:, None, None], expected, 0.0)
+        assert torch.allclose(out[pq[i] : pq[i] + lq], expected, atol=1e-12), f"sequence {i}"

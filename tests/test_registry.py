@@ -1,12 +1,17 @@
-"""The registry: id <-> module mapping, module and notebook shape checks, recorded verdicts."""
+"""The registry: id <-> module mapping, module and notebook shape checks, recorded verdicts, and
+committed notebooks that show the current code (source listings re-rendered and compared)."""
 
 import ast
+import importlib
+import re
+import subprocess
+import sys
 import types
 
 import nbformat
 import pytest
 
-from workbench.postmortem import Claims, Verdict, verdict_table
+from workbench.postmortem import METADATA_KEY, OURS, Claims, ClaimVerdict, claims_table
 from workbench.registry import (
     HEADER_TAG,
     PostMortem,
@@ -50,6 +55,14 @@ def test_the_scaffold_is_a_valid_postmortem_with_a_conforming_notebook(project):
     for cell in nb.cells:  # every code cell is valid Python
         if cell.cell_type == "code":
             ast.parse(cell.source)
+    # It shows what every post-mortem shows, through the toolkit: one table, one figure, the
+    # upstream status from META, the GPU records; and every claim carries its evidence level.
+    source = "\n".join(c.source for c in nb.cells)
+    for shown in ("pm.results_table(results)", "pm.error_figure(results)", "pm.META.upstream_markdown()", "gpu_records(pm.META)"):
+        assert shown in source, shown
+    module = module_path.read_text()
+    assert "table(" in module and "figure(" in module and module.count("evidence=") == len(pm.claims)
+    assert all(level == OURS for level in pm.claims.levels)
 
 
 def test_scaffold_refuses_to_overwrite_and_bad_input(project):
@@ -132,18 +145,41 @@ def test_notebook_conventions_are_enforced(project):
         check_notebook(pm)
 
 
-def test_recorded_verdicts_are_read_back_exactly(project):
+def _claims_output(verdicts):
+    """The output `Claims.report` displays in a notebook: the table as text and HTML, the verdicts in metadata."""
+    shown = claims_table(verdicts)
+    return nbformat.v4.new_output(
+        "display_data",
+        data={"text/plain": str(shown), "text/html": shown._repr_html_()},
+        metadata={METADATA_KEY: {"claims": [v.to_dict() for v in verdicts]}},
+    )
+
+
+def test_recorded_verdicts_are_read_back_exactly_from_output_metadata(project):
     project.scaffold("verdicts", "Title")
     pm = project.get("verdicts")
     first, second = pm.claims.statements
-    printed = [Verdict(first, True, "1/1 cases"), Verdict(second, False, "0/1 cases")]
+    shown = [ClaimVerdict(first, True, "1/1 cases", OURS), ClaimVerdict(second, False, "0/1 cases", OURS)]
     nb = nbformat.read(pm.notebook, as_version=4)
-    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=verdict_table(printed) + "\n")]
-    assert recorded_verdicts(pm, nb) == printed
+    nb.cells[-1].outputs = [_claims_output(shown)]
+    assert recorded_verdicts(pm, nb) == shown
 
-    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=verdict_table(printed[:1]) + "\n")]
-    with pytest.raises(RegistryError, match=f"did not print a verdict for claim '{second}'"):
+    # Printed text is never parsed back: a table printed without metadata carries no verdicts.
+    printed = nbformat.v4.new_output("stream", name="stdout", text=str(claims_table(shown)) + "\n")
+    nb.cells[-1].outputs = [printed]
+    with pytest.raises(RegistryError, match="shows no claim verdicts; execute the notebook"):
         recorded_verdicts(pm, nb)
+
+    nb.cells[-1].outputs = [_claims_output(shown[:1])]
+    with pytest.raises(RegistryError, match=f"did not show a verdict for claim '{second}'"):
+        recorded_verdicts(pm, nb)
+
+
+def test_scaffold_and_registry_import_without_a_cycle():
+    """workbench.scaffold is plain text and nbformat: importing it alone must not pull in the registry."""
+    code = "import sys, workbench.scaffold; assert 'workbench.registry' not in sys.modules, 'scaffold imports the registry'"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
 
 
 def test_notebooks_pair_postmortems_and_keep_plain_ones(project):
@@ -165,4 +201,55 @@ def test_every_committed_postmortem_is_well_formed(pm_id):
     check_notebook(pm)
     verdicts = recorded_verdicts(pm, nbformat.read(pm.notebook, as_version=4))
     assert [v.claim for v in verdicts] == pm.claims.statements
-    assert all(v.holds for v in verdicts), verdict_table(verdicts)
+    assert all(v.holds for v in verdicts), claims_table(verdicts)
+
+
+_LISTING_CALL = re.compile(r"""^\s*(?:\w+\.)?listing\(\s*["']([^"']+)["']\s*\)\s*$""", re.MULTILINE)
+
+
+def shown_listings(nb) -> list[tuple[int, str, str]]:
+    """(cell index, listing name, text the committed output shows) for every cell that ends
+    with `pm.listing("name")` (a post-mortem's source listings, printed through one helper)."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not (match := _LISTING_CALL.search(cell.source)):
+            continue
+        texts = [o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", []) if o.output_type == "execute_result"]
+        found.append((index, match[1], "".join(texts)))
+    return found
+
+
+@pytest.mark.parametrize("pm_id", Registry().ids())
+def test_committed_source_listings_match_the_current_code(pm_id):
+    """A notebook that prints source code (`listing(name)`) must show the code as it is now:
+    re-render each listing from the code and compare it with the committed output."""
+    pm = Registry().get(pm_id)
+    nb = nbformat.read(pm.notebook, as_version=4)
+    listings = shown_listings(nb)
+    if not listings:
+        assert "inspect.getsource" not in "".join(c.source for c in nb.cells if c.cell_type == "code"), (
+            f"{pm.notebook} prints source without listing(): route it through the module's listing() so it is checked"
+        )
+        pytest.skip(f"{pm_id} prints no source listing")
+    module = importlib.import_module(pm.module.__name__)
+    for index, name, shown in listings:
+        current = str(module.listing(name))
+        assert shown == current, (
+            f"{pm.notebook}: cell {index} shows listing {name!r} as the code was, not as it is; "
+            f"re-execute it (`workbench execute {pm_id}`)"
+        )
+
+
+def test_a_stale_listing_is_caught():
+    """The check above can fail: a committed listing of an older `_dot` signature is found stale."""
+    nb = nbformat.v4.new_notebook()
+    stale = "def _dot(a, b, DOT_UPCAST: tl.constexpr):\n    return tl.dot(a, b)"
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            'pm.listing("our _dot")', outputs=[nbformat.v4.new_output("execute_result", data={"text/plain": stale})]
+        )
+    ]
+    from postmortems import triton_interpreter_bf16_dot as interp
+
+    ((index, name, shown),) = shown_listings(nb)
+    assert (index, name) == (0, "our _dot") and shown != str(interp.listing(name))

@@ -17,6 +17,7 @@ from workbench.seqpar import (
     gathered_rows,
     layer_forward,
     run_sequence_parallel,
+    sequence_parallel_forward,
     shard,
 )
 from workbench.tinylm import LMConfig, SyntheticTask, TinyLM
@@ -64,6 +65,15 @@ def test_gather_checks_its_size(one_rank_group):
         gather_tokens(local, 4, size_from="real")
     with pytest.raises(RuntimeError):  # what the collective says without our check
         gather_tokens(local, 4, size_from="real", validate=False)
+
+
+def test_sequence_parallel_forward_is_the_layer_on_one_rank(one_rank_group):
+    block, x, batch = packed_layer()
+    with torch.no_grad():
+        whole = layer_forward(block, x, batch.cu_seqlens, batch.cu_seqlens_padded)
+        assert torch.equal(sequence_parallel_forward(block, x, batch.cu_seqlens, batch.cu_seqlens_padded), whole)
+        with pytest.raises(SizingError, match=r"cu_seqlens\[-1\] = 69 rows, but the 1 ranks hold 96 rows"):
+            sequence_parallel_forward(block, x, batch.cu_seqlens, batch.cu_seqlens_padded, size_from="real")
 
 
 def test_sizing_arguments_are_checked():

@@ -1,5 +1,6 @@
 """The site build: executed pages, index, determinism, offline pages, loud failures, atomic swap;
-and nbval over a scaffolded notebook (it passes untouched, and fails naming a broken claim)."""
+every post-mortem page with the reader block and an evidence level per claim; and nbval over a
+scaffolded notebook (it passes untouched, and fails naming a broken claim)."""
 
 import json
 import os
@@ -13,9 +14,19 @@ import pytest
 from conftest import FAST_FIX, PLANTED_BUG, scaffold_variant
 from conftest import plain_notebook as _plain_notebook
 
-from workbench.postmortem import Verdict, verdict_table
+from workbench.postmortem import METADATA_KEY, OURS, READER_SECTIONS, ClaimVerdict, claims_table
 from workbench.registry import Registry
-from workbench.site import SITE, BuildError, build, execute_in_place, external_resources, for_site, kernel_env
+from workbench.site import (
+    SITE,
+    BuildError,
+    build,
+    describe,
+    execute_in_place,
+    external_resources,
+    for_site,
+    kernel_env,
+    page_problems,
+)
 
 FOOTER = re.compile(r'<footer class="wb-provenance">.*?</footer>', re.DOTALL)
 
@@ -39,22 +50,81 @@ def test_pages_index_and_manifest(built_site):
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
     assert 'class="wb-status wb-status-open"' in page and "2/2 claims hold" in page
+    # Upstream status and our verdict apart; the evidence badge names the strongest level (only our kernel here).
+    assert '<dt>Our verdict</dt><dd class="wb-our-verdict">scaffold: nothing of an upstream report verified yet</dd>' in page
+    assert '<span class="wb-evidence wb-evidence-ours"' in page and "strongest evidence: our fixed kernel, run here" in page
     assert "header_markdown()" not in page, "the header cell is replaced by the page header"
-    assert "HOLDS" in page and "padding exactly zero: True" in page
+    assert "HOLDS" in page and "Not recorded yet." in page
+    # Code folded behind a toggle, outputs visible; anchors on headings; lab CSS linked, not inlined.
+    assert page.count('<details class="wb-code">') == page.count("jp-CodeCell") > 0
+    assert '<h2 id="TL;DR">TL;DR<a class="anchor-link" href="#TL;DR">' in page
+    assert 'href="static/lab.css"' in page and "<style" not in page
+    assert "--jp-icon-add-above" in (out / "static" / "lab.css").read_text() and "--jp-icon-add-above" not in page
     assert re.search(r"Built with Python [\d.]+, torch \S+, triton \S+\s+on .+ \((Triton interpreter|native)\), commit", page)
     assert "42" in (out / "plain-notes.html").read_text()
 
     index = (out / "index.html").read_text()
     assert '<a class="wb-postmortem-link" href="scaffold-demo.html">' in index
     assert """<tr data-tags='["scaffold"]'>""" in index and 'data-tag="scaffold"' in index
-    assert '<a class="wb-notebook-link" href="plain-notes.html">plain-notes</a>' in index
-    assert (out / "static" / "site.css").exists() and (out / "static" / "site.js").exists()
+    assert '<section class="wb-start-here">' in index and 'What "claims hold" verifies.' in index
+    assert "(one line for the index: what breaks, for whom, how badly)" in index, "the impact line"
+    assert '<span class="wb-category wb-category-training-bug">training bug</span>' in index
+    assert '<a class="wb-notebook-link" href="plain-notes.html">A plain notebook</a>' in index
+    assert all((out / "static" / name).exists() for name in ("site.css", "site.js", "lab.css"))
 
     rows = json.loads((out / "manifest.json").read_text())["postmortems"]
-    assert [(r["id"], r["verdict"], r["tags"]) for r in rows] == [
-        ("oracle-variant", "2/2 claims hold", ["scaffold", "oracle"]),
-        ("scaffold-demo", "2/2 claims hold", ["scaffold"]),
+    assert [(r["id"], r["verdict"], r["tags"], r["levels"], r["category"]) for r in rows] == [
+        ("oracle-variant", "2/2 claims hold", ["scaffold", "oracle"], ["our kernel"], "training bug"),
+        ("scaffold-demo", "2/2 claims hold", ["scaffold"], ["our kernel"], "training bug"),
     ]
+
+
+def test_every_postmortem_page_has_the_reader_block_and_labelled_claims(built_site):
+    _, out = built_site
+    for name in ("scaffold-demo.html", "oracle-variant.html"):
+        assert page_problems((out / name).read_text()) == [], name
+
+
+def test_page_problems_name_a_missing_reader_section_and_an_unlabelled_claim(built_site):
+    """The check above can fail: a page without one reader section, or with a claim whose
+    evidence level is blank or unknown, is named with what it lacks."""
+    _, out = built_site
+    page = (out / "scaffold-demo.html").read_text()
+    without = re.sub(r"<h2 id=\"Who-is-affected\">.*?</h2>", "", page, count=1, flags=re.DOTALL)
+    assert without != page
+    assert any("heading 2 must be 'Who is affected'" in p for p in page_problems(without))
+    unlabelled = page.replace("<td>our kernel</td>", "<td></td>", 1)
+    assert unlabelled != page
+    assert page_problems(unlabelled) == [
+        "claim 'padding rows of out, dq, dk, dv are exactly 0' has no evidence level (one of "
+        + str(sorted({"upstream GPU", "upstream CPU", "replica", "toy model", "source", "our kernel"}))
+        + ")"
+    ]
+    no_claims = re.sub(r"<table class=\"wb-table\"><thead><tr><th>verdict</th>.*?</table>", "", page, flags=re.DOTALL)
+    assert any("no claims table" in p for p in page_problems(no_claims))
+    assert len(READER_SECTIONS) == 5
+
+
+@pytest.mark.parametrize(
+    "cells, expected",
+    [
+        (
+            ["# Title\n\nFirst sentence is short. Second one adds what the page shows, with a [link](https://x.y) and `code`."],
+            ("Title", "First sentence is short. Second one adds what the page shows, with a link and code."),
+        ),
+        (
+            ["# Title", "Intro that ends in a lead-in to a block:\n\n```\ncmd\n```"],
+            ("Title", "Intro that ends in a lead-in to a block:"),
+        ),
+        (["# Only a title"], ("Only a title", "")),
+    ],
+)
+def test_plain_pages_are_described_by_their_introduction(cells, expected):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(c) for c in cells]
+    assert describe(nb) == expected
+    nb.metadata["description"] = "Given in the notebook's metadata."
+    assert describe(nb) == (expected[0], "Given in the notebook's metadata.")
 
 
 def test_pages_request_nothing_off_site(built_site):
@@ -136,10 +206,16 @@ def test_failing_claim_is_named_in_execute_and_render_modes(project, tmp_path):
     ):
         build(project, tmp_path / "_build", log=lambda message: None)
 
-    # A committed notebook whose claims cell printed FAILS (say, it called claims.check) is refused too.
+    # A committed notebook whose claims cell carries failing verdicts (say, it called claims.check) is refused too.
     nb = nbformat.read(notebook_path, as_version=4)
-    failed = [Verdict(s, False, "0/1 cases") for s in project.get("planted-bug").claims.statements]
-    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=verdict_table(failed) + "\n")]
+    failed = [ClaimVerdict(s, False, "0/1 cases", OURS) for s in project.get("planted-bug").claims.statements]
+    nb.cells[-1].outputs = [
+        nbformat.v4.new_output(
+            "display_data",
+            data={"text/plain": str(claims_table(failed))},
+            metadata={METADATA_KEY: {"claims": [v.to_dict() for v in failed]}},
+        )
+    ]
     nbformat.write(nb, notebook_path)
     with pytest.raises(BuildError, match=r"claims do not hold: 'padding rows of out, dq, dk, dv are exactly 0'"):
         build(project, tmp_path / "_build", execute_notebooks=False, log=lambda message: None)

@@ -381,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fuzz in N processes (natively: compilation and Python are the bottleneck)",
     )
     audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
+    audit.add_argument("--skip", metavar="A,B", help="run every check but these")
     audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
     audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
     audit.set_defaults(func=_audit)

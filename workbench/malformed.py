@@ -1,7 +1,9 @@
 """The catalogue of malformed varlen calls: point 4 of the padding contract, as data.
 
 Each `Malformed` case is one bad call, made by changing a valid TE-style call (`base_args`):
-real boundaries [0, 3, 5, 9], padded [0, 4, 8, 13], 15 rows (so 2 TAIL rows). Two consumers
+real boundaries [0, 3, 5, 9], padded [0, 4, 8, 13], 15 rows (so 2 TAIL rows; `tail=False` gives
+exactly as many rows as the layout covers, which the audit's campaign uses so that an
+implementation's TAIL-row bug cannot pose as a malformed-input finding). Two consumers
 share it: `tests/test_contract.py` checks that our validation raises `exception` with a message
 matching `message`, and `workbench audit`'s bad-input campaign feeds every case to any
 implementation and classifies what it does (clear error / crash / silent result / silent NaN).
@@ -31,13 +33,16 @@ def base_args(
     padded: bool = True,
     kv_heads: int = 2,
     seed: int = 0,
+    tail: bool = True,
 ) -> dict[str, Any]:
     """A valid call in the contract's argument names. `padded=False` drops the padded layout
-    (rows 9-14 become TAIL rows); `kv_heads=HEADS` makes it plain multi-head attention."""
+    (rows 9-14 become TAIL rows); `kv_heads=HEADS` makes it plain multi-head attention;
+    `tail=False` drops the TAIL rows (9 rows unpadded, 13 padded)."""
     generator = torch.Generator().manual_seed(seed)
+    rows = ROWS if tail else (PADDED if padded else REAL)[-1]
 
     def tensor(heads: int) -> torch.Tensor:
-        return torch.randn(ROWS, heads, HEAD_DIM, generator=generator).to(dtype=dtype, device=device)
+        return torch.randn(rows, heads, HEAD_DIM, generator=generator).to(dtype=dtype, device=device)
 
     cu = torch.tensor(REAL, dtype=I32, device=device)
     cu_padded = torch.tensor(PADDED, dtype=I32, device=device) if padded else None
@@ -73,6 +78,13 @@ class Malformed:
     layout; "scale": a custom softmax scale). `outside`: (what, value) for inputs that are
     malformed only because our kernel does not support them (head_dim 24, float64): other
     implementations may legitimately accept them.
+
+    `stands_for`: changes to the base call giving the well-formed call this one stands for,
+    whose fp64 answer an implementation that accepts the call must give (a Python list for the
+    tensor it lists, a 0-d tensor for the float it holds; for a too-small max_seqlen, the
+    attention cu_seqlens describes); None when the call means nothing (decreasing boundaries).
+    `valid`: the input is legal mathematics (a negative scale, head_dim 24 for a kernel without
+    that restriction): accepting it with the oracle's answer is as right as refusing it.
     """
 
     id: str
@@ -82,6 +94,14 @@ class Malformed:
     message: str  # regex our validation's message matches
     requires: frozenset[str] = frozenset()
     outside: tuple[str, Any] | None = None
+    stands_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    valid: bool = False
+
+    def reference_call(self, base: dict[str, Any], built: dict[str, Any]) -> dict[str, Any] | None:
+        """The well-formed call whose answer an accepting implementation must give, or None."""
+        if self.valid:
+            return built
+        return None if self.stands_for is None else {**base, **self.stands_for(base)}
 
     def build(self, base: dict[str, Any]) -> dict[str, Any]:
         """The malformed call's arguments: `base` with this case's changes."""
@@ -121,6 +141,12 @@ def _kv(base: dict, **kw) -> dict:
 
 PADDED_LAYOUT, SCALE = frozenset({"padded"}), frozenset({"scale"})
 
+
+def SAME(base: dict) -> dict:
+    """`stands_for` of a call that means the base call (the same values in another form)."""
+    return {}
+
+
 CATALOGUE: tuple[Malformed, ...] = (
     Malformed(
         "cu-not-tensor",
@@ -128,6 +154,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         lambda b: dict(cu_seqlens_q=list(REAL)),
         TypeError,
         r"cu_seqlens_q must be a torch\.Tensor of int32, got list",
+        stands_for=SAME,
     ),
     Malformed(
         "cu-float",
@@ -135,6 +162,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         lambda b: dict(cu_seqlens_q=b["cu_seqlens_q"].float()),
         TypeError,
         r"cu_seqlens_q must be an integer tensor .*got torch\.float32.*\.to\(torch\.int32\)",
+        stands_for=SAME,
     ),
     Malformed(
         "cu-2d",
@@ -142,6 +170,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         lambda b: dict(cu_seqlens_k=b["cu_seqlens_k"].view(1, -1)),
         ValueError,
         r"cu_seqlens_k must be 1-D .*got shape \(1, 4\)",
+        stands_for=SAME,
     ),
     Malformed(
         "cu-too-short",
@@ -224,6 +253,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         lambda b: dict(max_seqlen_q=3),
         ValueError,
         r"max_seqlen_q = 3 is smaller than sequence 2's real length 4.*silently dropped",
+        stands_for=SAME,
     ),
     Malformed(
         "max-seqlen-not-int",
@@ -231,6 +261,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         lambda b: dict(max_seqlen_k=torch.tensor(4)),
         TypeError,
         r"max_seqlen_k must be a Python int, got Tensor",
+        stands_for=SAME,
     ),
     Malformed(
         "max-seqlen-bool",
@@ -238,6 +269,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         lambda b: dict(max_seqlen_k=True),
         TypeError,
         r"max_seqlen_k must be a Python int, got bool",
+        stands_for=SAME,
     ),
     Malformed(
         "heads-not-multiple", ("q", "k"), lambda b: _kv(b, heads=3), ValueError, r"q has 4 heads, not a multiple of k's 3 heads"
@@ -249,6 +281,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         ValueError,
         r"head_dim 24 .*not supported.*16, 32, 64, 128",
         outside=("head_dim", 24),
+        valid=True,
     ),
     Malformed(
         "head-dim-q-k-differ",
@@ -260,7 +293,7 @@ CATALOGUE: tuple[Malformed, ...] = (
     Malformed(
         "q-not-3d",
         ("q",),
-        lambda b: dict(q=b["q"].reshape(ROWS, -1)),
+        lambda b: dict(q=b["q"].reshape(b["q"].shape[0], -1)),
         ValueError,
         r"q must be 3-D \(tokens, heads, head_dim\).*got shape \(15, 64\)",
     ),
@@ -281,6 +314,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         TypeError,
         r"q has dtype torch\.float64; this implementation supports",
         outside=("dtype", torch.float64),
+        valid=True,
     ),
     Malformed(
         "q-integer",
@@ -304,6 +338,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         ValueError,
         r"scale = -1\.0 must be a finite positive number",
         SCALE,
+        valid=True,
     ),
     Malformed(
         "scale-nan",
@@ -320,5 +355,6 @@ CATALOGUE: tuple[Malformed, ...] = (
         TypeError,
         r"scale must be a Python float or None",
         SCALE,
+        stands_for=lambda b: dict(scale=0.5),
     ),
 )

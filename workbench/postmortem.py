@@ -217,11 +217,12 @@ class Meta:
             f"**Upstream status: {self.upstream_status}.** {self.status_note}",
             "",
             f"**Our verdict** (kept apart from upstream's): {self.our_verdict}.",
-            "",
-            "| date | what | status |",
-            "|---|---|---|",
         ]
-        lines += [f"| {e.date} | {e.kind} [{e.label}]({e.url}) | {e.status} |" for e in self.timeline]
+        if self.timeline:
+            lines += ["", "| date | what | status |", "|---|---|---|"]
+            lines += [f"| {e.date} | {e.kind} [{e.label}]({e.url}) | {e.status} |" for e in self.timeline]
+        else:
+            lines += ["", "No dated upstream event yet: give the issue, PRs and fixing commits in `Meta.links` with their dates."]
         undated = [link for link in self.links if not link.date]
         if undated:
             lines += ["", "Also: " + " · ".join(f"[{link.label}]({link.url})" for link in undated)]

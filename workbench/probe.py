@@ -22,7 +22,7 @@ from workbench.reference import reference_attention
 
 TENSORS = ("out", "dq", "dk", "dv")
 # Keyword arguments that change the attention computed, so the oracle must see them too.
-SEMANTIC_KWARGS = ("scale", "causal", "cu_seqlens_q_padded", "cu_seqlens_k_padded")
+SEMANTIC_KWARGS = ("scale", "causal", "window_size", "cu_seqlens_q_padded", "cu_seqlens_k_padded")
 GRAD_OUT_KINDS = ("randn", "ones")
 
 

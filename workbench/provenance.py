@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -18,7 +19,13 @@ GPU_DATA = REPO / "data" / "gpu"  # results recorded on GPU machines, each with 
 
 def git_commit() -> str:
     """The short commit, with "-dirty" when the working tree differs from it (a copied tree's
-    stale .git says so too, instead of naming a commit that is not what ran)."""
+    stale .git says so too, instead of naming a commit that is not what ran).
+
+    `WORKBENCH_COMMIT` overrides it: a GPU machine receives a copy of the working tree whose .git
+    may be older than the tree, so the caller names the commit it sent.
+    """
+    if os.environ.get("WORKBENCH_COMMIT"):
+        return os.environ["WORKBENCH_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],

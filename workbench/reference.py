@@ -12,19 +12,31 @@ from __future__ import annotations
 
 import torch
 
-from kernels.contract import check_varlen_inputs
+from kernels.contract import check_causal, check_varlen_inputs, check_window_size
 from workbench.layout import real_rows
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def visible_keys(len_q: int, len_k: int, window: tuple[int, int], device=None) -> torch.Tensor:
+    """(len_q, len_k) bool: query i sees key j iff i + off - left <= j <= i + off + right,
+    off = len_k - len_q (bottom-right aligned, FlashAttention >= 2.1), -1 = unbounded side."""
+    left, right = window
+    rows = torch.arange(len_q, device=device)[:, None] + (len_k - len_q)
+    cols = torch.arange(len_k, device=device)[None, :]
+    visible = torch.ones(len_q, len_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        visible &= cols <= rows + right
+    if left >= 0:
+        visible &= cols >= rows - left
+    return visible
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: tuple[int, int], scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence: q (Lq, H, D), k/v (Lk, H, D) already repeated for GQA."""
     len_q, len_k = q.shape[0], k.shape[0]
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    visible = torch.ones(len_q, len_k, dtype=torch.bool, device=q.device)
-    if causal:
-        # Bottom-right alignment (FlashAttention >= 2.1): the last query sees every key.
-        offset = len_k - len_q
-        visible = torch.arange(len_k, device=q.device)[None, :] <= torch.arange(len_q, device=q.device)[:, None] + offset
+    visible = visible_keys(len_q, len_k, window, q.device)
     has_key = visible.any(-1)  # (Lq,)
     # Rows with no visible key are replaced by zeros *before* logsumexp so that neither the
     # forward nor autograd ever evaluates exp(-inf - (-inf)); their output is then zeroed.
@@ -49,6 +61,7 @@ def reference_attention(
     cu_seqlens_q_padded: torch.Tensor | None = None,
     cu_seqlens_k_padded: torch.Tensor | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
     scale: float | None = None,
     return_lse: bool = False,
     compute_dtype: torch.dtype = torch.float64,
@@ -58,7 +71,10 @@ def reference_attention(
 
     Returns out (T_q, H, D) in `compute_dtype`, padding rows exactly 0; with `return_lse`,
     also lse (H, T_q) in `compute_dtype`, -inf on padding rows and on rows with no visible key.
+    `causal` and `window_size` as in `kernels.varlen_attention` (causal bounds the right at 0).
     """
+    left, right = check_window_size(window_size)
+    window = (left, 0 if check_causal(causal) else right)
     if validate:
         check_varlen_inputs(
             q,
@@ -88,7 +104,7 @@ def reference_attention(
     for i in range(len(bounds_q) - 1):
         sq = slice(bounds_q[i], bounds_q[i + 1])
         sk = slice(bounds_k[i], bounds_k[i + 1])
-        out_i, lse_i = _attend(q_real[sq], k_real[sk], v_real[sk], causal, scale)
+        out_i, lse_i = _attend(q_real[sq], k_real[sk], v_real[sk], window, scale)
         outs.append(out_i)
         lses.append(lse_i)
     out = q_real.new_zeros((total_q, heads, head_dim)).index_copy(0, rows_q, torch.cat(outs))

@@ -13,8 +13,15 @@ Notebook conventions, checked by `check_notebook` so that a broken convention fa
 
 * the first cell is a code cell tagged `wb-header` that imports the post-mortem module and
   displays `META.header_markdown()` (the site replaces it with a header rendered from META);
+* the reader block comes first: its level-2 headings start with `READER_SECTIONS` in order
+  (TL;DR, Who is affected, Check your run, Workarounds, Upstream status);
 * the last code cell calls `.claims.report(...)` and is marked for nbval (`# NBVAL_CHECK_OUTPUT`
-  comment or `nbval-check-output` tag), so its printed verdict table is compared exactly.
+  comment or `nbval-check-output` tag), so its printed verdict table is compared exactly; the
+  verdicts themselves are read back from that output's metadata (`recorded_verdicts`), never
+  parsed from the printed text.
+
+`Registry.scaffold` renders `workbench/templates/` through `workbench.scaffold`, which never
+imports this module (no import cycle).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from workbench.errors import RegistryError
+from workbench.scaffold import render_module, render_notebook
 
 PACKAGE = "postmortems"
 HEADER_TAG = "wb-header"
@@ -254,8 +262,6 @@ class Registry:
 
         Returns both paths; the notebook is not executed yet (see `workbench.site.execute_in_place`).
         """
-        from workbench.scaffold import render_module, render_notebook
-
         name = module_name(postmortem_id)
         module_path = self.package_dir / f"{name}.py"
         notebook_path = self.notebooks_dir / f"{postmortem_id}.ipynb"
@@ -264,7 +270,7 @@ class Registry:
                 raise RegistryError(f"{path} already exists; pick another id or edit the existing post-mortem.")
         if not title.strip() or "\n" in title:
             raise RegistryError(f"title {title!r} must be one non-empty line; give it in quotes.")
-        module_path.write_text(render_module(postmortem_id, title.strip(), self.package))
+        module_path.write_text(render_module(postmortem_id, name, title.strip(), self.package))
         importlib.invalidate_caches()
         # Validate before writing the notebook: a template that breaks the shape must not leave files behind.
         try:
@@ -276,7 +282,7 @@ class Registry:
         self.notebooks_dir.mkdir(exist_ok=True)
         import nbformat
 
-        nbformat.write(render_notebook(postmortem_id, self.package), notebook_path)
+        nbformat.write(render_notebook(postmortem_id, name, self.package), notebook_path)
         return module_path, notebook_path
 
 

@@ -1,4 +1,8 @@
-"""Renders the templates `workbench new` starts a post-mortem from (workbench/templates/)."""
+"""Renders the templates `workbench new` starts a post-mortem from (workbench/templates/).
+
+Pure text and nbformat: the caller (`workbench.registry.Registry.scaffold`) maps the id to its
+module name, so this module never imports the registry (no registry <-> scaffold cycle).
+"""
 
 from __future__ import annotations
 
@@ -7,28 +11,25 @@ import re
 from pathlib import Path
 from string import Template
 
-import nbformat
-
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _MARKER = re.compile(r"^# %%(?P<markdown> \[markdown\])?(?: tags=(?P<tags>[\w,-]+))?\s*$")
 
 
-def _fields(postmortem_id: str, package: str) -> dict[str, str]:
-    from workbench.registry import module_name
-
+def _fields(postmortem_id: str, module: str, package: str) -> dict[str, str]:
     return {
         "id": postmortem_id,
-        "module": module_name(postmortem_id),
+        "module": module,
         "package": package,
         "today": datetime.date.today().isoformat(),
     }
 
 
-def render_module(postmortem_id: str, title: str, package: str) -> str:
+def render_module(postmortem_id: str, module: str, title: str, package: str) -> str:
+    """`postmortems/<module>.py` for post-mortem `postmortem_id` in package `package`."""
     text = (TEMPLATES / "postmortem.py.tmpl").read_text()
     # repr() keeps quotes and backslashes valid in the generated literal; '$$' survives substitution.
     text = text.replace('"$title"', repr(title).replace("$", "$$"))
-    return Template(text).substitute(_fields(postmortem_id, package))
+    return Template(text).substitute(_fields(postmortem_id, module, package))
 
 
 def parse_cells(text: str) -> list:
@@ -38,6 +39,8 @@ def parse_cells(text: str) -> list:
     def close():
         if kind is not None:
             source = "\n".join(lines).strip("\n")
+            import nbformat  # here: the registry imports this module on the CLI's Jupyter-free paths
+
             make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
             cell = make(source)
             if tags:
@@ -57,8 +60,11 @@ def parse_cells(text: str) -> list:
     return cells
 
 
-def render_notebook(postmortem_id: str, package: str):
-    text = Template((TEMPLATES / "notebook.tmpl").read_text()).substitute(_fields(postmortem_id, package))
+def render_notebook(postmortem_id: str, module: str, package: str):
+    """`notebooks/<id>.ipynb`: the reader block first, then the outline every post-mortem follows."""
+    text = Template((TEMPLATES / "notebook.tmpl").read_text()).substitute(_fields(postmortem_id, module, package))
+    import nbformat
+
     nb = nbformat.v4.new_notebook()
     nb.cells = parse_cells(text)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -10,6 +10,7 @@ gathered tensor must therefore be `cu_seqlens_padded[-1]`. Sizing it from `cu_se
 (real tokens, which exist for attention masking) asks for the unpadded size: the collective
 cannot fill it from the ranks' shards (TE#2892's "allgathered tensor gets UNPADDED size").
 
+    out = sequence_parallel_forward(block, x_local, cu_seqlens, cu_seqlens_padded)  # on each rank
     study = run_sequence_parallel(block, x, cu_seqlens, cu_seqlens_padded)   # 2 processes, gloo on CPU
     study.runs[0].exact          # padded sizing: torch.equal with the single-process layer
     study.runs[1].error          # real sizing: SizingError naming the boundary and the fix
@@ -17,7 +18,8 @@ cannot fill it from the ranks' shards (TE#2892's "allgathered tensor gets UNPADD
 `run_sequence_parallel` spawns `world_size` processes (NCCL, one GPU each, when that many GPUs
 exist; gloo on CPU otherwise), every rank runs the layer on the gathered batch with the
 replicated weights (no tensor parallelism: the output must match one process bit for bit), and
-the parent compares the reassembled shards with the same layer run in one process.
+the parent compares the reassembled shards with the same layer run in one process. This is
+our own all-gather, not an engine's: it teaches the sizing rule, it tests no upstream code.
 """
 
 from __future__ import annotations
@@ -116,10 +118,12 @@ def sequence_parallel_forward(
     group=None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """`layer_forward` under sequence parallelism: gather the shards, run the layer, scatter."""
+    """`layer_forward` under sequence parallelism: gather the shards (on `x_local`'s device, the
+    communication device), run the layer where `block` lives, scatter. What every rank runs."""
     rows = gathered_rows(cu_seqlens, cu_seqlens_padded, size_from)
     x = gather_tokens(x_local, rows, size_from=size_from, group=group, validate=validate)
-    return scatter_tokens(layer_forward(block, x, cu_seqlens, cu_seqlens_padded), group=group)
+    device = next(block.parameters()).device
+    return scatter_tokens(layer_forward(block, x.to(device), cu_seqlens, cu_seqlens_padded), group=group)
 
 
 @dataclass(frozen=True)
@@ -180,8 +184,7 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, backend: str, t
         for size_from, validate in job["runs"]:
             try:
                 with torch.no_grad():
-                    x = gather_tokens(x_local, gathered_rows(cu, cu_padded, size_from), size_from=size_from, validate=validate)
-                    out = scatter_tokens(layer_forward(block, x.to(device), cu, cu_padded))
+                    out = sequence_parallel_forward(block, x_local, cu, cu_padded, size_from=size_from, validate=validate)
                 outcomes.append({"out": out.cpu(), "error": None})
             except (ValueError, RuntimeError) as exc:
                 outcomes.append({"out": None, "error": f"{type(exc).__name__}: {exc}"})

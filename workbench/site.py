@@ -4,12 +4,22 @@
 kernel per notebook, on the default device: the Triton interpreter without a GPU), renders it
 with nbconvert and the templates under site/templates/, and writes site/_build/:
 
-* `<id>.html` for each post-mortem: a header rendered from META (status badge, upstream links,
-  fix type), the executed notebook (its header cell dropped: the page header replaces it), the
-  static explorer frames, and a provenance footer;
-* `<name>.html` for each plain notebook (no META: the instruments demo), listed apart;
-* `index.html`: every post-mortem with id, title, component, status, tags and verdict,
-  filterable by tag; `manifest.json`: the same rows for `workbench list`.
+* `<id>.html` for each post-mortem: a header rendered from META (upstream status apart from
+  our verdict, a badge with the strongest evidence level its claims reached, fix type), the
+  executed notebook (its header cell dropped: the page header replaces it; code inputs folded
+  behind a toggle, outputs visible; headings with anchors), the static explorer frames, and a
+  provenance footer;
+* `<name>.html` for each plain notebook (no META: the instruments demo), listed apart with the
+  first sentences of its introduction;
+* `index.html`: a "start here" paragraph, then every post-mortem with its impact line, category
+  (training or tooling bug), upstream status, our verdict, claims and evidence level, filterable
+  by tag; `manifest.json`: the same rows for `workbench list`;
+* `static/`: the site's CSS and JavaScript and JupyterLab's notebook CSS (`lab.css`), written once
+  and linked from every page rather than inlined into each.
+
+Claim verdicts come from the claims cell's output metadata (`workbench.registry.recorded_verdicts`),
+never from printed text; a post-mortem page must show the reader block and an evidence level for
+every claim (`page_problems`).
 
 The build writes into a sibling directory and swaps it in only when every notebook executed,
 every claim held and no page references anything off-site, so a failed build leaves the
@@ -19,6 +29,7 @@ manifest's provenance).
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import multiprocessing
@@ -36,6 +47,7 @@ from typing import Any
 import nbformat
 
 from workbench.errors import BuildError
+from workbench.postmortem import READER_SECTIONS, Evidence
 from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
 
 SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
@@ -47,6 +59,15 @@ _EXTERNAL = re.compile(
     r"""|url\(\s*["']?((?:https?:)?//[^"')\s]+)|@import\s+["']((?:https?:)?//[^"']+)""",
     re.IGNORECASE,
 )
+
+
+# nbconvert settings, not code: heading anchors on, so a reader can link to a section; no
+# highlighting CSS inlined into each page (static/lab.css carries it once, see `lab_css`). The
+# template (site/templates/postmortem) links static/lab.css and folds code inputs.
+EXPORTER_CONFIG = {
+    "HTMLExporter": {"exclude_anchor_links": False, "anchor_link_text": "\u00b6"},
+    "CSSHTMLHeaderPreprocessor": {"enabled": False},
+}
 
 
 # -- execution ----------------------------------------------------------------------------
@@ -183,13 +204,15 @@ def execute_all(paths: list[Path], root: Path, jobs: int, log: Callable[[str], N
 
 @dataclass(frozen=True)
 class Page:
-    """One rendered notebook: its file name and, for a post-mortem, its index row."""
+    """One rendered notebook: its file name and, for a post-mortem, its index row; for a plain
+    notebook, the first sentences of its introduction (`description`)."""
 
     source: Path
     file: str
     title: str
     postmortem: PostMortem | None
     verdicts: tuple = ()
+    description: str = ""
 
     def row(self) -> dict[str, Any]:
         from workbench.postmortem import overall_verdict, strongest
@@ -209,10 +232,51 @@ class Page:
             "category": meta.category,
             "impact": meta.impact,
             "our_verdict": meta.our_verdict,
-            "evidence": best.label if best else "our kernel only",
-            "levels": sorted({v.level.short for v in self.verdicts}),
+            # The strongest evidence about upstream that a claim reached ("ours": only our kernel was run).
+            "evidence": best.label if best else Evidence("ours").label,
+            "evidence_kind": best.kind if best else "ours",
+            "levels": [level.short for level in _distinct(v.level for v in self.verdicts)],
             "all_hold": all(v.holds for v in self.verdicts),
         }
+
+
+def _distinct(levels) -> list[Evidence]:
+    """The evidence levels among `levels`, strongest first, each once."""
+    return sorted(set(levels), key=lambda e: (e.rank, e.at))
+
+
+_MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def describe(nb, limit: int = 280) -> tuple[str, str]:
+    """(title, description) of a plain notebook: its first `# ` heading, and its metadata's
+    `description` or else the first complete sentences of the paragraph after the heading (links
+    as their text, no code marks), at most about `limit` characters."""
+    title, paragraph = "", ""
+    given = nb.metadata.get("description", "")
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.strip().splitlines()
+        if not title and lines and lines[0].startswith("# "):
+            title, lines = lines[0][2:].strip(), lines[1:]
+        text = "\n".join(lines).strip()
+        if text and not text.startswith(("#", "```", "|")):
+            paragraph = text.split("\n\n")[0]
+            break
+    paragraph = _MARKDOWN_LINK.sub(r"\1", " ".join(paragraph.split())).replace("`", "")
+    kept = ""
+    for sentence in _SENTENCE_END.split(paragraph):
+        if not sentence.endswith((".", "!", "?")) or (kept and len(kept) + len(sentence) > limit):
+            break
+        kept = f"{kept} {sentence}".strip()
+        if len(kept) >= 80:
+            break
+    kept = given or kept or paragraph
+    if len(kept) > limit:  # one long sentence: cut at a word
+        kept = kept[:limit].rsplit(" ", 1)[0] + " …"
+    return title, kept
 
 
 def status_class(status: str) -> str:
@@ -252,10 +316,30 @@ def external_resources(text: str) -> list[str]:
 
 def _exporter(site_dir: Path):
     from nbconvert import HTMLExporter
+    from traitlets.config import Config
 
-    exporter = HTMLExporter(template_name="postmortem", extra_template_basedirs=[str(site_dir / "templates")])
-    exporter.exclude_anchor_links = True
-    return exporter
+    return HTMLExporter(
+        config=Config(EXPORTER_CONFIG), template_name="postmortem", extra_template_basedirs=[str(site_dir / "templates")]
+    )
+
+
+def lab_css(site_dir: Path = SITE) -> str:
+    """JupyterLab's notebook CSS (the lab template's index.css and light theme) and the code
+    highlighting rules: one file, `static/lab.css`, that every page links instead of inlining."""
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+    exporter = _exporter(site_dir)
+    parts = []
+    for name in ("index.css", "theme-light.css"):
+        found = next((Path(d) / "static" / name for d in exporter.template_paths if (Path(d) / "static" / name).is_file()), None)
+        if found is None:
+            raise BuildError(
+                f"nbconvert's lab template has no static/{name} (searched {exporter.template_paths}); reinstall nbconvert."
+            )
+        parts.append(f"/* nbconvert lab template: {name} */\n{found.read_text()}")
+    highlight = CSSHTMLHeaderPreprocessor()._generate_header({"config_dir": ""})
+    parts.append("/* code highlighting (pygments, JupyterLab style) */\n" + "\n".join(highlight))
+    return "\n".join(parts)
 
 
 def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> str:
@@ -265,16 +349,53 @@ def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> s
     exporter.environment.globals["uuid4"] = lambda: f"wb-output-{next(counter)}"
     resources = {
         "metadata": {"name": page.title},
+        "inlining": {"css": []},  # the highlighting CSS is in static/lab.css (EXPORTER_CONFIG turns its preprocessor off)
         "wb": {
             "meta": page.postmortem.meta if page.postmortem else None,
             "row": page.row() if page.postmortem else None,
             "verdicts": page.verdicts,
+            "levels": _distinct(v.level for v in page.verdicts),
             "status_class": status_class(page.postmortem.meta.upstream_status) if page.postmortem else "",
             "provenance": provenance,
         },
     }
     body, _ = exporter.from_notebook_node(nb, resources=resources)
     return body
+
+
+_H2 = re.compile(r"<h2\b[^>]*>(.*?)</h2>", re.DOTALL)
+_TAG = re.compile(r"<[^>]+>")
+_TABLE = re.compile(r"<table\b[^>]*>(.*?)</table>", re.DOTALL)
+_ROW = re.compile(r"<tr\b[^>]*>(.*?)</tr>", re.DOTALL)
+_CELL = re.compile(r"<t([dh])\b[^>]*>(.*?)</t\1>", re.DOTALL)
+CLAIMS_HEADER = ("verdict", "level", "claim", "evidence")
+
+
+def _text(fragment: str) -> str:
+    return html.unescape(_TAG.sub("", fragment)).replace("\u00b6", "").strip()
+
+
+def page_problems(text: str) -> list[str]:
+    """What a post-mortem page lacks: the reader block (`READER_SECTIONS` as its first level-2
+    headings, in order), a claims table, and an evidence level for every claim. [] when complete."""
+    problems = []
+    headings = [_text(h) for h in _H2.findall(text)]
+    for i, section in enumerate(READER_SECTIONS):
+        found = headings[i] if i < len(headings) else None
+        if found is None or not found.startswith(section):
+            problems.append(f"reader block: heading {i + 1} must be {section!r} (found {found!r})")
+    shorts = {Evidence(kind, "x/y@0000000" if kind == "source" else "").short for kind in Evidence.LEVELS}
+    claims = []
+    for table in _TABLE.findall(text):
+        rows = [[_text(c) for _, c in _CELL.findall(r)] for r in _ROW.findall(table)]
+        if rows and tuple(rows[0]) == CLAIMS_HEADER:
+            claims += rows[1:]
+    if not claims:
+        problems.append(f"no claims table (a table headed {', '.join(CLAIMS_HEADER)}: claims.report(results))")
+    for row in claims:
+        if len(row) != len(CLAIMS_HEADER) or row[1] not in shorts:
+            problems.append(f"claim {row[2] if len(row) > 2 else row!r} has no evidence level (one of {sorted(shorts)})")
+    return problems
 
 
 def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
@@ -291,7 +412,10 @@ def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) 
     rows = [p.row() for p in pages if p.postmortem]
     tags = sorted({t for r in rows for t in r["tags"]})
     others = [p for p in pages if not p.postmortem]
-    return env.get_template("site-index.html.j2").render(rows=rows, tags=tags, others=others, provenance=provenance)
+    levels = [Evidence(kind, "owner/repo@commit" if kind == "source" else "") for kind in Evidence.LEVELS]
+    return env.get_template("site-index.html.j2").render(
+        rows=rows, tags=tags, others=others, provenance=provenance, levels=levels, sections=READER_SECTIONS
+    )
 
 
 # -- the build ----------------------------------------------------------------------------
@@ -349,7 +473,8 @@ def build(
     for path, pm in notebooks:
         nb = executed[path]
         if pm is None:
-            pages.append(Page(path, f"{path.stem}.html", path.stem, None))
+            title, description = describe(nb)
+            pages.append(Page(path, f"{path.stem}.html", title or path.stem, None, description=description))
             continue
         try:
             verdicts = tuple(recorded_verdicts(pm, nb))
@@ -367,8 +492,12 @@ def build(
     shutil.rmtree(staging, ignore_errors=True)
     try:
         shutil.copytree(site_dir / "static", staging / "static")
+        (staging / "static" / "lab.css").write_text(lab_css(site_dir))
         for page in pages:
             text = render_page(for_site(executed[page.source], page.postmortem), page, stamp, site_dir)
+            problems = page_problems(text) if page.postmortem else []
+            if problems:
+                raise BuildError(f"site not built; {page.file} ({page.source}): " + "; ".join(problems))
             _write_checked(staging / page.file, text)
         _write_checked(staging / "index.html", render_index(pages, stamp, site_dir))
         manifest = {

@@ -19,6 +19,9 @@ of our own. Real rows are computed correctly: the bug is what is *not* written.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -28,6 +31,39 @@ from kernels.interpreter import dot_upcast_needed
 BLOCK_M = 64  # query rows per program
 BLOCK_N = 64  # key rows per inner step
 VARLEN_ATTN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what torch varlen_attn takes
+
+# `stale_memory()`: while active, the replica's upstream-style allocations (out, dq, dk, dv) come
+# back filled with finite, seeded values, as a caching allocator hands back the stale
+# activations of earlier ops in training. Process-wide, not per thread: on CUDA the backward
+# runs in autograd's device thread. [seed, scale, allocations so far], or None.
+_STALE: list = [None]
+
+
+@contextlib.contextmanager
+def stale_memory(scale: float = 1.0, seed: int = 0) -> Iterator[None]:
+    """Within the block the replica's `empty_like` buffers hold finite garbage (normal values times
+    `scale`, seeded, different for every allocation): the commonest state of reused memory in
+    training, where nothing turns NaN and nothing warns. Deterministic, unlike the allocator."""
+    if not (scale > 0 and scale < float("inf")):
+        raise ValueError(f"stale_memory(scale={scale!r}): give a finite scale > 0, the size of the stale values.")
+    saved = _STALE[0]
+    _STALE[0] = [seed, float(scale), 0]
+    try:
+        yield
+    finally:
+        _STALE[0] = saved
+
+
+def _uninitialised_like(t: torch.Tensor) -> torch.Tensor:
+    """`torch.empty_like(t)`, upstream's allocation; under `stale_memory()`, stale finite values."""
+    out = torch.empty_like(t)
+    state = _STALE[0]
+    if state is not None:
+        seed, scale, count = state
+        state[2] += 1
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + count)
+        out.copy_(torch.randn(out.shape, generator=generator) * scale)
+    return out
 
 
 @triton.jit
@@ -328,7 +364,7 @@ def _fwd(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
-    out = torch.empty_like(q)  # the upstream allocation: rows nobody writes keep old memory
+    out = _uninitialised_like(q)  # the upstream allocation: rows nobody writes keep old memory
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(max_q, BLOCK_M), cu_seq_q.numel() - 1, q.shape[1])
     _fwd_kernel[grid](
@@ -377,7 +413,7 @@ def _bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, o, do = (t.contiguous() for t in (query, key, value, out, grad_out))
     # The upstream allocation (mha_varlen_bwd): uncovered rows are never written.
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = _uninitialised_like(q), _uninitialised_like(k), _uninitialised_like(v)
     delta = torch.empty_like(lse)
     batch, heads, kv_heads = cu_seq_q.numel() - 1, q.shape[1], k.shape[1]
     options = _launch_options(q, is_causal)

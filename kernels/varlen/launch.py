@@ -6,8 +6,8 @@ relies on the allocator handing out zeros, and nothing pays for a full-buffer me
 
 Launches are few because each costs tens of microseconds of host time natively, which short
 documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
-attention, one fill of out and lse), a backward pass four (delta, dK/dV, dQ, one fill of dq,
-dk and dv), reusing the forward pass's work lists.
+attention, one fill of out and lse), a backward pass three (dQ, which also writes delta; dK/dV;
+one fill of dq, dk and dv), reusing the forward pass's work lists.
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
@@ -32,7 +32,6 @@ from kernels.interpreter import dot_upcast_needed
 from kernels.varlen.triton_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
-    attention_backward_preprocess_kernel,
     attention_forward_kernel,
     block_starts_kernel,
     fill_padding_rows_kernel,
@@ -57,8 +56,10 @@ INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 
 # Native candidates per kernel, by the bytes of one q/k row (head_dim x itemsize); the first of
 # each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
-# compiling for sm_90 (`python -m kernels.varlen.tiles`): none spills and all fit Hopper's
-# 227 KB of shared memory; wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
+# compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
+# memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
+# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner times them beside the
+# others). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
 # and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     "forward": {
@@ -80,7 +81,6 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
         1024: (Tile(32, 16, 4, 1),),
     },
 }
-PREPROCESS_ROWS = 64  # delta = rowsum(dO * O): memory-bound, one fixed tile
 
 
 def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[Tile, ...]:
@@ -179,13 +179,22 @@ class TileTuner:
 TUNER = TileTuner()
 
 
-SHAPE_CLASS_FIELDS = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2")
+SHAPE_CLASS_FIELDS = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2", "sliding")
 
 
 def shape_class(
-    kernel: str, dtype: torch.dtype, heads: int, head_dim: int, total_rows: int, n_seqs: int, causal: bool, group: int
+    kernel: str,
+    dtype: torch.dtype,
+    heads: int,
+    head_dim: int,
+    total_rows: int,
+    n_seqs: int,
+    causal: bool,
+    group: int,
+    sliding: bool = False,
 ) -> tuple:
-    """The tuner's key (SHAPE_CLASS_FIELDS) of a call with `total_rows` rows in `n_seqs` sequences."""
+    """The tuner's key (SHAPE_CLASS_FIELDS) of a call with `total_rows` rows in `n_seqs` sequences.
+    `causal`: the window has a right bound (causal is right = 0); `sliding`: it has a left one."""
     return (
         kernel,
         str(dtype).removeprefix("torch."),
@@ -194,11 +203,35 @@ def shape_class(
         group,
         (total_rows // max(n_seqs, 1)).bit_length(),
         (total_rows * heads).bit_length(),
+        sliding,
     )
 
 
-def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, causal: bool, group: int) -> tuple:
-    return shape_class(kernel, q.dtype, q.shape[1], q.shape[2], total_rows, n_seqs, causal, group)
+def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, window: Window, group: int) -> tuple:
+    return shape_class(kernel, q.dtype, q.shape[1], q.shape[2], total_rows, n_seqs, window.right >= 0, group, window.left >= 0)
+
+
+@dataclass(frozen=True)
+class Window:
+    """FlashAttention's (left, right) window, -1 = unbounded; causal is right = 0.
+
+    Query i of a sequence sees key j iff i + off - left <= j <= i + off + right, with
+    off = len_k - len_q (bottom-right aligned)."""
+
+    left: int
+    right: int
+
+    @classmethod
+    def of(cls, causal: bool, window_left: int, window_right: int) -> Window:
+        """`causal=True` bounds the right side at 0, as FlashAttention does; other bounds stay."""
+        return cls(int(window_left), 0 if causal else int(window_right))
+
+    def kernel_args(self) -> tuple[int, int]:
+        """(window_left, window_right) runtime arguments: an unbounded side passes 0, unread."""
+        return max(self.left, 0), max(self.right, 0)
+
+    def constexprs(self) -> dict[str, bool]:
+        return {"WINDOW_LEFT": self.left >= 0, "WINDOW_RIGHT": self.right >= 0}
 
 
 # Work lists are written for every block size a tile may use, in one launch.
@@ -305,9 +338,13 @@ def attention_forward(
     cu_seqlens_k_padded: torch.Tensor,
     causal: bool,
     scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
-    sides (`work_lists`), which the backward pass reuses."""
+    sides (`work_lists`), which the backward pass reuses. The mask is `Window.of(causal,
+    window_left, window_right)`."""
+    window = Window.of(causal, window_left, window_right)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
     group = heads // k.shape[1]
@@ -332,6 +369,7 @@ def attention_forward(
             rows.n_seqs,
             rows.search_steps,
             scale * math.log2(math.e),
+            *window.kernel_args(),
             q.stride(0),
             q.stride(1),
             k.stride(0),
@@ -342,7 +380,7 @@ def attention_forward(
             out.stride(1),
             lse.stride(0),
             GROUP=group,
-            CAUSAL=causal,
+            **window.constexprs(),
             BLOCK_M=tile.block_m,
             BLOCK_N=tile.block_n,
             HEAD_DIM=head_dim,
@@ -352,7 +390,7 @@ def attention_forward(
         )
 
     TUNER.launch(
-        _shape_class("forward", q, total_q, rows.n_seqs, causal, group),
+        _shape_class("forward", q, total_q, rows.n_seqs, window, group),
         candidate_tiles("forward", head_dim, q.dtype),
         launch,
         total_q * heads,
@@ -379,9 +417,12 @@ def attention_backward(
     cu_seqlens_k_padded: torch.Tensor,
     causal: bool,
     scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input.
     `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists."""
+    window = Window.of(causal, window_left, window_right)
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, _ = k.shape
@@ -389,34 +430,13 @@ def attention_backward(
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    delta = torch.empty_like(lse)  # only REAL rows are written, and only they are read
-    common = dict(GROUP=group, CAUSAL=causal, HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
+    delta = torch.empty_like(lse)  # written on REAL rows by the dQ pass, read there by dK/dV
+    common = dict(GROUP=group, **window.constexprs(), HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
     n_seqs = cu_seqlens_q.numel() - 1
     rows, keys = WorkList(work[QUERIES], n_seqs, total_q), WorkList(work[KEYS], n_seqs, total_k)
-
-    starts, grid = rows.blocks(PREPROCESS_ROWS)
-    attention_backward_preprocess_kernel[(grid, heads)](
-        out,
-        d_out,
-        delta if d_lse is None else d_lse.contiguous(),
-        delta,  # no d_lse: an unread pointer
-        cu_seqlens_q,
-        cu_seqlens_q_padded,
-        starts,
-        rows.n_seqs,
-        rows.search_steps,
-        out.stride(0),
-        out.stride(1),
-        d_out.stride(0),
-        d_out.stride(1),
-        lse.stride(0),
-        BLOCK_M=PREPROCESS_ROWS,
-        HEAD_DIM=head_dim,
-        HAS_DLSE=d_lse is not None,
-    )
 
     def launch_dkdv(tile: Tile):
         starts, grid = keys.blocks(tile.block_n)
@@ -435,6 +455,7 @@ def attention_backward(
             keys.search_steps,
             qk_scale,
             scale,
+            *window.kernel_args(),
             *qkv_strides,
             dk.stride(0),
             dk.stride(1),
@@ -450,12 +471,16 @@ def attention_backward(
 
     def launch_dq(tile: Tile):
         starts, grid = rows.blocks(tile.block_m)
-        return attention_backward_dq_kernel[(grid, heads)](
+        return attention_backward_dq_kernel[
+            (grid, heads)
+        ](
             q,
             k,
             v,
+            out,
             d_out,
             lse,
+            delta if d_lse is None else d_lse.contiguous(),  # no d_lse: an unread pointer
             delta,
             dq,
             *cu,
@@ -464,10 +489,15 @@ def attention_backward(
             rows.search_steps,
             qk_scale,
             scale,
-            *qkv_strides,
+            *window.kernel_args(),
+            *qkv_strides[:6],
+            out.stride(0),
+            out.stride(1),
+            *qkv_strides[6:],
             dq.stride(0),
             dq.stride(1),
             lse.stride(0),
+            HAS_DLSE=d_lse is not None,
             BLOCK_M=tile.block_m,
             BLOCK_N=tile.block_n,
             **common,
@@ -475,17 +505,18 @@ def attention_backward(
             num_stages=tile.num_stages,
         )
 
+    # dQ first: it writes delta, which the dK/dV pass reads.
     TUNER.launch(
-        _shape_class("dkdv", q, total_k, keys.n_seqs, causal, group),
-        candidate_tiles("dkdv", head_dim, q.dtype),
-        launch_dkdv,
-        total_k * heads,
-    )
-    TUNER.launch(
-        _shape_class("dq", q, total_q, rows.n_seqs, causal, group),
+        _shape_class("dq", q, total_q, rows.n_seqs, window, group),
         candidate_tiles("dq", head_dim, q.dtype),
         launch_dq,
         total_q * heads,
+    )
+    TUNER.launch(
+        _shape_class("dkdv", q, total_k, keys.n_seqs, window, group),
+        candidate_tiles("dkdv", head_dim, q.dtype),
+        launch_dkdv,
+        total_k * heads,
     )
     fill_padding_rows(
         Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),

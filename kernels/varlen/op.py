@@ -3,16 +3,27 @@
 Forward and backward are two custom ops (`workbench::varlen_attention_fwd` / `_bwd`), so
 autograd, `torch.compile` (fake tensors give the output shapes without running Triton) and
 dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
+
+Plain eager calls (nothing compiling, no dispatch mode active) take a shorter road to the same
+launchers: one `torch.autograd.Function`, without the custom ops' dispatch and their autograd
+wrapper, which cost about as much host time as the kernel launches themselves. Both roads
+compute bitwise the same (tested).
 """
 
+import weakref
+from typing import NamedTuple
+
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from kernels._compat import check_kernel_device
 from kernels.contract import (
+    check_causal,
     check_cu_seqlens_tensors,
     check_scale,
     check_varlen_inputs,
     check_varlen_tensors,
+    check_window_size,
 )
 from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
 
@@ -31,12 +42,26 @@ def _forward_op(
     cu_seqlens_k_padded: torch.Tensor,
     causal: bool,
     scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale)
+    return attention_forward(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        cu_seqlens_q_padded,
+        cu_seqlens_k_padded,
+        causal,
+        scale,
+        window_left,
+        window_right,
+    )
 
 
 @_forward_op.register_fake
-def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, causal, scale):
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask_and_scale):
     total_q, heads, _ = q.shape
     work = q.new_empty(work_lists_shape(cu_seqlens_q.shape[0] - 1), dtype=torch.int32)
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32), work
@@ -58,6 +83,8 @@ def _backward_op(
     cu_seqlens_k_padded: torch.Tensor,
     causal: bool,
     scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(
         d_out,
@@ -74,6 +101,8 @@ def _backward_op(
         cu_seqlens_k_padded,
         causal,
         scale,
+        window_left,
+        window_right,
     )
 
 
@@ -83,13 +112,13 @@ def _backward_fake(d_out, d_lse, q, k, v, *rest):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *cu_seqlens, causal, scale = inputs
+    q, k, v, *cu_seqlens, causal, scale, window_left, window_right = inputs
     out, lse, work = output
     ctx.mark_non_differentiable(work)
     # An unused output's gradient stays None: no zeros to allocate, and lse's is skipped in-kernel.
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, out, lse, work, *cu_seqlens)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.mask = (causal, scale, window_left, window_right)
 
 
 def _backward(ctx, d_out, d_lse, _d_work):
@@ -97,11 +126,73 @@ def _backward(ctx, d_out, d_lse, _d_work):
     q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
     if d_out is None:  # only lse was used
         d_out = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None
+    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _eager() -> bool:
+    """Nothing traces the call: the custom op's opaque node is not needed."""
+    return not torch.compiler.is_compiling() and _current_dispatch_mode() is None
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """The eager road: the launchers behind one autograd node (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
+        out, lse, work = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse, work, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+        ctx.mask = mask
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
+        if d_out is None:  # only lse was used
+            d_out = torch.zeros_like(out)
+        dq, dk, dv = attention_backward(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
+        return dq, dk, dv, *([None] * (4 + len(ctx.mask)))
+
+
+class _ValidatedMetadata:
+    """The last metadata that passed the host check, so that the layers of one step, which all
+    pass the same cu_seqlens tensors, pay for the check (a device->host copy and a sync) once.
+
+    It holds weak references: a tensor that is freed can never match, even if a new one gets
+    its memory. A match needs the very same tensor objects, each with the version counter
+    it had when checked (any in-place write bumps it), the same row counts of q and k, the
+    same max_seqlen and scale. Anything else runs the whole check again. (A write that bypasses
+    torch's version counter, such as a raw kernel writing into the tensor's memory, is not seen:
+    pass validate=True with new tensors, as each new batch brings, to be sure.)"""
+
+    def __init__(self) -> None:
+        self.refs: tuple = ()
+        self.key: tuple = ()
+
+    @staticmethod
+    def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
+        versions = tuple(None if t is None else t._version for t in metadata)
+        return (versions, q.shape[0], k.shape[0], q.device, max_seqlen_q, max_seqlen_k, scale)
+
+    def holds(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> bool:
+        if len(self.refs) != len(metadata) or not all(isinstance(t, torch.Tensor) for t in metadata[:2]):
+            return False
+        if any((ref is None) != (t is None) or (ref is not None and ref() is not t) for ref, t in zip(self.refs, metadata)):
+            return False
+        if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+            return False
+        return self.key == self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
+
+    def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> None:
+        self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
+        self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
+
+
+_VALIDATED = _ValidatedMetadata()
 
 
 def varlen_attention(
@@ -116,26 +207,65 @@ def varlen_attention(
     cu_seqlens_q_padded: torch.Tensor | None = None,
     cu_seqlens_k_padded: torch.Tensor | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
     scale: float | None = None,
     return_lse: bool = False,
     validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Attention over packed variable-length sequences, keeping the padding contract (DESIGN.md).
+    r"""Attention over packed variable-length sequences, keeping the padding contract (docs/contract.md).
 
-    q (T_q, H, D), k and v (T_k, H_kv, D) with H % H_kv == 0; D in 16, 32, 64, 128, 256;
-    float32, float16 or bfloat16. Sequence i's real queries are rows
-    [cu_seqlens_q_padded[i], cu_seqlens_q_padded[i] + len_i) (padded defaults to cu_seqlens_q);
-    all other rows are padding, and padding never influences a real row.
+    Sequence i's real queries are rows [cu_seqlens_q_padded[i], cu_seqlens_q_padded[i] + len_i)
+    of q, len_i = cu_seqlens_q[i + 1] - cu_seqlens_q[i] (the padded boundaries default to
+    cu_seqlens_q); the same for keys. Every other row is padding, and padding never influences
+    a real row.
 
-    Returns out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows with no visible
-    key; with `return_lse`, also lse (H, T_q) float32 (flash-attn's varlen layout), -inf on
-    those rows. Gradients of q, k, v are exactly 0 on padding rows. Causal masking is
-    bottom-right aligned: query i of a sequence sees key j iff j <= i + len_k - len_q.
+    Args:
+        q: queries, (T_q, H, D).
+        k, v: keys and values, (T_k, H_kv, D); H % H_kv == 0 (GQA/MQA).
+        cu_seqlens_q, cu_seqlens_k: int32 (or int64) real boundaries, (N + 1,), starting at 0.
+        max_seqlen_q, max_seqlen_k: the longest real sequence of each side (only validated: the
+            grid is bounded by the row counts, so no row goes unprocessed).
+        cu_seqlens_q_padded, cu_seqlens_k_padded: where each sequence starts in memory, (N + 1,),
+            for layouts with padding between sequences (THD with cu_seqlens_padded).
+        causal: a bool; True is ``window_size=(left, 0)``, bottom-right aligned.
+        window_size: FlashAttention's ``(left, right)``, -1 = unbounded: query i of a sequence
+            sees key j iff ``i + len_k - len_q - left <= j <= i + len_k - len_q + right``
+            (bottom-right aligned when len_q != len_k). ``(-1, 0)`` is causal, ``(4096, 0)`` a
+            causal sliding window. Key blocks wholly outside the window are skipped.
+        scale: softmax scale, 1/sqrt(D) by default.
+        return_lse: also return lse.
+        validate: check the metadata on the host (one small device->host copy, a sync; skipped
+            when the very same, unmodified metadata tensors passed it last, as in the layers of
+            one step); False keeps only sync-free checks, for CUDA graphs and
+            ``torch.compile(fullgraph=True)``.
 
-    `validate=True` checks the metadata on the host (a device sync); `validate=False` keeps
-    only sync-free checks, for CUDA graphs and `torch.compile(fullgraph=True)`. `max_seqlen_*`
-    are only validated: the grid is bounded by the row counts, so no value goes unprocessed.
+    Returns:
+        out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
+        with ``return_lse``, also lse (H, T_q) float32 (flash-attn's varlen layout), -inf on
+        those rows. Gradients of q, k, v are exactly 0 on padding rows, never NaN.
+
+    Shape legend:
+        N: sequences in the batch; T_q, T_k: rows of q and of k/v (real rows plus any padding);
+        H: query heads; H_kv: key/value heads; D: head dim (16, 32, 64, 128 or 256);
+        dtypes float32, float16, bfloat16.
+
+    Example::
+
+        >>> import torch
+        >>> from kernels import default_device, varlen_attention
+        >>> device = default_device()
+        >>> lengths = torch.tensor([5, 3])
+        >>> cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(device)
+        >>> q, k, v = (torch.randn(8, 2, 16, device=device) for _ in range(3))
+        >>> out = varlen_attention(q, k, v, cu, cu, 5, 5, window_size=(2, 0))
+        >>> out.shape
+        torch.Size([8, 2, 16])
     """
+    check_causal(causal)
+    left, right = check_window_size(window_size)
+    metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+    if validate and _VALIDATED.holds(metadata, q, k, max_seqlen_q, max_seqlen_k, scale):
+        validate = False  # the same metadata, unchanged, passed the host check: tensor checks only
     if validate:
         check_varlen_inputs(
             q,
@@ -151,6 +281,7 @@ def varlen_attention(
             dtypes=DTYPES,
             head_dims=HEAD_DIMS,
         )
+        _VALIDATED.remember(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
     else:
         check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
         check_cu_seqlens_tensors(
@@ -161,7 +292,8 @@ def varlen_attention(
             device=q.device,
         )
     check_kernel_device("q", q)  # after the type checks: a list has no device to report
-    out, lse, _ = _forward_op(
+    apply = _VarlenAttention.apply if _eager() else _forward_op
+    out, lse, *_ = apply(
         q,
         k,
         v,
@@ -171,5 +303,54 @@ def varlen_attention(
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
         causal,
         check_scale(scale, q.shape[-1]),
+        left,
+        right,
     )
     return (out, lse) if return_lse else out
+
+
+class AuxRequest(NamedTuple):
+    """Which auxiliary outputs `varlen_attn` returns (torch.nn.attention.varlen.AuxRequest's fields)."""
+
+    lse: bool = False
+
+
+def varlen_attn(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    return_aux: AuxRequest | None = None,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """torch 2.11's `torch.nn.attention.varlen.varlen_attn`, same signature and return
+    convention, on the fixed kernel: the fix is one import away::
+
+        from kernels import varlen_attn  # instead of: from torch.nn.attention.varlen import varlen_attn
+
+    Returns out (T_q, H, D), or (out, lse) with lse (H, T_q) float32 when `return_aux.lse`
+    (torch's own AuxRequest works too). `window_size=(-1, 0)` is causal. Unlike torch's, rows
+    of q past cu_seq_q[-1] (trailing padding) come back exactly 0 with zero gradients, and GQA
+    needs no flag. Metadata is validated on the host (one small copy) when eager; inside
+    `torch.compile` or CUDA graph capture only the sync-free checks run.
+    """
+    want_lse = return_aux is not None and bool(return_aux.lse)
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return varlen_attention(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        window_size=window_size,
+        scale=scale,
+        return_lse=want_lse,
+        validate=not (torch.compiler.is_compiling() or capturing),
+    )

@@ -4,7 +4,8 @@ shared memory is slow or fails, and compiling tells so for free, before any GPU 
 
     python -m kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--dtype bfloat16]
 
-prints one JSON row per (kernel, head_dim, causal, tile). Compiling is native-only, so an
+prints one JSON row per (kernel, head_dim, mask, tile), the mask being none, causal or
+sliding (a left and a right bound). Compiling is native-only, so an
 interpreted process (no GPU) compiles in a child process (`resource_table`).
 """
 
@@ -53,8 +54,11 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
     return signature, attrs
 
 
-def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, causal: bool, arch: int = HOPPER) -> dict:
-    """Compiles one kernel with one tile for CUDA `arch`; returns its resource use."""
+MASKS = {"none": (False, False), "causal": (False, True), "sliding": (True, True)}  # (WINDOW_LEFT, WINDOW_RIGHT)
+
+
+def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, mask: str, arch: int = HOPPER) -> dict:
+    """Compiles one kernel with one tile and mask (a key of MASKS) for CUDA `arch`; returns its resource use."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource, make_backend
@@ -67,13 +71,16 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, cau
         "dkdv": tk.attention_backward_dkdv_kernel,
         "dq": tk.attention_backward_dq_kernel,
     }[kernel]
+    left, right = MASKS[mask]
     constexprs = {
         "GROUP": 1,
-        "CAUSAL": causal,
+        "WINDOW_LEFT": left,
+        "WINDOW_RIGHT": right,
         "BLOCK_M": tile.block_m,
         "BLOCK_N": tile.block_n,
         "HEAD_DIM": head_dim,
         "DOT_UPCAST": False,
+        **({"HAS_DLSE": False} if kernel == "dq" else {}),
     }
     signature, attrs = _signature(fn, dtype, constexprs)
     target = GPUTarget("cuda", arch, 32)
@@ -96,7 +103,7 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, cau
         "kernel": kernel,
         "head_dim": head_dim,
         "dtype": str(dtype).removeprefix("torch."),
-        "causal": causal,
+        "mask": mask,
         "tile": str(tile),
         "regs": int(regs.group(1)),
         "spill_bytes": int(spills.group(1)) + int(spills.group(2)),
@@ -109,7 +116,7 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, cau
 def resource_table(
     head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER, kernels=("forward", "dkdv", "dq")
 ) -> list[dict]:
-    """compile_tile for every candidate of NATIVE_TILES at these head dims (causal and not)."""
+    """compile_tile for every candidate of NATIVE_TILES at these head dims, under every mask."""
     if INTERPRETED:
         args = [
             "--arch",
@@ -121,15 +128,15 @@ def resource_table(
             "--kernels",
             *kernels,
         ]
-        return _run_module(__name__, args, interpret=False, timeout=1800)
+        return _run_module("kernels.varlen.tiles", args, interpret=False, timeout=1800)  # not __name__: "__main__" under -m
     rows = []
     for kernel in kernels:
         for head_dim in head_dims:
             by_row_bytes = NATIVE_TILES[kernel]
             row_bytes = head_dim * dtype.itemsize
             for tile in by_row_bytes[min(b for b in by_row_bytes if b >= row_bytes)]:
-                for causal in (False, True):
-                    rows.append(compile_tile(kernel, tile, head_dim, dtype, causal, arch))
+                for mask in MASKS:
+                    rows.append(compile_tile(kernel, tile, head_dim, dtype, mask, arch))
     return rows
 
 

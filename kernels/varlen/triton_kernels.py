@@ -1,5 +1,5 @@
-"""Triton kernels of the fixed varlen attention: forward, backward (preprocess, dk/dv, dq), the
-work lists they share, and the fill of padding rows.
+"""Triton kernels of the fixed varlen attention: forward, backward (dq with delta, then dk/dv),
+the work lists they share, and the fill of padding rows.
 
 Work is split into (sequence, block) pairs: program `pid` of a launch owns block
 `pid - block_starts[seq]` of sequence `seq`, found by binary search of `block_starts` (the
@@ -10,9 +10,15 @@ The attention kernels read and write REAL rows only: every load of q, k, v, dO, 
 masked by the real length (never the padded one), so NaN or Inf in padding never enters a
 computation. Padding rows of the outputs are written by `fill_padding_rows_kernel`.
 
+Masks are FlashAttention's windows, bottom-right aligned: query i of a sequence sees key j iff
+i + off - left <= j <= i + off + right, off = len_k - len_q, a bound of -1 being unbounded
+(causal is (-1, 0)). WINDOW_LEFT / WINDOW_RIGHT (constexpr) say which bound exists, so the
+unbounded sides compile to nothing. Key blocks wholly outside a program's window are never
+visited, in the forward pass and in both backward passes.
+
 Key loops are split as in Triton's fused-attention tutorial: blocks that every row of the
-program sees in full run with no score mask and no -inf guard; only the blocks on the causal
-diagonal or holding the ragged end of the keys pay for them. Rows past the real length of
+program sees in full run with no score mask and no -inf guard; only the blocks on the window's
+edges or holding the ragged end of the keys pay for them. Rows past the real length of
 the last block are never stored, and their zero-filled q/dO make their backward terms exactly
 0, so no loop masks them.
 
@@ -103,28 +109,105 @@ def _sequence(cu_real, cu_padded, seq):
 
 
 @triton.jit
-def _visible(rows, cols, len_k, causal_offset, CAUSAL: tl.constexpr):
-    """Query `rows` see key `cols` (broadcast): a real key and, if causal, bottom-right aligned
-    (causal_offset = len_k - len_q). Rows past len_q are not masked: they are never stored."""
+def _visible(rows, cols, len_k, offset, left, right, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+    """Query `rows` see key `cols` (broadcast): a real key inside the window, bottom-right
+    aligned (offset = len_k - len_q). Rows past len_q are not masked: they are never stored."""
     ok = cols < len_k
-    if CAUSAL:
-        ok = ok & (cols <= rows + causal_offset)
+    if WINDOW_RIGHT:
+        ok = ok & (cols <= rows + offset + right)
+    if WINDOW_LEFT:
+        ok = ok & (cols >= rows + offset - left)
     return ok
 
 
 @triton.jit
-def _key_ranges(row_start, len_q, len_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(full_end, key_end) for query rows [row_start, row_start + BLOCK_M): key blocks below
-    full_end are real keys seen by every one of those rows; those up to key_end need a mask;
-    keys at or past key_end are seen by none."""
-    if CAUSAL:
-        offset = len_k - len_q
-        key_end = tl.minimum(tl.maximum(tl.minimum(row_start + BLOCK_M, len_q) + offset, 0), len_k)
-        seen_by_all = tl.minimum(tl.maximum(row_start + offset + 1, 0), len_k)
+def _key_ranges(
+    row_start,
+    len_q,
+    len_k,
+    left,
+    right,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(key_lo, full_lo, full_hi, key_hi) for query rows [row_start, row_start + BLOCK_M):
+    key blocks in [full_lo, full_hi) are real keys seen by every real one of those rows (no
+    mask); [key_lo, full_lo) and [full_hi, key_hi) need a mask; keys outside [key_lo, key_hi)
+    are seen by none of the rows and are never loaded. Without a left bound key_lo = full_lo = 0."""
+    offset = len_k - len_q
+    last_row = tl.minimum(row_start + BLOCK_M, len_q) - 1
+    if WINDOW_RIGHT:
+        key_hi = tl.minimum(tl.maximum(last_row + offset + right + 1, 0), len_k)
+        all_hi = tl.minimum(tl.maximum(row_start + offset + right + 1, 0), len_k)
     else:
-        key_end = len_k
-        seen_by_all = len_k
-    return (seen_by_all // BLOCK_N) * BLOCK_N, key_end
+        key_hi = len_k
+        all_hi = len_k
+    if WINDOW_LEFT:
+        key_lo = tl.maximum(row_start + offset - left, 0)
+        all_lo = tl.maximum(last_row + offset - left, 0)
+    else:
+        key_lo = len_k * 0
+        all_lo = key_lo
+    key_lo = (key_lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(all_lo, BLOCK_N) * BLOCK_N
+    full_hi = (all_hi // BLOCK_N) * BLOCK_N
+    # No block seen in full: everything in [key_lo, key_hi) is masked, walked as the range from
+    # full_hi (the left edge [key_lo, full_lo) is then empty, with or without a left bound).
+    none_full = full_hi <= full_lo
+    full_lo = tl.where(none_full, key_lo, full_lo)
+    full_hi = tl.where(none_full, key_lo, full_hi)
+    return key_lo, full_lo, full_hi, key_hi
+
+
+@triton.jit
+def _query_ranges(
+    col_start,
+    len_q,
+    len_k,
+    left,
+    right,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(row_lo, masked_end, full_end, row_hi) for keys [col_start, col_start + BLOCK_N): query
+    rows outside [row_lo, row_hi) see none of them; steps of BLOCK_M rows from row_lo up to
+    masked_end and from full_end up to row_hi need a mask, those in [masked_end, full_end)
+    see every real key of the block (rows past len_q in that range read q = dO = 0 and add
+    exactly 0, so they need none)."""
+    offset = len_k - len_q
+    last_col = tl.minimum(col_start + BLOCK_N, len_k) - 1
+    if WINDOW_LEFT:
+        row_hi = tl.minimum(tl.maximum(last_col - offset + left + 1, 0), len_q)
+        all_hi = tl.minimum(tl.maximum(col_start - offset + left + 1, 0), len_q)
+    else:
+        row_hi = len_q
+        all_hi = len_q
+    if WINDOW_RIGHT:
+        row_lo = tl.minimum(tl.maximum(col_start - offset - right, 0), row_hi)
+        all_lo = tl.maximum(last_col - offset - right, row_lo)
+    else:
+        row_lo = len_q * 0
+        all_lo = row_lo
+    masked_end = tl.minimum(row_lo + tl.cdiv(all_lo - row_lo, BLOCK_M) * BLOCK_M, row_hi)
+    whole = masked_end + (tl.maximum(all_hi - masked_end, 0) // BLOCK_M) * BLOCK_M
+    # When every row from masked_end to len_q sees the block, the last partial step needs no
+    # mask either (its rows past len_q add 0).
+    full_end = tl.where(all_hi >= len_q, row_hi, whole)
+    full_end = tl.maximum(full_end, masked_end)
+    return row_lo, masked_end, full_end, row_hi
+
+
+@triton.jit
+def _block_start(i, lo, n_first, second_lo, STEP: tl.constexpr):
+    """Start of step i of a walk over [lo, lo + n_first * STEP) then on from second_lo: the
+    window's two masked edges in one loop. With a left and a right bound a kernel then compiles
+    two loops (unmasked, masked), as without them; a third loop costs registers (spills at head
+    dim 128). Other masks walk one range with `range(lo, hi, STEP)`, as before windows."""
+    return tl.where(i < n_first, lo + i * STEP, second_lo + (i - n_first) * STEP)
 
 
 @triton.jit
@@ -164,6 +247,52 @@ def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constex
 
 
 @triton.jit
+def _forward_step(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    stride_kt,
+    stride_vt,
+    dims,
+    rows,
+    cols,
+    len_k,
+    offset,
+    left,
+    right,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """One key block of the online softmax."""
+    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+    qk = _dot(q, tl.trans(k), DOT_UPCAST)
+    if MASKED:
+        qk = tl.where(
+            _visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), qk, float("-inf")
+        )
+    # Scaling the row max (qk_scale > 0) instead of every score leaves one fused
+    # multiply-add per score for exp2's argument, as in Triton's fused-attention tutorial.
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASKED:
+        # A row that has seen no visible key yet keeps m = -inf: subtract 0 instead, so that
+        # exp2 sees -inf - 0 (= 0) and never -inf - (-inf) (= NaN).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new  # every row sees every key of an unmasked block: m_new is finite
+    p = tl.exp2(qk * qk_scale - m_sub[:, None])
+    alpha = tl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, DOT_UPCAST, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _forward_blocks(
     acc,
     l_i,
@@ -175,42 +304,79 @@ def _forward_blocks(
     stride_vt,
     dims,
     rows,
-    col_lo,
-    col_hi,
+    first_lo,
+    hi,
+    n_first,
+    second_lo,
+    n_blocks,
     len_k,
-    causal_offset,
+    offset,
+    left,
+    right,
     qk_scale,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    """Online softmax over key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
+    """Online softmax over key blocks of one sequence (K, V at its first row): [first_lo, hi),
+    or with TWO_RANGES n_blocks of them, n_first from first_lo then on from second_lo."""
     offs = tl.arange(0, BLOCK_N)
-    for col_start in range(col_lo, col_hi, BLOCK_N):
-        cols = col_start + offs
-        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
-        qk = _dot(q, tl.trans(k), DOT_UPCAST)
-        if MASKED:
-            qk = tl.where(_visible(rows[:, None], cols[None, :], len_k, causal_offset, CAUSAL), qk, float("-inf"))
-        # Scaling the row max (qk_scale > 0) instead of every score leaves one fused
-        # multiply-add per score for exp2's argument, as in Triton's fused-attention tutorial.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if MASKED:
-            # A row that has seen no visible key yet keeps m = -inf: subtract 0 instead, so that
-            # exp2 sees -inf - 0 (= 0) and never -inf - (-inf) (= NaN).
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_sub = m_new  # every row sees every key of an unmasked block: m_new is finite
-        p = tl.exp2(qk * qk_scale - m_sub[:, None])
-        alpha = tl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _dot(p.to(v.dtype), v, DOT_UPCAST, acc * alpha[:, None])
-        m_i = m_new
+    if TWO_RANGES:
+        for i in range(0, n_blocks):
+            cols = _block_start(i, first_lo, n_first, second_lo, BLOCK_N) + offs
+            acc, l_i, m_i = _forward_step(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                cols,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
+    else:
+        for col_start in range(first_lo, hi, BLOCK_N):
+            acc, l_i, m_i = _forward_step(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                col_start + offs,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_forward_kernel(
     Q,
     K,
@@ -225,6 +391,8 @@ def attention_forward_kernel(
     n_seqs,
     n_search_steps,
     qk_scale,
+    window_left,
+    window_right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -235,7 +403,8 @@ def attention_forward_kernel(
     stride_oh,
     stride_lh,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -243,7 +412,7 @@ def attention_forward_kernel(
 ):
     """One block of BLOCK_M query rows of one sequence and one head: online softmax over keys."""
     head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=CAUSAL)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
@@ -259,7 +428,16 @@ def attention_forward_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    key_lo, full_lo, full_hi, key_hi = _key_ranges(
+        row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
+    )
+    # Blocks [full_lo, full_hi) unmasked; masked [full_hi, key_hi) and, with a left bound, the
+    # window's left edge [key_lo, full_lo) first, in the same loop.
+    n_left = (full_lo - key_lo) // BLOCK_N
+    n_right = tl.cdiv(tl.maximum(key_hi - full_hi, 0), BLOCK_N)
+    masked_lo = full_hi
+    if WINDOW_LEFT:
+        masked_lo = key_lo
     acc, l_i, m_i = _forward_blocks(
         acc,
         l_i,
@@ -271,13 +449,20 @@ def attention_forward_kernel(
         stride_vt,
         dims,
         rows,
+        full_lo,
+        full_hi,
         0,
-        full_end,
+        0,
+        0,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=False,
-        CAUSAL=CAUSAL,
+        TWO_RANGES=False,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
@@ -292,13 +477,20 @@ def attention_forward_kernel(
         stride_vt,
         dims,
         rows,
-        full_end,
-        key_end,
+        masked_lo,
+        key_hi,
+        n_left,
+        full_hi,
+        n_left + n_right,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=True,
-        CAUSAL=CAUSAL,
+        TWO_RANGES=WINDOW_LEFT,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
@@ -312,53 +504,56 @@ def attention_forward_kernel(
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
-def attention_backward_preprocess_kernel(
-    Out,
-    DOut,
-    DLse,
-    Delta,
-    cu_q,
-    cu_q_padded,
-    block_starts,
-    n_seqs,
-    n_search_steps,
-    stride_ot,
-    stride_oh,
-    stride_dot,
-    stride_doh,
-    stride_lh,
-    BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
-):
-    """delta = rowsum(dO * O) - dlse on real rows (dS = P * (dP - delta)); Delta/DLse share lse's layout.
-
-    Without HAS_DLSE (lse unused, the usual case) DLse is not read: dlse = 0.
-    """
-    head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
-    if seq == n_seqs:
-        return
-    q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < len_q
-    dims = tl.arange(0, HEAD_DIM)
-    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims).to(tl.float32)
-    do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims).to(tl.float32)
-    lse_offsets = head * stride_lh + q_start + rows
-    delta = tl.sum(o * do, 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLse + lse_offsets, mask=row_ok, other=0.0)
-    tl.store(Delta + lse_offsets, delta, mask=row_ok)
-
-
 @triton.jit
 def _load_lse_log2(Lse, rows, row_ok):
     """lse in base 2 for exp2(s - lse); -inf (row with no visible key) becomes 0 so that exp2
     never sees +inf. Such rows have every score masked anyway."""
     lse = tl.load(Lse + rows, mask=row_ok, other=0.0)
     return tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
+
+
+@triton.jit
+def _dkdv_step(
+    dk,
+    dv,
+    k,
+    v,
+    Q,
+    DO,
+    Lse,
+    Delta,
+    stride_qt,
+    stride_dot,
+    dims,
+    cols,
+    rows,
+    len_q,
+    len_k,
+    offset,
+    left,
+    right,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """One step of query rows for dK, dV."""
+    row_ok = rows < len_q
+    rows64 = rows.to(tl.int64)
+    qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
+    do = tl.load(DO + rows64[:, None] * stride_dot + dims[None, :], mask=row_ok[:, None], other=0.0)
+    lse2 = _load_lse_log2(Lse, rows, row_ok)
+    delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
+    pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
+    if MASKED:
+        # A select, not a product: pT may be +inf on a row that sees no key (its lse2 is 0).
+        pT = tl.where(_visible(rows[None, :], cols[:, None], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), pT, 0.0)
+    dv = _dot(pT.to(do.dtype), do, DOT_UPCAST, dv)
+    dpT = _dot(v, tl.trans(do), DOT_UPCAST)
+    dsT = pT * (dpT - delta[None, :])
+    dk = _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST, dk)
+    return dk, dv
 
 
 @triton.jit
@@ -375,39 +570,88 @@ def _dkdv_blocks(
     stride_dot,
     dims,
     cols,
-    row_lo,
-    row_hi,
+    first_lo,
+    hi,
+    n_first,
+    second_lo,
+    n_blocks,
     len_q,
-    causal_offset,
+    len_k,
+    offset,
+    left,
+    right,
     qk_scale,
     MASKED: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    """dK, dV contributions of query rows [row_lo, row_hi) of one head (Q, DO, Lse, Delta at the
-    sequence's first row). MASKED applies the causal mask; nothing else needs one: keys past
-    len_k are never stored, and rows past len_q read q = dO = 0, lse = delta = 0, which makes
-    their dV and dK terms exactly 0."""
+    """dK, dV contributions of steps of BLOCK_M query rows of one head (Q, DO, Lse, Delta at the
+    sequence's first row), walked as in _forward_blocks. MASKED applies the window; nothing
+    else needs a mask: keys past len_k are never stored, and rows past len_q read
+    q = dO = 0, lse = delta = 0, which makes their dV and dK terms exactly 0."""
     offs = tl.arange(0, BLOCK_M)
-    for row_start in range(row_lo, row_hi, BLOCK_M):
-        rows = row_start + offs
-        row_ok = rows < len_q
-        rows64 = rows.to(tl.int64)
-        qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
-        do = tl.load(DO + rows64[:, None] * stride_dot + dims[None, :], mask=row_ok[:, None], other=0.0)
-        lse2 = _load_lse_log2(Lse, rows, row_ok)
-        delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
-        pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
-        if MASKED:
-            pT = tl.where(cols[:, None] <= rows[None, :] + causal_offset, pT, 0.0)
-        dv = _dot(pT.to(do.dtype), do, DOT_UPCAST, dv)
-        dpT = _dot(v, tl.trans(do), DOT_UPCAST)
-        dsT = pT * (dpT - delta[None, :])
-        dk = _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST, dk)
+    if TWO_RANGES:
+        for i in range(0, n_blocks):
+            rows = _block_start(i, first_lo, n_first, second_lo, BLOCK_M) + offs
+            dk, dv = _dkdv_step(
+                dk,
+                dv,
+                k,
+                v,
+                Q,
+                DO,
+                Lse,
+                Delta,
+                stride_qt,
+                stride_dot,
+                dims,
+                cols,
+                rows,
+                len_q,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
+    else:
+        for row_start in range(first_lo, hi, BLOCK_M):
+            dk, dv = _dkdv_step(
+                dk,
+                dv,
+                k,
+                v,
+                Q,
+                DO,
+                Lse,
+                Delta,
+                stride_qt,
+                stride_dot,
+                dims,
+                cols,
+                row_start + offs,
+                len_q,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_backward_dkdv_kernel(
     Q,
     K,
@@ -426,6 +670,8 @@ def attention_backward_dkdv_kernel(
     n_search_steps,
     qk_scale,
     scale,
+    window_left,
+    window_right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -440,7 +686,8 @@ def attention_backward_dkdv_kernel(
     stride_dvh,
     stride_lh,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -466,15 +713,18 @@ def attention_backward_dkdv_kernel(
     k = _load_rows(K + kv_head * stride_kh, k_start, cols, col_ok, stride_kt, dims)
     v = _load_rows(V + kv_head * stride_vh, k_start, cols, col_ok, stride_vt, dims)
 
-    # Query rows below first_row see none of these keys; from masked_end on, each sees all.
-    causal_offset = len_k - len_q
-    if CAUSAL:
-        first_row = tl.maximum(col_start - causal_offset, 0)
-        rows_to_mask = tl.maximum(col_start + BLOCK_N - 1 - causal_offset - first_row, 0)
-        masked_end = tl.minimum(first_row + tl.cdiv(rows_to_mask, BLOCK_M) * BLOCK_M, len_q)
-    else:
-        first_row = col_start * 0
-        masked_end = first_row
+    row_lo, masked_end, full_end, row_hi = _query_ranges(
+        col_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
+    )
+    # Masked: [row_lo, masked_end) (the window's lower edge, empty without a right bound) and
+    # [full_end, row_hi) (its upper edge, empty without a left bound); with both bounds, both
+    # in one loop.
+    n_low = tl.cdiv(masked_end - row_lo, BLOCK_M)
+    n_high = tl.cdiv(tl.maximum(row_hi - full_end, 0), BLOCK_M)
+    masked_lo, masked_hi = row_lo, masked_end
+    if WINDOW_LEFT:
+        if not WINDOW_RIGHT:
+            masked_lo, masked_hi = full_end, row_hi
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     for g in range(GROUP):
@@ -496,12 +746,21 @@ def attention_backward_dkdv_kernel(
             stride_dot,
             dims,
             cols,
-            first_row,
-            masked_end,
+            masked_lo,
+            masked_hi,
+            n_low,
+            full_end,
+            n_low + n_high,
             len_q,
-            causal_offset,
+            len_k,
+            len_k - len_q,
+            window_left,
+            window_right,
             qk_scale,
             MASKED=True,
+            TWO_RANGES=WINDOW_LEFT and WINDOW_RIGHT,
+            WINDOW_LEFT=WINDOW_LEFT,
+            WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
         )
@@ -519,11 +778,20 @@ def attention_backward_dkdv_kernel(
             dims,
             cols,
             masked_end,
+            full_end,
+            0,
+            0,
+            0,
             len_q,
-            len_q,
-            causal_offset,
+            len_k,
+            len_k - len_q,
+            window_left,
+            window_right,
             qk_scale,
             MASKED=False,
+            TWO_RANGES=False,
+            WINDOW_LEFT=WINDOW_LEFT,
+            WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
         )
@@ -532,6 +800,41 @@ def attention_backward_dkdv_kernel(
     dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims[None, :]
     tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _dq_step(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    K,
+    V,
+    stride_kt,
+    stride_vt,
+    dims,
+    rows,
+    cols,
+    len_k,
+    offset,
+    left,
+    right,
+    qk_scale,
+    MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """One key block of dQ."""
+    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+    p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
+    if MASKED:
+        # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
+        p = tl.where(_visible(rows[:, None], cols[None, :], len_k, offset, left, right, WINDOW_LEFT, WINDOW_RIGHT), p, 0.0)
+    dp = _dot(do, tl.trans(v), DOT_UPCAST)
+    ds = p * (dp - delta[:, None])
+    return _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
 
 
 @triton.jit
@@ -547,38 +850,89 @@ def _dq_blocks(
     stride_vt,
     dims,
     rows,
-    col_lo,
-    col_hi,
+    first_lo,
+    hi,
+    n_first,
+    second_lo,
+    n_blocks,
     len_k,
-    causal_offset,
+    offset,
+    left,
+    right,
     qk_scale,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    """dQ contributions of key blocks [col_lo, col_hi) of one sequence (K, V at its first row)."""
+    """dQ contributions of key blocks of one sequence (K, V at its first row), walked as in
+    _forward_blocks."""
     offs = tl.arange(0, BLOCK_N)
-    for col_start in range(col_lo, col_hi, BLOCK_N):
-        cols = col_start + offs
-        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
-        p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
-        if MASKED:
-            # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
-            p = tl.where(_visible(rows[:, None], cols[None, :], len_k, causal_offset, CAUSAL), p, 0.0)
-        dp = _dot(do, tl.trans(v), DOT_UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq = _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
+    if TWO_RANGES:
+        for i in range(0, n_blocks):
+            cols = _block_start(i, first_lo, n_first, second_lo, BLOCK_N) + offs
+            dq = _dq_step(
+                dq,
+                q,
+                do,
+                lse2,
+                delta,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                cols,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
+    else:
+        for col_start in range(first_lo, hi, BLOCK_N):
+            dq = _dq_step(
+                dq,
+                q,
+                do,
+                lse2,
+                delta,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                col_start + offs,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+            )
     return dq
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_backward_dq_kernel(
     Q,
     K,
     V,
+    Out,
     DOut,
     Lse,
+    DLse,
     Delta,
     DQ,
     cu_q,
@@ -590,19 +944,25 @@ def attention_backward_dq_kernel(
     n_search_steps,
     qk_scale,
     scale,
+    window_left,
+    window_right,
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_ot,
+    stride_oh,
     stride_dot,
     stride_doh,
     stride_dqt,
     stride_dqh,
     stride_lh,
+    HAS_DLSE: tl.constexpr,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -611,10 +971,13 @@ def attention_backward_dq_kernel(
     """dQ of one block of BLOCK_M query rows of one sequence and one head.
 
     A pass separate from dK/dV (it recomputes P and dP) so that every dQ row is owned by one
-    program: deterministic, no fp32 atomics, no memset of dQ.
+    program: deterministic, no fp32 atomics, no memset of dQ. It runs first and computes its
+    rows' delta = rowsum(dO * O) - dlse itself (dS = P * (dP - delta)), storing it for the
+    dK/dV pass: no separate delta launch. Without HAS_DLSE (lse unused, the usual case) DLse
+    is not read: dlse = 0.
     """
     head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=CAUSAL)
+    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
@@ -627,12 +990,23 @@ def attention_backward_dq_kernel(
     do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
     lse_row0 = head * stride_lh + q_start
     lse2 = _load_lse_log2(Lse + lse_row0, rows, row_ok)
-    delta = tl.load(Delta + lse_row0 + rows, mask=row_ok, other=0.0)
+    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_row0 + rows, mask=row_ok, other=0.0)
+    tl.store(Delta + lse_row0 + rows, delta, mask=row_ok)  # read by the dK/dV pass, launched next
     K += (head // GROUP) * stride_kh + k_start * stride_kt
     V += (head // GROUP) * stride_vh + k_start * stride_vt
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    full_end, key_end = _key_ranges(row_start, len_q, len_k, CAUSAL, BLOCK_M, BLOCK_N)
+    key_lo, full_lo, full_hi, key_hi = _key_ranges(
+        row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
+    )
+    n_left = (full_lo - key_lo) // BLOCK_N
+    n_right = tl.cdiv(tl.maximum(key_hi - full_hi, 0), BLOCK_N)
+    masked_lo = full_hi
+    if WINDOW_LEFT:
+        masked_lo = key_lo
     dq = _dq_blocks(
         dq,
         q,
@@ -645,13 +1019,20 @@ def attention_backward_dq_kernel(
         stride_vt,
         dims,
         rows,
+        full_lo,
+        full_hi,
         0,
-        full_end,
+        0,
+        0,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=False,
-        CAUSAL=CAUSAL,
+        TWO_RANGES=False,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )
@@ -667,13 +1048,20 @@ def attention_backward_dq_kernel(
         stride_vt,
         dims,
         rows,
-        full_end,
-        key_end,
+        masked_lo,
+        key_hi,
+        n_left,
+        full_hi,
+        n_left + n_right,
         len_k,
         len_k - len_q,
+        window_left,
+        window_right,
         qk_scale,
         MASKED=True,
-        CAUSAL=CAUSAL,
+        TWO_RANGES=WINDOW_LEFT,
+        WINDOW_LEFT=WINDOW_LEFT,
+        WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
     )

@@ -5,14 +5,17 @@
     print(report)                                 # verdict table, fuzzer summary, reproductions
 
 `audit` wraps the function in an adapter (`workbench.audit.adapters`: ours, contract,
-torch-varlen, flash-attn, te-thd, bshd, or your own via `register_adapter`), runs every check of
-`workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), including the
-bad-input campaign (`workbench.audit.campaign`), then fuzzes `budget` random layouts
+torch-varlen, flash-attn, te-thd, bshd, or your own via `register_adapter`; the paths of
+`workbench.audit.paths` need none), checks the adapter against the function's signature, runs
+every check of `workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), and
+grades input validation apart (`workbench.audit.campaign`: validates / partly validates / no
+validation; a grade never fails the audit, since an attention that computes every valid layout
+right is correct even if it checks nothing), then fuzzes `budget` random layouts
 (`workbench.audit.fuzz`) and shrinks the first failure of each check to a minimal layout printed
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
 Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
-[--dtype D] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
+[--dtype D] [--checks A,B] [--skip A,B] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
 back and prints it as the command did.
 """
 
@@ -23,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.audit import paths  # noqa: F401  (registers the adapters of every path)
 from workbench.audit.adapters import (
     ADAPTERS,
     FEATURES,
@@ -34,6 +38,7 @@ from workbench.audit.adapters import (
     load,
     register_adapter,
 )
+from workbench.audit.campaign import CUDA_FAULTS
 from workbench.audit.checks import CHECKS, CheckResult, Context, Finding, Verdict, layout_findings, single_threaded
 from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
 from workbench.audit.records import format_campaign, format_verdicts
@@ -81,7 +86,12 @@ class AuditReport:
 
     def campaign_table(self) -> str:
         """The bad-input campaign, one line per malformed call."""
-        return format_campaign(next((r.rows for r in self.results if r.name == "bad-input"), ()))
+        return format_campaign(next((r.rows for r in self.results if r.name == "input-validation"), ()))
+
+    @property
+    def validation(self) -> str:
+        """The input-validation grade (validates / partly validates / no validation), or n/a / not run."""
+        return next((r.verdict.value for r in self.results if r.name == "input-validation"), "not run")
 
     def __str__(self) -> str:
         lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})", "", self.table()]
@@ -110,8 +120,10 @@ class AuditReport:
             "passed": self.passed,
             "failed": self.failed,
             "seconds": round(self.seconds, 2),
+            "validation": self.validation,
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
+            "versions": package_versions(),
             "provenance": provenance(),
         }
 
@@ -120,6 +132,22 @@ class AuditReport:
         from workbench.audit.notebook import write_notebook
 
         return write_notebook(self, path, execute=execute, root=root)
+
+
+AUDITED_PACKAGES = ("torch", "triton", "flash-dmattn", "flash-sparse-attn", "flash-attn", "transformer-engine")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages the audit matrix covers (absent ones left out)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in AUDITED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
 
 
 def _default_dtype(impl: Adapted) -> str:
@@ -136,6 +164,7 @@ def audit(
     dtype: str | None = None,
     budget: int | None = None,
     checks: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
     seed: int = 0,
     time_limit: float | None = None,
     workers: int = 1,
@@ -149,24 +178,48 @@ def audit(
     start = time.perf_counter()
     impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
     names = list(CHECKS) if checks is None else list(checks)
-    unknown = [n for n in names if n not in CHECKS]
+    unknown = [n for n in [*names, *skip] if n not in CHECKS]
     if unknown:
         raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
+    names = [n for n in names if n not in skip]
     # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
-    results = []
-    with single_threaded():
-        for name in names:
-            results.append(CHECKS[name](ctx))
-            if log:
-                log(f"{name}: {results[-1].verdict.value} ({results[-1].seconds:.1f} s)")
     if budget is None:
         budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
+    # The malformed calls of the input-validation campaign run last, after the fuzzer: they are
+    # the likeliest to fault the device. A CUDA fault (sticky: every later call fails for its
+    # sake) stops everything after it, said so in each verdict, instead of failing it.
+    late = [n for n in names if n == "input-validation"]
+    results: list[CheckResult] = []
+    lost: str | None = None
+
+    def run(name: str) -> None:
+        nonlocal lost
+        if lost:
+            results.append(CheckResult(name, Verdict.NA, f"not run: the CUDA context was lost at {lost}"))
+            return
+        results.append(CHECKS[name](ctx))
+        result = results[-1]
+        if impl.device.type == "cuda" and result.verdict is Verdict.FAIL and any(f in result.evidence for f in CUDA_FAULTS):
+            lost = f"check {name}"
+        if log:
+            log(f"{name}: {result.verdict.value} ({result.seconds:.1f} s)")
+
+    with single_threaded():
+        for name in names:
+            if name not in late:
+                run(name)
     fuzzed = None
-    if budget and not impl.why_not():
+    if budget and not impl.why_not() and not lost:
         fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers)
+        if "CUDA context lost" in fuzzed.stopped_early:
+            lost = "the fuzzer"
         if log:
             log(fuzzed.summary())
+    with single_threaded():
+        for name in late:
+            run(name)
+    results.sort(key=lambda r: names.index(r.name))
     target = impl.target or impl.name
     return AuditReport(target, impl.adapter.name, str(impl.device), ctx.dtype, results, fuzzed, time.perf_counter() - start)
 
@@ -174,7 +227,7 @@ def audit(
 def _argv(args) -> list[str]:
     """The command line that gives `args` again (for the re-run under another device)."""
     argv = [args.target]
-    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "checks", "notebook", "record"):
+    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "checks", "skip", "notebook", "record"):
         value = getattr(args, name)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
@@ -222,6 +275,7 @@ def run_command(args) -> int:
             time_limit=args.time_limit,
             workers=args.workers,
             checks=args.checks.split(",") if args.checks else None,
+            skip=args.skip.split(",") if getattr(args, "skip", None) else (),
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (ValueError, ImportError) as exc:
@@ -229,7 +283,7 @@ def run_command(args) -> int:
         return 2
     print(report)
     if any(r.rows for r in report.results):
-        print("\nbad-input campaign:\n" + report.campaign_table())
+        print("\ninput validation (bad-input campaign):\n" + report.campaign_table())
     if args.record:
         Path(args.record).parent.mkdir(parents=True, exist_ok=True)
         Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")

@@ -66,6 +66,38 @@ class AdapterRefused(ValueError):
     """The adapter cannot express this call for the wrapped function (not the function's fault)."""
 
 
+class NoOutput(RuntimeError):
+    """The function returned something that is not an output tensor (None, a dict...).
+
+    The checks report it as "no output", never as a wrong result, and the harness does not
+    go on to call tensor methods on it."""
+
+
+class _Attached(torch.autograd.Function):
+    """Identity on `out` that joins the autograd graph of q, k, v with zero gradients.
+
+    A correct implementation may return an output that does not depend on its inputs at all
+    (a layout with no real query row: every output row is padding, so zeros). Backward through
+    it must then give dq = dk = dv = 0, not "element 0 of tensors does not require grad"."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(None for _ in ctx.needs_input_grad)
+
+
+def _checked_output(name: str, out: Any, inputs: tuple) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise NoOutput(f"{name} returned {type(out).__name__}, not an output tensor")
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if torch.is_grad_enabled() and leaves and not out.requires_grad:
+        return _Attached.apply(out, *leaves)
+    return out
+
+
 @dataclass(frozen=True)
 class Adapter:
     """How to call one family of functions through the contract's signature."""
@@ -79,6 +111,9 @@ class Adapter:
     head_dims: tuple[int, ...] | None = None
     case_kwargs: Callable[[Any], dict[str, Any]] | None = None  # Case -> extra keywords of the wrapped call
     doc: str = ""
+    # How the wrapper calls fn: (positional arguments, keywords always passed). adapt() binds it
+    # against fn's signature first, so a wrong adapter is a usage error, never a "clear error".
+    calls: tuple[int, tuple[str, ...]] | None = None
 
     def lacks_for(self, fn: Callable, device: torch.device) -> dict[str, str]:
         lacks = self.lacks(fn, device) if callable(self.lacks) else self.lacks
@@ -100,6 +135,7 @@ def register_adapter(
     dtypes: tuple[str, ...] | None = None,
     head_dims: tuple[int, ...] | None = None,
     case_kwargs: Callable[[Any], dict[str, Any]] | None = None,
+    calls: tuple[int, tuple[str, ...]] | None = None,
 ) -> Callable[[Callable[[Callable], Callable]], Callable[[Callable], Callable]]:
     """Decorator registering `wrap(fn) -> contract-shaped callable` as adapter `name`."""
 
@@ -116,6 +152,7 @@ def register_adapter(
             head_dims,
             case_kwargs,
             doc=(inspect.getdoc(wrap) or "").partition("\n")[0],
+            calls=calls,
         )
         return wrap
 
@@ -136,7 +173,8 @@ class Adapted:
     aliases: dict[str, str]
 
     def __call__(self, *args, **kwargs):
-        return self.impl(*args, **kwargs)
+        inputs = tuple(args[:3]) + tuple(kwargs.get(n) for n in ("q", "k", "v") if n in kwargs)
+        return _checked_output(self.name, self.impl(*args, **kwargs), inputs)
 
     @property
     def __name__(self) -> str:  # probe() names its records after impl.__name__
@@ -201,6 +239,11 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
     target = fn if isinstance(fn, str) else _target_of(fn)
     if isinstance(fn, str):
         fn = load(fn)
+    if not callable(fn):
+        raise ValueError(
+            f"no adapter recognises {fn!r}: it is a {type(fn).__name__}, and an attention to audit is a callable "
+            "(or a 'module:function' string naming one)."
+        )
     if adapter is None:
         chosen = detect(fn)
     elif isinstance(adapter, Adapter):
@@ -210,10 +253,33 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
     else:
         raise ValueError(f"adapter = {adapter!r} is not registered; known adapters: {', '.join(sorted(ADAPTERS))}.")
     device = torch.device(device) if device is not None else default_device()
+    check_signature(fn, chosen)
     params = _params(fn)
     aliases = {**dict(zip(("q", "k", "v"), params[:3])), **chosen.aliases}
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     return Adapted(fn, chosen, device, chosen.wrap(fn), name, target, chosen.lacks_for(fn, device), aliases)
+
+
+def check_signature(fn: Callable, adapter: Adapter) -> None:
+    """Raises ValueError when `adapter` would call `fn` with arguments its signature cannot take.
+
+    Checked before any check runs: otherwise every call would raise TypeError from the binding
+    itself, and the bad-input campaign would count those as the function's errors."""
+    if adapter.calls is None:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check against
+        return
+    positional, keywords = adapter.calls
+    try:
+        signature.bind(*range(positional), **dict.fromkeys(keywords))
+    except TypeError as exc:
+        raise ValueError(
+            f"adapter {adapter.name!r} calls {getattr(fn, '__qualname__', fn)!r} with {positional} positional arguments"
+            f"{' and keywords ' + ', '.join(keywords) if keywords else ''}, which its signature {signature} cannot take "
+            f"({exc}); pick the adapter that matches it (one of {sorted(ADAPTERS)}) or register your own."
+        ) from exc
 
 
 def _target_of(fn: Callable) -> str | None:
@@ -270,6 +336,7 @@ def _contract_shaped(fn: Callable, names: set[str]) -> bool:
 @register_adapter(
     "ours",
     detect=_is_ours,
+    calls=(7, ("cu_seqlens_q_padded", "cu_seqlens_k_padded", "causal", "scale")),
     dtypes=("float32", "float16", "bfloat16"),
     head_dims=(16, 32, 64, 128, 256),
 )
@@ -278,7 +345,9 @@ def _ours(fn: Callable) -> Callable:
     return fn
 
 
-@register_adapter("contract", detect=_contract_shaped)
+@register_adapter(
+    "contract", detect=_contract_shaped, calls=(7, ("cu_seqlens_q_padded", "cu_seqlens_k_padded", "causal", "scale"))
+)
 def _contract(fn: Callable) -> Callable:
     """Any callable with the contract's signature (padded layout, causal, scale keywords)."""
     return fn
@@ -302,6 +371,7 @@ def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
 @register_adapter(
     "torch-varlen",
     lacks=_torch_lacks,
+    calls=(7, ()),
     detect=lambda fn, names: {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= names,
     aliases={"cu_seqlens_q": "cu_seq_q", "cu_seqlens_k": "cu_seq_k", "max_seqlen_q": "max_q", "max_seqlen_k": "max_k"},
     dtypes=("float16", "bfloat16"),
@@ -341,6 +411,7 @@ def _torch_varlen(fn: Callable) -> Callable:
 
 @register_adapter(
     "flash-attn",
+    calls=(7, ("dropout_p", "softmax_scale", "causal")),
     lacks={"padded": "flash_attn_varlen_func has no padded layout (no cu_seqlens_*_padded), so GAP rows cannot be expressed"},
     detect=lambda fn, names: {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "softmax_scale", "dropout_p"} <= names,
     aliases={"scale": "softmax_scale"},
@@ -380,6 +451,19 @@ def _te_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
 @register_adapter(
     "te-thd",
     lacks=_te_lacks,
+    calls=(
+        3,
+        (
+            "qkv_format",
+            "cu_seqlens_q",
+            "cu_seqlens_kv",
+            "cu_seqlens_q_padded",
+            "cu_seqlens_kv_padded",
+            "max_seqlen_q",
+            "max_seqlen_kv",
+            "attn_mask_type",
+        ),
+    ),
     detect=lambda fn, names: {"cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"} <= names,
     aliases={
         "cu_seqlens_k": "cu_seqlens_kv",
@@ -460,7 +544,7 @@ def _bshd_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     }
 
 
-@register_adapter("bshd", lacks=_bshd_lacks, case_kwargs=lambda case: {"padding_fill": case.fill})
+@register_adapter("bshd", lacks=_bshd_lacks, case_kwargs=lambda case: {"padding_fill": case.fill}, calls=(4, ()))
 def _bshd(fn: Callable) -> Callable:
     """fn(q, k, v, mask) on padded (B, S, H, D) tensors; mask (B, S_q, S_k) bool, True = may attend.
 

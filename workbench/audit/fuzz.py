@@ -1,11 +1,13 @@
 """The layout fuzzer: seeded random `Case`s, and the smallest failing one, shrunk greedily.
 
-Each layout (a `workbench.Case`: lengths including 0 and 1, GAP rows, TAIL rows, GQA, causal,
-the padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
+Each layout (a `workbench.Case` from the shared `workbench.strategies.LayoutSpace`: lengths
+including 0 and 1, GAP rows, TAIL rows, GQA, causal, the padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
 `layout_findings` (REAL rows within the bound, GAP and TAIL rows exactly 0); an exception on a
 valid layout is a finding too. The first failure of each check is shrunk: drop sequences,
 shorten them, remove padding, heads, causality... keeping a change only if the case gets
-smaller and still fails the same check. The result is printed as a runnable snippet.
+smaller and still fails the same check, then drops every sequence the failure does not need.
+The result is printed as a plain-torch snippet pasteable into an upstream issue
+(`workbench.audit.snippets`), with a workbench replay beside it.
 
 Two profiles: `tiny` for the Triton interpreter (a few dozen rows: CI runs hundreds of layouts)
 and `native` for GPUs (up to a few thousand rows, block-edge lengths, head dims 32-128).
@@ -18,12 +20,16 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, adapt
+from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, NoOutput, adapt
 from workbench.audit.checks import Finding, layout_findings, single_threaded
+from workbench.audit.snippets import torch_snippet
 from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
+from workbench.strategies import LayoutSpace
 
 RAISES = "raises-on-valid-layout"
+SHRINK_SECONDS = 60  # with a time limit: how long shrinking may run after the search stops
+NO_OUTPUT = "no-output"
 
 
 @dataclass(frozen=True)
@@ -78,51 +84,27 @@ def _allowed(profile: Profile, impl: Adapted) -> tuple[tuple[str, ...], tuple[in
     return dtypes, dims
 
 
-def random_case(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
-    """One layout the implementation can express, drawn from `profile`, with at least one row
-    of q and of k (a probe of zero-row tensors has nothing to look at)."""
-    while True:
-        case = _draw(rng, impl, profile)
-        if case.total_rows("q") and case.total_rows("k"):
-            return case
-
-
-def _draw(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
-    lacks = impl.lacks
-    batch = rng.randint(1, profile.batch)
-
-    def length() -> int:
-        return rng.choice(profile.lengths) if rng.random() < 0.6 else rng.randint(0, profile.longest)
-
-    seqlens_q = tuple(length() for _ in range(batch))
-    seqlens_k = tuple(length() for _ in range(batch)) if "unequal" not in lacks and rng.random() < 0.5 else None
-    padded = {}
-    if "padded" not in lacks and rng.random() < 0.6:
-        padded["padded_q"] = tuple(n + rng.randint(0, profile.extra_padding) for n in seqlens_q)
-        padded["padded_k"] = tuple(n + rng.randint(0, profile.extra_padding) for n in (seqlens_k or seqlens_q))
-    tails = {}
-    if "tail" not in lacks and rng.random() < 0.6:
-        tails = {"tail_q": rng.randint(0, profile.tail), "tail_k": rng.randint(0, profile.tail)}
-    heads = rng.choice(profile.heads)
-    kv_heads = (
-        rng.choice([d for d in range(1, heads) if heads % d == 0] or [None])
-        if "gqa" not in lacks and rng.random() < 0.5
-        else None
-    )
+def layout_space(impl: Adapted, profile: Profile) -> LayoutSpace:
+    """The layouts `profile` allows that the implementation can express (the shared strategy's
+    bounds), each with at least one row of q and of k (a probe of zero-row tensors has nothing
+    to look at)."""
     dtypes, dims = _allowed(profile, impl)
-    return Case(
-        seqlens_q,
-        seqlens_k,
-        **padded,
-        **tails,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=rng.choice(dims),
-        dtype=rng.choice(dtypes),
-        causal="causal" not in lacks and rng.random() < 0.5,
-        seed=rng.randrange(2**16),
-        fill=rng.choice(list(Fill)),
+    return LayoutSpace(
+        max_batch=profile.batch,
+        longest=profile.longest,
+        edge_lengths=profile.lengths,
+        extra_padding=profile.extra_padding,
+        tail=profile.tail,
+        heads=profile.heads,
+        head_dims=dims,
+        dtypes=dtypes,
+        without=frozenset(impl.lacks),
     )
+
+
+def random_case(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
+    """One layout of `layout_space(impl, profile)`, drawn from `rng`."""
+    return layout_space(impl, profile).sample(rng)
 
 
 def probe_layout(impl: Adapted, case: Case) -> tuple[ProbeRecord | None, list[Finding]]:
@@ -132,6 +114,8 @@ def probe_layout(impl: Adapted, case: Case) -> tuple[ProbeRecord | None, list[Fi
         record = probe(impl, pack(case, impl.device), name=impl.name, poisoned=True, **impl.case_kwargs(case))
     except AdapterRefused:
         return None, []
+    except NoOutput as exc:  # nothing to judge: not a wrong result
+        return None, [Finding(NO_OUTPUT, str(exc))]
     except Exception as exc:  # a valid layout must never raise
         return None, [Finding(RAISES, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")]
     return record, layout_findings(record)
@@ -229,24 +213,50 @@ def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
     return variants
 
 
-def shrink(impl: Adapted, case: Case, finding: Finding, profile: Profile, budget: int | None = None) -> tuple[Case, Finding, int]:
+def shrink(
+    impl: Adapted, case: Case, finding: Finding, profile: Profile, budget: int | None = None, stop_at: float | None = None
+) -> tuple[Case, Finding, int]:
     """The smallest variant of failing `case` that still fails `finding.check` (greedy), with its
-    finding and the probes spent."""
+    finding and the probes spent; `stop_at` (time.time()) ends the greedy pass early."""
     budget = profile.shrink_probes if budget is None else budget
     current, spent, improved = case, 0, True
-    while improved and spent < budget:
+    while improved and spent < budget and (stop_at is None or time.time() < stop_at):
         improved = False
         for candidate in sorted(set(candidates(current, impl, profile)), key=size):
             if size(candidate) >= size(current):
                 continue
-            if spent >= budget:
+            if spent >= budget or (stop_at is not None and time.time() > stop_at):
                 break
             spent += 1
             hit = next((f for f in run_layout(impl, candidate) if f.check == finding.check), None)
             if hit:
                 current, finding, improved = candidate, hit, True
                 break
-    return current, finding, spent
+    current, finding, extra = _drop_unneeded_sequences(impl, current, finding)
+    return current, finding, spent + extra
+
+
+def _drop_unneeded_sequences(impl: Adapted, case: Case, finding: Finding) -> tuple[Case, Finding, int]:
+    """A last pass, outside the budget (at most one probe per sequence): drop every sequence the
+    failure does not need, such as an unrelated empty key sequence the greedy pass kept because
+    its budget ran out first."""
+    spent, i = 0, 0
+    while i < case.batch and case.batch > 1:
+        per_seq = _per_sequence(case)
+        try:
+            variant = _normalised(case.with_(**{n: getattr(case, n)[:i] + getattr(case, n)[i + 1 :] for n in per_seq}))
+        except (ValueError, TypeError):
+            i += 1
+            continue
+        hit = None
+        if variant.total_rows("q") and variant.total_rows("k"):
+            spent += 1
+            hit = next((f for f in run_layout(impl, variant) if f.check == finding.check), None)
+        if hit:
+            case, finding = variant, hit
+        else:
+            i += 1
+    return case, finding, spent
 
 
 # -- the fuzzer ---------------------------------------------------------------------------
@@ -261,7 +271,8 @@ class FuzzFailure:
     case: Case  # shrunk
     original: Case  # as first drawn
     shrink_probes: int
-    snippet: str
+    snippet: str  # plain torch where the adapter spells out its call (workbench.audit.snippets), else the replay
+    replay: str = ""  # the same case replayed through the workbench
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -271,6 +282,7 @@ class FuzzFailure:
             "original": self.original.to_dict(),
             "shrink_probes": self.shrink_probes,
             "snippet": self.snippet,
+            "replay": self.replay,
         }
 
 
@@ -316,9 +328,18 @@ def _scan(
         for index in indices:
             if deadline is not None and time.time() > deadline:
                 break
-            found += [(index, f) for f in run_layout(impl, layout(impl, profile, seed, index))]
+            findings = run_layout(impl, layout(impl, profile, seed, index))
+            found += [(index, f) for f in findings]
             tried += 1
+            if impl.device.type == "cuda" and any(_faulted(f) for f in findings):
+                break  # a CUDA fault is sticky: every later layout would fail for its sake
     return tried, found
+
+
+def _faulted(finding: Finding) -> bool:
+    from workbench.audit.campaign import CUDA_FAULTS
+
+    return any(fault in finding.evidence for fault in CUDA_FAULTS)
 
 
 def _scan_in_worker(target: str, adapter: str, device: str, profile: Profile, seed: int, indices: range, deadline: float | None):
@@ -375,17 +396,28 @@ def fuzz(
                 n, f = part.result()
                 tried, found = tried + n, found + f
     result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
-    if tried < budget:
+    faulted = next((i for i, f in sorted(found, key=lambda x: x[0]) if _faulted(f)), None)
+    if faulted is not None:
+        result.stopped_early = f"CUDA context lost at layout {faulted} (a fault is sticky: nothing after it can run)"
+    elif tried < budget:
         result.stopped_early = f"time limit of {time_limit:g} s reached"
     shrunk: set[str] = set()
     for index, finding in sorted(found, key=lambda x: x[0]):
         if finding.check not in shrunk:
             shrunk.add(finding.check)
             case = layout(impl, profile, seed, index)
-            with single_threaded():
-                small, small_finding, spent = shrink(impl, case, finding, profile)
+            if faulted is not None:  # no probe can run any more: the layout as drawn
+                small, small_finding, spent = case, finding, 0
+            else:
+                with single_threaded():
+                    # Shrinking gets SHRINK_SECONDS past the search's time limit, in all.
+                    small, small_finding, spent = shrink(
+                        impl, case, finding, profile, stop_at=None if deadline is None else deadline + SHRINK_SECONDS
+                    )
+            replay = snippet(impl, small, small_finding)
+            plain = torch_snippet(impl, small, small_finding)
             result.failures.append(
-                FuzzFailure(finding.check, small_finding.evidence, small, case, spent, snippet(impl, small, small_finding))
+                FuzzFailure(finding.check, small_finding.evidence, small, case, spent, plain or replay, replay)
             )
     result.seconds = time.perf_counter() - start
     return result

@@ -20,16 +20,18 @@ import nbformat
 
 from workbench.audit.checks import Finding
 from workbench.audit.fuzz import case_source
-from workbench.postmortem import Claims
+from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, Claims, Evidence
 from workbench.scaffold import parse_cells
 
-# Failing checks whose failing case is a layout (the others: determinism, bad-input).
+# Failing checks whose failing case is a layout (the others: determinism, input-validation).
 _FINDING_OF = {
     "real-accuracy": "real-accuracy",
     "tail-rows": "tail-rows",
     "gap-rows": "gap-rows",
     "padding-leak": "real-accuracy",
     "empty-sequences": None,
+    "no-real-query": None,
+    "custom-scale": "real-accuracy",
     "fully-masked-rows": "real-accuracy",
     "causal-unequal": "real-accuracy",
     "gqa": "real-accuracy",
@@ -55,9 +57,18 @@ def reproductions(report) -> list[tuple[str, str | None, Any, str]]:
     return out
 
 
-def audit_claims(expected: dict[str, str], expected_findings: dict[str, str | None]) -> Claims:
+def evidence_of(impl) -> Evidence:
+    """The evidence level of an audit of `impl`: our kernel, or the audited code itself run on
+    the GPU or on the CPU (through the Triton interpreter, or PyTorch's own CPU kernels)."""
+    if impl.adapter.name == "ours":
+        return OURS
+    return UPSTREAM_GPU if impl.device.type == "cuda" else UPSTREAM_CPU
+
+
+def audit_claims(expected: dict[str, str], expected_findings: dict[str, str | None], evidence: Evidence = UPSTREAM_CPU) -> Claims:
     """Claims that the audit still says what it said: every check's verdict, and every
-    reproduction still failing. Results: {"report": AuditReport, "reproductions": {label: findings}}."""
+    reproduction still failing. Results: {"report": AuditReport, "reproductions": {label: findings}}.
+    `evidence`: what ran (see `evidence_of`)."""
     claims = Claims()
     for name, verdict in expected.items():
 
@@ -65,7 +76,7 @@ def audit_claims(expected: dict[str, str], expected_findings: dict[str, str | No
             now = results["report"].verdicts().get(name)
             return now == verdict, "" if now == verdict else f"now {now}"
 
-        claims(f"check {name}: {verdict}")(same_verdict)
+        claims(f"check {name}: {verdict}", evidence=evidence)(same_verdict)
     for label, finding in expected_findings.items():
 
         def still_fails(results, label=label, finding=finding):
@@ -73,7 +84,7 @@ def audit_claims(expected: dict[str, str], expected_findings: dict[str, str | No
             hit = [f.check for f in found if finding is None or f.check == finding]
             return bool(hit), ", ".join(sorted(set(hit))) or "no longer fails"
 
-        claims(f"case {label!r} still fails {finding or 'a check'}")(still_fails)
+        claims(f"case {label!r} still fails {finding or 'a check'}", evidence=evidence)(still_fails)
     return claims
 
 
@@ -105,7 +116,7 @@ re-checked whenever this notebook runs (nbval in CI), so it stays true or fails 
 from workbench import Case, Fill, plot_token_norms
 from workbench.audit import adapt, audit
 from workbench.audit.fuzz import probe_layout
-from workbench.audit.notebook import audit_claims
+from workbench.audit.notebook import audit_claims, evidence_of
 
 impl = adapt({report.target!r}, adapter={report.adapter!r}, device={report.device!r})
 report = audit(impl, dtype={report.dtype!r}, budget=0, checks={checks!r})
@@ -115,7 +126,10 @@ found = {{}}
     ]
     if any(r.rows for r in report.results):
         cells += [
-            _markdown("## Bad inputs\n\nEvery malformed call of `workbench.malformed`, and what the implementation did with it."),
+            _markdown(
+                "## Input validation\n\nEvery malformed call of `workbench.malformed`, and what the implementation did with "
+                "it (graded apart from correctness: `workbench.audit.campaign` defines clear error, vague error and crash)."
+            ),
             _code("print(report.campaign_table())"),
         ]
     repros = reproductions(report)
@@ -142,7 +156,7 @@ plot_token_norms(record) if record is not None else None
         _markdown("## Claims\n\nWhat the audit found, checked again on the results above. CI compares the table exactly."),
         _code(f"""
 # NBVAL_CHECK_OUTPUT
-claims = audit_claims({expected!r}, {findings!r})
+claims = audit_claims({expected!r}, {findings!r}, evidence_of(impl))
 verdicts = claims.report({{"report": report, "reproductions": found}})
 """),
     ]

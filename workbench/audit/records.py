@@ -18,15 +18,21 @@ from workbench.audit.fuzz import FuzzResult
 from workbench.provenance import GPU_DATA
 from workbench.tables import fixed_width
 
+CAMPAIGN_CHECKS = ("input-validation", "bad-input")  # its name, and its name in records before it was graded
 RECORD_COMMAND = "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json"
 
 
 def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
-    """Every audit record under `directory` (audit-*.json), in file-name order, each with its file name."""
+    """Every audit record under `directory` (audit-*.json), in file-name order, each with its file name.
+
+    Only audits that ran: the sanitizer's record (audit-sanitizer.json) and the note a path that
+    could not run leaves (`"ran": false`) are the audit matrix's business (workbench.audit.matrix)."""
     paths = sorted(Path(directory).glob("audit-*.json"))
-    if not paths:
+    records = [{**json.loads(p.read_text()), "file": p.name} for p in paths]
+    records = [r for r in records if "checks" in r and r.get("ran", True) is not False]
+    if not records:
         raise FileNotFoundError(f"no audit-*.json under {directory}; record one on a GPU machine with `{RECORD_COMMAND}`")
-    return [{**json.loads(p.read_text()), "file": p.name} for p in paths]
+    return records
 
 
 def format_verdicts(rows: Iterable[tuple[str, str, str]]) -> str:
@@ -51,7 +57,7 @@ def verdict_table(record: dict[str, Any]) -> str:
 
 def campaign_table(record: dict[str, Any]) -> str:
     """The record's bad-input campaign as `AuditReport.campaign_table()` printed it (empty when not run)."""
-    rows = next((check["rows"] for check in record["checks"] if check["name"] == "bad-input"), ())
+    rows = next((check["rows"] for check in record["checks"] if check["name"] in CAMPAIGN_CHECKS), ())
     return format_campaign(rows)
 
 

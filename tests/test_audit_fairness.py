@@ -1,0 +1,122 @@
+"""The audit is fair to the code it judges (issue 16, section 6).
+
+A correct plain-PyTorch attention, written as a user would (per-sequence SDPA over cu_seqlens,
+no validation at all), passes every correctness check; its missing validation shows as its own
+grade, never as a FAIL. Labels are true: a Python list that gives the right answer is correct,
+a negative scale is valid mathematics, a function returning None is "no output", a wrong
+adapter is a usage error before any check runs, and a valid layout without real query rows
+does not crash the harness.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workbench.audit import Verdict, adapt, audit
+from workbench.audit.campaign import Outcome
+from workbench.cli import main
+from workbench.layout import Case, pack
+from workbench.probe import probe
+
+
+def plain_attention(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_k_padded=None,
+    causal=False,
+    scale=None,
+):
+    """Per-sequence SDPA over cu_seqlens, padding rows zero, bottom-right causal; validates nothing."""
+    cu_q, cu_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    starts_q = [int(x) for x in cu_seqlens_q_padded] if cu_seqlens_q_padded is not None else cu_q
+    starts_k = [int(x) for x in cu_seqlens_k_padded] if cu_seqlens_k_padded is not None else cu_k
+    out = torch.zeros_like(q)
+    for b in range(len(cu_q) - 1):
+        lq, lk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        if lq == 0 or lk == 0:
+            continue
+        qs = q[starts_q[b] : starts_q[b] + lq].transpose(0, 1)
+        ks = k[starts_k[b] : starts_k[b] + lk].transpose(0, 1)
+        vs = v[starts_k[b] : starts_k[b] + lk].transpose(0, 1)
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq) if causal else None
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=qs.shape[0] != ks.shape[0])
+        if mask is not None:  # rows with no visible key: zero, as the contract says
+            o = torch.where(mask.any(-1)[None, :, None], o, 0.0)
+        out[starts_q[b] : starts_q[b] + lq] = o.transpose(0, 1)
+    return out
+
+
+def returns_none(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+    return None
+
+
+def test_a_correct_plain_pytorch_attention_passes_and_its_validation_is_its_own_grade():
+    report = audit(plain_attention, "contract", budget=12)
+    correctness = {r.name: r.verdict for r in report.results if r.name != "input-validation"}
+    assert set(correctness.values()) == {Verdict.PASS}, report.table()
+    assert report.passed, str(report)
+    assert report.validation in ("no validation", "partly validates"), report.table()
+    rows = {r["id"]: r["outcome"] for r in report.result("input-validation").rows}
+    assert rows["cu-not-tensor"] == Outcome.CORRECT.value  # a Python list with the right answer is not wrong
+    assert rows["scale-negative"] == Outcome.CORRECT.value  # valid mathematics
+    assert rows["scale-tensor"] == Outcome.CORRECT.value
+    # Every silent wrong result was compared with the fp64 oracle (the evidence says so).
+    for row in report.result("input-validation").rows:
+        if row["outcome"] == Outcome.SILENT_WRONG.value:
+            assert "fp64 oracle" in row["evidence"], row
+
+
+def test_none_is_no_output_not_a_wrong_result_and_not_a_harness_crash():
+    report = audit(returns_none, "contract", budget=2, checks=["real-accuracy", "input-validation"])
+    result = report.result("real-accuracy")
+    assert result.verdict is Verdict.FAIL and result.evidence.startswith("no output: returns_none returned NoneType")
+    assert "AttributeError" not in str(report)
+    assert {r["outcome"] for r in report.result("input-validation").rows} == {Outcome.NO_OUTPUT.value}
+    assert {f.check for f in report.fuzz.failures} == {"no-output"}
+
+
+def test_a_wrong_adapter_is_a_usage_error_before_any_check():
+    def two_args(q, k):
+        return q
+
+    with pytest.raises(ValueError, match=r"adapter 'contract' calls .*two_args.* with 7 positional arguments.*pick the adapter"):
+        adapt(two_args, "contract")
+    with pytest.raises(ValueError, match=r"no adapter recognises 42: it is a int"):
+        audit(42, "contract", budget=0)
+    with pytest.raises(ValueError, match=r"no adapter recognises 42"):
+        audit(42, budget=0)
+
+
+def test_a_layout_without_real_query_rows_does_not_crash_the_harness():
+    # Valid: one sequence of 0 queries, 3 TAIL rows. plain_attention returns zeros that do not
+    # depend on q, k, v; backward must give zero gradients, not "does not require grad".
+    impl = adapt(plain_attention, "contract")
+    record = probe(impl, pack(Case((0,), seqlens_k=(4,), tail_q=3), impl.device), poisoned=True)
+    assert record.padding_exactly_zero and float(record.tensors["dk"].abs().max()) == 0.0
+
+
+def test_skip_beside_checks(capsys):
+    report = audit(plain_attention, "contract", budget=0, skip=["input-validation", "determinism", "gqa"])
+    assert [r.name for r in report.results] == [
+        "real-accuracy",
+        "tail-rows",
+        "gap-rows",
+        "padding-leak",
+        "empty-sequences",
+        "no-real-query",
+        "custom-scale",
+        "fully-masked-rows",
+        "causal-unequal",
+    ]
+    assert "input-validation" not in report.verdicts()
+    assert main(["audit", "workbench:reference_attention", "--budget", "0", "--skip", "nope"]) == 2
+    assert "checks = ['nope'] are unknown" in capsys.readouterr().err

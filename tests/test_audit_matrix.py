@@ -1,0 +1,69 @@
+"""The audit matrix page's logic (workbench.audit.matrix) on records made here, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from workbench.audit import audit
+from workbench.audit.matrix import (
+    COLUMNS,
+    cell,
+    fails,
+    grid,
+    heatmap,
+    implementation,
+    load_matrix,
+    matrix_html,
+    text_grid,
+    wrappers,
+)
+
+SDPA = "torch.nn.functional:scaled_dot_product_attention"
+
+
+@pytest.fixture(scope="module")
+def records_dir(tmp_path_factory):
+    logging.disable(logging.WARNING)
+    directory = tmp_path_factory.mktemp("gpu")
+    for row in ("sdpa-math", "sdpa-flash"):
+        report = audit(SDPA, row, budget=3, skip=["determinism"])
+        (directory / f"audit-{row}.json").write_text(json.dumps(report.to_dict()))
+    (directory / "audit-dmattn-flex.json").write_text(
+        json.dumps(
+            {
+                "row": "dmattn-flex",
+                "ran": False,
+                "rc": 2,
+                "output": ["workbench audit: cannot import transformers"],
+                "provenance": {},
+            }
+        )
+    )
+    logging.disable(logging.NOTSET)
+    return directory
+
+
+def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
+    records = load_matrix(records_dir)
+    assert [r["row"] for r in records] == ["sdpa-math", "sdpa-flash", "dmattn-flex"]
+    g = grid(records)
+    assert g["sdpa-math"]["padding-leak"] == "FAIL" and g["sdpa-math"]["real-accuracy"] == "pass"
+    assert set(g["sdpa-flash"].values()) == {"n/a", "not run"}  # determinism skipped here
+    assert set(g["dmattn-flex"].values()) == {"not run"} and "transformers" in cell(records[2], "gqa")[1]
+    assert g["sdpa-math"]["input-validation"] == "n/a" and g["sdpa-math"]["determinism"] == "not run"
+    assert implementation(records[0]).startswith("sdpa-math (torch ")
+    assert ("sdpa-math", "padding-leak") in {(row, check) for row, check, _ in fails(records)}
+
+
+def test_html_picture_and_text_show_every_cell(records_dir):
+    records = load_matrix(records_dir)
+    page = matrix_html(records)
+    assert page.count("<details>") == len(records) * len(COLUMNS) and "(nan padding)" in page
+    assert text_grid(records).splitlines()[2].split()[:4] == ["sdpa-math", "pass", "n/a", "n/a"]
+    fig = heatmap(records)
+    assert len(fig.axes[0].texts) == len(records) * len(COLUMNS)
+    assert dict((row, adapter) for row, adapter, _ in wrappers(records))["sdpa-math"] == "sdpa-math"
+    assert "sdpa_kernel(MATH)" in wrappers(records)[0][2]

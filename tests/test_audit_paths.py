@@ -1,0 +1,89 @@
+"""The adapters of workbench.audit.paths, on the CPU where the path runs there.
+
+SDPA's math backend and nested jagged tensors run on the CPU; FlexAttention runs forward only
+(no CPU backward), so its document mask is checked against the fp64 oracle directly; the
+CUDA-only packages say so instead of failing. GPU verdicts come from data/gpu/audit-*.json.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from workbench import reference_attention
+from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect
+from workbench.audit.checks import Finding
+from workbench.audit.paths import MATRIX, fsa_dense_varlen
+from workbench.audit.snippets import torch_snippet
+from workbench.layout import Case, Fill, pack
+
+SDPA = "torch.nn.functional:scaled_dot_product_attention"
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)  # nested SDPA logs every backend it cannot use
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def test_sdpa_math_on_a_padded_batch_is_correct_and_lets_planted_nan_through():
+    report = audit(SDPA, "sdpa-math", budget=0, skip=["determinism"])
+    verdicts = report.verdicts()
+    assert verdicts.pop("padding-leak") == "FAIL"  # 0 * NaN: a NaN planted in a padded key reaches real rows
+    assert "(nan padding)" in report.result("padding-leak").evidence
+    assert {verdicts.pop(n) for n in ("tail-rows", "gap-rows", "input-validation")} == {"n/a"}
+    assert set(verdicts.values()) == {"pass"}, report.table()
+
+
+def test_sdpa_flash_cannot_take_a_padding_mask_so_it_is_not_applicable():
+    report = audit(SDPA, "sdpa-flash", budget=3)
+    assert {r.verdict for r in report.results} == {Verdict.NA} and not report.ran
+    assert "takes no attn_mask" in report.results[0].evidence
+
+
+def test_nested_jagged_sdpa_refusals_are_not_applicable_not_failures():
+    report = audit(SDPA, "sdpa-nested", budget=4, checks=["empty-sequences", "gqa", "causal-unequal"])
+    assert report.verdicts() == {"empty-sequences": "pass", "gqa": "n/a", "causal-unequal": "n/a"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case((5, 3, 0, 7), padded_q=(8, 4, 2, 7), padded_k=(6, 3, 2, 9), tail_q=3, tail_k=2, heads=4, kv_heads=2, causal=True),
+        Case((5, 3), seqlens_k=(9, 1), causal=True),
+        Case((6,), seqlens_k=(0,)),
+    ],
+    ids=["padded-gqa-causal", "unequal-causal", "no-keys"],
+)
+def test_flex_document_mask_matches_the_oracle_forward(case):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    call = ADAPTERS["flex-document"].wrap(flex_attention)
+    batch = pack(case.with_(fill=Fill.ZEROS), "cpu")
+    with torch.no_grad():
+        out = call(*batch.args(), **batch.kwargs())
+    torch.testing.assert_close(out, reference_attention(*batch.args(), **batch.kwargs()).to(out.dtype), atol=1e-5, rtol=1e-5)
+    assert detect(flex_attention).name == "flex-document"
+    assert "no CPU backward" in adapt(flex_attention, device="cpu").why_not()
+
+
+def test_cuda_only_packages_are_detected_and_say_why_they_do_not_run_here():
+    impl = adapt(fsa_dense_varlen, device="cpu")  # imports flash_sparse_attn through the triton_kernels stub
+    assert impl.adapter.name == "fsa-varlen" and "CUDA only" in impl.why_not()
+    dmattn = pytest.importorskip("flash_dmattn.flash_dmattn_triton")
+    assert adapt(dmattn.triton_dmattn_func, device="cpu").adapter.name == "dmattn"
+    assert {row for row, _, _ in MATRIX} >= {"ours", "torch-varlen", "flex-document", "sdpa-cudnn", "dmattn-triton"}
+
+
+def test_the_plain_torch_snippet_of_a_padded_batch_path_runs():
+    impl = adapt(SDPA, "sdpa-math", device="cpu")
+    case = Case((3, 2), heads=1, head_dim=16, fill=Fill.NAN)
+    snippet = torch_snippet(impl, case, Finding("real-accuracy", "planted NaN reaches real rows"))
+    assert "workbench" not in snippet and "sdpa_kernel(SDPBackend.MATH)" in snippet
+    printed = []
+    exec(compile(snippet, "<snippet>", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    # The NaN in the padded key slot of sequence 1 (length 2 in a batch padded to 3) damages its rows 3, 4.
+    assert printed == [f"{n}: damaged REAL rows [3, 4], padding rows not 0 []" for n in ("out", "dq", "dk", "dv")], printed

@@ -1,0 +1,268 @@
+"""The audit matrix: every path's recorded audit as one grid (rows: implementations, columns: checks).
+
+`load_matrix()` reads data/gpu/audit-<row>.json for each row of `workbench.audit.paths.MATRIX`
+(written by scripts/gpu_audit_matrix.py); `grid()` gives the verdict of every cell, `fails()`
+every FAIL with its evidence, `matrix_html()` the table with the evidence one click away (a
+<details> per cell: the check's evidence, and for the fuzzer the shrunk layout and its
+plain-torch snippet), `heatmap()` the picture, `wrappers()` how each adapter builds its call.
+`KNOWN_UPSTREAM` ties findings to upstream reports found with a search of the trackers.
+
+The notebook notebooks/audit-matrix.ipynb is a thin page over these functions.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from workbench.audit.adapters import ADAPTERS
+from workbench.audit.checks import CHECKS
+from workbench.audit.paths import MATRIX
+from workbench.provenance import GPU_DATA
+
+# The package whose version names each row (torch's own paths: torch).
+ROW_PACKAGE = {
+    "ours": None,
+    "dmattn-triton": "flash-dmattn",
+    "dmattn-triton-nobias": "flash-dmattn",
+    "dmattn-flex": "flash-dmattn",
+    "fsa-dense-varlen": "flash-sparse-attn",
+    "fsa-sparse-varlen": "flash-sparse-attn",
+}
+CORRECTNESS = [name for name in CHECKS if name != "input-validation"]
+COLUMNS = [*CORRECTNESS, "fuzzer", "input-validation"]
+GRADES = ("validates", "partly validates", "no validation")
+# Verdict -> (heat-map colour, order in the legend).
+COLOURS = {
+    "pass": "#4c9a5b",
+    "FAIL": "#c8453a",
+    "n/a": "#d9d9d9",
+    "validates": "#4c9a5b",
+    "partly validates": "#e0a030",
+    "no validation": "#f2d27a",
+    "not run": "#ffffff",
+}
+
+# Findings already reported upstream: (row, check or "fuzz:<check>", as `fails` names them) ->
+# [(url, what it says)]. Each link was found with a search of the upstream trackers and read; a
+# FAIL not listed here appears to be new.
+KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {}
+
+
+def known_links(row: str, column: str) -> list[tuple[str, str]]:
+    """The upstream links of one cell (the fuzzer's cell: those of every fuzz:<check> of the row)."""
+    if column == "fuzzer":
+        return [link for (r, c), links in KNOWN_UPSTREAM.items() if r == row and c.startswith("fuzz:") for link in links]
+    return KNOWN_UPSTREAM.get((row, column), [])
+
+
+def new_findings(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """FAILs with no upstream report found."""
+    return [(row, check) for row, check, _ in fails(records) if (row, check) not in KNOWN_UPSTREAM]
+
+
+# Every FAIL the matrix shows, judged: (row, check or "fuzz:<check>") -> (kind, one line), kind one of
+#   "upstream"    genuine behaviour of the upstream code, reached through a call a user makes
+#   "documented"  upstream behaviour its own documentation or maintainers describe as intended
+#   "wrapper"     a consequence of a choice our adapter makes (the line says which)
+JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def unjudged(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """FAIL cells without a judgement (the page asserts there are none)."""
+    return [(row, check) for row, check, _ in fails(records) if (row, check) not in JUDGEMENTS]
+
+
+def load_matrix(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
+    """The recorded audit of every MATRIX row that has one, in MATRIX order, each with `row` and `file`."""
+    records = []
+    for row, target, adapter in MATRIX:
+        path = Path(directory) / f"audit-{row}.json"
+        if path.exists():
+            record = json.loads(path.read_text())
+            records.append({**record, "row": row, "file": path.name, "target": record.get("target", target), "adapter": adapter})
+    if not records:
+        raise FileNotFoundError(
+            f"no audit-<row>.json under {directory}; record them on a GPU with `python scripts/gpu_audit_matrix.py`"
+        )
+    return records
+
+
+def ran(record: dict[str, Any]) -> bool:
+    return record.get("ran", True) is not False and "checks" in record
+
+
+def implementation(record: dict[str, Any]) -> str:
+    """'flash-dmattn 1.2.2: flash_dmattn.flash_dmattn_triton:triton_dmattn_func (adapter dmattn)'."""
+    package = ROW_PACKAGE.get(record["row"], "torch")
+    versions = record.get("versions", {})
+    if package is None:
+        named = f"ours @ {record['provenance'].get('commit', '?')}"
+    else:
+        named = f"{package} {versions.get(package, record['provenance'].get(package, '?'))}"
+    return f"{record['row']} ({named})"
+
+
+def cell(record: dict[str, Any], column: str) -> tuple[str, str]:
+    """(verdict, evidence) of one cell."""
+    if not ran(record):
+        return "not run", "; ".join(record.get("output", [])[-2:]) or "not recorded"
+    if column == "fuzzer":
+        fuzzed = record.get("fuzz")
+        if not fuzzed:
+            return "n/a", "the fuzzer did not run (nothing applicable)"
+        found = sorted({f["check"] for f in fuzzed["failures"]})
+        summary = f"{fuzzed['tried']} layouts, {fuzzed['failing_layouts']} failing" + (f": {', '.join(found)}" if found else "")
+        return ("FAIL" if found else "pass"), summary
+    for check in record["checks"]:
+        if check["name"] == column or (column == "input-validation" and check["name"] == "bad-input"):
+            if check["evidence"].startswith("not run:"):  # after a sticky CUDA fault
+                return "not run", check["evidence"]
+            return check["verdict"], check["evidence"]
+    return "not run", "this check was not in the recorded run"
+
+
+def grid(records: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """{row: {column: verdict}}."""
+    return {r["row"]: {c: cell(r, c)[0] for c in COLUMNS} for r in records}
+
+
+def fails(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Every FAIL: (row, check or 'fuzz:<check>', evidence), fuzzer failures one by one."""
+    out = []
+    for record in records:
+        if not ran(record):
+            continue
+        for check in record["checks"]:
+            if check["verdict"] == "FAIL":
+                out.append((record["row"], check["name"], check["evidence"]))
+        for failure in (record.get("fuzz") or {}).get("failures", []):
+            out.append((record["row"], f"fuzz:{failure['check']}", failure["evidence"]))
+    return out
+
+
+def _layout_text(case: dict[str, Any]) -> str:
+    from workbench.layout import Case
+
+    return Case(**case).label()
+
+
+def _details(summary: str, body: str) -> str:
+    return f"<details><summary>{summary}</summary>{body}</details>"
+
+
+def matrix_html(records: list[dict[str, Any]]) -> str:
+    """The grid as an HTML table: each cell its verdict, the evidence a click away."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["implementation", *COLUMNS])
+    body = []
+    for record in records:
+        cells = [f"<td><b>{html.escape(implementation(record))}</b></td>"]
+        for column in COLUMNS:
+            verdict, evidence = cell(record, column)
+            inner = f"<p>{html.escape(evidence)}</p>"
+            if column == "fuzzer" and ran(record) and record.get("fuzz"):
+                for failure in record["fuzz"]["failures"]:
+                    inner += (
+                        f"<p><b>{html.escape(failure['check'])}</b>: smallest layout "
+                        f"<code>{html.escape(_layout_text(failure['case']))}</code> "
+                        f"({failure['shrink_probes']} shrink probes)</p><pre>{html.escape(failure['snippet'])}</pre>"
+                    )
+            if column == "input-validation" and ran(record):
+                rows = next((c["rows"] for c in record["checks"] if c["name"] in ("input-validation", "bad-input")), [])
+                if rows:
+                    inner += (
+                        "<pre>"
+                        + html.escape("\n".join(f"{r['id']:<26} {r['outcome']:<20} {r['evidence']}" for r in rows))
+                        + "</pre>"
+                    )
+            for url, note in known_links(record["row"], column):
+                inner += f'<p>known upstream: <a href="{html.escape(url)}">{html.escape(url)}</a> ({html.escape(note)})</p>'
+            colour = COLOURS.get(verdict, "#ffffff")
+            cells.append(f'<td style="background:{colour}">{_details(html.escape(verdict), inner)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="audit-matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def text_grid(records: list[dict[str, Any]]) -> str:
+    """The grid as fixed-width text (what nbval compares)."""
+    from workbench.tables import fixed_width
+
+    short = {"validates": "valid.", "partly validates": "partly", "no validation": "none", "not run": "-"}
+    return fixed_width(
+        [("row", *[c.replace("input-validation", "validation") for c in COLUMNS])]
+        + [(r["row"], *[short.get(v, v) for v in grid([r])[r["row"]].values()]) for r in records]
+    )
+
+
+def heatmap(records: list[dict[str, Any]]):
+    """A matplotlib Figure: rows x columns, one colour per verdict, the verdict written in each cell."""
+    from matplotlib.colors import to_rgb
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    g = grid(records)
+    rows = [r["row"] for r in records]
+    image = [[to_rgb(COLOURS.get(g[row][c], "#ffffff")) for c in COLUMNS] for row in rows]
+    fig = Figure(figsize=(1.0 + 0.85 * len(COLUMNS), 0.9 + 0.42 * len(rows)), layout="constrained")
+    ax = fig.add_subplot()
+    ax.imshow(image, aspect="auto")
+    for i, row in enumerate(rows):
+        for j, column in enumerate(COLUMNS):
+            text = {"partly validates": "partly", "no validation": "none", "validates": "valid"}.get(
+                g[row][column], g[row][column]
+            )
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if g[row][column] == "FAIL" else "black")
+    ax.set_xticks(range(len(COLUMNS)), [c.replace("-", "\n", 1) for c in COLUMNS], fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xticks([x - 0.5 for x in range(1, len(COLUMNS))], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(1, len(rows))], minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_title("Audit matrix (H200): each path against the padding contract", fontsize=10)
+    used = [v for v in COLOURS if any(v in r.values() for r in g.values())]
+    ax.legend(
+        handles=[Patch(facecolor=COLOURS[v], edgecolor="grey", label=v) for v in used],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12),
+        ncol=min(len(used), 7),
+        fontsize=7,
+        frameon=False,
+    )
+    return fig
+
+
+def wrappers(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(row, adapter, what the adapter decides: its docstring) for each row."""
+    out = []
+    for record in records:
+        adapter = ADAPTERS.get(record["adapter"])
+        doc = " ".join((adapter.wrap.__doc__ or adapter.doc or "").split()) if adapter else "adapter not registered"
+        out.append((record["row"], record["adapter"], doc))
+    return out
+
+
+def sanitizer(directory: Path = GPU_DATA) -> dict[str, dict[str, Any]]:
+    """{row: {tool: report}} from data/gpu/audit-sanitizer.json ({} when not recorded)."""
+    path = Path(directory) / "audit-sanitizer.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else {}
+
+
+def sanitizer_text(reports: dict[str, dict[str, Any]]) -> str:
+    from workbench.tables import fixed_width
+
+    tools = sorted({t for r in reports.values() for t in r})
+    lines = [("row", *tools)]
+    for row, by_tool in reports.items():
+        cells = []
+        for tool in tools:
+            r = by_tool.get(tool)
+            if r is None:
+                cells.append("")
+            elif r.get("errors") is not None:
+                cells.append(f"{r['errors']} errors")
+            else:
+                cells.append(f"not run: {r.get('why') or 'rc ' + str(r.get('rc'))}")
+        lines.append((row, *cells))
+    return fixed_width(lines)
