@@ -63,6 +63,11 @@ class Launched(Exception):
     """The call passed every check and reached the kernel (which is not run here)."""
 
 
+# Where `varlen_attention` hands over to the kernels, whichever road it takes (the custom op
+# under tracing, the launchers directly in eager mode).
+LAUNCHERS = ("_forward_op", "attention_forward")
+
+
 @contextlib.contextmanager
 def checks_only() -> Iterator[None]:
     """`varlen_attention` with its checks and without its kernel: a call that passes them
@@ -71,7 +76,11 @@ def checks_only() -> Iterator[None]:
     def launched(*args, **kwargs):
         raise Launched
 
-    with mock.patch.object(op, "_forward_op", launched), mock.patch.object(op, "check_kernel_device", lambda *a: None):
+    with contextlib.ExitStack() as stack:
+        for name in LAUNCHERS:
+            if hasattr(op, name):
+                stack.enter_context(mock.patch.object(op, name, launched))
+        stack.enter_context(mock.patch.object(op, "check_kernel_device", lambda *a: None))
         yield
 
 

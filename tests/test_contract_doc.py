@@ -92,28 +92,31 @@ def test_what_each_row_holds():
         head_dim=16,
         fill=Fill.NAN,
     )
-    batch = pack(case, "cpu")
-    with poisoned_memory():
+    batch = pack(case)  # the kernels' device: the interpreter on CPU, natively on CUDA
+    with poisoned_memory(cuda_prefill_mb=64):
         out, lse = varlen_attention(*batch.args(), **batch.kwargs(), return_lse=True)
         (out.sum() + lse[lse.isfinite()].sum()).backward()
+    out, lse = out.detach().cpu(), lse.detach().cpu()
+    q, k = batch.q.detach().cpu(), batch.k.detach().cpu()
+    dq, dk, dv = (t.grad.cpu() for t in (batch.q, batch.k, batch.v))
     regions_q, regions_k = batch.regions("q"), batch.regions("k")
     sees = attention_mask(batch).any(dim=1)  # which query rows see a key
     real_q, blind_q = (regions_q == Region.REAL) & sees, (regions_q == Region.REAL) & ~sees
     assert blind_q.sum() == 2 + 2  # two causal queries of sequence 1, both of sequence 2
     padding_q = regions_q != Region.REAL
     zero_rows = lambda t, rows: bool((t[rows] == 0).all())
-    assert zero_rows(out, blind_q | padding_q) and zero_rows(batch.q.grad, blind_q | padding_q)
+    assert zero_rows(out, blind_q | padding_q) and zero_rows(dq, blind_q | padding_q)
     assert bool(torch.isneginf(lse[:, blind_q | padding_q]).all())
-    assert bool(out[real_q].isfinite().all() and lse[:, real_q].isfinite().all() and batch.q.grad[real_q].isfinite().all())
+    assert bool(out[real_q].isfinite().all() and lse[:, real_q].isfinite().all() and dq[real_q].isfinite().all())
     seen_k = attention_mask(batch).any(dim=0)
     padding_k, unseen_k = regions_k != Region.REAL, (regions_k == Region.REAL) & ~seen_k
     assert unseen_k.sum() == 2  # the last sequence's keys: it has no query
-    for grad in (batch.k.grad, batch.v.grad):
+    for grad in (dk, dv):
         assert zero_rows(grad, padding_k | unseen_k) and bool(grad[~(padding_k | unseen_k)].isfinite().all())
     # lse: the natural log of the sum of exp(scale * q.k) over the visible keys
     scale = case.head_dim**-0.5
     row, start_k = int(batch.cu_seqlens_q_padded[0]), int(batch.cu_seqlens_k_padded[0])
-    scores = scale * batch.q[row, 0].double() @ batch.k[start_k : start_k + 1, 0].double().T  # query 0 sees key 0 only
+    scores = scale * q[row, 0].double() @ k[start_k : start_k + 1, 0].double().T  # query 0 sees key 0 only
     assert torch.allclose(lse[0, row].double(), torch.logsumexp(scores, 0), atol=1e-5)
 
 

@@ -18,7 +18,9 @@ def lab_traces(nb: dict) -> list[str]:
         traces.append("metadata.widgets (live widget state)")
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     counts = [c.get("execution_count") for c in code]
-    if counts != list(range(1, len(code) + 1)):
+    if counts and all(n is None for n in counts):
+        traces.append("no cell is executed")
+    elif counts != list(range(1, len(code) + 1)):
         traces.append(f"execution counts {counts[:8]}... are not 1..{len(code)} in order")
     live = [i for i, c in enumerate(nb["cells"]) for o in c.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
     if live:
@@ -29,7 +31,9 @@ def lab_traces(nb: dict) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_committed_notebook_is_as_workbench_execute_leaves_it(path):
     traces = lab_traces(json.loads(path.read_text()))
-    assert not traces, f"{path.name} was saved from a Lab session ({'; '.join(traces)}): run `workbench execute {path.stem}`"
+    assert not traces, (
+        f"{path.name} is not as `workbench execute` leaves it ({'; '.join(traces)}): run `workbench execute {path.stem}`"
+    )
 
 
 def test_lab_traces_are_recognised():
@@ -40,3 +44,5 @@ def test_lab_traces_are_recognised():
         "cells": [{"cell_type": "code", "execution_count": 7, "outputs": [{"data": {WIDGET_VIEW: {}}}]}],
     }
     assert len(lab_traces(session)) == 3
+    unexecuted = {"metadata": {}, "cells": [{"cell_type": "code", "execution_count": None, "outputs": []}]}
+    assert lab_traces(unexecuted) == ["no cell is executed"]

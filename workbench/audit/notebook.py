@@ -107,7 +107,7 @@ def notebook_source(report, *, today: str | None = None) -> str:
 # Audit of `{report.target}`
 
 Written by `workbench audit --notebook` on {today}: the implementation behind adapter `{report.adapter}`,
-on {report.device}, checked against the padding contract (DESIGN.md). {verdict}
+on {report.device}, checked against the padding contract (docs/contract.md). {verdict}
 
 The sections below re-run the audit and reproduce every failing case; the claims at the end are
 re-checked whenever this notebook runs (nbval in CI), so it stays true or fails loudly.
