@@ -260,3 +260,16 @@ def test_ratio_plot_has_one_bar_per_peer_and_workload_and_names_on_the_y_axis(tm
     assert sorted(round(p.get_width(), 2) for p in both.patches) == [0.7, 0.9, 1.4]
     assert sorted(round(p.get_width(), 2) for p in forward.patches) == [0.6, 1.1, 1.5]
     assert [t.get_text() for t in both.get_yticklabels()] == ["a long workload name", "b"]
+
+
+def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
+    from workbench.bench import merge_records, to_record
+
+    a = to_record([Row("a", "ours", Timing(1.0, 2.0, 10.0))], "cmd a", tiles=[{"kernel": "forward"}])
+    b = to_record([Row("b", "ours", Timing(1.0, 3.0, 10.0))], "cmd b")
+    merged = merge_records([a, b])
+    assert [r["workload"] for r in merged["rows"]] == ["a", "b"] and merged["tiles"] == [{"kernel": "forward"}]
+    assert merged["provenance"]["command"] == "cmd a | cmd b"
+    assert merged["provenance"]["device"] == a["provenance"]["device"]
+    with pytest.raises(ValueError, match=r"records overlap on workloads \['a'\]"):
+        merge_records([a, a])

@@ -863,6 +863,28 @@ def load_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
     return [{**json.loads(p.read_text()), "file": p.name} for p in paths]
 
 
+def merge_records(records: list[dict]) -> dict:
+    """One record from several runs of disjoint workloads (e.g. `--shapes` subsets): their rows
+    and tiles in order; provenance fields that differ are joined with " | ", in the same order."""
+    if not records:
+        raise ValueError("merge_records needs at least one record; load them with load_records()")
+    seen = [r["workload"] for rec in records for r in {x["workload"]: x for x in rec["rows"]}.values()]
+    twice = sorted({w for w in seen if seen.count(w) > 1})
+    if twice:
+        raise ValueError(f"records overlap on workloads {twice}: merge runs of disjoint workloads, or keep the newer run only")
+    keys = list(dict.fromkeys(k for rec in records for k in rec["provenance"]))
+    provenance = {}
+    for k in keys:
+        values = list(dict.fromkeys(str(rec["provenance"].get(k, "-")) for rec in records))
+        provenance[k] = values[0] if len(values) == 1 else " | ".join(values)
+    return {
+        "provenance": provenance,
+        "rows": [r for rec in records for r in rec["rows"]],
+        "tiles": [t for rec in records for t in rec.get("tiles", [])],
+        "files": [rec.get("file", "?") for rec in records],
+    }
+
+
 def records_table(record: dict) -> str:
     """The table `workbench bench` printed for this record, rebuilt from its rows."""
     return format_table(rows_from_record(record))
