@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -249,20 +250,38 @@ def sanitizer(directory: Path = GPU_DATA) -> dict[str, dict[str, Any]]:
     return json.loads(path.read_text())["rows"] if path.exists() else {}
 
 
+def sanitizer_status(report: dict[str, Any]) -> tuple[int | None, str]:
+    """(errors, what happened) of one compute-sanitizer run, read from its record.
+
+    A run counts only if the watched program completed its forward+backward (its last line says
+    so): a program that failed to import its package or was refused reports "0 errors" about
+    nothing. racecheck reports a hazard summary instead of an error summary."""
+    if report.get("errors") is None and not report.get("first"):
+        return None, f"not run: {report.get('why') or 'no log'}"
+    program = " ".join(report.get("program") or [])
+    if "forward+backward in" not in program and report.get("errors"):  # the tool's errors aborted the program
+        kinds = ", ".join(f"{k} x{n}" for k, n in (report.get("kinds") or {}).items() if "returned an error" not in k)
+        return report["errors"], f"{report['errors']} errors ({kinds}; first 20 shown); the program then aborted"
+    if "forward+backward in" not in program:
+        last = (report.get("program") or ["?"])[-1].strip()
+        return None, f"did not complete: {last[:140]}"
+    errors = report.get("errors")
+    if errors is None:
+        race = next((line for line in report.get("first", []) if "RACECHECK SUMMARY" in line), "")
+        found = re.search(r"\((\d+) errors", race)
+        errors = int(found.group(1)) if found else None
+    if errors is None:
+        return None, "no summary in the log"
+    kinds = ", ".join(f"{k} x{n}" for k, n in (report.get("kinds") or {}).items() if "returned an error" not in k)
+    return errors, f"{errors} errors" + (f" ({kinds}; first 20 shown)" if errors and kinds else "")
+
+
 def sanitizer_text(reports: dict[str, dict[str, Any]]) -> str:
+    """One line per (row, tool): what compute-sanitizer reported, or why the run does not count."""
     from workbench.tables import fixed_width
 
-    tools = sorted({t for r in reports.values() for t in r})
-    lines = [("row", *tools)]
+    lines = [("row", "tool", "result")]
     for row, by_tool in reports.items():
-        cells = []
-        for tool in tools:
-            r = by_tool.get(tool)
-            if r is None:
-                cells.append("")
-            elif r.get("errors") is not None:
-                cells.append(f"{r['errors']} errors")
-            else:
-                cells.append(f"not run: {r.get('why') or 'rc ' + str(r.get('rc'))}")
-        lines.append((row, *cells))
+        for tool, report in by_tool.items():
+            lines.append((row, tool, sanitizer_status(report)[1]))
     return fixed_width(lines)
