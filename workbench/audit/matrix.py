@@ -49,7 +49,37 @@ COLOURS = {
 # Findings already reported upstream: (row, check or "fuzz:<check>", as `fails` names them) ->
 # [(url, what it says)]. Each link was found with a search of the upstream trackers and read; a
 # FAIL not listed here appears to be new.
-KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {}
+_PT_NAN_MASKED = (
+    "https://github.com/pytorch/pytorch/issues/101967",
+    "SDPA produces NaN when input has NaN in masked-out positions",
+)
+_PT_176793 = ("https://github.com/pytorch/pytorch/issues/176793", "varlen_attn leaves rows past cu_seqlens[-1] uninitialised")
+_DMATTN_121 = (
+    "https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
+    "flash-dmattn dV NaN/Inf (filed against the CUDA backend; the Triton fully-masked-block NaN is its mechanism there)",
+)
+KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {
+    ("torch-varlen", "tail-rows"): [_PT_176793],
+    ("sdpa-math", "padding-leak"): [_PT_NAN_MASKED],
+    ("sdpa-efficient", "padding-leak"): [_PT_NAN_MASKED],
+    ("sdpa-cudnn", "padding-leak"): [_PT_NAN_MASKED],
+    ("sdpa-math", "fuzz:real-accuracy"): [_PT_NAN_MASKED],
+    ("sdpa-efficient", "fuzz:real-accuracy"): [_PT_NAN_MASKED],
+    ("sdpa-cudnn", "fuzz:real-accuracy"): [_PT_NAN_MASKED],
+    **{
+        ("dmattn-triton", check): [_DMATTN_121]
+        for check in (
+            "real-accuracy",
+            "padding-leak",
+            "empty-sequences",
+            "no-real-query",
+            "custom-scale",
+            "fully-masked-rows",
+            "causal-unequal",
+            "fuzz:real-accuracy",
+        )
+    },
+}
 
 
 def known_links(row: str, column: str) -> list[tuple[str, str]]:
@@ -68,7 +98,110 @@ def new_findings(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
 #   "upstream"    genuine behaviour of the upstream code, reached through a call a user makes
 #   "documented"  upstream behaviour its own documentation or maintainers describe as intended
 #   "wrapper"     a consequence of a choice our adapter makes (the line says which)
-JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {}
+_LEAK = (
+    "upstream",
+    "0 x NaN: a NaN planted in a padded key/value slot reaches real rows through P.V (and dq through dS.K) "
+    "although the mask drops its score; matters only when padding holds non-finite values",
+)
+_NOBIAS = (
+    "upstream",
+    "flash-dmattn 1.2.2's Triton backward returns a bias gradient for attn_bias=None, the signature's default, "
+    "so every backward without an explicit bias raises in autograd",
+)
+_DMATTN_NAN = (
+    "upstream",
+    "NaN in dk/dv of real keys with a finite output: the fuzzer's smallest failing layout is one sequence of one "
+    "query, no padding at all, so it is not the padding mask; rows the Triton kernel sees as fully masked (padded "
+    "query rows, rows past seqlen_q in a block) are the mechanism the flash-dmattn-121 post-mortem reads in this kernel",
+)
+_FLEX_DMATTN = (
+    "upstream",
+    "flex_dmattn_func ignores attn_mask (its mask_mod is q_idx >= kv_idx, used only when is_causal) so padded keys "
+    "are attended: finite, silently wrong outputs and gradients",
+)
+JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("torch-varlen", "tail-rows"): (
+        "upstream",
+        "varlen_attn allocates out/dq/dk/dv with empty_like and never writes rows past cu_seqlens[-1]",
+    ),
+    ("torch-varlen", "no-real-query"): (
+        "upstream",
+        "a valid batch whose sequences hold no query (max_seqlen_q 0) raises CUDA invalid argument instead of returning zeros",
+    ),
+    ("flex-document", "padding-leak"): _LEAK,
+    ("flex-document", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("flex-document", "fuzz:gap-rows"): (
+        "upstream",
+        "a GAP query row is fully masked, yet NaN planted in the padding of its block reaches its output (0 x NaN); "
+        "zero-filled padding would not show it",
+    ),
+    ("flex-document", "fuzz:tail-rows"): (
+        "upstream",
+        "as fuzz:gap-rows, for a TAIL row: NaN in the padding of its block reaches it through 0 x NaN",
+    ),
+    ("sdpa-math", "padding-leak"): _LEAK,
+    ("sdpa-math", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("sdpa-efficient", "padding-leak"): _LEAK,
+    ("sdpa-efficient", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("sdpa-cudnn", "padding-leak"): _LEAK,
+    ("sdpa-cudnn", "fully-masked-rows"): (
+        "upstream",
+        "a real query row with no visible key gets a finite non-zero output from the cuDNN backend (the math backend "
+        "gives 0): silent, and it differs by backend",
+    ),
+    ("sdpa-cudnn", "causal-unequal"): (
+        "upstream",
+        "the same fully-masked-row behaviour: with len_q > len_k, bottom-right causality leaves the first rows no key",
+    ),
+    ("sdpa-cudnn", "determinism"): ("upstream", "the cuDNN backward's dq differs bitwise between two identical runs"),
+    ("sdpa-cudnn", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("dmattn-triton", "real-accuracy"): _DMATTN_NAN,
+    ("dmattn-triton", "padding-leak"): _DMATTN_NAN,
+    ("dmattn-triton", "empty-sequences"): _DMATTN_NAN,
+    ("dmattn-triton", "no-real-query"): _DMATTN_NAN,
+    ("dmattn-triton", "custom-scale"): _DMATTN_NAN,
+    ("dmattn-triton", "fully-masked-rows"): _DMATTN_NAN,
+    ("dmattn-triton", "causal-unequal"): _DMATTN_NAN,
+    ("dmattn-triton", "fuzz:real-accuracy"): _DMATTN_NAN,
+    **{
+        ("dmattn-triton-nobias", check): _NOBIAS
+        for check in (
+            "real-accuracy",
+            "padding-leak",
+            "empty-sequences",
+            "no-real-query",
+            "custom-scale",
+            "fully-masked-rows",
+            "causal-unequal",
+            "determinism",
+            "fuzz:raises-on-valid-layout",
+        )
+    },
+    **{
+        ("dmattn-flex", check): _FLEX_DMATTN
+        for check in (
+            "real-accuracy",
+            "empty-sequences",
+            "custom-scale",
+            "fully-masked-rows",
+            "causal-unequal",
+            "fuzz:real-accuracy",
+        )
+    },
+    ("dmattn-flex", "padding-leak"): (
+        "upstream",
+        "attn_mask ignored (see real-accuracy), so NaN planted in padded keys is attended outright",
+    ),
+    ("fsa-dense-varlen", "real-accuracy"): (
+        "upstream",
+        "the first valid call (q=[5, 3, 7], fp16, head dim 64, TAIL rows) raised 'Triton Error [CUDA]: misaligned "
+        "address' and lost the CUDA context; cause not established (the sanitizer runs did not import the package)",
+    ),
+    ("fsa-sparse-varlen", "real-accuracy"): (
+        "upstream",
+        "the same misaligned-address fault as the dense varlen function, on the same first call",
+    ),
+}
 
 
 def unjudged(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
