@@ -119,14 +119,21 @@ def run_sanitizer(row: str, tool: str, timeout: int) -> dict:
     ]
     if tool == "memcheck":
         command[3:3] = ["--leak-check", "no"]
-    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONPATH": str(ROOT)}
+    # Prepend: the audited packages may come on PYTHONPATH (wheels installed with --target).
+    env = {
+        **os.environ,
+        "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     start = time.time()
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"tool": tool, "ran": False, "why": f"timed out after {timeout} s", "seconds": timeout}
     text = log.read_text(errors="replace") if log.exists() else ""
-    summary = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    summary = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(
+        r"RACECHECK SUMMARY: \d+ hazards displayed \((\d+) error", text
+    )
     kinds: dict[str, int] = {}
     for line in text.splitlines():
         found = re.match(
@@ -142,6 +149,7 @@ def run_sanitizer(row: str, tool: str, timeout: int) -> dict:
         "kinds": kinds,
         "first": [line for line in text.splitlines() if line.startswith("=========") and "ERROR SUMMARY" not in line][:12],
         "program": _tail(done.stdout + done.stderr, 4),
+        "completed": "forward+backward in" in done.stdout,
         "seconds": round(time.time() - start, 1),
     }
 

@@ -16,6 +16,7 @@ from test_audit import tail_unwritten
 from workbench import Case
 from workbench.audit import audit
 from workbench.audit.records import (
+    CAMPAIGN_CHECKS,
     GPU_DATA,
     campaign_table,
     fuzz_failure,
@@ -44,7 +45,8 @@ def _edit(directory, name, **changes):
 def test_committed_records_load_sorted_with_their_file_names():
     records = load_audit_records()
     files = [r["file"] for r in records]
-    assert files == sorted(p.name for p in GPU_DATA.glob("audit-*.json")) and len(files) >= 2
+    audits = [p.name for p in GPU_DATA.glob("audit-*.json") if "checks" in json.loads(p.read_text())]
+    assert files == sorted(audits) and len(files) >= 2  # the sanitizer's record and rows that did not run are left out
     for record in records:
         assert {"target", "checks", "fuzz", "provenance"} <= set(record), record["file"]
 
@@ -63,14 +65,17 @@ def test_a_copy_loads_the_same_records_and_an_empty_directory_names_the_command(
 def test_verdict_table_names_every_check_with_its_verdict(record):
     lines = verdict_table(record).splitlines()
     assert lines[0].split() == ["check", "verdict", "evidence"] and set(lines[1]) == {"-"}
-    assert [line.split()[:2] for line in lines[2:]] == [[c["name"], c["verdict"]] for c in record["checks"]]
+    assert [line.split()[0] for line in lines[2:]] == [c["name"] for c in record["checks"]]
     verdict_column = lines[0].index("verdict")
     assert all(line[verdict_column:].startswith(c["verdict"]) for line, c in zip(lines[2:], record["checks"]))
 
 
-@pytest.mark.parametrize("record", load_audit_records(), ids=lambda r: r["file"])
+CAMPAIGNS = [r for r in load_audit_records() if any(c["name"] in CAMPAIGN_CHECKS and c["rows"] for c in r["checks"])]
+
+
+@pytest.mark.parametrize("record", CAMPAIGNS, ids=lambda r: r["file"])
 def test_campaign_table_gives_each_malformed_call_its_outcome(record):
-    rows = next(c["rows"] for c in record["checks"] if c["name"] == "bad-input")
+    rows = next(c["rows"] for c in record["checks"] if c["name"] in CAMPAIGN_CHECKS)
     lines = campaign_table(record).splitlines()
     assert len(lines) == len(rows) > 0
     for line, row in zip(lines, rows):
@@ -78,7 +83,7 @@ def test_campaign_table_gives_each_malformed_call_its_outcome(record):
 
 
 def test_campaign_table_is_empty_without_the_bad_input_check(records_copy):
-    checks = [c for c in load_audit_records(records_copy)[0]["checks"] if c["name"] != "bad-input"]
+    checks = [c for c in load_audit_records(records_copy)[0]["checks"] if c["name"] not in CAMPAIGN_CHECKS]
     assert campaign_table(_edit(records_copy, "audit-kernels.json", checks=checks)) == ""
 
 
@@ -92,15 +97,19 @@ def test_a_record_prints_exactly_like_the_report_it_was_recorded_from():
 def test_fuzz_summary_reports_the_recorded_counts(records_copy):
     for record in load_audit_records(records_copy):
         fuzzed = record["fuzz"]
+        if fuzzed is None:
+            assert fuzz_summary(record) == "fuzzer: not run"
+            continue
         line = fuzz_summary(record)
         assert (
             f"{fuzzed['tried']} layouts ({fuzzed['profile']} profile" in line and f"; {fuzzed['failing_layouts']} failing" in line
         )
-        assert f"{fuzzed['tried'] / fuzzed['seconds']:.1f} layouts/s" in line
+        if fuzzed["seconds"]:
+            assert f"{fuzzed['tried'] / fuzzed['seconds']:.1f} layouts/s" in line
         assert ("stopped early: " + fuzzed["stopped_early"] in line) == bool(fuzzed["stopped_early"])
 
     fuzzed = {
-        **load_audit_records(records_copy)[0]["fuzz"],
+        **next(r["fuzz"] for r in load_audit_records(records_copy) if r["fuzz"]),
         "tried": 5000,
         "seconds": 100.0,
         "failing_layouts": 0,
@@ -121,7 +130,7 @@ def test_fuzz_failure_gives_the_shrunk_case_of_a_check(records_copy):
         "shrink_probes": 3,
         "snippet": "# tail-rows",
     }
-    fuzzed = {**load_audit_records(records_copy)[0]["fuzz"], "failures": [failure]}
+    fuzzed = {**next(r["fuzz"] for r in load_audit_records(records_copy) if r["fuzz"]), "failures": [failure]}
     record = _edit(records_copy, "audit-kernels.json", fuzz=fuzzed)
     assert Case(**fuzz_failure(record, "tail-rows")["case"]) == case  # JSON lists and fill names rebuild the Case
     with pytest.raises(KeyError, match=r"found no gap-rows failure; it found \['tail-rows'\]"):

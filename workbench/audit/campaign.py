@@ -58,7 +58,18 @@ class Outcome(str, enum.Enum):
 GOOD = frozenset({Outcome.CLEAR, Outcome.CORRECT})
 # Exceptions that are accidents of the code, not refusals: the call fell over.
 ACCIDENTS = (IndexError, KeyError, AttributeError, ZeroDivisionError, NameError, RecursionError, MemoryError, SystemError)
-CUDA_FAULTS = ("CUDA error", "illegal memory access", "device-side assert", "misaligned address", "unspecified launch failure")
+# Sticky CUDA faults: the context is lost, every later call fails for their sake. (Not every
+# "CUDA error" is one: "invalid argument" from a launch leaves the context usable.)
+CUDA_FAULTS = (
+    "illegal memory access",
+    "device-side assert",
+    "misaligned address",
+    "unspecified launch failure",
+    "illegal instruction",
+    "an illegal instruction",
+)
+# Any CUDA error is a crash for the campaign's grading (not a refusal), sticky or not.
+CUDA_ERRORS = ("CUDA error", "Triton Error [CUDA]", *CUDA_FAULTS)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -68,7 +79,7 @@ def _first_line(exc: BaseException) -> str:
 def classify_exception(exc: BaseException, case: Malformed, aliases: dict[str, str] | None = None) -> Outcome:
     """clear error, vague error or crash: the one rule applied to every implementation."""
     text = f"{type(exc).__name__}: {exc}"
-    if any(fault in text for fault in CUDA_FAULTS) or isinstance(exc, ACCIDENTS):
+    if any(fault in text for fault in CUDA_ERRORS) or isinstance(exc, ACCIDENTS):
         return Outcome.CRASH
     return Outcome.CLEAR if case.names_argument(str(exc), aliases) else Outcome.VAGUE
 

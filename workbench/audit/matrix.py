@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,37 @@ COLOURS = {
 # Findings already reported upstream: (row, check or "fuzz:<check>", as `fails` names them) ->
 # [(url, what it says)]. Each link was found with a search of the upstream trackers and read; a
 # FAIL not listed here appears to be new.
-KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {}
+_PT_NAN_MASKED = (
+    "https://github.com/pytorch/pytorch/issues/101967",
+    "SDPA produces NaN when input has NaN in masked-out positions",
+)
+_PT_176793 = ("https://github.com/pytorch/pytorch/issues/176793", "varlen_attn leaves rows past cu_seqlens[-1] uninitialised")
+_DMATTN_121 = (
+    "https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
+    "flash-dmattn dV NaN/Inf (filed against the CUDA backend; the Triton fully-masked-block NaN is its mechanism there)",
+)
+KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {
+    ("torch-varlen", "tail-rows"): [_PT_176793],
+    ("sdpa-math", "padding-leak"): [_PT_NAN_MASKED],
+    ("sdpa-efficient", "padding-leak"): [_PT_NAN_MASKED],
+    ("sdpa-cudnn", "padding-leak"): [_PT_NAN_MASKED],
+    ("sdpa-math", "fuzz:real-accuracy"): [_PT_NAN_MASKED],
+    ("sdpa-efficient", "fuzz:real-accuracy"): [_PT_NAN_MASKED],
+    ("sdpa-cudnn", "fuzz:real-accuracy"): [_PT_NAN_MASKED],
+    **{
+        ("dmattn-triton", check): [_DMATTN_121]
+        for check in (
+            "real-accuracy",
+            "padding-leak",
+            "empty-sequences",
+            "no-real-query",
+            "custom-scale",
+            "fully-masked-rows",
+            "causal-unequal",
+            "fuzz:real-accuracy",
+        )
+    },
+}
 
 
 def known_links(row: str, column: str) -> list[tuple[str, str]]:
@@ -67,7 +98,110 @@ def new_findings(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
 #   "upstream"    genuine behaviour of the upstream code, reached through a call a user makes
 #   "documented"  upstream behaviour its own documentation or maintainers describe as intended
 #   "wrapper"     a consequence of a choice our adapter makes (the line says which)
-JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {}
+_LEAK = (
+    "upstream",
+    "0 x NaN: a NaN planted in a padded key/value slot reaches real rows through P.V (and dq through dS.K) "
+    "although the mask drops its score; matters only when padding holds non-finite values",
+)
+_NOBIAS = (
+    "upstream",
+    "flash-dmattn 1.2.2's Triton backward returns a bias gradient for attn_bias=None, the signature's default, "
+    "so every backward without an explicit bias raises in autograd",
+)
+_DMATTN_NAN = (
+    "upstream",
+    "NaN in dk/dv of real keys with a finite output: the fuzzer's smallest failing layout is one sequence of one "
+    "query, no padding at all, so it is not the padding mask; rows the Triton kernel sees as fully masked (padded "
+    "query rows, rows past seqlen_q in a block) are the mechanism the flash-dmattn-121 post-mortem reads in this kernel",
+)
+_FLEX_DMATTN = (
+    "upstream",
+    "flex_dmattn_func ignores attn_mask (its mask_mod is q_idx >= kv_idx, used only when is_causal) so padded keys "
+    "are attended: finite, silently wrong outputs and gradients",
+)
+JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("torch-varlen", "tail-rows"): (
+        "upstream",
+        "varlen_attn allocates out/dq/dk/dv with empty_like and never writes rows past cu_seqlens[-1]",
+    ),
+    ("torch-varlen", "no-real-query"): (
+        "upstream",
+        "a valid batch whose sequences hold no query (max_seqlen_q 0) raises CUDA invalid argument instead of returning zeros",
+    ),
+    ("flex-document", "padding-leak"): _LEAK,
+    ("flex-document", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("flex-document", "fuzz:gap-rows"): (
+        "upstream",
+        "a GAP query row is fully masked, yet NaN planted in the padding of its block reaches its output (0 x NaN); "
+        "zero-filled padding would not show it",
+    ),
+    ("flex-document", "fuzz:tail-rows"): (
+        "upstream",
+        "as fuzz:gap-rows, for a TAIL row: NaN in the padding of its block reaches it through 0 x NaN",
+    ),
+    ("sdpa-math", "padding-leak"): _LEAK,
+    ("sdpa-math", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("sdpa-efficient", "padding-leak"): _LEAK,
+    ("sdpa-efficient", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("sdpa-cudnn", "padding-leak"): _LEAK,
+    ("sdpa-cudnn", "fully-masked-rows"): (
+        "upstream",
+        "a real query row with no visible key gets a finite non-zero output from the cuDNN backend (the math backend "
+        "gives 0): silent, and it differs by backend",
+    ),
+    ("sdpa-cudnn", "causal-unequal"): (
+        "upstream",
+        "the same fully-masked-row behaviour: with len_q > len_k, bottom-right causality leaves the first rows no key",
+    ),
+    ("sdpa-cudnn", "determinism"): ("upstream", "the cuDNN backward's dq differs bitwise between two identical runs"),
+    ("sdpa-cudnn", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
+    ("dmattn-triton", "real-accuracy"): _DMATTN_NAN,
+    ("dmattn-triton", "padding-leak"): _DMATTN_NAN,
+    ("dmattn-triton", "empty-sequences"): _DMATTN_NAN,
+    ("dmattn-triton", "no-real-query"): _DMATTN_NAN,
+    ("dmattn-triton", "custom-scale"): _DMATTN_NAN,
+    ("dmattn-triton", "fully-masked-rows"): _DMATTN_NAN,
+    ("dmattn-triton", "causal-unequal"): _DMATTN_NAN,
+    ("dmattn-triton", "fuzz:real-accuracy"): _DMATTN_NAN,
+    **{
+        ("dmattn-triton-nobias", check): _NOBIAS
+        for check in (
+            "real-accuracy",
+            "padding-leak",
+            "empty-sequences",
+            "no-real-query",
+            "custom-scale",
+            "fully-masked-rows",
+            "causal-unequal",
+            "determinism",
+            "fuzz:raises-on-valid-layout",
+        )
+    },
+    **{
+        ("dmattn-flex", check): _FLEX_DMATTN
+        for check in (
+            "real-accuracy",
+            "empty-sequences",
+            "custom-scale",
+            "fully-masked-rows",
+            "causal-unequal",
+            "fuzz:real-accuracy",
+        )
+    },
+    ("dmattn-flex", "padding-leak"): (
+        "upstream",
+        "attn_mask ignored (see real-accuracy), so NaN planted in padded keys is attended outright",
+    ),
+    ("fsa-dense-varlen", "real-accuracy"): (
+        "upstream",
+        "the first valid call (q=[5, 3, 7], fp16, head dim 64, TAIL rows) raised 'Triton Error [CUDA]: misaligned "
+        "address' and lost the CUDA context; cause not established (the sanitizer runs did not import the package)",
+    ),
+    ("fsa-sparse-varlen", "real-accuracy"): (
+        "upstream",
+        "the same misaligned-address fault as the dense varlen function, on the same first call",
+    ),
+}
 
 
 def unjudged(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -112,6 +246,9 @@ def cell(record: dict[str, Any], column: str) -> tuple[str, str]:
     if column == "fuzzer":
         fuzzed = record.get("fuzz")
         if not fuzzed:
+            lost = next((c["evidence"] for c in record["checks"] if c["evidence"].startswith("not run:")), None)
+            if lost or any("misaligned address" in c["evidence"] or "illegal memory" in c["evidence"] for c in record["checks"]):
+                return "not run", lost or "a CUDA fault lost the context before the fuzzer"
             return "n/a", "the fuzzer did not run (nothing applicable)"
         found = sorted({f["check"] for f in fuzzed["failures"]})
         summary = f"{fuzzed['tried']} layouts, {fuzzed['failing_layouts']} failing" + (f": {', '.join(found)}" if found else "")
@@ -249,20 +386,38 @@ def sanitizer(directory: Path = GPU_DATA) -> dict[str, dict[str, Any]]:
     return json.loads(path.read_text())["rows"] if path.exists() else {}
 
 
+def sanitizer_status(report: dict[str, Any]) -> tuple[int | None, str]:
+    """(errors, what happened) of one compute-sanitizer run, read from its record.
+
+    A run counts only if the watched program completed its forward+backward (its last line says
+    so): a program that failed to import its package or was refused reports "0 errors" about
+    nothing. racecheck reports a hazard summary instead of an error summary."""
+    if report.get("errors") is None and not report.get("first"):
+        return None, f"not run: {report.get('why') or 'no log'}"
+    program = " ".join(report.get("program") or [])
+    if "forward+backward in" not in program and report.get("errors"):  # the tool's errors aborted the program
+        kinds = ", ".join(f"{k} x{n}" for k, n in (report.get("kinds") or {}).items() if "returned an error" not in k)
+        return report["errors"], f"{report['errors']} errors ({kinds}; first 20 shown); the program then aborted"
+    if "forward+backward in" not in program:
+        last = (report.get("program") or ["?"])[-1].strip()
+        return None, f"did not complete: {last[:140]}"
+    errors = report.get("errors")
+    if errors is None:
+        race = next((line for line in report.get("first", []) if "RACECHECK SUMMARY" in line), "")
+        found = re.search(r"\((\d+) errors", race)
+        errors = int(found.group(1)) if found else None
+    if errors is None:
+        return None, "no summary in the log"
+    kinds = ", ".join(f"{k} x{n}" for k, n in (report.get("kinds") or {}).items() if "returned an error" not in k)
+    return errors, f"{errors} errors" + (f" ({kinds}; first 20 shown)" if errors and kinds else "")
+
+
 def sanitizer_text(reports: dict[str, dict[str, Any]]) -> str:
+    """One line per (row, tool): what compute-sanitizer reported, or why the run does not count."""
     from workbench.tables import fixed_width
 
-    tools = sorted({t for r in reports.values() for t in r})
-    lines = [("row", *tools)]
+    lines = [("row", "tool", "result")]
     for row, by_tool in reports.items():
-        cells = []
-        for tool in tools:
-            r = by_tool.get(tool)
-            if r is None:
-                cells.append("")
-            elif r.get("errors") is not None:
-                cells.append(f"{r['errors']} errors")
-            else:
-                cells.append(f"not run: {r.get('why') or 'rc ' + str(r.get('rc'))}")
-        lines.append((row, *cells))
+        for tool, report in by_tool.items():
+            lines.append((row, tool, sanitizer_status(report)[1]))
     return fixed_width(lines)

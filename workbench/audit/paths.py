@@ -145,13 +145,17 @@ def _flex_document(fn: Callable) -> Callable:
         bucket = _bucket(max(rows_q, rows_k))
         doc_q, pos_q, len_q = _doc_ids(cu_seqlens_q, cu_seqlens_q_padded, rows_q, bucket, q.device)
         doc_k, pos_k, len_k = _doc_ids(cu_seqlens_k, cu_seqlens_k_padded, rows_k, bucket, q.device)
-        shift = len_k - len_q  # per document: bottom-right causal offset
+        # Per query row, the last key position it may see (bottom-right causal per document),
+        # computed here: indexing a per-document table by doc_q inside mask_mod would read
+        # table[-1] for padding rows, which wraps in eager PyTorch but is an out-of-bounds read
+        # in the compiled kernel (compute-sanitizer memcheck caught exactly that in an earlier run).
+        shift = (len_k - len_q)[doc_q.clamp(min=0).long()]
+        limit_q = pos_q + shift
         is_causal = torch.tensor(bool(causal), device=q.device)
 
         def mask_mod(b, h, qi, ki):
-            dq = doc_q[qi]
-            same = (dq == doc_k[ki]) & (dq >= 0)
-            return same & (~is_causal | (pos_k[ki] <= pos_q[qi] + shift[dq]))
+            same = (doc_q[qi] == doc_k[ki]) & (doc_q[qi] >= 0)
+            return same & (~is_causal | (pos_k[ki] <= limit_q[qi]))
 
         block_mask = create_block_mask(mask_mod, None, None, bucket, bucket, device=q.device)
 

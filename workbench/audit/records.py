@@ -37,7 +37,8 @@ def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
 
 def format_verdicts(rows: Iterable[tuple[str, str, str]]) -> str:
     """Table of (check, verdict, evidence) rows under a header."""
-    return fixed_width([("check", "verdict", "evidence"), *rows])
+    # Evidence on one line: a CUDA error's message spans several.
+    return fixed_width([("check", "verdict", "evidence"), *((c, v, " ".join(e.split())) for c, v, e in rows)])
 
 
 def format_campaign(rows: Sequence[dict[str, str]]) -> str:
