@@ -67,7 +67,7 @@ class Workload:
         if self.sliding or self.window[1] >= 0:
             window = (self.window[0], 0 if c.causal else self.window[1])
             per_doc = sum(visible_pairs(lq, lk, window) for lq, lk in lengths)
-            forward = 4 * c.heads * c.head_dim * per_doc
+            forward: float = 4 * c.heads * c.head_dim * per_doc
         else:
             forward = 4 * c.heads * c.head_dim * sum(lq * lk for lq, lk in lengths) * (0.5 if c.causal else 1.0)
         return forward * (3.5 if backward else 1.0)
@@ -402,6 +402,11 @@ class Timing:
     error: str | None = None
 
 
+def _ratio(numerator: float | None, denominator: float | None) -> float:
+    """numerator / denominator, NaN when either was not measured (None) or the denominator is 0."""
+    return numerator / denominator if numerator is not None and denominator else math.nan
+
+
 def _time(fn: Callable[[], None], warmup: int, iters: int, repeats: int = 5) -> tuple[float, float]:
     """Milliseconds per call on the GPU and on the host: `iters` calls back to back between two
     CUDA events (medians of `repeats` runs). No host sync between calls, as in training, so the
@@ -529,12 +534,8 @@ def _measure_workload(workload: Workload, names: list[str], warmup: int, iters: 
     if ours and ours.timing.forward_ms:
         for name, row in results.items():
             if not name.startswith("ours") and row.timing.forward_ms:
-                ours.ratios[name] = (
-                    row.timing.forward_backward_ms / ours.timing.forward_backward_ms
-                    if row.timing.forward_backward_ms
-                    else math.nan
-                )
-                ours.ratios[name + " (fwd)"] = row.timing.forward_ms / ours.timing.forward_ms
+                ours.ratios[name] = _ratio(row.timing.forward_backward_ms, ours.timing.forward_backward_ms)
+                ours.ratios[name + " (fwd)"] = _ratio(row.timing.forward_ms, ours.timing.forward_ms)
     return results
 
 
@@ -550,7 +551,7 @@ def contract_costs(rows: list[Row]) -> dict[str, float]:
         if "padded" in name:
             unpadded = next((r for n, r in ours.items() if n != name and n.startswith(name.split(" padded")[0])), None)
             if unpadded:
-                costs[name] = row.timing.forward_backward_ms / unpadded.timing.forward_backward_ms - 1
+                costs[name] = _ratio(row.timing.forward_backward_ms, unpadded.timing.forward_backward_ms) - 1
     return costs
 
 
@@ -578,7 +579,7 @@ def _worst(name: str, values: dict[str, float], bound: float, at_least: bool) ->
     values = {k: v for k, v in values.items() if not math.isnan(v)}
     if not values:
         return None
-    where = (min if at_least else max)(values, key=values.get)
+    where = (min if at_least else max)(values, key=lambda k: values[k])
     return Target(name, values[where], bound, at_least, where)
 
 
@@ -646,7 +647,7 @@ def targets(rows: list[Row]) -> list[Target]:
         _worst(
             "host time of one forward+backward <= torch varlen_attn's (ratio)",
             {
-                w: r.timing.host_ms / by_impl[(w, "torch varlen_attn")].timing.host_ms
+                w: _ratio(r.timing.host_ms, by_impl[(w, "torch varlen_attn")].timing.host_ms)
                 for w, r in ours.items()
                 if (w, "torch varlen_attn") in by_impl and r.timing.host_ms and by_impl[(w, "torch varlen_attn")].timing.host_ms
             },
@@ -665,7 +666,7 @@ def targets(rows: list[Row]) -> list[Target]:
         _worst(
             "peak memory of forward+backward <= torch varlen_attn's (ratio)",
             {
-                w: r.timing.peak_mb / by_impl[(w, "torch varlen_attn")].timing.peak_mb
+                w: _ratio(r.timing.peak_mb, by_impl[(w, "torch varlen_attn")].timing.peak_mb)
                 for w, r in ours.items()
                 if (w, "torch varlen_attn") in by_impl and by_impl[(w, "torch varlen_attn")].timing.peak_mb
             },
@@ -742,7 +743,7 @@ def host_times(rows: list[Row]) -> dict[str, dict[str, float]]:
         peer = peers.get(name)
         found[name] = {
             "host ms": r.timing.host_ms,
-            "f+b ms": r.timing.forward_backward_ms,
+            "f+b ms": r.timing.forward_backward_ms if r.timing.forward_backward_ms is not None else math.nan,
             "varlen_attn host ms": peer.timing.host_ms if peer and peer.timing.host_ms else math.nan,
         }
     return found

@@ -109,7 +109,8 @@ class Malformed:
 
     def names_argument(self, message: str, aliases: dict[str, str] | None = None) -> bool:
         """Whether `message` names one of the arguments, by our name or the implementation's."""
-        names = {*self.arguments, *((aliases or {}).get(a) for a in self.arguments)} - {None}
+        aliases = aliases or {}
+        names = {*self.arguments, *(aliases[a] for a in self.arguments if a in aliases)}
         return any(re.search(rf"(?<!\w){re.escape(n)}(?!\w)", message) for n in names)
 
 

@@ -21,6 +21,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -148,7 +149,7 @@ class TileTuner:
         else:
             tile = self._time(key, candidates, launch)
         self.chosen[key] = tile
-        compiled = launch(tile)
+        compiled: Any = launch(tile)
         if hasattr(compiled, "n_regs"):  # natively; the interpreter returns no compiled kernel
             self.resources[key] = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": compiled.metadata.shared}
 
@@ -162,7 +163,7 @@ class TileTuner:
         if not timings:
             raise RuntimeError(f"no candidate tile of {key[0]} fits this device: {', '.join(map(str, candidates))}")
         self.timings[key] = timings
-        return min(timings, key=timings.get)
+        return min(timings, key=lambda tile: timings[tile])
 
     def report(self) -> list[dict]:
         return [

@@ -307,7 +307,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
                         f"({failure['shrink_probes']} shrink probes)</p><pre>{html.escape(failure['snippet'])}</pre>"
                     )
             if column == "input-validation" and ran(record):
-                rows = next((c["rows"] for c in record["checks"] if c["name"] in ("input-validation", "bad-input")), [])
+                rows: list = next((c["rows"] for c in record["checks"] if c["name"] in ("input-validation", "bad-input")), [])
                 if rows:
                     inner += (
                         "<pre>"

@@ -454,7 +454,7 @@ class _TritonKernelsStub:
     def create_module(self, spec):
         module = types.ModuleType(spec.name)
         module.__path__ = []
-        module.__getattr__ = _stub_attribute  # type: ignore[method-assign]
+        module.__getattr__ = _stub_attribute
         return module
 
     def exec_module(self, module):
