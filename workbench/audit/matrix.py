@@ -336,14 +336,16 @@ def text_grid(records: list[dict[str, Any]]) -> str:
 def heatmap(records: list[dict[str, Any]]):
     """A matplotlib Figure: rows x columns, one colour per verdict, the verdict written in each cell."""
     from matplotlib.colors import to_rgb
-    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
+
+    from workbench.plots import figure
 
     g = grid(records)
     rows = [r["row"] for r in records]
     image = [[to_rgb(COLOURS.get(g[row][c], "#ffffff")) for c in COLUMNS] for row in rows]
-    fig = Figure(figsize=(1.0 + 0.85 * len(COLUMNS), 0.9 + 0.42 * len(rows)), layout="constrained")
-    ax = fig.add_subplot()
+    fig, axes = figure(1, 1, width=1.0 + 0.85 * len(COLUMNS), height=0.9 + 0.42 * len(rows))
+    ax = axes[0, 0]
+    ax.grid(False)
     ax.imshow(image, aspect="auto")
     for i, row in enumerate(rows):
         for j, column in enumerate(COLUMNS):
