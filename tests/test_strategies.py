@@ -78,7 +78,11 @@ def test_hypothesis_draws_each_feature_and_shrinks_to_a_valid_minimal_layout(fea
     assert len(seen) > 1 and FEATURES[feature](found)
     for case in seen:
         assert_valid(case, SPACE)
-    assert found.total_rows("q") + found.total_rows("k") <= {"aligned": 8, "several sequences": 4}.get(feature, 3), found
+    # A gap can come from an explicit padded length or from `align`; Hypothesis may settle on either,
+    # and align's smallest (4 rows a side over one token) is as simple a layout as the feature allows.
+    assert found.total_rows("q") + found.total_rows("k") <= {"aligned": 8, "GAP rows": 8, "several sequences": 4}.get(
+        feature, 3
+    ), found
     assert found.batch <= (2 if feature == "several sequences" else 1) and found.head_dim == 16 and found.seed == 0
 
 
@@ -134,7 +138,7 @@ def test_bad_bounds_name_the_argument():
         LayoutSpace(head_dims=(0, 16))
     with pytest.raises(ValueError, match=r"LayoutSpace.dtypes = \('fp8',\): give one or more of"):
         LayoutSpace(dtypes=("fp8",))
-    with pytest.raises(ValueError, match="'purple' is not a valid Fill"):
+    with pytest.raises(ValueError, match="'purple' is not a padding fill; choose one of"):
         LayoutSpace(fills=("purple",))
 
 
