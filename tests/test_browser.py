@@ -204,7 +204,11 @@ def test_code_inputs_fold_behind_toggles_and_outputs_stay_visible(browser, site)
         page.goto(url + name)
         folds = page.locator("details.wb-code")
         assert folds.count() == page.locator(".jp-CodeCell").count() > 0, name
-        first = folds.first
+        # The reader's own lines (cells tagged wb-show-code: "Check your run") open unfolded; the rest fold.
+        shown = page.locator("details.wb-code[open]")
+        assert shown.count() == 1, f"{name}: the check-your-run cell's code should open unfolded"
+        assert shown.first.locator(".jp-InputArea-editor").is_visible()
+        first = folds.nth(page.eval_on_selector_all("details.wb-code", "ds => ds.findIndex(d => !d.open)"))
         editor = first.locator(".jp-InputArea-editor")
         assert not editor.is_visible(), f"{name}: code is not folded by default"
         assert page.locator(".jp-OutputArea-output").first.is_visible(), f"{name}: outputs must stay visible"

@@ -56,7 +56,8 @@ def test_pages_index_and_manifest(built_site):
     assert "header_markdown()" not in page, "the header cell is replaced by the page header"
     assert "HOLDS" in page and "Not recorded yet." in page
     # Code folded behind a toggle, outputs visible; anchors on headings; lab CSS linked, not inlined.
-    assert page.count('<details class="wb-code">') == page.count("jp-CodeCell") > 0
+    assert page.count('<details class="wb-code"') == page.count("jp-CodeCell") > 0
+    assert page.count('<details class="wb-code" open="">') == 1, "the check-your-run cell (tag wb-show-code) opens unfolded"
     assert '<h2 id="TL;DR">TL;DR<a class="anchor-link" href="#TL;DR">' in page
     assert 'href="static/lab.css"' in page and "<style" not in page
     assert "--jp-icon-add-above" in (out / "static" / "lab.css").read_text() and "--jp-icon-add-above" not in page

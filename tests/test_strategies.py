@@ -83,7 +83,9 @@ def test_hypothesis_draws_each_feature_and_shrinks_to_a_valid_minimal_layout(fea
     assert found.total_rows("q") + found.total_rows("k") <= {"aligned": 8, "GAP rows": 8, "several sequences": 4}.get(
         feature, 3
     ), found
-    assert found.batch <= (2 if feature == "several sequences" else 1) and found.head_dim == 16 and found.seed == 0
+    # An empty sequence may sit beside a one-token one: Hypothesis's search settles on either minimum.
+    assert found.batch <= (2 if feature in ("several sequences", "empty sequence") else 1)
+    assert found.head_dim == 16 and found.seed == 0
 
 
 def test_sampling_draws_each_feature():
