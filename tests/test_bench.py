@@ -273,3 +273,15 @@ def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
     assert merged["provenance"]["device"] == a["provenance"]["device"]
     with pytest.raises(ValueError, match=r"records overlap on workloads \['a'\]"):
         merge_records([a, a])
+
+
+def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
+    from workbench.bench import TIMINGS_HEADER, timings_table
+
+    rows = [Row(f"w{i}", "ours", Timing(1.0, 2.0, 10.0, 0.5), 100.0, 90.0, 500.0) for i in range(20)]
+    rows.append(Row("w20", "SDPA dense (flash)", Timing(error="RuntimeError: no kernel")))
+    shown = timings_table(rows)
+    assert shown.header == TIMINGS_HEADER and len(shown.rows) == 21
+    assert shown.rows[0][2:] == ("1.000", "2.000", "100.0", "90.0", "500", "10", "0.500")
+    assert shown.rows[-1][2] == "failed: RuntimeError: no kernel"
+    assert "5 more rows" in shown._repr_html_()  # 16 shown, the rest behind the toggle

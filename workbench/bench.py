@@ -793,18 +793,39 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def format_table(rows: list[Row]) -> str:
-    lines = [
-        f"{'workload':<44} {'impl':<26} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd GB/s':>9} {'peak MB':>8} {'host ms':>8}"
-    ]
+TIMINGS_HEADER = ("workload", "impl", "fwd ms", "f+b ms", "fwd TF/s", "f+b TF/s", "fwd GB/s", "peak MB", "host ms")
+
+
+def timings_table(rows: list[Row]):
+    """One line per (workload, implementation) measured: a `workbench.postmortem.Table` (text in a
+    terminal, an HTML table folded past its first rows on the site)."""
+    from workbench.postmortem import table
+
+    cells = []
     for r in rows:
         t = r.timing
         if t.error:
-            lines.append(f"{r.workload:<44} {r.impl:<26} failed: {t.error}")
+            cells.append((r.workload, r.impl, f"failed: {t.error}", *["-"] * 6))
             continue
-        lines.append(
-            f"{r.workload:<44} {r.impl:<26} {t.forward_ms:>8.3f} {t.forward_backward_ms:>8.3f} {r.tflops_fwd:>9.1f} {r.tflops_fwd_bwd:>9.1f} {r.gbs_fwd:>9.0f} {t.peak_mb:>8.0f} {_ms(t.host_ms):>8}"
+        cells.append(
+            (
+                r.workload,
+                r.impl,
+                f"{t.forward_ms:.3f}",
+                f"{t.forward_backward_ms:.3f}",
+                f"{r.tflops_fwd:.1f}",
+                f"{r.tflops_fwd_bwd:.1f}",
+                f"{r.gbs_fwd:.0f}",
+                f"{t.peak_mb:.0f}",
+                _ms(t.host_ms),
+            )
         )
+    return table(TIMINGS_HEADER, cells, fold=16)
+
+
+def format_table(rows: list[Row]) -> str:
+    """What `workbench bench` prints: the timings, the padding contract's cost, the ratios."""
+    lines = [str(timings_table(rows))]
     for name, cost in contract_costs(rows).items():
         lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
     lines.append("")
