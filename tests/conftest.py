@@ -3,19 +3,27 @@
 # `kernels` first: without CUDA it switches Triton to the interpreter, which must happen before
 # any test module imports triton.language (else tl.* stay compiled-mode functions).
 from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 import kernels
 
 # The Triton interpreter is slow and timing on shared CI machines is noisy: no deadlines,
 # few examples. `HYPOTHESIS_PROFILE=thorough` runs many more (e.g. natively on a GPU).
-# Layouts come from workbench.strategies. Both profiles keep Hypothesis's replay database in its
-# default directory (.hypothesis/ where pytest runs, git-ignored): a failing layout is replayed
-# first on the next run. (Hypothesis's own "ci" profile, replaced here, turns the database off.)
+# Layouts come from workbench.strategies. Both profiles keep Hypothesis's replay database in
+# .hypothesis/ where pytest runs (git-ignored): a failing layout is replayed first on the next
+# run. Database and randomness are set explicitly because Hypothesis, when it sees a CI
+# environment variable, starts from its own CI defaults (derandomized, no database).
 # print_blob prints the line that reproduces a failure elsewhere, e.g. from a CI log.
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-settings.register_profile("ci", max_examples=15, **_common)
+_common = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+    derandomize=False,
+    database=DirectoryBasedExampleDatabase(".hypothesis/examples"),
+)
+settings.register_profile("quick", max_examples=15, **_common)
 settings.register_profile("thorough", max_examples=300, **_common)
-settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 
 # -- post-mortem projects for the pipeline tests (registry, CLI, site, browser) -------------
