@@ -70,15 +70,23 @@ def run_audit(row: str, target: str, adapter: str, args, deadline: float) -> dic
         str(record.relative_to(ROOT)),
     ]
     start = time.time()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=hard)
-        rc, out = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out = "timeout", f"killed after {hard} s\n" + (exc.stdout or b"").decode(errors="replace")[-3000:]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # The output streams into the log as it comes, so a run killed at its time limit still shows
+    # how far it got (each check logs a line when it ends).
+    log = DATA / "logs" / f"audit-{row}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as sink:
+        try:
+            rc: int | str = subprocess.run(
+                command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=hard
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc == "timeout":
+        with log.open("a") as sink:
+            sink.write(f"\nkilled after {hard} s\n")
+    out = log.read_text(errors="replace")
     seconds = round(time.time() - start, 1)
-    (DATA / "logs").mkdir(parents=True, exist_ok=True)
-    (DATA / "logs" / f"audit-{row}.log").write_text(out)
     if not record.exists():  # nothing recorded: say why, with provenance
         write_record(
             record,
@@ -163,6 +171,13 @@ def main() -> int:
     parser.add_argument("--sanitizer-jobs", type=int, default=6, help="compute-sanitizer runs at once (default 6)")
     parser.add_argument("--skip-sanitizer", action="store_true")
     args = parser.parse_args()
+    import torch
+
+    # Each row's record is replaced: without a GPU every audit would fail to start, and the
+    # committed H200 records would be overwritten with that failure.
+    if not torch.cuda.is_available():
+        print("gpu_audit_matrix: no CUDA device here; it records native audits: run it on the GPU machine.", file=sys.stderr)
+        return 2
     start = time.time()
     rows = [r for r in MATRIX if not args.rows or r[0] in args.rows.split(",")]
     audit_deadline = start + args.deadline - 10
