@@ -62,7 +62,11 @@ def test_html_picture_and_text_show_every_cell(records_dir):
     records = load_matrix(records_dir)
     page = matrix_html(records)
     assert page.count("<details>") == len(records) * len(COLUMNS) and "(nan padding)" in page
-    assert text_grid(records).splitlines()[2].split()[:4] == ["sdpa-math", "pass", "n/a", "n/a"]
+    text = text_grid(records).splitlines()
+    row = next(line.split() for line in text if line.startswith("sdpa-math"))
+    assert row[:4] == ["sdpa-math", "pass", "n/a", "n/a"] and len(row) == len(COLUMNS) + 1
+    assert max(map(len, text)) <= 110, "the grid fits a page's output box without wrapping"
+    assert all(name in " ".join(text) for name in COLUMNS), "the key names every column"
     fig = heatmap(records)
     assert len(fig.axes[0].texts) == len(records) * len(COLUMNS)
     assert dict((row, adapter) for row, adapter, _ in wrappers(records))["sdpa-math"] == "sdpa-math"

@@ -323,14 +323,20 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
 
 
 def text_grid(records: list[dict[str, Any]]) -> str:
-    """The grid as fixed-width text (what nbval compares)."""
+    """The grid as fixed-width text (what nbval compares), narrow enough for a page or a terminal:
+    columns numbered, with their names in a key above, and verdicts of at most four letters."""
+    import textwrap
+
     from workbench.tables import fixed_width
 
-    short = {"validates": "valid.", "partly validates": "partly", "no validation": "none", "not run": "-"}
-    return fixed_width(
-        [("row", *[c.replace("input-validation", "validation") for c in COLUMNS])]
+    short = {"validates": "val", "partly validates": "part", "no validation": "none", "not run": "-"}
+    key = " | ".join(f"{i} {c}" for i, c in enumerate(COLUMNS, 1))
+    table = fixed_width(
+        [("row", *map(str, range(1, len(COLUMNS) + 1)))]
         + [(r["row"], *[short.get(v, v) for v in grid([r])[r["row"]].values()]) for r in records]
     )
+    legend = "pass, FAIL, n/a; - not run; validation: val(idates), part(ly), none"
+    return "\n".join([*textwrap.wrap("columns: " + key, 100, break_on_hyphens=False), legend, "", table])
 
 
 def heatmap(records: list[dict[str, Any]]):
