@@ -279,28 +279,34 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
     return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
-def source_facts(package: str = UPSTREAM_PACKAGE) -> dict[str, Any]:
+def source_facts(package: str = UPSTREAM_PACKAGE, text: str | None = None) -> dict[str, Any]:
     """What `flex_attention_forward` does with its arguments, read from the installed file's AST.
 
-    attn_mask_reads: the lines where `attn_mask` is read (a read inside the nested functions
-    or the flex_attention call would be a use); mask_mods: each nested function whose name says
-    mask, with the expression it returns; block_mask_when: the condition under which the
-    BlockMask is passed; causal_default: what `is_causal=None` becomes; bias_in_score_mod: the
-    score_mod adds `attn_bias`.
+    attn_mask_reads: the lines where `attn_mask` is read; attn_mask_uses: those reads other than
+    its `is not None` test and the right-hand side of its own re-assignment (the slice), i.e.
+    anywhere its value could flow on; mask_mods / score_mods: each nested function named so, with
+    the expression it returns / assigns; block_mask_passed_as: the BlockMask argument of the call;
+    causal_default: what `is_causal=None` becomes; commented_out: comment lines starting `# return`;
+    forward_ast: the function's syntax tree without positions (to compare two copies).
     """
-    text = upstream_path(package).read_text()
+    text = upstream_path(package).read_text() if text is None else text  # `text`: another version to read
     tree = ast.parse(text)
     forward = _function(tree, "flex_attention_forward")
     nested = [n for n in forward.body if isinstance(n, ast.FunctionDef)]
     reads = sorted(
         {n.lineno for n in ast.walk(forward) if isinstance(n, ast.Name) and n.id == "attn_mask" and isinstance(n.ctx, ast.Load)}
     )
-    in_nested = sorted(
+    harmless: set[int] = set()  # ids of the Name nodes of the None test and of the slice re-assignment
+    for node in ast.walk(forward):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "attn_mask is not None":
+            harmless |= {id(n) for n in ast.walk(node.test)}
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["attn_mask"]:
+            harmless |= {id(n) for n in ast.walk(node.value)}
+    uses = sorted(
         {
             n.lineno
-            for f in nested
-            for n in ast.walk(f)
-            if isinstance(n, ast.Name) and n.id == "attn_mask" and isinstance(n.ctx, ast.Load)
+            for n in ast.walk(forward)
+            if isinstance(n, ast.Name) and n.id == "attn_mask" and isinstance(n.ctx, ast.Load) and id(n) not in harmless
         }
     )
     mask_mods = {
@@ -319,8 +325,7 @@ def source_facts(package: str = UPSTREAM_PACKAGE) -> dict[str, Any]:
     return {
         "file": f"{UPSTREAM_FILE if package == UPSTREAM_PACKAGE else SUCCESSOR_FILE}",
         "attn_mask_reads": reads,
-        "attn_mask_in_nested_or_call": in_nested
-        + [n.lineno for n in ast.walk(call) if isinstance(n, ast.Name) and n.id == "attn_mask"],
+        "attn_mask_uses": uses,
         "mask_mods": mask_mods,
         "score_mods": score_mods,
         "block_mask_passed_as": passed.get("block_mask"),
@@ -970,13 +975,14 @@ claims = Claims()
 def _source_reads(r: Results):
     s = r.source
     holds = (
-        not s["attn_mask_in_nested_or_call"]
+        not s["attn_mask_uses"]
         and s["mask_mods"] == {"causal_mask_mod": "q_idx >= kv_idx"}
         and s["block_mask_passed_as"] == "block_mask if is_causal else None"
         and s["causal_default"] == "is_causal = True"
     )
     return holds, (
-        f"attn_mask read on lines {s['attn_mask_reads']} (the None test and the slice), never in a mod or the call; "
+        f"attn_mask read on lines {s['attn_mask_reads']} (its None test and its slice), used nowhere else; "
+        f"the intended line commented out: {s['commented_out']}; "
         f"mask_mods {s['mask_mods']}; block_mask={s['block_mask_passed_as']}; {s['causal_default']} when None"
     )
 

@@ -59,3 +59,17 @@ def test_budget_skips_and_says_so():
     found = pm.probe_all("cpu", budget_s=0, backward=False, dtypes=("float16",), seeds=(0,))
     assert found["runs"] == [] and len(found["skipped"]) == 3 * len(pm.AUDITED)
     assert not pm._gpu_as_is(as_results(found, backward=True))[0]
+
+
+def test_source_reading_sees_a_mask_mod_that_reads_the_mask():
+    """The source claim can fail: with line 44 reading attn_mask (the fix upstream), the reading finds the use."""
+    text = pm.upstream_path().read_text()
+    assert pm.source_facts(text=text)["attn_mask_uses"] == []
+    fixed = text.replace(
+        "        return q_idx >= kv_idx\n",
+        "        return (q_idx >= kv_idx) & (attn_mask[batch_idx][head_idx][q_idx][kv_idx] > 0)\n",
+    )
+    assert fixed != text
+    facts = pm.source_facts(text=fixed)
+    assert facts["attn_mask_uses"] == [44]
+    assert facts["mask_mods"] == {"causal_mask_mod": "(q_idx >= kv_idx) & (attn_mask[batch_idx][head_idx][q_idx][kv_idx] > 0)"}
