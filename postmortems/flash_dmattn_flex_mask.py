@@ -272,6 +272,14 @@ def upstream_function(device=None, package: str = UPSTREAM_PACKAGE) -> Callable:
     return eager
 
 
+def compile_room(device) -> contextlib.AbstractContextManager:
+    """On a GPU: room for the recompiles a study of many shapes and dtypes needs (dynamo's default
+    of 8 per function would silently fall back to eager FlexAttention past it). Nothing on CPU."""
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(recompile_limit=64)
+
+
 # -- what the source says ---------------------------------------------------------------------------
 
 
@@ -691,6 +699,11 @@ IMPLS = ("flex_dmattn_func", "(a) mask as -inf attn_bias", "(b) torch flex_atten
 def reproduce(device=None) -> Results:
     """Runs the upstream function (and the workarounds) on every audited case; reads the H200 record."""
     device = default_device() if device is None else torch.device(device)
+    with compile_room(device):
+        return _reproduce(device)
+
+
+def _reproduce(device: torch.device) -> Results:
     fn = upstream_function(device)
     # Forward only for the FlexAttention paths, on every device: FlexAttention has no CPU backward,
     # and on a GPU the gradients are gpu_probes' (which records a probe that raises instead of dying).
@@ -925,6 +938,11 @@ def probe_all(
     implementation) probed in that order, each run's error ratios, or the exception it raised
     (a probe that raises is a finding, recorded, not a crash); past `budget_s` the rest is skipped."""
     device = torch.device(device)
+    with compile_room(device):
+        return _probe_all(device, budget_s, backward, dtypes, seeds)
+
+
+def _probe_all(device, budget_s, backward, dtypes, seeds) -> dict[str, Any]:
     start = time.monotonic()
     fn = upstream_function(device)
     found: dict[str, Any] = {
