@@ -1151,7 +1151,7 @@ def _successor(r: Results):
 
 
 @claims(
-    "workaround (a), the mask as a -inf attn_bias of the same function: every audited case within the bound, fully masked rows included",
+    "workaround (a), the mask as a -inf attn_bias of the same function: forward within the bound on every audited case, fully masked rows included",
     evidence=UPSTREAM_CPU,
 )
 def _bias_workaround(r: Results):
@@ -1163,7 +1163,7 @@ def _bias_workaround(r: Results):
 
 
 @claims(
-    "workaround (b), torch's flex_attention with a mask_mod reading the mask: every audited case within the bound",
+    "workaround (b), torch's flex_attention with a mask_mod reading the mask: forward within the bound on every audited case",
     evidence=UPSTREAM_CPU,
 )
 def _flex_workaround(r: Results):
