@@ -10,6 +10,7 @@ import pytest
 from workbench.audit import audit
 from workbench.audit.matrix import (
     COLUMNS,
+    POSTMORTEMS,
     cell,
     fails,
     grid,
@@ -17,6 +18,7 @@ from workbench.audit.matrix import (
     implementation,
     load_matrix,
     matrix_html,
+    postmortem_links,
     text_grid,
     wrappers,
 )
@@ -71,3 +73,20 @@ def test_html_picture_and_text_show_every_cell(records_dir):
     assert len(fig.axes[0].texts) == len(records) * len(COLUMNS)
     assert dict((row, adapter) for row, adapter, _ in wrappers(records))["sdpa-math"] == "sdpa-math"
     assert "sdpa_kernel(MATH)" in wrappers(records)[0][2]
+
+
+def test_postmortem_links_name_registered_pages_for_committed_fails():
+    """Each POSTMORTEMS cell is a FAIL of the committed H200 matrix, its id a registered post-mortem,
+    and the cell links to that page (the fuzzer's cell gathers its fuzz:<check> links)."""
+    from workbench.registry import Registry
+
+    ids = set(Registry().ids())
+    records = load_matrix()
+    found = {(row, check) for row, check, _ in fails(records)}
+    assert POSTMORTEMS, "no post-mortem linked from the matrix"
+    for (row, check), pm_id in POSTMORTEMS.items():
+        assert pm_id in ids, f"POSTMORTEMS[{(row, check)}] = {pm_id!r} is not a registered post-mortem ({sorted(ids)})"
+        assert (row, check) in found, f"POSTMORTEMS links {row} / {check}, which is no FAIL of the committed matrix"
+    assert postmortem_links("dmattn-flex", "fuzzer") == ["flash-dmattn-flex-mask"]
+    assert postmortem_links("dmattn-flex", "determinism") == []
+    assert '<a href="flash-dmattn-flex-mask.html">flash-dmattn-flex-mask</a>' in matrix_html(records)
