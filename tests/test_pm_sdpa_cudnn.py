@@ -80,3 +80,17 @@ def test_the_math_claim_fails_when_a_keyless_row_is_not_zero(results):
     mechanism = copy.deepcopy(results.mechanism)
     mechanism[pm.UNEQUAL.label()]["math_max_abs"] = 1e-3
     assert not _verdict(dataclasses.replace(results, mechanism=mechanism), "torch's math backend").holds
+
+
+def test_the_audit_matrix_links_the_cudnn_cells_to_this_page():
+    """The two sdpa-cudnn FAIL cells this page explains link to it from the matrix, and only they."""
+    from workbench.audit.matrix import POSTMORTEMS, fails, load_matrix, matrix_html, postmortem_links
+    from workbench.registry import Registry
+
+    records = load_matrix()
+    mine = {cell for cell, pm_id in POSTMORTEMS.items() if pm_id == pm.META.id}
+    assert mine == {("sdpa-cudnn", "fully-masked-rows"), ("sdpa-cudnn", "causal-unequal")}
+    assert mine <= {(row, check) for row, check, _ in fails(records)}
+    assert pm.META.id in Registry().ids()
+    assert postmortem_links("sdpa-cudnn", "determinism") == [] and postmortem_links("sdpa-math", "fully-masked-rows") == []
+    assert matrix_html(records).count(f'<a href="{pm.META.id}.html">{pm.META.id}</a>') == 2

@@ -5,7 +5,8 @@
 every FAIL with its evidence, `matrix_html()` the table with the evidence one click away (a
 <details> per cell: the check's evidence, and for the fuzzer the shrunk layout and its
 plain-torch snippet), `heatmap()` the picture, `wrappers()` how each adapter builds its call.
-`KNOWN_UPSTREAM` ties findings to upstream reports found with a search of the trackers.
+`KNOWN_UPSTREAM` ties findings to upstream reports found with a search of the trackers, and
+`POSTMORTEMS` to the post-mortem page that explains them (linked from the cell).
 
 The notebook notebooks/audit-matrix.ipynb is a thin page over these functions.
 """
@@ -80,6 +81,20 @@ KNOWN_UPSTREAM: dict[tuple[str, str], list[tuple[str, str]]] = {
         )
     },
 }
+
+
+# FAIL cells a post-mortem of this workbench explains: (row, check or "fuzz:<check>") -> post-mortem id
+# (its page is <id>.html beside this one). tests/test_audit_matrix.py checks each id is registered.
+POSTMORTEMS: dict[tuple[str, str], str] = {
+    **{("sdpa-cudnn", check): "sdpa-cudnn-masked-rows" for check in ("fully-masked-rows", "causal-unequal")},
+}
+
+
+def postmortem_links(row: str, column: str) -> list[str]:
+    """The post-mortem ids of one cell (the fuzzer's cell: those of every fuzz:<check> of the row)."""
+    if column == "fuzzer":
+        return sorted({pm for (r, c), pm in POSTMORTEMS.items() if r == row and c.startswith("fuzz:")})
+    return [POSTMORTEMS[(row, column)]] if (row, column) in POSTMORTEMS else []
 
 
 def known_links(row: str, column: str) -> list[tuple[str, str]]:
@@ -316,6 +331,8 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
                     )
             for url, note in known_links(record["row"], column):
                 inner += f'<p>known upstream: <a href="{html.escape(url)}">{html.escape(url)}</a> ({html.escape(note)})</p>'
+            for pm_id in postmortem_links(record["row"], column):
+                inner += f'<p>post-mortem: <a href="{html.escape(pm_id)}.html">{html.escape(pm_id)}</a></p>'
             colour = COLOURS.get(verdict, "#ffffff")
             cells.append(f'<td style="background:{colour}">{_details(html.escape(verdict), inner)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
