@@ -20,6 +20,7 @@ and memory-efficient backends give 0 there. No GPU was available while this page
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -116,6 +117,13 @@ META = Meta(
             "2026-08-31",
             "PR",
             "closed",
+        ),
+        Link(
+            "diffusers#14349: a -inf vs finfo.min fill on a fully masked row gives zeros vs mean(V) (its own cuDNN path)",
+            "https://github.com/huggingface/diffusers/pull/14349",
+            "2026-07-31",
+            "PR",
+            "open",
         ),
         Link(
             "pytorch#196678: cuDNN backward NaN dq with attn_mask, 'default backend' since 2.11 (another bug, same path)",
@@ -555,6 +563,7 @@ def gpu_table(record: dict[str, Any]) -> Any:
             (
                 point["layout"],
                 point["dtype"],
+                point["default_choice"],
                 point["backend"],
                 point["mask"],
                 point.get("error", ""),
@@ -563,12 +572,14 @@ def gpu_table(record: dict[str, Any]) -> Any:
                 point.get("keyless_dq_max_abs"),
                 point.get("real_errors", {}).get("dk"),
                 point.get("deterministic"),
+                point.get("bitwise_equal_to_bool_mask", ""),
             )
         )
     return table(
         (
             "layout",
             "dtype",
+            "SDPA picks",
             "backend",
             "mask",
             "refused",
@@ -577,6 +588,7 @@ def gpu_table(record: dict[str, Any]) -> Any:
             "keyless |dq|",
             "dk error",
             "deterministic",
+            "= bool mask",
         ),
         rows,
         fold=24,
@@ -609,7 +621,51 @@ def gpu_probes(device) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version(),
         "device": torch.cuda.get_device_name(dev),
         "points": probe_points(dev),
+        "timing_ms": workaround_timing(dev),
     }
+
+
+def workaround_timing(dev: torch.device, batch: int = 8, seq: int = 2048, heads: int = 16, dim: int = 64) -> dict:
+    """Forward+backward milliseconds (median of 20 after 5 warm-up runs, bf16, a padding mask with
+    lengths seq, seq/2, ...): SDPA unpinned, unpinned + workaround (a), pinned to each backend (b)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq, dim, generator=gen).to(dev, torch.bfloat16) for _ in range(3))
+    lengths = torch.tensor([max(seq >> (i % 4), 2) for i in range(batch)], device=dev)
+    real = torch.arange(seq, device=dev)[None, :] < lengths[:, None]
+    mask = (real[:, :, None] & real[:, None, :] & torch.ones(seq, seq, dtype=torch.bool, device=dev).tril())[:, None]
+
+    def step(backend, zero_rows):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(*leaves, attn_mask=mask)
+        if zero_rows:
+            out = out.masked_fill(~mask.any(-1, keepdim=True), 0)
+        out.backward(torch.ones_like(out))
+
+    timed = {}
+    for name, backend, zero_rows in (
+        ("unpinned", None, False),
+        ("unpinned + (a) zero rows", None, True),
+        ("CUDNN_ATTENTION", SDPBackend.CUDNN_ATTENTION, False),
+        ("EFFICIENT_ATTENTION", SDPBackend.EFFICIENT_ATTENTION, False),
+        ("MATH", SDPBackend.MATH, False),
+    ):
+        try:
+            times = []
+            for i in range(25):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step(backend, zero_rows)
+                end.record()
+                torch.cuda.synchronize()
+                if i >= 5:
+                    times.append(start.elapsed_time(end))
+            timed[name] = sorted(times)[len(times) // 2]
+        except RuntimeError as exc:
+            timed[name] = f"refused: {str(exc).splitlines()[0][:120]}"
+    return {"shape": f"B={batch} H={heads} S={seq} D={dim} bf16", **timed}
 
 
 def probe_points(dev: torch.device, layouts: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = GPU_LAYOUTS) -> list:
@@ -653,6 +709,7 @@ def probe_points(dev: torch.device, layouts: dict[str, tuple[tuple[int, ...], tu
                 ("EFFICIENT_ATTENTION", SDPBackend.EFFICIENT_ATTENTION, "bool"),
                 ("MATH", SDPBackend.MATH, "bool"),
             ]
+            first_runs: dict[str, dict[str, torch.Tensor]] = {}  # backend -> its boolean-mask run
             for backend_name, backend, mask_kind in variants:
                 point: dict[str, Any] = {
                     "layout": layout,
@@ -674,6 +731,12 @@ def probe_points(dev: torch.device, layouts: dict[str, tuple[tuple[int, ...], tu
                     continue
                 got = {n: t.double().cpu() for n, t in runs[0].items()}
                 point["deterministic"] = all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
+                if mask_kind == "bool":
+                    first_runs[backend_name] = runs[0]
+                elif backend_name in first_runs:  # the hypothesis: a boolean mask is this float mask for cuDNN
+                    point["bitwise_equal_to_bool_mask"] = all(
+                        torch.equal(runs[0][n], first_runs[backend_name][n]) for n in runs[0]
+                    )
                 point["nonfinite"] = {n: int((~torch.isfinite(t)).sum()) for n, t in got.items()}
                 point["keyless_rows"] = int(keyless[:, 0].sum())
                 if keyless.any():

@@ -94,3 +94,9 @@ def test_the_audit_matrix_links_the_cudnn_cells_to_this_page():
     assert pm.META.id in Registry().ids()
     assert postmortem_links("sdpa-cudnn", "determinism") == [] and postmortem_links("sdpa-math", "fully-masked-rows") == []
     assert matrix_html(records).count(f'<a href="{pm.META.id}.html">{pm.META.id}</a>') == 2
+
+
+def test_the_gpu_table_shows_a_probe_record():
+    points = pm.probe_points(torch.device("cpu"), {"tiny": ((3, 4), (0, 2))})
+    shown = str(pm.gpu_table({"probes": {"points": points}}))
+    assert shown.count("\ntiny ") == len(points) and "FLASH_ATTENTION" in shown and "No viable backend" in shown
