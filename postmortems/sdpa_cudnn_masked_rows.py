@@ -64,8 +64,8 @@ META = Meta(
     impact="a real query row whose boolean mask row is all False (empty key sequence, causal with len_q > len_k) "
     "gets attention over every key slot instead of 0, and its gradient reaches keys it must not see: silent, cuDNN only",
     upstream_status="upstream unaware",
-    status_note="no report of this symptom found (trackers searched 2026-12-01); the finite mask fill behind it was "
-    "discussed in PR #140837 (2024) and PR #177868 (2026-03, for #177842); the H200 record on torch 2.11 still shows it",
+    status_note="no report of this symptom found in the trackers, searched 2026-12-01; the finite mask fill behind it "
+    "was discussed in PR #140837 (2024) and PR #177868 (2026-03, for #177842); the H200 record on torch 2.11 still shows it",
     our_verdict="found by our audit on an H200 (torch 2.11.0+cu130); the finite-fill mechanism reproduces the recorded "
     "errors to three digits on the CPU; a GPU probe of the mechanism is written and not yet run",
     detection="none at run time: outputs are finite; rows whose mask row is all False are non-zero, and differ from "
@@ -105,7 +105,7 @@ META = Meta(
             "closed; reviewers uneasy about the 'magic number'",
         ),
         Link(
-            "pytorch#177868: [cuDNN][SDPA] fix attn-mask conversion constant, for #177842",
+            "pytorch#177868: fix the cuDNN attn-mask conversion constant, for #177842",
             f"{PT}/pull/177868",
             "2026-03-19",
             "PR",
