@@ -500,7 +500,7 @@ def workaround_table(results: MaskedRowsResults, only: str = "") -> Any:
 
 def mask_figure(case: Case = FULLY):
     """The boolean mask the audit passed, one panel per batch row (attention-gym style): allowed
-    pairs dark, REAL query rows with no visible key outlined in red."""
+    pairs dark, REAL query rows with no visible key outlined in red, padding slots blue."""
     from matplotlib.patches import Rectangle
 
     *_, mask = padded_inputs(case, "cpu")
@@ -521,6 +521,8 @@ def mask_figure(case: Case = FULLY):
                 ax.add_patch(Rectangle((-0.5, i - 0.5), mask.shape[-1], 1, fill=False, edgecolor="#c8453a", linewidth=2))
         for i in range(lq[b], mask.shape[-2]):
             ax.axhspan(i - 0.5, i + 0.5, color="#9ecae1", alpha=0.35, lw=0)
+        for j in range(lk[b], mask.shape[-1]):
+            ax.axvspan(j - 0.5, j + 0.5, color="#9ecae1", alpha=0.35, lw=0)
     fig.suptitle(case.label(), fontsize=9)
     return fig
 
