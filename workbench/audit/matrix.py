@@ -98,6 +98,7 @@ POSTMORTEMS: dict[tuple[str, str], str] = {
             "fuzz:real-accuracy",
         )
     },
+    **{("sdpa-cudnn", check): "sdpa-cudnn-masked-rows" for check in ("fully-masked-rows", "causal-unequal")},
 }
 
 
