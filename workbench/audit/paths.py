@@ -350,7 +350,11 @@ def _dmattn_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
         "padded": _GATHERED,
         "tail": _GATHERED,
         "metadata": _MASKED,
-        "gqa": "flash-dmattn's Triton backend asserts k.shape == (batch, seqlen_k, nheads, d): no GQA",
+        "gqa": (
+            "flash-dmattn's Flex backend calls flex_attention without enable_gqa: grouped K/V raise ValueError"
+            if "flex" in getattr(fn, "__module__", "")
+            else "flash-dmattn's Triton backend asserts k.shape == (batch, seqlen_k, nheads, d): no GQA"
+        ),
     }
 
 
