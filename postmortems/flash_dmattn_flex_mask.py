@@ -82,7 +82,7 @@ META = Meta(
     ),
     detection="none: outputs and gradients stay finite; compare with another backend, or flip the mask and see nothing change",
     fix_type="workarounds: the mask as a -inf attn_bias (same function), or flex_attention with a BlockMask; upstream: a mask_mod that also reads attn_mask",
-    tags=("attention mask", "padding", "silent error", "flex attention", "audit finding"),
+    tags=("attention mask", "padding", "silent error", "audit finding"),
     reported="2026-12-01",
     published="2026-12-01",
     links=(

@@ -72,7 +72,7 @@ META = Meta(
     "the math backend's output there (0)",
     fix_type="workarounds today: zero the rows with no visible key after the call, keep the cuDNN backend off for masked "
     "calls, or avoid such rows; ours: a varlen kernel that writes 0 there by contract",
-    tags=("sdpa", "cudnn", "fully masked rows", "silent", "gradients"),
+    tags=("attention mask", "fully masked rows", "silent error", "audit finding"),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-sdpa-cudnn.json); no upstream report
     published="2026-12-01",
     links=(
