@@ -40,7 +40,10 @@ def check_varlen_tensors(
     """Shape, dtype and device checks of q, k, v. No host sync."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+            raise TypeError(
+                f"{name} must be a torch.Tensor, got {type(t).__name__}; pass a (tokens, heads, head_dim) tensor, "
+                f"e.g. torch.as_tensor({name})."
+            )
         if t.dim() != 3:
             raise ValueError(
                 f"{name} must be 3-D (tokens, heads, head_dim) in packed THD layout, got shape "
@@ -48,7 +51,7 @@ def check_varlen_tensors(
                 "workbench.bshd_to_thd first."
             )
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}.")
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}; cast it, e.g. {name}.to(torch.bfloat16).")
         if dtypes is not None and t.dtype not in dtypes:
             raise TypeError(
                 f"{name} has dtype {t.dtype}; this implementation supports "
@@ -62,13 +65,22 @@ def check_varlen_tensors(
             f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}; move them with .to(q.device)."
         )
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}.")
+        raise ValueError(
+            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}; pass one value row "
+            "per key row, with k's heads and head_dim."
+        )
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, head_dim_k = k.shape
     if head_dim_k != head_dim:
-        raise ValueError(f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}.")
+        raise ValueError(
+            f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}; "
+            "project q, k and v to one head dim."
+        )
     if heads == 0 or kv_heads == 0:
-        raise ValueError(f"q and k need at least one head, got q {heads} and k {kv_heads}.")
+        raise ValueError(
+            f"q and k need at least one head, got q {heads} and k {kv_heads}; pass (tokens, heads, head_dim) "
+            "tensors with heads >= 1."
+        )
     if heads % kv_heads != 0:
         raise ValueError(
             f"q has {heads} heads, not a multiple of k's {kv_heads} heads (H % H_kv must be "
@@ -254,7 +266,9 @@ def check_scale(scale: object, head_dim: int) -> float:
     if scale is None:
         return head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}.")
+        raise TypeError(
+            f"scale must be a Python float or None, got {type(scale).__name__}; pass float(scale), or None for 1/sqrt(head_dim)."
+        )
     if not (scale > 0 and scale != float("inf")):
         raise ValueError(f"scale = {scale} must be a finite positive number; pass None for 1/sqrt(head_dim).")
     return float(scale)
@@ -327,8 +341,8 @@ def check_window_size(window_size: object) -> tuple[int, int]:
         bound = int(bound)
         if bound < -1:
             raise ValueError(
-                f"window_size {side} bound = {bound} is invalid: it must be >= 0 (keys on that side of the "
-                "diagonal a query sees) or -1 (unbounded)."
+                f"window_size {side} bound = {bound} is invalid: pass -1 (unbounded) or the number of keys >= 0 a "
+                "query sees on that side of the diagonal, e.g. window_size=(4096, 0) for a causal sliding window."
             )
         bounds.append(bound)
     return bounds[0], bounds[1]
