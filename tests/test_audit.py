@@ -166,10 +166,9 @@ CALLS: list[dict] = []
 
 
 def varlen_attn_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
-    """torch 2.11's signature: causal is window_size=(-1, 0), scale keyword-only."""
+    """torch 2.11's signature: causal is window_size=(-1, 0) (there is no causal flag), scale keyword-only."""
     CALLS.append({"window_size": window_size, "scale": scale})
-    assert window_size in ((-1, -1), (-1, 0)), window_size
-    return oracle(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal=window_size == (-1, 0), scale=scale)
+    return oracle(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size=window_size, scale=scale)
 
 
 def flash_attn_varlen_func(
@@ -312,6 +311,12 @@ def test_torch_211_adapter_passes_causal_as_a_window_and_scale_by_keyword():
     positional, _ = split_call(base_args(padded=False, kv_heads=4))
     adapt(varlen_attn_211, _runnable_here("torch-varlen"))(*positional, scale=0.5)
     assert CALLS[-1] == {"window_size": (-1, -1), "scale": 0.5}
+    # A window goes as it is; with causal its right side is 0 (FlashAttention's rule), since
+    # varlen_attn 2.11 has no causal flag to combine it with.
+    CALLS.clear()
+    report = audit(varlen_attn_211, _runnable_here("torch-varlen"), budget=0, dtype="float16", checks=["sliding-window"])
+    assert report.verdicts() == {"sliding-window": "pass"}, report.table()
+    assert [c["window_size"] for c in CALLS] == [(2, 1), (0, 0), (-1, 1), (3, 0)]  # one call per case
 
 
 def test_flash_attn_adapter_on_a_fake_of_its_signature():
