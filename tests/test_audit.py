@@ -146,6 +146,21 @@ def test_each_check_catches_its_planted_bug(impl, check, evidence):
     assert result.evidence and __import__("re").search(evidence, result.evidence), result.evidence
 
 
+def test_a_failing_window_case_replays_with_its_window():
+    """The failing case carries its window (Case.window): a post-mortem notebook from the audit
+    replays it, and probing it alone shows the same failure."""
+    from workbench import pack, probe
+    from workbench.audit import layout_findings
+    from workbench.audit.notebook import reproductions
+
+    report = audit(window_left_ignored, "contract", budget=0, checks=["sliding-window"])
+    [(label, finding, case, _)] = reproductions(report)
+    assert (label, finding, case.window) == ("sliding-window", None, (2, 1))
+    impl = adapt(window_left_ignored, "contract")
+    record = probe(impl, pack(case, impl.device), poisoned=True)
+    assert [f.check for f in layout_findings(record)] == ["real-accuracy"]
+
+
 def test_the_oracle_passes_every_check():
     report = audit(reference_attention, budget=0)
     assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == ["input-validation"]
