@@ -181,7 +181,7 @@ def _steps(name: str, values: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"{name} decreases at index {i}: {name}[{i - 1}] = {int(values[i - 1])} > "
             f"{name}[{i}] = {int(values[i])}; boundaries must be non-decreasing cumulative "
-            "sums of sequence lengths."
+            "sums of sequence lengths: build them as torch.nn.functional.pad(lengths.cumsum(0), (1, 0))."
         )
     return steps
 
