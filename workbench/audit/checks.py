@@ -371,7 +371,11 @@ def _sliding_window(ctx: Context) -> CheckResult:
                 seed=i,
             )
         )
-    return ctx.judge(cases, ("real-accuracy", "gap-rows", "tail-rows"))
+    result = ctx.judge(cases, ("real-accuracy", "gap-rows", "tail-rows"))
+    if result.verdict is Verdict.PASS:
+        shapes_run = ", ".join(f"{c.window}{' causal' if c.causal else ''}" for c in cases)
+        result.evidence = f"windows {shapes_run}: {result.evidence}"
+    return result
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
