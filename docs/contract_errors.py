@@ -56,6 +56,11 @@ WHAT = {
     "scale-negative": "`scale` is negative",
     "scale-nan": "`scale` is NaN",
     "scale-tensor": "`scale` is a tensor",
+    "window-not-pair": "`window_size` is one int, not a (left, right) pair",
+    "window-three-entries": "`window_size` has three entries",
+    "window-below-minus-one": "a `window_size` bound below -1, (-2, 0)",
+    "window-bound-float": "a `window_size` bound is a float, (0, 1.5)",
+    "window-bound-bool": "a `window_size` bound is a bool, (True, 0)",
 }
 
 

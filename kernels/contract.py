@@ -3,9 +3,11 @@
 Every malformed input raises `TypeError` (wrong kind of thing) or `ValueError` (right kind,
 wrong value) whose message names the argument, the offending index and value, and the fix.
 
-Metadata checks read `cu_seqlens*` on the host: one device->host copy per tensor. Callers
-that cannot afford the sync (CUDA graphs, `torch.compile`) pass `validate=False` to the
-kernel and keep only the tensor-shape checks in `check_varlen_tensors`, which need no sync.
+Metadata checks read `cu_seqlens*` on the host: one device->host copy of all of them (one
+sync), then numpy on the host (a numpy op costs about a microsecond, a torch op on a small CPU
+tensor several). Callers that cannot afford the sync (CUDA graphs, `torch.compile`) pass
+`validate=False` to the kernel and keep only the tensor-shape checks in `check_varlen_tensors`,
+which need no sync.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -40,7 +43,10 @@ def check_varlen_tensors(
     """Shape, dtype and device checks of q, k, v. No host sync."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+            raise TypeError(
+                f"{name} must be a torch.Tensor, got {type(t).__name__}; pass a (tokens, heads, head_dim) tensor, "
+                f"e.g. torch.as_tensor({name})."
+            )
         if t.dim() != 3:
             raise ValueError(
                 f"{name} must be 3-D (tokens, heads, head_dim) in packed THD layout, got shape "
@@ -48,7 +54,7 @@ def check_varlen_tensors(
                 "workbench.bshd_to_thd first."
             )
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}.")
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}; cast it, e.g. {name}.to(torch.bfloat16).")
         if dtypes is not None and t.dtype not in dtypes:
             raise TypeError(
                 f"{name} has dtype {t.dtype}; this implementation supports "
@@ -62,13 +68,22 @@ def check_varlen_tensors(
             f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}; move them with .to(q.device)."
         )
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}.")
+        raise ValueError(
+            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}; pass one value row "
+            "per key row, with k's heads and head_dim."
+        )
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, head_dim_k = k.shape
     if head_dim_k != head_dim:
-        raise ValueError(f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}.")
+        raise ValueError(
+            f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}; "
+            "project q, k and v to one head dim."
+        )
     if heads == 0 or kv_heads == 0:
-        raise ValueError(f"q and k need at least one head, got q {heads} and k {kv_heads}.")
+        raise ValueError(
+            f"q and k need at least one head, got q {heads} and k {kv_heads}; pass (tokens, heads, head_dim) "
+            "tensors with heads >= 1."
+        )
     if heads % kv_heads != 0:
         raise ValueError(
             f"q has {heads} heads, not a multiple of k's {kv_heads} heads (H % H_kv must be "
@@ -139,54 +154,56 @@ def check_cu_seqlens_tensors(
     return cu_seqlens_q.numel() - 1
 
 
-def _to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The metadata tensors as int64 CPU tensors, in one device->host copy (one sync)."""
-    if all(t.device.type == "cpu" for t in tensors):
-        return [t.to(torch.int64) for t in tensors]
+def _to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """The metadata tensors' values as int64 numpy arrays, in one device->host copy (one sync):
+    the vectors are concatenated where they live, the one copy moves them, numpy splits them."""
     if len({t.device for t in tensors}) > 1:  # only where no device was imposed: one copy each
-        return [t.to("cpu", torch.int64) for t in tensors]
+        return [t.to("cpu", torch.int64).numpy() for t in tensors]
     dtype = tensors[0].dtype if all(t.dtype == tensors[0].dtype for t in tensors) else torch.int64
-    host = torch.cat([t.to(dtype) for t in tensors]).cpu().to(torch.int64)
-    return list(host.split([t.numel() for t in tensors]))
+    host = torch.cat([t.to(dtype) for t in tensors]).cpu().numpy().astype(np.int64)
+    starts = [0]
+    for t in tensors:
+        starts.append(starts[-1] + t.numel())
+    return [host[a:b] for a, b in zip(starts, starts[1:])]
 
 
-def _as_host_list(name: str, values: torch.Tensor) -> torch.Tensor:
-    """Checks one boundary vector (a CPU int64 tensor) in vectorised form; returns it."""
+def _steps(name: str, values: np.ndarray) -> np.ndarray:
+    """Checks one boundary vector (int64 numpy, on the host, >= 2 entries) in vectorised form;
+    returns its steps (the sequences' lengths)."""
     if values[0] != 0:
         raise ValueError(
             f"{name}[0] = {int(values[0])}: cumulative boundaries must start at 0; "
             f"prepend 0 (torch.nn.functional.pad(lengths.cumsum(0), (1, 0)))."
         )
-    decreasing = (values[1:] < values[:-1]).nonzero()
-    if decreasing.numel():
-        i = int(decreasing[0, 0]) + 1
+    steps = values[1:] - values[:-1]
+    if steps.min() < 0:
+        i = int(np.argmax(steps < 0)) + 1  # the first decrease
         raise ValueError(
             f"{name} decreases at index {i}: {name}[{i - 1}] = {int(values[i - 1])} > "
             f"{name}[{i}] = {int(values[i])}; boundaries must be non-decreasing cumulative "
-            "sums of sequence lengths."
+            "sums of sequence lengths: build them as torch.nn.functional.pad(lengths.cumsum(0), (1, 0))."
         )
-    return values
+    return steps
 
 
 def _check_side(
     side: str,
-    real: torch.Tensor,
-    padded_values: torch.Tensor | None,
+    real: np.ndarray,
+    padded_values: np.ndarray | None,
     total: int | None,
     max_seqlen: object,
 ) -> list[int]:
-    """Checks the values of one side (q or k), given as CPU tensors; returns the real lengths."""
+    """Checks the values of one side (q or k), given as host arrays; returns the real lengths."""
     name, name_padded = f"cu_seqlens_{side}", f"cu_seqlens_{side}_padded"
-    real = _as_host_list(name, real)
-    lengths = real[1:] - real[:-1]
+    lengths = _steps(name, real)
     if padded_values is None:
         padded, layout = real, name
     else:
-        padded, layout = _as_host_list(name_padded, padded_values), name_padded
-        rooms = padded[1:] - padded[:-1]
-        too_long = (lengths > rooms).nonzero()
-        if too_long.numel():
-            i = int(too_long[0, 0])
+        padded, layout = padded_values, name_padded
+        rooms = _steps(name_padded, padded)
+        too_long = lengths > rooms
+        if too_long.any():
+            i = int(np.argmax(too_long))  # the first sequence too long for its slot
             length, room = int(lengths[i]), int(rooms[i])
             raise ValueError(
                 f"sequence {i} has {length} real tokens ({name}[{i + 1}] - {name}[{i}]) "
@@ -208,7 +225,7 @@ def _check_side(
         raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass int({name}.diff().max()).")
     longest = int(lengths.max())
     if max_seqlen < longest:
-        i = int((lengths == longest).nonzero()[0, 0])
+        i = int(np.argmax(lengths == longest))  # the first sequence of that length
         raise ValueError(
             f"{max_name} = {max_seqlen} is smaller than sequence {i}'s real length {longest}; "
             f"tokens past {max_name} would be silently dropped. Pass {max_name} >= {longest}."
@@ -254,7 +271,9 @@ def check_scale(scale: object, head_dim: int) -> float:
     if scale is None:
         return head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}.")
+        raise TypeError(
+            f"scale must be a Python float or None, got {type(scale).__name__}; pass float(scale), or None for 1/sqrt(head_dim)."
+        )
     if not (scale > 0 and scale != float("inf")):
         raise ValueError(f"scale = {scale} must be a finite positive number; pass None for 1/sqrt(head_dim).")
     return float(scale)
@@ -327,8 +346,8 @@ def check_window_size(window_size: object) -> tuple[int, int]:
         bound = int(bound)
         if bound < -1:
             raise ValueError(
-                f"window_size {side} bound = {bound} is invalid: it must be >= 0 (keys on that side of the "
-                "diagonal a query sees) or -1 (unbounded)."
+                f"window_size {side} bound = {bound} is invalid: pass -1 (unbounded) or the number of keys >= 0 a "
+                "query sees on that side of the diagonal, e.g. window_size=(4096, 0) for a causal sliding window."
             )
         bounds.append(bound)
     return bounds[0], bounds[1]

@@ -38,6 +38,7 @@ def oracle(
     cu_seqlens_k_padded=None,
     causal=False,
     scale=None,
+    window_size=(-1, -1),
     validate=False,
 ):
     """The oracle in q's dtype; validate=False: like most kernels, it trusts its metadata."""
@@ -53,6 +54,7 @@ def oracle(
         cu_seqlens_k_padded=cu_seqlens_k_padded,
         causal=causal,
         scale=scale,
+        window_size=window_size,
         validate=validate,
     ).to(q.dtype)
 
@@ -115,6 +117,11 @@ def gqa_interleaved(q, k, v, *args, **kw):
     return oracle(q, k.repeat(1, group, 1), v.repeat(1, group, 1), *args, **kw)
 
 
+def window_left_ignored(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), **kw):
+    """A sliding window that drops its left bound: a query sees every key up to its right bound."""
+    return oracle(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, window_size[1]), **kw)
+
+
 def nondeterministic(q, *args, **kw):
     out = oracle(q, *args, **kw)
     return out + 1e-6 * torch.rand(()) * out
@@ -127,6 +134,7 @@ PLANTED = [
     (top_left_causal, "causal-unequal", "error .* > bound"),
     (gqa_interleaved, "gqa", "H=4/2 .* error .* > bound"),
     (nondeterministic, "determinism", "values differ"),
+    (window_left_ignored, "sliding-window", r"window=\(2, 1\) .*error .* > bound"),
 ]
 
 
@@ -138,12 +146,27 @@ def test_each_check_catches_its_planted_bug(impl, check, evidence):
     assert result.evidence and __import__("re").search(evidence, result.evidence), result.evidence
 
 
+def test_a_failing_window_case_replays_with_its_window():
+    """The failing case carries its window (Case.window): a post-mortem notebook from the audit
+    replays it, and probing it alone shows the same failure."""
+    from workbench import pack, probe
+    from workbench.audit import layout_findings
+    from workbench.audit.notebook import reproductions
+
+    report = audit(window_left_ignored, "contract", budget=0, checks=["sliding-window"])
+    [(label, finding, case, _)] = reproductions(report)
+    assert (label, finding, case.window) == ("sliding-window", None, (2, 1))
+    impl = adapt(window_left_ignored, "contract")
+    record = probe(impl, pack(case, impl.device), poisoned=True)
+    assert [f.check for f in layout_findings(record)] == ["real-accuracy"]
+
+
 def test_the_oracle_passes_every_check():
     report = audit(reference_attention, budget=0)
     assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == ["input-validation"]
     assert report.passed and report.ran and report.validation == "validates"
     # head_dim 24 and float64 are legal for the oracle: accepted with the right answer, not n/a.
-    assert report.result("input-validation").evidence == "27/29 clear errors, 2 accepted correctly"
+    assert report.result("input-validation").evidence == "32/34 clear errors, 2 accepted correctly"
 
 
 # -- adapters -------------------------------------------------------------------------------
@@ -158,10 +181,9 @@ CALLS: list[dict] = []
 
 
 def varlen_attn_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
-    """torch 2.11's signature: causal is window_size=(-1, 0), scale keyword-only."""
+    """torch 2.11's signature: causal is window_size=(-1, 0) (there is no causal flag), scale keyword-only."""
     CALLS.append({"window_size": window_size, "scale": scale})
-    assert window_size in ((-1, -1), (-1, 0)), window_size
-    return oracle(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal=window_size == (-1, 0), scale=scale)
+    return oracle(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size=window_size, scale=scale)
 
 
 def flash_attn_varlen_func(
@@ -180,9 +202,14 @@ def flash_attn_varlen_func(
     deterministic=False,
     return_attn_probs=False,
 ):
-    """flash-attn 2's signature, computed by the oracle, trusting its metadata as FA does."""
+    """flash-attn 2's signature, computed by the oracle, trusting its metadata as FA does (a
+    negative window bound is unbounded, a non-int one truncated, as its C++ takes them)."""
     assert dropout_p == 0.0
-    out = oracle(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=softmax_scale)
+    left, right = window_size
+    window = (max(int(left), -1), max(int(right), -1))
+    out = oracle(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=softmax_scale, window_size=window
+    )
     return (out, None, None) if return_attn_probs else out
 
 
@@ -299,6 +326,12 @@ def test_torch_211_adapter_passes_causal_as_a_window_and_scale_by_keyword():
     positional, _ = split_call(base_args(padded=False, kv_heads=4))
     adapt(varlen_attn_211, _runnable_here("torch-varlen"))(*positional, scale=0.5)
     assert CALLS[-1] == {"window_size": (-1, -1), "scale": 0.5}
+    # A window goes as it is; with causal its right side is 0 (FlashAttention's rule), since
+    # varlen_attn 2.11 has no causal flag to combine it with.
+    CALLS.clear()
+    report = audit(varlen_attn_211, _runnable_here("torch-varlen"), budget=0, dtype="float16", checks=["sliding-window"])
+    assert report.verdicts() == {"sliding-window": "pass"}, report.table()
+    assert [c["window_size"] for c in CALLS] == [(2, 1), (0, 0), (-1, 1), (3, 0)]  # one call per case
 
 
 def test_flash_attn_adapter_on_a_fake_of_its_signature():
@@ -319,6 +352,7 @@ def test_te_adapter_maps_thd_keywords_and_bottom_right_causal():
     report = audit(te_dot_product_attention, budget=0)
     verdicts = report.verdicts()
     assert verdicts.pop("custom-scale") == "n/a" and "constructor" in report.result("custom-scale").evidence
+    assert verdicts.pop("sliding-window") == "n/a" and "window_size" in report.result("sliding-window").evidence
     assert set(verdicts.values()) == {"pass", "validates"}, report.table()
     rows = {r["id"]: r for r in report.result("input-validation").rows}
     assert rows["scale-nan"]["outcome"] == "n/a" and "constructor" in rows["scale-nan"]["evidence"]

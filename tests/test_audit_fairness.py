@@ -62,6 +62,8 @@ def returns_none(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 def test_a_correct_plain_pytorch_attention_passes_and_its_validation_is_its_own_grade():
     report = audit(plain_attention, "contract", budget=12)
     correctness = {r.name: r.verdict for r in report.results if r.name != "input-validation"}
+    # It takes no window_size: the window check is not applicable (windows are opt-in), not failed.
+    assert correctness.pop("sliding-window") is Verdict.NA and "takes no window_size" in report.result("sliding-window").evidence
     assert set(correctness.values()) == {Verdict.PASS}, report.table()
     assert report.passed, str(report)
     assert report.validation in ("no validation", "partly validates"), report.table()
@@ -80,7 +82,10 @@ def test_none_is_no_output_not_a_wrong_result_and_not_a_harness_crash():
     result = report.result("real-accuracy")
     assert result.verdict is Verdict.FAIL and result.evidence.startswith("no output: returns_none returned NoneType")
     assert "AttributeError" not in str(report)
-    assert {r["outcome"] for r in report.result("input-validation").rows} == {Outcome.NO_OUTPUT.value}
+    outcomes = {r["id"]: r["outcome"] for r in report.result("input-validation").rows}
+    # The window cases are n/a: returns_none takes no window_size.
+    assert {o for i, o in outcomes.items() if not i.startswith("window-")} == {Outcome.NO_OUTPUT.value}
+    assert {o for i, o in outcomes.items() if i.startswith("window-")} == {Outcome.NA.value}
     assert {f.check for f in report.fuzz.failures} == {"no-output"}
 
 
@@ -116,6 +121,7 @@ def test_skip_beside_checks(capsys):
         "custom-scale",
         "fully-masked-rows",
         "causal-unequal",
+        "sliding-window",
     ]
     assert "input-validation" not in report.verdicts()
     assert main(["audit", "workbench:reference_attention", "--budget", "0", "--skip", "nope"]) == 2

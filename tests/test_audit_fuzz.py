@@ -6,7 +6,7 @@ import random
 import time
 
 import pytest
-from test_audit import tail_unwritten, varlen_attn_210
+from test_audit import oracle, tail_unwritten, varlen_attn_210, window_left_ignored
 
 import kernels
 from workbench import Case, pack, probe
@@ -28,6 +28,12 @@ def test_layouts_are_seeded_and_stay_within_what_the_adapter_can_express():
     rng = random.Random(0)
     limited = [random_case(rng, torch_like, PROFILES["native"]) for _ in range(400)]
     assert not any(c.padded_q or c.padded_k or c.kv_heads for c in limited)  # no padded layout, no GQA before 2.12
+    # Windows only where the implementation takes window_size (torch 2.10's varlen_attn and a
+    # **kw pass-through do not): zero-width and one-sided ones among them.
+    assert not any(c.windowed for c in cases + limited)
+    windowed = [random_case(rng, adapt(oracle, "contract"), PROFILES["tiny"]) for _ in range(400)]
+    assert seen(lambda c: c.windowed) == 0 and 0.25 < sum(c.windowed for c in windowed) / 400 < 0.55
+    assert any(0 in c.window for c in windowed) and any(c.windowed and -1 in c.window for c in windowed)
     assert {c.dtype for c in limited} == {"bfloat16"} and max(c.total_rows("q") for c in limited) > 1000
 
 
@@ -108,3 +114,23 @@ def test_workers_split_the_same_layouts_and_find_the_same_failures():
         fuzz(leaky, 8, seed=3).failing_layouts
         == fuzz(adapt("test_audit:tail_unwritten", "contract"), 8, seed=3, workers=2).failing_layouts
     )
+
+
+def test_a_window_bug_is_shrunk_and_reproduced_in_plain_torch(capsys):
+    """A window that drops its left bound: the fuzzer finds it, shrinks it to a small windowed
+    layout, and the plain-torch snippet shows damaged REAL rows for it and none for the oracle."""
+    from workbench.audit.snippets import torch_snippet
+
+    result = fuzz(adapt("test_audit:window_left_ignored", "contract"), 20, seed=1)
+    failure = next(f for f in result.failures if f.check == "real-accuracy")
+    case = failure.case
+    assert case.windowed and case.window[0] >= 0 and case.total_rows("q") + case.total_rows("k") <= 12, case
+    assert "window=" in failure.replay and f"window = {case.window}" in failure.snippet
+    exec(compile(failure.snippet, "<snippet>", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "out: damaged REAL rows []" not in printed and "out: damaged REAL rows [" in printed, printed
+    finding = run_layout(adapt(window_left_ignored, "contract"), case)[0]
+    right = torch_snippet(adapt("test_audit:oracle", "contract"), case, finding)
+    exec(compile(right, "<snippet>", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.count("damaged REAL rows [], padding rows not 0 []") == 4, printed

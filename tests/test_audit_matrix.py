@@ -12,6 +12,7 @@ from workbench.audit.matrix import (
     COLUMNS,
     POSTMORTEMS,
     cell,
+    columns,
     fails,
     grid,
     heatmap,
@@ -53,9 +54,14 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
     assert [r["row"] for r in records] == ["sdpa-math", "sdpa-flash", "dmattn-flex"]
     g = grid(records)
     assert g["sdpa-math"]["padding-leak"] == "FAIL" and g["sdpa-math"]["real-accuracy"] == "pass"
-    assert set(g["sdpa-flash"].values()) == {"n/a", "not run"}  # determinism skipped here
+    assert set(g["sdpa-flash"].values()) == {"n/a"}  # it cannot run here: every check says why
     assert set(g["dmattn-flex"].values()) == {"not run"} and "transformers" in cell(records[2], "gqa")[1]
-    assert g["sdpa-math"]["input-validation"] == "n/a" and g["sdpa-math"]["determinism"] == "not run"
+    assert g["sdpa-math"]["input-validation"] == "n/a" and g["sdpa-math"]["sliding-window"] == "pass"
+    # A check no recorded run ran (determinism, skipped here) has no column; one that some run
+    # ran is "not run" where a record lacks it.
+    assert "determinism" not in g["sdpa-math"] and columns(records) == [c for c in COLUMNS if c != "determinism"]
+    partial = [records[0], {**records[1], "checks": [c for c in records[1]["checks"] if c["name"] != "gqa"]}]
+    assert grid(partial)["sdpa-flash"]["gqa"] == "not run" and "not in the recorded run" in cell(partial[1], "gqa")[1]
     assert implementation(records[0]).startswith("sdpa-math (torch ")
     assert ("sdpa-math", "padding-leak") in {(row, check) for row, check, _ in fails(records)}
 
@@ -63,14 +69,14 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
 def test_html_picture_and_text_show_every_cell(records_dir):
     records = load_matrix(records_dir)
     page = matrix_html(records)
-    assert page.count("<details>") == len(records) * len(COLUMNS) and "(nan padding)" in page
+    assert page.count("<details>") == len(records) * len(columns(records)) and "(nan padding)" in page
     text = text_grid(records).splitlines()
     row = next(line.split() for line in text if line.startswith("sdpa-math"))
-    assert row[:4] == ["sdpa-math", "pass", "n/a", "n/a"] and len(row) == len(COLUMNS) + 1
+    assert row[:4] == ["sdpa-math", "pass", "n/a", "n/a"] and len(row) == len(columns(records)) + 1
     assert max(map(len, text)) <= 110, "the grid fits a page's output box without wrapping"
-    assert all(name in " ".join(text) for name in COLUMNS), "the key names every column"
+    assert all(name in " ".join(text) for name in columns(records)), "the key names every column"
     fig = heatmap(records)
-    assert len(fig.axes[0].texts) == len(records) * len(COLUMNS)
+    assert len(fig.axes[0].texts) == len(records) * len(columns(records))
     assert dict((row, adapter) for row, adapter, _ in wrappers(records))["sdpa-math"] == "sdpa-math"
     assert "sdpa_kernel(MATH)" in wrappers(records)[0][2]
 

@@ -87,3 +87,23 @@ def test_the_plain_torch_snippet_of_a_padded_batch_path_runs():
     exec(compile(snippet, "<snippet>", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
     # The NaN in the padded key slot of sequence 1 (length 2 in a batch padded to 3) damages its rows 3, 4.
     assert printed == [f"{n}: damaged REAL rows [3, 4], padding rows not 0 []" for n in ("out", "dq", "dk", "dv")], printed
+
+
+def test_mask_adapters_carry_the_window_and_the_others_say_they_take_none():
+    """SDPA with a mask expresses any window (bshd_mask is the oracle's rule per sequence, padded
+    positions masked); paths whose call has no window_size are n/a for windows, with the reason."""
+    from workbench.audit.adapters import bshd_mask
+    from workbench.reference import visible_keys
+
+    report = audit(SDPA, "sdpa-math", device="cpu", budget=0, checks=["sliding-window"])
+    assert report.verdicts() == {"sliding-window": "pass"}, report.table()
+    mask = bshd_mask([5, 2], [3, 6], 5, 6, False, "cpu", (0, 1))
+    for b, (lq, lk) in enumerate(((5, 3), (2, 6))):
+        assert torch.equal(mask[b, :lq, :lk], visible_keys(lq, lk, (0, 1)))
+        assert not mask[b, lq:].any() and not mask[b, :, lk:].any()
+    assert torch.equal(bshd_mask([4], [4], 4, 4, True, "cpu", (1, 3))[0], visible_keys(4, 4, (1, 0)))  # causal: right = 0
+    for adapter in ("sdpa-nested", "flex-document", "fsa-varlen"):
+        target = "workbench.audit.paths:fsa_dense_varlen" if adapter == "fsa-varlen" else SDPA
+        if adapter == "flex-document":
+            target = "torch.nn.attention.flex_attention:flex_attention"
+        assert "takes no window_size" in adapt(target, adapter, device="cpu").lacks["window"]

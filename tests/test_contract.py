@@ -7,16 +7,22 @@ index/value, and the fix).
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from kernels.contract import check_scale, check_varlen_inputs
+from kernels.contract import check_scale, check_varlen_inputs, check_window_size
 from workbench import Case, Region, check_cu_seqlens, pack, region_labels
 from workbench.malformed import CATALOGUE, I32, base_args, split_call
 
 
 def call(**changes):
     positional, keywords = split_call({**base_args(), **changes})
+    if "window_size" in keywords:  # the window's own check (varlen_attention runs it before the others)
+        check_window_size(keywords.pop("window_size"))
     return check_varlen_inputs(
         *positional, **keywords, dtypes=(torch.float32, torch.float16, torch.bfloat16), head_dims=(16, 32, 64, 128)
     )
@@ -79,3 +85,73 @@ def test_packed_batches_always_pass_validation():
     check_varlen_inputs(
         *batch.args(), cu_seqlens_q_padded=batch.cu_seqlens_q_padded, cu_seqlens_k_padded=batch.cu_seqlens_k_padded
     )
+
+
+# -- validate=True reads the metadata on the host once ----------------------------------------
+
+
+class OnDevice(torch.Tensor):
+    """Metadata standing for tensors in device memory: every read of their values on the host
+    (item, tolist, numpy, bool/int/float of an element, a copy to the CPU) would be a device->host
+    copy and a sync there, and is recorded; `.cpu()` hands back a plain host tensor, whose reads
+    cost nothing more. Every other op keeps the result "on the device"."""
+
+    reads: list[str] = []
+    HOST_READS = {
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+        torch.Tensor.numpy,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__index__,
+        torch.Tensor.__float__,
+        torch.Tensor.cpu,
+    }
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_cpu = func is torch.Tensor.to and any(
+            (isinstance(a, str) and a.startswith("cpu")) or (isinstance(a, torch.device) and a.type == "cpu")
+            for a in (*args[1:], kwargs.get("device"))
+        )
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            if func in cls.HOST_READS or to_cpu:
+                cls.reads.append(getattr(func, "__name__", str(func)))
+                return out.as_subclass(torch.Tensor) if isinstance(out, torch.Tensor) else out  # now on the host
+        return torch._tensor._convert(out, cls)
+
+
+def on_device(args: dict) -> dict:
+    return {n: t.as_subclass(OnDevice) if n.startswith("cu_seqlens") and t is not None else t for n, t in args.items()}
+
+
+def test_validation_reads_the_metadata_in_one_host_copy():
+    """check_varlen_inputs (what validate=True runs) reads all four boundary vectors in one copy,
+    and varlen_attention up to its launch does too: once per new metadata, never with
+    validate=False. (On CUDA each read is a sync: issue 17 measured validate=True at +15-47%.)"""
+    import kernels.varlen.op as op
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+    from contract_errors import checks_only
+
+    OnDevice.reads.clear()
+    call(**on_device(base_args()))
+    assert OnDevice.reads == ["cpu"]
+    for changes in ({"cu_seqlens_q_padded": None, "cu_seqlens_k_padded": None}, {"cu_seqlens_k": _i32([0, 3, 5, 10])}):
+        OnDevice.reads.clear()
+        with pytest.raises(ValueError) if changes.get("cu_seqlens_k") is not None else contextlib.nullcontext():
+            call(**on_device({**base_args(), **changes}))
+        assert OnDevice.reads == ["cpu"]  # unpadded, and a malformed layout found: still one read
+    metadata = on_device(base_args())
+    positional, keywords = split_call(metadata)
+    for validate, reads in ((True, ["cpu"]), (True, []), (False, [])):  # the second: remembered, not read again
+        OnDevice.reads.clear()
+        with checks_only(), pytest.raises(Exception, match="^$"):  # contract_errors.Launched: the checks passed
+            op.varlen_attention(*positional, **keywords, validate=validate)
+        assert OnDevice.reads == reads, (validate, OnDevice.reads)
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=I32)

@@ -8,7 +8,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from kernels import varlen_attention
@@ -20,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "contract.md"
 sys.path.insert(0, str(ROOT / "docs"))
 import contract_errors  # noqa: E402
+import contract_pictures  # noqa: E402
 
 
 def doc() -> str:
@@ -66,14 +66,27 @@ def test_layout_diagram_is_region_labels():
     assert call["q"].shape[0] == ROWS and call["cu_seqlens_q_padded"].tolist() == PADDED
 
 
-@pytest.mark.parametrize(("len_q", "len_k"), [(3, 5), (5, 3)])
-def test_causal_pictures_are_the_oracles_mask(len_q, len_k):
-    rows = [line.split()[2:] for line in block_after(f"causal len_q={len_q} len_k={len_k}").splitlines() if "query" in line]
-    drawn = torch.tensor([[c == "x" for c in row] for row in rows])
-    batch = pack(Case(seqlens_q=(len_q,), seqlens_k=(len_k,), causal=True, heads=1, head_dim=16), "cpu")
-    assert torch.equal(drawn, attention_mask(batch))
-    i, j = torch.arange(len_q)[:, None], torch.arange(len_k)[None, :]
-    assert torch.equal(drawn, j <= i + len_k - len_q)  # the rule the doc states
+def test_mask_pictures_are_the_oracles_mask():
+    """Every picture is what docs/contract_pictures.py draws from the oracle, and the rule the doc
+    states (bottom-right: causal j <= i + off, window i + off - left <= j <= i + off + right,
+    off = len_k - len_q, causal bounding the right at 0) gives the same picture."""
+    text = doc()
+    assert contract_pictures.update(text) == text, "docs/contract.md's pictures are stale: run python docs/contract_pictures.py"
+    drawn_kinds = set()
+    for marker in contract_pictures.MARKER.finditer(text):
+        len_q, len_k, causal, (left, right) = contract_pictures.parse(marker)
+        block = text[marker.end() :].split("```")[1]
+        rows = [line.split()[2:] for line in block.splitlines() if "query" in line]
+        drawn = torch.tensor([[c == "x" for c in row] for row in rows])
+        i, j = torch.arange(len_q)[:, None] + (len_k - len_q), torch.arange(len_k)[None, :]
+        right = 0 if causal else right
+        rule = torch.ones(len_q, len_k, dtype=torch.bool)
+        rule &= j <= i + right if right >= 0 else rule
+        rule &= j >= i - left if left >= 0 else rule
+        assert torch.equal(drawn, rule), marker.group(0)
+        drawn_kinds.add((causal, (left, right) == (0, 0), len_q > len_k, len_q < len_k))
+    # causal both ways round, a zero-width window with len_q > len_k, an asymmetric one with len_q < len_k
+    assert {(True, False, False, True), (True, False, True, False), (False, True, True, False)} <= drawn_kinds
 
 
 def test_what_each_row_holds():
@@ -118,6 +131,50 @@ def test_what_each_row_holds():
     row, start_k = int(batch.cu_seqlens_q_padded[0]), int(batch.cu_seqlens_k_padded[0])
     scores = scale * q[row, 0].double() @ k[start_k : start_k + 1, 0].double().T  # query 0 sees key 0 only
     assert torch.allclose(lse[0, row].double(), torch.logsumexp(scores, 0), atol=1e-5)
+
+
+def test_what_each_row_holds_under_a_window():
+    """The Windows section, on the kernel: REAL query rows whose window holds no key (len_q > len_k
+    under a zero-width window, an empty key side) give out 0, lse -inf, dq 0; keys no window
+    reaches give dk = dv = 0; GAP and TAIL rows stay exactly 0; NaN padding and poisoned memory."""
+    case = Case(
+        seqlens_q=(5, 4, 2),
+        seqlens_k=(3, 6, 0),
+        padded_q=(6, 4, 3),
+        padded_k=(4, 7, 1),
+        tail_q=2,
+        tail_k=1,
+        heads=2,
+        head_dim=16,
+        fill=Fill.NAN,
+        window=(0, 0),
+    )
+    batch = pack(case)
+    with poisoned_memory(cuda_prefill_mb=64):
+        out, lse = batch.call(varlen_attention, return_lse=True)
+        (out.sum() + lse[lse.isfinite()].sum()).backward()
+    out, lse = out.detach().cpu(), lse.detach().cpu()
+    dq, dk, dv = (t.grad.cpu() for t in (batch.q, batch.k, batch.v))
+    regions_q, regions_k = batch.regions("q"), batch.regions("k")
+    mask = attention_mask(batch)
+    assert torch.equal(mask[:5, :3], contract_pictures.mask(5, 3, window=(0, 0)))  # the doc's third window picture
+    sees = mask.any(dim=1)
+    blind_q = (regions_q == Region.REAL) & ~sees
+    # sequence 0: queries 0, 1 (diagonal j = i - 2); sequence 1: none (j = i + 2); sequence 2: both (no key)
+    assert blind_q.nonzero().flatten().tolist() == [0, 1, 10, 11]
+    padding_q, real_q = regions_q != Region.REAL, (regions_q == Region.REAL) & sees
+    for t in (out, dq):
+        assert bool((t[blind_q | padding_q] == 0).all()) and bool(t[real_q].isfinite().all())
+    assert bool(torch.isneginf(lse[:, blind_q | padding_q]).all()) and bool(lse[:, real_q].isfinite().all())
+    seen_k = mask.any(dim=0)
+    unseen_k = (regions_k == Region.REAL) & ~seen_k
+    assert unseen_k.nonzero().flatten().tolist() == [4, 5]  # sequence 1's keys 0, 1: no diagonal reaches them
+    for grad in (dk, dv):
+        zero = (regions_k != Region.REAL) | unseen_k
+        assert bool((grad[zero] == 0).all()) and bool(grad[~zero].isfinite().all())
+    # out of a row with one visible key is that key's value (softmax over one score is 1)
+    v = batch.v.detach().cpu()
+    assert torch.allclose(out[2], v[0], atol=1e-6)  # sequence 0's query 2 sees key 0
 
 
 def test_code_references_point_to_the_document():

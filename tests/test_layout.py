@@ -137,3 +137,19 @@ def test_layout_conversions_reject_bad_input():
         bshd_to_thd(torch.zeros(1, 3, 1, 2), torch.ones(1, 3))
     with pytest.raises(ValueError, match="max_seqlen = 2 is smaller than the longest sequence"):
         thd_to_bshd(torch.zeros(5, 1, 2), cu, max_seqlen=2)
+
+
+def test_a_window_is_part_of_the_case_and_reaches_the_call_only_when_set():
+    """Case.window (FlashAttention's window_size): a JSON list rebuilds the same Case; a windowless
+    case's dict and keyword arguments are what they were before windows (records, functions
+    without window_size); a malformed window is refused naming Case.window and the fix."""
+    windowed = Case((5, 3), seqlens_k=(4, 6), window=[2, 0], heads=1, head_dim=8)
+    assert windowed.window == (2, 0) and windowed == Case(**windowed.to_dict())
+    assert windowed.to_dict()["window"] == (2, 0) and "window=(2, 0)" in windowed.label()
+    assert pack(windowed, "cpu").kwargs()["window_size"] == (2, 0)
+    plain = windowed.with_(window=(-1, -1))
+    assert "window" not in plain.to_dict() and "window_size" not in pack(plain, "cpu").kwargs() and "window" not in plain.label()
+    with pytest.raises(ValueError, match=r"Case.window = \(-2, 0\): window_size left bound = -2 is invalid: pass -1"):
+        Case((3,), window=(-2, 0))
+    with pytest.raises(TypeError, match=r"Case.window = 4: window_size must be a \(left, right\) pair"):
+        Case((3,), window=4)

@@ -16,8 +16,10 @@ from workbench import Case, Fill, Region, pack, reference_attention
 from workbench.strategies import LayoutSpace
 
 
-def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
-    """Independent formulation: SDPA in float64 on each sequence, explicit bottom-right mask."""
+def sdpa_per_sequence(batch, causal: bool, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
+    """Independent formulation: SDPA in float64 on each sequence, explicit bottom-right mask
+    (the window's bounded sides as tril/triu diagonals; causal bounds the right at 0)."""
+    left, right = window[0], 0 if causal else window[1]
     case = batch.case
     q, k, v = (t.detach().double() for t in (batch.q, batch.k, batch.v))
     out = torch.zeros_like(q)
@@ -32,8 +34,10 @@ def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
         ki = k[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(group, 0)
         vi = v[pk[i] : pk[i] + lk].transpose(0, 1).repeat_interleave(group, 0)
         mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-        if causal:
-            mask = mask.tril(diagonal=lk - lq)
+        if right >= 0:
+            mask = mask.tril(diagonal=lk - lq + right)
+        if left >= 0:
+            mask = mask.triu(diagonal=lk - lq - left)
         if lk == 0:
             continue  # no key at all: the contract's output is 0
         oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
@@ -42,7 +46,7 @@ def sdpa_per_sequence(batch, causal: bool) -> torch.Tensor:
     return out
 
 
-# Cross-attention lengths, GAP rows, TAIL rows, GQA groups of 1-3, causal, non-finite fills.
+# Cross-attention lengths, GAP rows, TAIL rows, GQA groups of 1-3, causal, windows, non-finite fills.
 layouts = LayoutSpace(
     max_batch=3,
     longest=12,
@@ -59,7 +63,7 @@ def test_oracle_matches_sdpa_per_sequence(case):
     batch = pack(case, device="cpu", requires_grad=False)
     out = reference_attention(*batch.args(), **batch.kwargs())
     assert out.dtype == torch.float64
-    torch.testing.assert_close(out, sdpa_per_sequence(batch, case.causal), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out, sdpa_per_sequence(batch, case.causal, case.window), rtol=1e-10, atol=1e-12)
 
 
 def test_oracle_custom_scale_matches_sdpa():

@@ -25,6 +25,9 @@ FEATURES = {
     "GQA": lambda c: c.kv_heads is not None and c.kv_heads < c.heads,
     "len_q != len_k": lambda c: c.seqlens_k is not None and c.seqlens_k != c.seqlens_q,
     "causal": lambda c: c.causal,
+    "window": lambda c: c.windowed,
+    "zero-width window side": lambda c: 0 in c.window,
+    "one-sided window": lambda c: c.windowed and -1 in c.window,
     "bfloat16": lambda c: c.dtype == "bfloat16",
     **{f"fill {f.value}": (lambda c, f=f: c.fill is f) for f in Fill},
 }
@@ -104,6 +107,7 @@ def test_without_leaves_a_feature_out_of_both_sources(feature):
         "gqa": lambda c: c.kv_heads is not None,
         "causal": lambda c: c.causal,
         "unequal": lambda c: c.seqlens_k is not None,
+        "window": lambda c: c.windowed,
     }[feature]
     rng = random.Random(2)
     assert not any(shows(space.sample(rng)) for _ in range(300))

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kernels._compat import default_device
+from kernels.contract import check_window_size
 
 
 class Region(enum.IntEnum):
@@ -78,6 +79,8 @@ class Case:
     `align` (each sequence rounded up to a multiple, as FP8 alignment padding does);
     with neither, sequences are packed back to back. `tail_q`/`tail_k` add TAIL rows after
     the last padded end. `seqlens_k=None` means self-attention lengths (= seqlens_q).
+    `window` is FlashAttention's `window_size=(left, right)`, -1 = unbounded (`(-1, -1)`: no
+    window); `causal=True` bounds its right side at 0, as in `kernels.varlen_attention`.
     """
 
     seqlens_q: tuple[int, ...]
@@ -94,9 +97,14 @@ class Case:
     causal: bool = False
     seed: int = 0
     fill: Fill = Fill.NAN
+    window: tuple[int, int] = (-1, -1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seqlens_q", tuple(int(n) for n in self.seqlens_q))
+        try:  # a JSON list from a record becomes the tuple again
+            object.__setattr__(self, "window", check_window_size(self.window))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"Case.window = {self.window!r}: {exc}") from None
         for name in ("seqlens_k", "padded_q", "padded_k"):
             value = getattr(self, name)
             if value is not None:
@@ -169,6 +177,11 @@ class Case:
     def total_rows(self, side: str) -> int:
         return sum(self.padded_lengths(side)) + (self.tail_q if side == "q" else self.tail_k)
 
+    @property
+    def windowed(self) -> bool:
+        """The case has a window: its calls pass `window_size`."""
+        return self.window != (-1, -1)
+
     def with_(self, **changes: Any) -> Case:
         """A copy with some fields changed (sweeps build grids this way)."""
         return replace(self, **changes)
@@ -177,6 +190,8 @@ class Case:
         """JSON-ready description (records, sweeps, recorded GPU runs)."""
         d = asdict(self)
         d["fill"] = self.fill.value
+        if not self.windowed:  # a windowless case's dict is the one records made before windows hold
+            del d["window"]
         return d
 
     def label(self) -> str:
@@ -193,6 +208,8 @@ class Case:
         parts.append(self.dtype)
         if self.causal:
             parts.append("causal")
+        if self.windowed:
+            parts.append(f"window={self.window}")
         return " ".join(parts)
 
 
@@ -250,12 +267,16 @@ class PackedBatch:
         return (self.q, self.k, self.v, self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k)
 
     def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments: the padded layout and the case's causality."""
-        return {
+        """Keyword arguments: the padded layout, the case's causality and, only when it has one,
+        its window (so functions without `window_size` still take a windowless batch)."""
+        kwargs: dict[str, Any] = {
             "cu_seqlens_q_padded": self.cu_seqlens_q_padded,
             "cu_seqlens_k_padded": self.cu_seqlens_k_padded,
             "causal": self.case.causal,
         }
+        if self.case.windowed:
+            kwargs["window_size"] = self.case.window
+        return kwargs
 
     def call(self, impl, **overrides: Any):
         """`impl(*args, **kwargs)` with this batch; `overrides` replace or add keywords."""

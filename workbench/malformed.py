@@ -75,7 +75,7 @@ class Malformed:
 
     `arguments`: the error must name one of them (in the contract's names). `requires`:
     features of the call the implementation must be able to express ("padded": a padded
-    layout; "scale": a custom softmax scale). `outside`: (what, value) for inputs that are
+    layout; "scale": a custom softmax scale; "window": a `window_size`). `outside`: (what, value) for inputs that are
     malformed only because our kernel does not support them (head_dim 24, float64): other
     implementations may legitimately accept them.
 
@@ -140,7 +140,7 @@ def _kv(base: dict, **kw) -> dict:
     return dict(k=_like(base, "k", **kw), v=_like(base, "v", **kw))
 
 
-PADDED_LAYOUT, SCALE = frozenset({"padded"}), frozenset({"scale"})
+PADDED_LAYOUT, SCALE, WINDOW = frozenset({"padded"}), frozenset({"scale"}), frozenset({"window"})
 
 
 def SAME(base: dict) -> dict:
@@ -357,5 +357,46 @@ CATALOGUE: tuple[Malformed, ...] = (
         r"scale must be a Python float or None",
         SCALE,
         stands_for=lambda b: dict(scale=0.5),
+    ),
+    # window_size (kernels.contract.check_window_size): the right kind of thing is a pair of ints >= -1.
+    Malformed(
+        "window-not-pair",
+        ("window_size",),
+        lambda b: dict(window_size=4),
+        TypeError,
+        r"window_size must be a \(left, right\) pair of ints, got int 4.*window_size=\(4096, 0\)",
+        WINDOW,
+    ),
+    Malformed(
+        "window-three-entries",
+        ("window_size",),
+        lambda b: dict(window_size=(4, 0, 1)),
+        ValueError,
+        r"window_size must have 2 entries \(left, right\), got 3",
+        WINDOW,
+    ),
+    Malformed(
+        "window-below-minus-one",
+        ("window_size",),
+        lambda b: dict(window_size=(-2, 0)),
+        ValueError,
+        r"window_size left bound = -2 is invalid.*-1 \(unbounded\)",
+        WINDOW,
+    ),
+    Malformed(
+        "window-bound-float",
+        ("window_size",),
+        lambda b: dict(window_size=(0, 1.5)),
+        TypeError,
+        r"window_size right bound must be an int, got float 1\.5",
+        WINDOW,
+    ),
+    Malformed(
+        "window-bound-bool",
+        ("window_size",),
+        lambda b: dict(window_size=(True, 0)),
+        TypeError,
+        r"window_size left bound must be an int, got bool",
+        WINDOW,
     ),
 )

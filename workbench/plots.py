@@ -421,6 +421,7 @@ def attention_mask(batch: PackedBatch) -> torch.Tensor:
         cu_seqlens_q_padded=pad_q,
         cu_seqlens_k_padded=pad_k,
         causal=batch.case.causal,
+        window_size=batch.case.window,
     )
     mask = torch.zeros(total_q, total_k, dtype=torch.bool)
     starts_q, lengths_q = pad_q.tolist(), cu_q.diff().tolist()
@@ -485,7 +486,8 @@ def plot_layout(batch: PackedBatch | Case, *, title: str | None = None) -> Figur
             axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
         grid.set_xlabel("key row")
         grid.set_ylabel("query row")
-        grid.set_title("visible (query, key) pairs" + (" — causal, bottom-right aligned" if batch.case.causal else ""))
+        masking = [*(["causal"] if batch.case.causal else []), *([f"window {batch.case.window}"] if batch.case.windowed else [])]
+        grid.set_title("visible (query, key) pairs" + (f" — {', '.join(masking)}, bottom-right aligned" if masking else ""))
         fig.legend(handles=[Patch(color="#1f3b63", label="visible")] + _region_legend()[1:], loc="outside lower center", ncols=3)
         fig.suptitle(title or batch.case.label(), x=0.01, ha="left", fontsize=10)
     return fig

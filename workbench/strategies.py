@@ -16,7 +16,8 @@ function builds a layout from a source of choices; there are two sources:
 Every layout is valid by construction, and every shrink keeps it so: a padded length is drawn
 as real length + *extra* rows, never on its own; GQA's kv_heads is a divisor of the heads
 drawn. Each choice shrinks towards the simpler layout: fewer and shorter sequences, no padding,
-no TAIL, fewer heads, the first head dim / dtype / fill listed, not causal.
+no TAIL, fewer heads, the first head dim / dtype / fill listed, not causal, no window (a
+window's bounded side shrinks to 0 keys, then to unbounded).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ T = TypeVar("T")
 # The features a layout can have beyond plain back-to-back sequences; the names are the audit
 # adapters' (workbench.audit.adapters.FEATURES), so `without=impl.lacks` leaves out what an
 # implementation cannot express (names that are not layout features, e.g. "scale", are ignored).
-LAYOUT_FEATURES = ("padded", "tail", "gqa", "causal", "unequal")
+LAYOUT_FEATURES = ("padded", "tail", "gqa", "causal", "unequal", "window")
 
 
 class _Choices(Protocol):
@@ -110,7 +111,9 @@ class LayoutSpace:
     tail: TAIL rows of q and of k, at most. heads: query head counts; with GQA kv_heads is a
     proper divisor of the count drawn. head_dims, dtypes, fills: drawn from these (the first
     listed is the one shrinking goes to). aligns: also pad by rounding lengths up (Case.align).
-    without: features left out, names from LAYOUT_FEATURES (e.g. an audit adapter's `lacks`).
+    without: features left out, names from LAYOUT_FEATURES (e.g. an audit adapter's `lacks`);
+    "window" is FlashAttention's window_size (`Case.window`), each side unbounded or 0..longest
+    keys, small bounds (0, 1: zero-width and one-key windows) drawn as often as the range.
     nonempty: at least one row of q and one of k (what a probe needs).
     """
 
@@ -188,16 +191,21 @@ class LayoutSpace:
         divisors = [d for d in range(1, heads) if heads % d == 0]
         if self.has("gqa") and divisors and choose.boolean():
             fields["kv_heads"] = choose.choice(divisors)
+        head_dim, dtype = choose.choice(self.head_dims), choose.choice(self.dtypes)
+        causal = self.has("causal") and choose.boolean()
+        seed, fill = choose.integer(0, 2**16 - 1), choose.choice(self.fills)
+        # Drawn last: a space without windows draws the layouts it drew before windows existed.
+        if self.has("window") and choose.boolean(0.4):
+            fields["window"] = (self._window_side(choose), self._window_side(choose))
         return Case(
-            tuple(s[0] for s in seqs),
-            **fields,
-            heads=heads,
-            head_dim=choose.choice(self.head_dims),
-            dtype=choose.choice(self.dtypes),
-            causal=self.has("causal") and choose.boolean(),
-            seed=choose.integer(0, 2**16 - 1),
-            fill=choose.choice(self.fills),
+            tuple(s[0] for s in seqs), **fields, heads=heads, head_dim=head_dim, dtype=dtype, causal=causal, seed=seed, fill=fill
         )
+
+    def _window_side(self, choose: _Choices) -> int:
+        """One side of a window: -1 (unbounded) or a key count, 0 and 1 as often as the rest."""
+        if not choose.boolean(0.8):
+            return -1
+        return choose.choice((0, 1)) if choose.boolean(0.5) else choose.integer(0, self.longest)
 
     def _wanted(self, case: Case) -> bool:
         return not self.nonempty or (case.total_rows("q") > 0 and case.total_rows("k") > 0)

@@ -5,6 +5,9 @@ The audit drives every implementation through one call shape, `kernels.varlen_at
     impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
          cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None)
 
+plus `window_size=(left, right)` for a case with a window (`Case.window`), and only then: an
+adapter that takes it says so by not lacking "window".
+
 An adapter wraps a function of another shape into that one and says what the function cannot
 express (no padded layout, no GQA, CUDA only...): checks that need it are "not applicable",
 with the adapter's reason, instead of failing. Built in:
@@ -32,7 +35,8 @@ and what it lacks (a dict, or a function of (fn, device) returning one):
     # then: workbench audit mypkg.attn:my_attn --adapter my-attn
 
 Features an adapter can lack (`FEATURES`): padded, tail, gqa, causal, unequal, scale, metadata,
-and `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
+window, and `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU). "window"
+is opt-in: a contract-shaped callable without a `window_size` keyword lacks it automatically.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ FEATURES = {
     "unequal": "query and key sequences of different lengths",
     "scale": "a custom softmax scale",
     "metadata": "the function receives cu_seqlens/max_seqlen itself (the bad-input campaign feeds it malformed ones)",
+    "window": "a sliding or local window: window_size=(left, right), FlashAttention's semantics, bottom-right aligned",
 }
 CONTRACT_PARAMS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
@@ -257,7 +262,19 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
     params = _params(fn)
     aliases = {**dict(zip(("q", "k", "v"), params[:3])), **chosen.aliases}
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    return Adapted(fn, chosen, device, chosen.wrap(fn), name, target, chosen.lacks_for(fn, device), aliases)
+    impl = chosen.wrap(fn)
+    lacks = chosen.lacks_for(fn, device)
+    if "window" not in lacks and not _takes_keyword(impl, "window_size"):
+        # Windows are opt-in: an adapter (or a contract-shaped function) written without them is
+        # never handed one, so the window check is n/a for it and the fuzzer draws none.
+        lacks["window"] = f"{name} through adapter {chosen.name!r} takes no window_size keyword: no window can be passed"
+    return Adapted(fn, chosen, device, impl, name, target, lacks, aliases)
+
+
+def _takes_keyword(fn: Callable, keyword: str) -> bool:
+    """`fn` names `keyword` among its parameters (a **kwargs pass-through does not count: it may
+    hand the keyword to a function that has no such parameter)."""
+    return keyword in _params(fn)
 
 
 def check_signature(fn: Callable, adapter: Adapter) -> None:
@@ -333,6 +350,16 @@ def _contract_shaped(fn: Callable, names: set[str]) -> bool:
     return {"cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "causal"} <= names
 
 
+def _no_window(what: str) -> dict[str, str]:
+    return {"window": f"{what}: no window_size=(left, right) to pass a sliding window to"}
+
+
+def _refuse_window(name: str, window_size) -> None:
+    """For adapters whose function has no window: a windowed call cannot be expressed."""
+    if tuple(window_size) != (-1, -1):
+        raise AdapterRefused(f"{name} takes no window_size: window_size={tuple(window_size)} cannot be expressed.")
+
+
 @register_adapter(
     "ours",
     detect=_is_ours,
@@ -346,10 +373,12 @@ def _ours(fn: Callable) -> Callable:
 
 
 @register_adapter(
-    "contract", detect=_contract_shaped, calls=(7, ("cu_seqlens_q_padded", "cu_seqlens_k_padded", "causal", "scale"))
+    "contract",
+    detect=_contract_shaped,
+    calls=(7, ("cu_seqlens_q_padded", "cu_seqlens_k_padded", "causal", "scale")),
 )
 def _contract(fn: Callable) -> Callable:
-    """Any callable with the contract's signature (padded layout, causal, scale keywords)."""
+    """Any callable with the contract's signature (padded layout, causal, scale keywords; window_size if it has one)."""
     return fn
 
 
@@ -365,6 +394,8 @@ def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
         lacks["scale"] = "this varlen_attn (torch 2.10) takes no scale"
     if "is_causal" not in params and "window_size" not in params:
         lacks["causal"] = "this varlen_attn takes neither is_causal nor window_size"
+    if "window_size" not in params:
+        lacks.update(_no_window("this varlen_attn (torch 2.10) has is_causal only"))
     return lacks
 
 
@@ -377,7 +408,8 @@ def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     dtypes=("float16", "bfloat16"),
 )
 def _torch_varlen(fn: Callable) -> Callable:
-    """torch.nn.attention.varlen.varlen_attn: 2.10's is_causal, 2.11+'s window_size=(-1, 0)."""
+    """torch.nn.attention.varlen.varlen_attn: 2.10's is_causal, 2.11+'s window_size ((-1, 0) for causal; with a
+    window and causal, (left, 0): causal bounds the right side, as FlashAttention does)."""
     params = set(_params(fn))
 
     def call(
@@ -393,13 +425,16 @@ def _torch_varlen(fn: Callable) -> Callable:
         cu_seqlens_k_padded=None,
         causal=False,
         scale=None,
+        window_size=(-1, -1),
     ):
         _refuse_padded("varlen_attn", cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
         kwargs: dict[str, Any] = {}
+        left, right = window_size
         if "is_causal" in params:  # torch 2.10
+            _refuse_window("this varlen_attn (torch 2.10)", window_size)
             kwargs["is_causal"] = causal
-        elif causal:  # torch 2.11+: causal is a (-1, 0) window, bottom-right aligned like FlashAttention-2
-            kwargs["window_size"] = (-1, 0)
+        elif causal or (left, right) != (-1, -1):  # 2.11+: causal is a (-1, 0) window, bottom-right aligned like FA2
+            kwargs["window_size"] = (left, 0 if causal else right)
         if scale is not None:
             kwargs["scale"] = scale
         if _heads_differ(q, k) and "enable_gqa" in params:
@@ -409,16 +444,24 @@ def _torch_varlen(fn: Callable) -> Callable:
     return call
 
 
+def _flash_attn_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
+    lacks = {"padded": "flash_attn_varlen_func has no padded layout (no cu_seqlens_*_padded), so GAP rows cannot be expressed"}
+    if "window_size" not in _params(fn):
+        lacks.update(_no_window("this flash_attn_varlen_func (before 2.3)"))
+    return lacks
+
+
 @register_adapter(
     "flash-attn",
     calls=(7, ("dropout_p", "softmax_scale", "causal")),
-    lacks={"padded": "flash_attn_varlen_func has no padded layout (no cu_seqlens_*_padded), so GAP rows cannot be expressed"},
+    lacks=_flash_attn_lacks,
     detect=lambda fn, names: {"cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "softmax_scale", "dropout_p"} <= names,
     aliases={"scale": "softmax_scale"},
     dtypes=("float16", "bfloat16"),
 )
 def _flash_attn(fn: Callable) -> Callable:
-    """FlashAttention's flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)."""
+    """FlashAttention's flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...);
+    a window goes as its own window_size (causal=True bounds the right side at 0 there too)."""
 
     def call(
         q,
@@ -433,19 +476,34 @@ def _flash_attn(fn: Callable) -> Callable:
         cu_seqlens_k_padded=None,
         causal=False,
         scale=None,
+        window_size=(-1, -1),
     ):
         _refuse_padded("flash_attn_varlen_func", cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+        window = {"window_size": tuple(window_size)} if tuple(window_size) != (-1, -1) else {}
         return _first(
-            fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=scale, causal=causal)
+            fn(
+                q,
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                dropout_p=0.0,
+                softmax_scale=scale,
+                causal=causal,
+                **window,
+            )
         )
 
     return call
 
 
 def _te_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
+    lacks = _no_window("the te-thd adapter does not map windows onto TransformerEngine's window_size and mask types")
     if "softmax_scale" in _params(fn):
-        return {}
-    return {"scale": "TransformerEngine's DotProductAttention takes softmax_scale in its constructor, not per call"}
+        return lacks
+    return {**lacks, "scale": "TransformerEngine's DotProductAttention takes softmax_scale in its constructor, not per call"}
 
 
 @register_adapter(
@@ -517,20 +575,32 @@ def _te_thd(fn: Callable) -> Callable:
     return call
 
 
-def bshd_mask(lengths_q: list[int], lengths_k: list[int], seq_q: int, seq_k: int, causal: bool, device) -> torch.Tensor:
+def bshd_mask(
+    lengths_q: list[int],
+    lengths_k: list[int],
+    seq_q: int,
+    seq_k: int,
+    causal: bool,
+    device,
+    window: tuple[int, int] = (-1, -1),
+) -> torch.Tensor:
     """(B, S_q, S_k) bool, True where query i of sequence b may attend key j.
 
     Padded positions are masked on both sides, so a padded query row is fully masked, like a
-    real row with no visible key: the function can tell both from the mask alone. Causal is
-    bottom-right aligned.
+    real row with no visible key: the function can tell both from the mask alone. Causal and
+    the window (FlashAttention's (left, right), -1 unbounded; causal bounds the right at 0)
+    are bottom-right aligned.
     """
     lq = torch.tensor(lengths_q, device=device)[:, None, None]
     lk = torch.tensor(lengths_k, device=device)[:, None, None]
     rows = torch.arange(seq_q, device=device)[None, :, None]
     cols = torch.arange(seq_k, device=device)[None, None, :]
     mask = (rows < lq) & (cols < lk)
-    if causal:
-        mask = mask & (cols <= rows + lk - lq)
+    left, right = window[0], 0 if causal else window[1]
+    if right >= 0:
+        mask = mask & (cols <= rows + lk - lq + right)
+    if left >= 0:
+        mask = mask & (cols >= rows + lk - lq - left)
     return mask
 
 
@@ -546,7 +616,8 @@ def _bshd_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
 
 @register_adapter("bshd", lacks=_bshd_lacks, case_kwargs=lambda case: {"padding_fill": case.fill}, calls=(4, ()))
 def _bshd(fn: Callable) -> Callable:
-    """fn(q, k, v, mask) on padded (B, S, H, D) tensors; mask (B, S_q, S_k) bool, True = may attend.
+    """fn(q, k, v, mask) on padded (B, S, H, D) tensors; mask (B, S_q, S_k) bool, True = may attend
+    (a window is part of the mask).
 
     The padded positions of the (B, S) tensors hold the case's fill (`padding_fill`), so a
     function that lets masked positions reach real outputs (0 * NaN) is caught.
@@ -567,6 +638,7 @@ def _bshd(fn: Callable) -> Callable:
         causal=False,
         scale=None,
         padding_fill: Fill | str = Fill.ZEROS,
+        window_size=(-1, -1),
     ):
         generator = torch.Generator().manual_seed(0)
 
@@ -578,7 +650,9 @@ def _bshd(fn: Callable) -> Callable:
         q4, real_q = padded(q, cu_seqlens_q, cu_seqlens_q_padded, max_seqlen_q)
         k4, _ = padded(k, cu_seqlens_k, cu_seqlens_k_padded, max_seqlen_k)
         v4, _ = padded(v, cu_seqlens_k, cu_seqlens_k_padded, max_seqlen_k)
-        mask = bshd_mask(cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device)
+        mask = bshd_mask(
+            cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device, window_size
+        )
         kwargs = {}
         if scale is not None:
             if not takes_scale:

@@ -325,6 +325,59 @@ def _gqa(ctx: Context) -> CheckResult:
     return ctx.judge(cases, ("real-accuracy",), poisoned=False)
 
 
+@check(
+    "sliding-window",
+    "window_size=(left, right) (asymmetric, zero-width, one-sided, with causal, len_q != len_k): REAL rows match the "
+    "fp64 oracle with the same window (0 where it holds no key), GAP and TAIL rows exactly 0 (added: windows are the "
+    "mask torch varlen_attn 2.11+ and FlashAttention take beside causal, and no other check passes one)",
+    needs=("window",),
+)
+def _sliding_window(ctx: Context) -> CheckResult:
+    """Every row class under FlashAttention windows, bottom-right aligned, in poisoned memory.
+
+    Why it was added (issue 17): `kernels.varlen_attention` gained `window_size`, and torch's
+    varlen_attn (2.11+) and FlashAttention take one too, but every other check calls without a
+    window, so an implementation that dropped a window's left bound, aligned it top-left or let
+    a row whose window holds no key come back NaN passed the whole audit. The windows cover
+    one side bounded, both (asymmetric), zero width (a query sees only its diagonal key), and
+    a left bound under causal=True (which bounds the right at 0); the lengths put query rows
+    whose window holds no key of their sequence (len_q > len_k), and natively cross several
+    key blocks, so that skipping the blocks outside a window is exercised too.
+    """
+    unequal, causal = "unequal" not in ctx.impl.lacks, "causal" not in ctx.impl.lacks
+    q: tuple[int, ...]
+    k: tuple[int, ...]
+    padded_q: tuple[int, ...]
+    padded_k: tuple[int, ...]
+    if ctx.native:
+        q, k, shapes = (300, 129, 64, 1), (257, 200, 64, 3), ((37, 5), (0, 0), (-1, 64), (100, -1))
+        padded_q, padded_k = (320, 130, 64, 8), (260, 200, 80, 3)
+    else:  # the interpreter: one 64-row block per sequence, a handful of probes
+        q, k, shapes = (9, 5, 7), (6, 5, 11), ((2, 1), (0, 0), (-1, 1), (3, -1))
+        padded_q, padded_k = (11, 5, 8), (6, 8, 11)
+    cases = []
+    for i, window in enumerate(shapes):
+        cases.append(
+            ctx.case(
+                q,
+                seqlens_k=k if unequal else None,
+                padded_q=padded_q,
+                padded_k=padded_k if unequal else padded_q,
+                tail_q=2,
+                tail_k=3,
+                causal=causal and window[1] < 0 and window[0] >= 0,  # (left, -1) under causal: (left, 0)
+                window=window,
+                fill=Fill.GARBAGE if i == 0 else Fill.ZEROS,
+                seed=i,
+            )
+        )
+    result = ctx.judge(cases, ("real-accuracy", "gap-rows", "tail-rows"))
+    if result.verdict is Verdict.PASS:
+        shapes_run = ", ".join(f"{c.window}{' causal' if c.causal else ''}" for c in cases)
+        result.evidence = f"windows {shapes_run}: {result.evidence}"
+    return result
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal, NaN matching NaN."""
     return bool(((a == b) | (a.isnan() & b.isnan())).all())

@@ -1,10 +1,11 @@
 """The layout fuzzer: seeded random `Case`s, and the smallest failing one, shrunk greedily.
 
 Each layout (a `workbench.Case` from the shared `workbench.strategies.LayoutSpace`: lengths
-including 0 and 1, GAP rows, TAIL rows, GQA, causal, the padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
+including 0 and 1, GAP rows, TAIL rows, GQA, causal, a window where the implementation takes one, the
+padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
 `layout_findings` (REAL rows within the bound, GAP and TAIL rows exactly 0); an exception on a
 valid layout is a finding too. The first failure of each check is shrunk: drop sequences,
-shorten them, remove padding, heads, causality... keeping a change only if the case gets
+shorten them, remove padding, heads, causality, the window... keeping a change only if the case gets
 smaller and still fails the same check, then drops every sequence the failure does not need.
 The result is printed as a plain-torch snippet pasteable into an upstream issue
 (`workbench.audit.snippets`), with a workbench replay beside it.
@@ -141,6 +142,9 @@ def size(case: Case) -> tuple:
         case.seqlens_k is not None,
         case.padded_q is not None,
         case.causal,
+        case.windowed,
+        sum(side >= 0 for side in case.window),  # bounded sides
+        sum(max(side, 0) for side in case.window),
         _FILL_RANK[case.fill],
         case.dtype != "float32",
         case.seed,
@@ -200,6 +204,11 @@ def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
     dtypes, dims = _allowed(profile, impl)
     out += [{"head_dim": d} for d in dims if d < case.head_dim]
     out += [{"causal": False}, {"fill": Fill.ZEROS}, {"fill": Fill.NAN}, {"seed": 0}]
+    if case.windowed:  # no window, one side unbounded, a bounded side narrowed to 0 or halved
+        left, right = case.window
+        out += [{"window": (-1, -1)}, {"window": (-1, right)}, {"window": (left, -1)}]
+        out += [{"window": (w, right)} for w in {0, left // 2} if 0 <= w < left]
+        out += [{"window": (left, w)} for w in {0, right // 2} if 0 <= w < right]
     if "float32" in dtypes:
         out.append({"dtype": "float32"})
     variants = []

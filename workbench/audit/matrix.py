@@ -34,7 +34,17 @@ ROW_PACKAGE = {
     "fsa-sparse-varlen": "flash-sparse-attn",
 }
 CORRECTNESS = [name for name in CHECKS if name != "input-validation"]
-COLUMNS = [*CORRECTNESS, "fuzzer", "input-validation"]
+COLUMNS = [*CORRECTNESS, "fuzzer", "input-validation"]  # every column a matrix can have
+
+
+def columns(records: list[dict[str, Any]]) -> list[str]:
+    """The matrix's columns: the checks some recorded run ran (a check added after the records
+    were made, such as sliding-window, gets its column with the first recording that runs it),
+    then the fuzzer and input validation."""
+    recorded = {check["name"] for record in records if ran(record) for check in record["checks"]}
+    return [c for c in CORRECTNESS if c in recorded] + ["fuzzer", "input-validation"]
+
+
 GRADES = ("validates", "partly validates", "no validation")
 # Verdict -> (heat-map colour, order in the legend).
 COLOURS = {
@@ -292,7 +302,8 @@ def cell(record: dict[str, Any], column: str) -> tuple[str, str]:
 
 def grid(records: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     """{row: {column: verdict}}."""
-    return {r["row"]: {c: cell(r, c)[0] for c in COLUMNS} for r in records}
+    shown = columns(records)
+    return {r["row"]: {c: cell(r, c)[0] for c in shown} for r in records}
 
 
 def fails(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -321,11 +332,12 @@ def _details(summary: str, body: str) -> str:
 
 def matrix_html(records: list[dict[str, Any]]) -> str:
     """The grid as an HTML table: each cell its verdict, the evidence a click away."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["implementation", *COLUMNS])
+    shown = columns(records)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["implementation", *shown])
     body = []
     for record in records:
         cells = [f"<td><b>{html.escape(implementation(record))}</b></td>"]
-        for column in COLUMNS:
+        for column in shown:
             verdict, evidence = cell(record, column)
             inner = f"<p>{html.escape(evidence)}</p>"
             if column == "fuzzer" and ran(record) and record.get("fuzz"):
@@ -360,11 +372,12 @@ def text_grid(records: list[dict[str, Any]]) -> str:
 
     from workbench.tables import fixed_width
 
+    cols = columns(records)
     short = {"validates": "val", "partly validates": "part", "no validation": "none", "not run": "-"}
-    key = " | ".join(f"{i} {c}" for i, c in enumerate(COLUMNS, 1))
+    key = " | ".join(f"{i} {c}" for i, c in enumerate(cols, 1))
     table = fixed_width(
-        [("row", *map(str, range(1, len(COLUMNS) + 1)))]
-        + [(r["row"], *[short.get(v, v) for v in grid([r])[r["row"]].values()]) for r in records]
+        [("row", *map(str, range(1, len(cols) + 1)))]
+        + [(r["row"], *[short.get(v, v) for v in grid(records)[r["row"]].values()]) for r in records]
     )
     legend = "pass, FAIL, n/a; - not run; validation: val(idates), part(ly), none"
     return "\n".join([*textwrap.wrap("columns: " + key, 100, break_on_hyphens=False), legend, "", table])
@@ -379,20 +392,21 @@ def heatmap(records: list[dict[str, Any]]):
 
     g = grid(records)
     rows = [r["row"] for r in records]
-    image = [[to_rgb(COLOURS.get(g[row][c], "#ffffff")) for c in COLUMNS] for row in rows]
-    fig, axes = figure(1, 1, width=1.0 + 0.85 * len(COLUMNS), height=0.9 + 0.42 * len(rows))
+    shown = columns(records)
+    image = [[to_rgb(COLOURS.get(g[row][c], "#ffffff")) for c in shown] for row in rows]
+    fig, axes = figure(1, 1, width=1.0 + 0.85 * len(shown), height=0.9 + 0.42 * len(rows))
     ax = axes[0, 0]
     ax.grid(False)
     ax.imshow(image, aspect="auto")
     for i, row in enumerate(rows):
-        for j, column in enumerate(COLUMNS):
+        for j, column in enumerate(shown):
             text = {"partly validates": "partly", "no validation": "none", "validates": "valid"}.get(
                 g[row][column], g[row][column]
             )
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if g[row][column] == "FAIL" else "black")
-    ax.set_xticks(range(len(COLUMNS)), [c.replace("-", "\n", 1) for c in COLUMNS], fontsize=7)
+    ax.set_xticks(range(len(shown)), [c.replace("-", "\n", 1) for c in shown], fontsize=7)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
-    ax.set_xticks([x - 0.5 for x in range(1, len(COLUMNS))], minor=True)
+    ax.set_xticks([x - 0.5 for x in range(1, len(shown))], minor=True)
     ax.set_yticks([y - 0.5 for y in range(1, len(rows))], minor=True)
     ax.grid(which="minor", color="white", linewidth=1.5)
     ax.tick_params(which="minor", length=0)

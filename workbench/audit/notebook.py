@@ -35,6 +35,7 @@ _FINDING_OF = {
     "fully-masked-rows": "real-accuracy",
     "causal-unequal": "real-accuracy",
     "gqa": "real-accuracy",
+    "sliding-window": None,  # REAL rows, GAP or TAIL rows: the window is in the case (Case.window)
 }
 
 

@@ -220,6 +220,7 @@ def _make_sdpa(name: str, backend: str) -> None:
             causal=False,
             scale=None,
             padding_fill: Fill | str = Fill.ZEROS,
+            window_size=(-1, -1),
         ):
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -236,7 +237,13 @@ def _make_sdpa(name: str, backend: str) -> None:
                 padding_fill,
             )
             mask = bshd_mask(
-                cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device
+                cu_seqlens_q.diff().tolist(),
+                cu_seqlens_k.diff().tolist(),
+                q4.shape[1],
+                k4.shape[1],
+                causal,
+                q.device,
+                window_size,
             )
             kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
             try:
@@ -260,7 +267,7 @@ def _make_sdpa(name: str, backend: str) -> None:
     wrap.__doc__ = (
         f"scaled_dot_product_attention under sdpa_kernel({backend}) on a padded batch. Decisions: q, k, v padded "
         "to (B, S, H, D) with the case's padding fill, attn_mask (B, 1, S_q, S_k) bool True where a query may attend "
-        "(real keys of its own sequence; causal bottom-right), padded query rows fully masked; the output's real rows "
+        "(real keys of its own sequence; causal and the window bottom-right), padded query rows fully masked; the output's real rows "
         "are scattered back to THD (padding rows 0); enable_gqa when H_kv < H; a 'No available kernel' refusal is "
         "'not applicable', not a failure."
     )
@@ -383,6 +390,7 @@ def _make_dmattn(name: str, zero_bias: bool) -> None:
             causal=False,
             scale=None,
             padding_fill: Fill | str = Fill.ZEROS,
+            window_size=(-1, -1),
         ):
             q4, k4, v4, real_q = _padded_batch(
                 q,
@@ -397,7 +405,13 @@ def _make_dmattn(name: str, zero_bias: bool) -> None:
                 padding_fill,
             )
             mask = bshd_mask(
-                cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q.device
+                cu_seqlens_q.diff().tolist(),
+                cu_seqlens_k.diff().tolist(),
+                q4.shape[1],
+                k4.shape[1],
+                causal,
+                q.device,
+                window_size,
             )
             mask = mask[:, None].expand(-1, q.shape[1], -1, -1).to(q.dtype).contiguous()
             bias = torch.zeros_like(mask) if zero_bias else None
@@ -409,7 +423,7 @@ def _make_dmattn(name: str, zero_bias: bool) -> None:
     wrap.__doc__ = (
         "flash-dmattn's triton_dmattn_func / flex_dmattn_func(query, key, value, attn_mask, attn_bias, is_causal, softmax_scale). "
         "Decisions: q, k, v padded to (B, S, H, D) with the case's padding fill; attn_mask (B, H, S_q, S_k) in q's dtype, "
-        "1 where a query may attend (real keys of its sequence; causality bottom-right, inside the mask), so is_causal=False "
+        "1 where a query may attend (real keys of its sequence; causality and the window bottom-right, inside the mask), so is_causal=False "
         "(the Triton kernel's own causal is top-left in padded coordinates, and the Flex backend turns is_causal=None into "
         "True); "
         + (

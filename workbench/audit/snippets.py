@@ -37,14 +37,26 @@ def to_bshd(x, starts, lens, S):
 q4, k4, v4 = to_bshd(q, starts_q, lens_q, S_q), to_bshd(k, starts_k, lens_k, S_k), to_bshd(v, starts_k, lens_k, S_k)
 allowed = torch.zeros(B, S_q, S_k, dtype=torch.bool, device=dev)  # True: query i of sequence b may attend key j
 for b in range(B):
-    allowed[b, : lens_q[b], : lens_k[b]] = True
-    if causal:
-        allowed[b, : lens_q[b], : lens_k[b]] &= torch.ones(lens_q[b], lens_k[b], dtype=torch.bool, device=dev).tril(lens_k[b] - lens_q[b])
+    allowed[b, : lens_q[b], : lens_k[b]] = visible(lens_q[b], lens_k[b])
 def from_bshd(out4):
     out = torch.zeros_like(q)
     for b in range(B):
         out[starts_q[b] : starts_q[b] + lens_q[b]] = out4[b, : lens_q[b]]
     return out
+"""
+
+
+# Which key j query i of a sequence sees (bottom-right aligned): causal, then the window.
+_VISIBLE = """\
+def visible(n, m):  # (n queries, m keys) bool: query i sees key j iff i + m - n - left <= j <= i + m - n + right
+    left, right = window[0], 0 if causal else window[1]  # -1: unbounded; causal bounds the right side at 0
+    i, j = torch.arange(n, device=dev)[:, None] + (m - n), torch.arange(m, device=dev)[None, :]
+    ok = torch.ones(n, m, dtype=torch.bool, device=dev)
+    if right >= 0:
+        ok &= j <= i + right
+    if left >= 0:
+        ok &= j >= i - left
+    return ok
 """
 
 
@@ -56,7 +68,7 @@ def _torch_varlen(module: str, name: str) -> list[str]:
     return [
         f"from {module} import {name}",
         "import inspect",
-        "causal_kw = {'is_causal': causal} if 'is_causal' in inspect.signature(varlen_attn).parameters else ({'window_size': (-1, 0)} if causal else {})",
+        "causal_kw = {'is_causal': causal} if 'is_causal' in inspect.signature(varlen_attn).parameters else ({'window_size': (window[0], 0 if causal else window[1])} if causal or window != (-1, -1) else {})",
         "scale_kw = {'scale': scale} if scale is not None else {}",
         f"out = {name}(q, k, v, cu_q, cu_k, max_q, max_k, **causal_kw, **scale_kw)",
     ]
@@ -125,13 +137,13 @@ def _nested(module: str, name: str) -> list[str]:
 
 CALLS: dict[str, Callable[[str, str], list[str]]] = {
     "ours": _thd(
-        "{fn}(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_q_pad, cu_seqlens_k_padded=cu_k_pad, causal=causal, scale=scale)"
+        "{fn}(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_q_pad, cu_seqlens_k_padded=cu_k_pad, causal=causal, scale=scale, **window_kw)"
     ),
     "contract": _thd(
-        "{fn}(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_q_pad, cu_seqlens_k_padded=cu_k_pad, causal=causal, scale=scale)"
+        "{fn}(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_q_pad, cu_seqlens_k_padded=cu_k_pad, causal=causal, scale=scale, **window_kw)"
     ),
     "torch-varlen": _torch_varlen,
-    "flash-attn": _thd("{fn}(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=scale, causal=causal)"),
+    "flash-attn": _thd("{fn}(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=scale, causal=causal, **window_kw)"),
     "fsa-varlen": _thd("{fn}(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal, softmax_scale=scale)"),
     "flex-document": _flex,
     "sdpa-math": _sdpa("MATH"),
@@ -166,6 +178,8 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "torch.utils.deterministic.fill_uninitialized_memory = True  # so rows a kernel never writes read as NaN",
         f'dev, dt = "{device}", torch.{case.dtype}',
         f"H, H_kv, D, causal, scale = {case.heads}, {case.kv_heads or case.heads}, {case.head_dim}, {case.causal}, None",
+        f"window = {case.window}  # window_size=(left, right), FlashAttention's; (-1, -1): none",
+        "window_kw = {'window_size': window} if window != (-1, -1) else {}",
         f"cu_q = torch.tensor({cu_q}, dtype=torch.int32, device=dev)  # real boundaries",
         f"cu_k = torch.tensor({cu_k}, dtype=torch.int32, device=dev)",
         f"starts_q, starts_k = {starts_q}, {starts_k}  # first row of each sequence"
@@ -196,6 +210,7 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "q, real_q = make(rows_q, H, starts_q, lens_q)",
         "k, real_k = make(rows_k, H_kv, starts_k, lens_k)",
         "v, _ = make(rows_k, H_kv, starts_k, lens_k)",
+        *_VISIBLE.splitlines(),
         "",
         *spell(module, name),
         "d_out = torch.randn(out.shape, generator=g).to(dev, dt)",
@@ -204,7 +219,7 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "grad = lambda t: t.grad if t.grad is not None else torch.zeros_like(t)",
         "got = {'out': out.detach(), 'dq': grad(q), 'dk': grad(k), 'dv': grad(v)}",
         "",
-        "# The fp64 answer, sequence by sequence (bottom-right causal, padding rows 0).",
+        "# The fp64 answer, sequence by sequence (bottom-right causal and window, padding rows 0; a row that sees no key: 0).",
         "q64, k64, v64 = (t.detach().double().nan_to_num(0.0).requires_grad_() for t in (q, k, v))",
         "ref = torch.zeros_like(q64) + 0 * q64  # in the graph even without a real row",
         "for s, n, t, m in zip(starts_q, lens_q, starts_k, lens_k):",
@@ -212,9 +227,10 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "        continue",
         "    kk, vv = (x[t : t + m].repeat_interleave(H // H_kv, 1) for x in (k64, v64))",
         "    w = torch.einsum('qhd,khd->hqk', q64[s : s + n], kk) * (scale or D**-0.5)",
-        "    if causal:",
-        "        w = w.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=dev).tril(m - n), float('-inf'))",
-        "    ref[s : s + n] = torch.einsum('hqk,khd->qhd', torch.softmax(w, -1).nan_to_num(0.0), vv)",
+        "    ok = visible(n, m)",
+        "    sees = ok.any(-1, keepdim=True)",
+        "    w = w.masked_fill(~ok, float('-inf')).masked_fill(~sees, 0.0)  # no NaN, forward or backward",
+        "    ref[s : s + n] = torch.einsum('hqk,khd->qhd', torch.softmax(w, -1) * sees, vv)",
         "if ref.requires_grad:",
         "    ref.backward(torch.where(real_q[:, None, None], d_out.double(), 0.0))",
         "want = {'out': ref.detach(), 'dq': grad(q64), 'dk': grad(k64), 'dv': grad(v64)}",
