@@ -1,6 +1,6 @@
 """Which memory access of flash-sparse-attn's varlen call is misaligned (the audit's 'misaligned address').
 
-    python scripts/fsa_misaligned.py [--json PATH]                       # CPU: the Triton interpreter
+    python scripts/fsa_misaligned.py [--ptx] [--json PATH]               # CPU: the Triton interpreter
     python scripts/fsa_misaligned.py --device cuda [--json PATH] [--sanitizer] [--no-autotune]
 
 The H200 audit's first call of flash_sparse_attn's *_varlen_func (forward + backward) raised
@@ -32,6 +32,10 @@ CUDA_LAUNCH_BLOCKING=1, so the error is raised at the launch of the kernel that 
 where (forward or backward, the library's source line) and, from the tensors the backward
 preprocess kernel receives, the address mod 16 of the lse descriptor each of its programs
 builds. --sanitizer also runs the audit case under `compute-sanitizer --tool memcheck`.
+
+--ptx (either device) compiles the backward preprocess kernel for sm_90 with Triton's bundled
+compiler, no GPU needed, and counts its tensor-map (TMA) instructions: whether the lse
+descriptor becomes a TMA descriptor on Hopper.
 
 Needs only torch, triton and the flash-sparse-attn wheel (2.0.6); triton_kernels, which
 flash_sparse_attn imports for its projection kernels only, is stubbed when missing.
@@ -314,40 +318,31 @@ def summarize_descriptors(records: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def cpu_main() -> list[dict]:
-    import torch
-
-    prepare_interpreter()
+def load(device: str):
+    """flash_sparse_attn, ready to run on `device` (on the CPU: under the interpreter), with the
+    backward preprocess launches recorded."""
+    if device == "cpu":
+        prepare_interpreter()
     fsa = import_fsa()
     import flash_sparse_attn.ops.triton as fsa_triton
 
     for name in ("cache_utils", "launch_template", "flash_bwd_preprocess"):
         importlib.import_module(f"flash_sparse_attn.ops.triton.{name}")
-    stand_in_for_cuda(fsa_triton)
+    if device == "cpu":
+        stand_in_for_cuda(fsa_triton)
     hook_preprocess(fsa_triton)
-    results = []
-    for function in FUNCTIONS:
-        for case in CASES:
-            DESCRIPTORS.clear()
-            found = run_call(fsa, function, case, torch.device("cpu"))
-            found["descriptors"] = summarize_descriptors(DESCRIPTORS)
-            results.append(found)
-    return results
+    return fsa
 
 
-# -- GPU: one fresh process per call ---------------------------------------------------------------
-
-
-def gpu_one(function: str, case: str) -> dict:
+def one(fsa, function: str, case: str, device: str) -> dict:
     import torch
 
-    fsa = import_fsa()
-    import flash_sparse_attn.ops.triton as fsa_triton
-    import flash_sparse_attn.ops.triton.flash_bwd_preprocess  # noqa: F401
-
-    hook_preprocess(fsa_triton)
-    found = run_call(fsa, function, case, torch.device("cuda"))
-    found["device"] = torch.cuda.get_device_name()
+    DESCRIPTORS.clear()
+    found = run_call(fsa, function, case, torch.device(device))
+    if device == "cpu":
+        found["descriptors"] = summarize_descriptors(DESCRIPTORS)
+    else:
+        found["device"] = torch.cuda.get_device_name()
     found["versions"] = {
         "torch": torch.__version__,
         "triton": importlib.import_module("triton").__version__,
@@ -356,12 +351,24 @@ def gpu_one(function: str, case: str) -> dict:
     return found
 
 
-def gpu_main(args) -> list[dict]:
+def in_process(args) -> list[dict]:
+    """CPU: every call in this process (the interpreter loses no context)."""
+    fsa = load("cpu")
+    return [one(fsa, function, case, "cpu") for function in FUNCTIONS for case in args.cases]
+
+
+# -- GPU: one fresh process per call ---------------------------------------------------------------
+
+
+def isolated(args) -> list[dict]:
+    """Each call in a fresh process (natively a fault loses the CUDA context), with
+    CUDA_LAUNCH_BLOCKING=1 so that a fault is raised at the launch of the kernel that made it."""
     results = []
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     for function in FUNCTIONS:
         for case in args.cases:
-            command = [sys.executable, __file__, "--one", function, case] + (["--no-autotune"] if args.no_autotune else [])
+            command = [sys.executable, __file__, "--device", args.device, "--one", function, case]
+            command += ["--no-autotune"] if args.no_autotune else []
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             results.append(
@@ -374,7 +381,7 @@ def gpu_main(args) -> list[dict]:
                     "output": (done.stdout + done.stderr).strip().splitlines()[-12:],
                 }
             )
-    if args.sanitizer:
+    if args.sanitizer and args.device == "cuda":
         exe = shutil.which("compute-sanitizer") or next(
             (
                 p
@@ -396,10 +403,12 @@ def gpu_main(args) -> list[dict]:
                 "10",
                 sys.executable,
                 __file__,
+                "--device",
+                "cuda",
                 "--one",
                 FUNCTIONS[0],
                 "audit",
-            ]
+            ] + (["--no-autotune"] if args.no_autotune else [])
             done = subprocess.run(
                 command,
                 env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
@@ -419,11 +428,79 @@ def gpu_main(args) -> list[dict]:
     return results
 
 
+# -- what the backward preprocess kernel compiles to on Hopper (no GPU needed) ----------------------
+
+
+def hopper_ptx() -> dict:
+    """Compiles flash_bwd_preprocess's kernel for sm_90 (Triton's bundled compiler, no GPU), with the
+    audit call's arguments (18 query rows, 2 heads of 64, fp16, 64 x 64 tiles), and lists its tensor
+    map (TMA) instructions: whether the lse descriptor is a TMA descriptor there."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import_fsa()
+    from flash_sparse_attn.ops.triton import flash_bwd_preprocess
+
+    kernel = flash_bwd_preprocess._bwd_preprocess_kernel._kernel  # under cache_utils.CachedKernel
+    names = kernel.arg_names
+    pointers = {"Out": "*fp16", "dO": "*fp16", "dPsum": "*fp32", "LSE": "*fp32", "LSELog2": "*fp32", "dQaccum": "*fp32"}
+    pointers["cu_seqlens_q"] = "*i32"
+    rows_padded = 384  # total_q_rounded_padded for 18 rows, batch 3: ceil((18 + 3 * 128) / 128) * 128
+    values = {
+        "stride_ob": 0, "stride_oh": 64, "stride_om": 128, "stride_dob": 0, "stride_doh": 64, "stride_dom": 128,
+        "stride_pb": 0, "stride_ph": rows_padded, "stride_pm": 1, "stride_lb": 0, "stride_lh": 18, "stride_lm": 1,
+        "stride_l2b": 0, "stride_l2h": rows_padded, "stride_l2m": 1, "stride_dqab": 0, "stride_dqah": rows_padded * 64,
+        "stride_dqam": 64, "seqused_q": None, "seqlen_q": 7, "head_dim": 64, "head_dim_rounded": 64,
+        "HAS_CU_SEQLENS_Q": True, "HAS_SEQUSED_Q": False, "TILE_M": 64, "TILE_K": 64,
+    }  # fmt: skip
+    signature, constants, attributes = {}, {}, {}
+    for i, name in enumerate(names):
+        value = values.get(name)
+        if name in pointers:
+            signature[name] = pointers[name]
+            attributes[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
+        elif value is None or isinstance(value, bool) or value in (0, 1) or name.isupper():
+            signature[name] = "constexpr"  # as Triton specializes them at launch
+            constants[(i,)] = value
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attributes[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attributes), target=GPUTarget("cuda", 90, 32)
+    )
+    ptx = compiled.asm["ptx"]
+    return {
+        "target": "cuda sm_90",
+        "tensormaps_built_in_kernel": len(re.findall(r"tensormap\.replace\.tile\.global_address", ptx)),
+        "tma_loads_1d": len(re.findall(r"cp\.async\.bulk\.tensor\.1d\.shared::cluster\.global", ptx)),
+        "tma_loads_2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global", ptx)),
+        "tma_stores_1d": len(re.findall(r"cp\.async\.bulk\.tensor\.1d\.global\.shared", ptx)),
+        "tma_stores_2d": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)),
+    }
+
+
+def hopper_ptx_in_subprocess(timeout: int) -> dict:
+    """`hopper_ptx` in a process without TRITON_INTERPRET (the kernels must be compiled, not interpreted)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__, "--ptx-only"], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"target": "cuda sm_90", "error": (done.stdout + done.stderr).strip().splitlines()[-5:]}
+    return json.loads(lines[-1])
+
+
 # -- output --------------------------------------------------------------------------------------------
 
 
 def print_results(results: list[dict]) -> None:
     for r in results:
+        if "target" in r:
+            print(f"\nbackward preprocess kernel compiled for {r['target']}: {r}")
+            continue
         if "sanitizer" in r:
             print(f"\ncompute-sanitizer {r.get('sanitizer')} on {r.get('function')} / {r.get('case')} (rc {r.get('rc')}):")
             for line in r.get("report", []):
@@ -458,7 +535,10 @@ def main() -> int:
     parser.add_argument("--sanitizer", action="store_true", help="GPU: also run the audit case under compute-sanitizer memcheck")
     parser.add_argument("--no-autotune", action="store_true", help="GPU: is_autotune=False (64 x 64 tiles, no autotuning sweep)")
     parser.add_argument("--timeout", type=int, default=240, help="GPU: seconds per process (default 240)")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"GPU: which cases (default {','.join(CASES)})")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"which cases (default {','.join(CASES)})")
+    parser.add_argument("--isolate", action="store_true", help="CPU: each call in its own process, as on the GPU")
+    parser.add_argument("--ptx", action="store_true", help="also compile the preprocess kernel for sm_90, list its TMA ops")
+    parser.add_argument("--ptx-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=2, metavar=("FUNCTION", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.cases = args.cases.split(",")
@@ -467,18 +547,21 @@ def main() -> int:
         parser.error(f"--cases: unknown {unknown}; choose from {list(CASES)}")
     if args.no_autotune:
         CALL_EXTRA["is_autotune"] = False
-    if args.one:
-        print(json.dumps(gpu_one(*args.one)))
-        return 0
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             print("fsa_misaligned: --device cuda needs a CUDA device", file=sys.stderr)
             return 2
-        results = gpu_main(args)
-    else:
-        results = cpu_main()
+    if args.ptx_only:
+        print(json.dumps(hopper_ptx()))
+        return 0
+    if args.one:
+        print(json.dumps(one(load(args.device), *args.one, args.device)))
+        return 0
+    results = isolated(args) if args.device == "cuda" or args.isolate else in_process(args)
+    if args.ptx:
+        results.append(hopper_ptx_in_subprocess(args.timeout))
     print_results(results)
     if args.json:
         record = {
