@@ -31,7 +31,8 @@ GPU (--device cuda): each case in a fresh process (a fault loses the CUDA contex
 CUDA_LAUNCH_BLOCKING=1, so the error is raised at the launch of the kernel that faults; prints
 where (forward or backward, the library's source line) and, from the tensors the backward
 preprocess kernel receives, the address mod 16 of the lse descriptor each of its programs
-builds. --sanitizer also runs the audit case under `compute-sanitizer --tool memcheck`.
+builds, and whether a synchronization right after that kernel (everything before it having
+finished) reports the fault. --sanitizer also runs the audit case under `compute-sanitizer --tool memcheck`.
 
 --ptx (either device) compiles the backward preprocess kernel for sm_90 with Triton's bundled
 compiler, no GPU needed, and counts its tensor-map (TMA) instructions: whether the lse
@@ -159,20 +160,29 @@ def hook_preprocess(fsa_triton):
     original = module._flash_attn_bwd_preprocess
 
     def recorded(*args, **kwargs):
+        import torch
+
         lse, cu = kwargs["lse"], kwargs["cu_seqlens_q"]
-        starts = cu.tolist()[:-1]
-        LSE_BASES.append(
-            {
-                "lse_shape": list(lse.shape),
-                "lse_data_ptr_mod16": lse.data_ptr() % 16,
-                "base_mod16": {
-                    f"b{b} h{h}": (lse.data_ptr() + lse.element_size() * (h * lse.stride(0) + s)) % 16
-                    for h in range(lse.shape[0])
-                    for b, s in enumerate(starts)
-                },
-            }
-        )
-        return original(*args, **kwargs)
+        starts = cu.tolist()[:-1]  # on a GPU this synchronizes too: everything before has finished
+        launch = {
+            "lse_shape": list(lse.shape),
+            "lse_data_ptr_mod16": lse.data_ptr() % 16,
+            "base_mod16": {
+                f"b{b} h{h}": (lse.data_ptr() + lse.element_size() * (h * lse.stride(0) + s)) % 16
+                for h in range(lse.shape[0])
+                for b, s in enumerate(starts)
+            },
+        }
+        LSE_BASES.append(launch)
+        result = original(*args, **kwargs)
+        if lse.is_cuda:  # the preprocess kernel alone between two synchronizations: did it fault?
+            try:
+                torch.cuda.synchronize()
+                launch["synchronize_after_it"] = "ok"
+            except Exception as exc:
+                launch["synchronize_after_it"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+                raise
+        return result
 
     module._flash_attn_bwd_preprocess = recorded
 
@@ -338,11 +348,11 @@ def one(fsa, function: str, case: str, device: str) -> dict:
     import torch
 
     DESCRIPTORS.clear()
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"  # before any fault
     found = run_call(fsa, function, case, torch.device(device))
+    found["device"] = name
     if device == "cpu":
         found["descriptors"] = summarize_descriptors(DESCRIPTORS)
-    else:
-        found["device"] = torch.cuda.get_device_name()
     found["versions"] = {
         "torch": torch.__version__,
         "triton": importlib.import_module("triton").__version__,
@@ -517,6 +527,7 @@ def print_results(results: list[dict]) -> None:
             print(
                 f"  backward preprocess: lse {launch['lse_shape']} fp32; lse descriptor base mod 16 per program: {launch['base_mod16']}"
                 + (f" -> {len(bad)} of {len(launch['base_mod16'])} not 16-byte aligned" if bad else " -> all aligned")
+                + (f"; synchronize right after it: {launch['synchronize_after_it']}" if "synchronize_after_it" in launch else "")
             )
         for d in r.get("descriptors", []):
             flag = f"  VIOLATION: {d['violation']}" if "violation" in d else ""
@@ -554,10 +565,10 @@ def main() -> int:
             print("fsa_misaligned: --device cuda needs a CUDA device", file=sys.stderr)
             return 2
     if args.ptx_only:
-        print(json.dumps(hopper_ptx()))
+        print(json.dumps(hopper_ptx()), flush=True)
         return 0
     if args.one:
-        print(json.dumps(one(load(args.device), *args.one, args.device)))
+        print(json.dumps(one(load(args.device), *args.one, args.device)), flush=True)  # before a faulted context's exit
         return 0
     results = isolated(args) if args.device == "cuda" or args.isolate else in_process(args)
     if args.ptx:
