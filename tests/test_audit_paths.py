@@ -133,6 +133,12 @@ def test_the_fsa_script_replays_the_first_call_the_gpu_audit_made():
         False,
     )
     assert case.padded_q is None and case.padded_k is None and case.fill == Fill.ZEROS
+    # what the adapter hands on unchanged: fresh contiguous tensors at offset 0, int32 boundaries
+    batch = pack(case, "cpu").fresh()
+    for t in (batch.q, batch.k, batch.v):
+        assert t.is_contiguous() and t.storage_offset() == 0 and t.data_ptr() % 16 == 0 and t.dtype == torch.float16
+    assert batch.cu_seqlens_q.dtype == batch.cu_seqlens_k.dtype == torch.int32
+    assert batch.cu_seqlens_q.tolist() == [0, 5, 8, 15] and batch.q.shape == (18, 2, 64)
 
 
 def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_16_byte_aligned(tmp_path):
