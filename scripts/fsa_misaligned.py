@@ -1,6 +1,6 @@
 """Which memory access of flash-sparse-attn's varlen call is misaligned (the audit's 'misaligned address').
 
-    python scripts/fsa_misaligned.py [--ptx] [--json PATH]               # CPU: the Triton interpreter
+    python scripts/fsa_misaligned.py [--ptx] [--fixed] [--json PATH]     # CPU: the Triton interpreter
     python scripts/fsa_misaligned.py --device cuda [--json PATH] [--sanitizer] [--no-autotune]
 
 The H200 audit's first call of flash_sparse_attn's *_varlen_func (forward + backward) raised
@@ -14,6 +14,8 @@ softmax_scale=None, the library's defaults for everything else):
     aligned   lengths (8, 4, 12), no TAIL rows: every cu_seqlens_q[b] and the row count a multiple of 4
 
 each with 2 heads of 64, float16, through flash_dense_attn_varlen_func and flash_sparse_attn_varlen_func.
+--fixed adds the fixed-length flash_dense_attn_func on a batch of 2 sequences of 7 and of 8
+(its lse is (B, H, S): the same preprocess kernel, the same rule, at b * H * S + h * S floats).
 
 CPU (TRITON_INTERPRET=1, set here): the interpreter runs every kernel of the forward and the
 backward, and every `tl.make_tensor_descriptor` is recorded where it is created (kernel, source
@@ -63,6 +65,9 @@ CASES = {
     "aligned": ((8, 4, 12), 0, 0),
 }
 FUNCTIONS = ("flash_dense_attn_varlen_func", "flash_sparse_attn_varlen_func")
+# --fixed: the fixed-length function, batch 2, sequence length 7 (not a multiple of 4) and 8
+FIXED = {"fixed-7": 7, "fixed-8": 8}
+FIXED_FUNCTION = "flash_dense_attn_func"
 HEADS, HEAD_DIM = 2, 64
 H200_SMS = 132
 
@@ -115,11 +120,18 @@ def import_fsa():
 
 
 def inputs(case: str, device):
-    """q, k, v (THD, fp16, requires grad), cu_seqlens_q/k (int32), max_seqlen_q/k, d_out."""
+    """q, k, v (THD, fp16, requires grad; for a fixed-length case (B, S, H, D)), cu_seqlens_q/k
+    (int32), max_seqlen_q/k, d_out."""
     import torch
 
-    lengths, tail_q, tail_k = CASES[case]
     generator = torch.Generator().manual_seed(0)
+    if case in FIXED:
+        shape = (2, FIXED[case], HEADS, HEAD_DIM)
+        q, k, v = (torch.randn(shape, generator=generator).to(torch.float16).to(device).requires_grad_() for _ in range(3))
+        d_out = torch.randn(shape, generator=generator).to(torch.float16).to(device)
+        cu = torch.arange(0, 3 * FIXED[case], FIXED[case], dtype=torch.int32)  # for the reference only
+        return q, k, v, cu, cu, FIXED[case], FIXED[case], d_out
+    lengths, tail_q, tail_k = CASES[case]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     total = int(cu[-1])
 
@@ -155,21 +167,29 @@ LSE_BASES: list[dict] = []  # what the backward preprocess kernel is given (fill
 def hook_preprocess(fsa_triton):
     """Records, at each launch of the backward preprocess kernel, the address mod 16 of the lse
     descriptor base every program (batch b, head h) builds: LSE + h * lse.stride(0) + cu_seqlens_q[b]
-    (float32 elements; flash_bwd_preprocess.py, `lse_base` with USE_PADDED=False)."""
+    float32 elements for varlen (flash_bwd_preprocess.py, `lse_base` with USE_PADDED=False),
+    LSE + b * lse.stride(0) + h * lse.stride(1) for fixed length."""
     module = fsa_triton.flash_bwd_preprocess
     original = module._flash_attn_bwd_preprocess
 
     def recorded(*args, **kwargs):
         import torch
 
-        lse, cu = kwargs["lse"], kwargs["cu_seqlens_q"]
-        starts = cu.tolist()[:-1]  # on a GPU this synchronizes too: everything before has finished
+        lse, cu = kwargs["lse"], kwargs.get("cu_seqlens_q")
+        if cu is None:  # fixed length: lse (B, H, S), program (b, h) at b * stride(0) + h * stride(1)
+            batch, heads, head_stride = lse.shape[0], lse.shape[1], lse.stride(1)
+            starts = [b * lse.stride(0) for b in range(batch)]
+            if lse.is_cuda:
+                torch.cuda.synchronize()  # everything before this kernel has finished
+        else:  # varlen: lse (H, total_q), program (b, h) at h * stride(0) + cu_seqlens_q[b]
+            heads, head_stride = lse.shape[0], lse.stride(0)
+            starts = cu.tolist()[:-1]  # on a GPU this synchronizes too: everything before has finished
         launch = {
             "lse_shape": list(lse.shape),
             "lse_data_ptr_mod16": lse.data_ptr() % 16,
             "base_mod16": {
-                f"b{b} h{h}": (lse.data_ptr() + lse.element_size() * (h * lse.stride(0) + s)) % 16
-                for h in range(lse.shape[0])
+                f"b{b} h{h}": (lse.data_ptr() + lse.element_size() * (h * head_stride + s)) % 16
+                for h in range(heads)
                 for b, s in enumerate(starts)
             },
         }
@@ -192,7 +212,7 @@ def run_call(fsa, function: str, case: str, device) -> dict:
     import torch
 
     q, k, v, cu_q, cu_k, max_q, max_k, d_out = inputs(case, device)
-    found: dict = {"function": function, "case": case, "q_rows": q.shape[0], "cu_seqlens_q": cu_q.tolist()}
+    found: dict = {"function": function, "case": case, "q_shape": list(q.shape), "cu_seqlens_q": cu_q.tolist()}
     found["inputs"] = {
         n: {
             "data_ptr_mod16": t.data_ptr() % 16,
@@ -203,8 +223,12 @@ def run_call(fsa, function: str, case: str, device) -> dict:
     }
     fn = getattr(fsa, function)
     stage = "forward"
+    varlen = case not in FIXED
     try:
-        out = fn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, softmax_scale=None, **CALL_EXTRA)
+        if varlen:
+            out = fn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, softmax_scale=None, **CALL_EXTRA)
+        else:
+            out = fn(q, k, v, is_causal=False, softmax_scale=None, **CALL_EXTRA)
         if device.type == "cuda":
             torch.cuda.synchronize()
         stage = "backward"
@@ -220,9 +244,10 @@ def run_call(fsa, function: str, case: str, device) -> dict:
     found["preprocess_lse_bases"] = list(LSE_BASES)
     LSE_BASES.clear()
     if stage == "done" and device.type == "cpu":
-        ref = reference(q, k, v, cu_q, d_out)
+        thd = (lambda t: t) if varlen else (lambda t: t.reshape(-1, HEADS, HEAD_DIM))  # (B, S) -> packed rows
+        ref = reference(thd(q), thd(k), thd(v), cu_q, thd(d_out))
         rows = {"out": int(cu_q[-1]), "dq": int(cu_q[-1]), "dk": int(cu_k[-1]), "dv": int(cu_k[-1])}
-        got = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        got = {"out": thd(out.detach()), "dq": thd(q.grad), "dk": thd(k.grad), "dv": thd(v.grad)}
         found["max_abs_error_vs_float64"] = {n: float((got[n][: rows[n]].double() - ref[n][: rows[n]]).abs().max()) for n in got}
     return found
 
@@ -361,10 +386,16 @@ def one(fsa, function: str, case: str, device: str) -> dict:
     return found
 
 
+def calls(args) -> list[tuple[str, str]]:
+    """(function, case) pairs: both varlen functions on each case, then (--fixed) the fixed-length ones."""
+    pairs = [(function, case) for function in FUNCTIONS for case in args.cases]
+    return pairs + ([(FIXED_FUNCTION, case) for case in FIXED] if args.fixed else [])
+
+
 def in_process(args) -> list[dict]:
     """CPU: every call in this process (the interpreter loses no context)."""
     fsa = load("cpu")
-    return [one(fsa, function, case, "cpu") for function in FUNCTIONS for case in args.cases]
+    return [one(fsa, function, case, "cpu") for function, case in calls(args)]
 
 
 # -- GPU: one fresh process per call ---------------------------------------------------------------
@@ -375,22 +406,21 @@ def isolated(args) -> list[dict]:
     CUDA_LAUNCH_BLOCKING=1 so that a fault is raised at the launch of the kernel that made it."""
     results = []
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
-    for function in FUNCTIONS:
-        for case in args.cases:
-            command = [sys.executable, __file__, "--device", args.device, "--one", function, case]
-            command += ["--no-autotune"] if args.no_autotune else []
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            results.append(
-                json.loads(lines[-1])
-                if lines
-                else {
-                    "function": function,
-                    "case": case,
-                    "rc": done.returncode,
-                    "output": (done.stdout + done.stderr).strip().splitlines()[-12:],
-                }
-            )
+    for function, case in calls(args):
+        command = [sys.executable, __file__, "--device", args.device, "--one", function, case]
+        command += ["--no-autotune"] if args.no_autotune else []
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        results.append(
+            json.loads(lines[-1])
+            if lines
+            else {
+                "function": function,
+                "case": case,
+                "rc": done.returncode,
+                "output": (done.stdout + done.stderr).strip().splitlines()[-12:],
+            }
+        )
     if args.sanitizer and args.device == "cuda":
         exe = shutil.which("compute-sanitizer") or next(
             (
@@ -517,7 +547,9 @@ def print_results(results: list[dict]) -> None:
                 print("  " + line)
             continue
         print(
-            f"\n{r['function']} / {r['case']}: q rows {r.get('q_rows')}, cu_seqlens_q {r.get('cu_seqlens_q')}: reached {r.get('stage', '?')}"
+            f"\n{r['function']} / {r['case']}: q {r.get('q_shape')}"
+            + (f", cu_seqlens_q {r.get('cu_seqlens_q')}" if r["case"] in CASES else "")
+            + f": reached {r.get('stage', '?')}"
             + (f", raised {r['error']} at {r.get('library_frames')}" if "error" in r else "")
         )
         if "output" in r:
@@ -547,6 +579,7 @@ def main() -> int:
     parser.add_argument("--no-autotune", action="store_true", help="GPU: is_autotune=False (64 x 64 tiles, no autotuning sweep)")
     parser.add_argument("--timeout", type=int, default=240, help="GPU: seconds per process (default 240)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"which cases (default {','.join(CASES)})")
+    parser.add_argument("--fixed", action="store_true", help=f"also {FIXED_FUNCTION} at sequence lengths 7 and 8")
     parser.add_argument("--isolate", action="store_true", help="CPU: each call in its own process, as on the GPU")
     parser.add_argument("--ptx", action="store_true", help="also compile the preprocess kernel for sm_90, list its TMA ops")
     parser.add_argument("--ptx-only", action="store_true", help=argparse.SUPPRESS)

@@ -146,17 +146,18 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
     rule (base 16-byte aligned, leading strides multiples of 16 bytes): the forward's are all aligned;
     the backward preprocess kernel's lse descriptor (LSE + h * total_q + cu_seqlens_q[b], float32) is
     not, with or without TAIL rows, and is when every sequence start and the row count are multiples
-    of 4. Compiled for sm_90 that descriptor is a tensor map read by a 1-D TMA load."""
+    of 4 (the fixed-length function's likewise at sequence length 7, not 8). Compiled for sm_90 that
+    descriptor is a tensor map read by a 1-D TMA load."""
     if importlib.util.find_spec("flash_sparse_attn") is None:
         pytest.skip("flash-sparse-attn is not installed")
     out = tmp_path / "fsa.json"
     done = subprocess.run(
-        [sys.executable, str(FSA_SCRIPT), "--ptx", "--json", str(out)], capture_output=True, text=True, timeout=600
+        [sys.executable, str(FSA_SCRIPT), "--ptx", "--fixed", "--json", str(out)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
     calls = {(r["function"], r["case"]): r for r in results if "function" in r}
-    assert len(calls) == 6
+    assert len(calls) == 8
     for (function, case), r in calls.items():
         assert r["stage"] == "done", (function, case, r.get("error"))
         assert max(r["max_abs_error_vs_float64"].values()) < 1e-2  # the values are right where alignment is not enforced
@@ -166,7 +167,7 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
         assert len(forward) == 4 and not any("violation" in d for d in forward)  # q, k, v, out
         (launch,) = r["preprocess_lse_bases"]
         misaligned = sorted(p for p, m in launch["base_mod16"].items() if m)
-        if case == "aligned":
+        if case in ("aligned", "fixed-8"):
             assert bad == [] and misaligned == []
             continue
         (lse,) = bad
@@ -177,7 +178,11 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
         for m in launch["base_mod16"].values():
             predicted[str(m)] = predicted.get(str(m), 0) + 1
         assert lse["base_mod16"] == predicted
-        expected = ["b0 h1", "b1 h0", "b1 h1", "b2 h1"] if case == "audit" else ["b0 h1", "b1 h0", "b2 h1"]
-        assert misaligned == expected  # 4 * (h * total_q + cu_seqlens_q[b]) % 16 != 0
+        expected = {
+            "audit": ["b0 h1", "b1 h0", "b1 h1", "b2 h1"],  # 4 * (h * 18 + cu_seqlens_q[b]) % 16 != 0
+            "no-tail": ["b0 h1", "b1 h0", "b2 h1"],  # 4 * (h * 15 + cu_seqlens_q[b]) % 16 != 0
+            "fixed-7": ["b0 h1", "b1 h0", "b1 h1"],  # the fixed-length backward too: 4 * (b * 14 + h * 7) % 16 != 0
+        }
+        assert misaligned == expected[case]
     (ptx,) = [r for r in results if "target" in r]
     assert ptx["tensormaps_built_in_kernel"] == 6 and ptx["tma_loads_1d"] == 1, ptx  # lse is the only 1-D load
