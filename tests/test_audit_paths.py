@@ -7,7 +7,12 @@ CUDA-only packages say so instead of failing. GPU verdicts come from data/gpu/au
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +112,97 @@ def test_mask_adapters_carry_the_window_and_the_others_say_they_take_none():
         if adapter == "flex-document":
             target = "torch.nn.attention.flex_attention:flex_attention"
         assert "takes no window_size" in adapt(target, adapter, device="cpu").lacks["window"]
+
+
+# -- flash-sparse-attn's misaligned address: the library's, not the adapter's ----------------------
+
+FSA_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fsa_misaligned.py"
+
+
+def _fsa_script():
+    spec = importlib.util.spec_from_file_location("fsa_misaligned", FSA_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines functions only; nothing runs at import
+    return module
+
+
+def test_the_fsa_script_replays_the_first_call_the_gpu_audit_made():
+    """scripts/fsa_misaligned.py's 'audit' case is the layout real-accuracy packs first for fsa-varlen
+    on the GPU (head dim 64, float16, TAIL rows kept, GAP rows dropped: the adapter lacks 'padded')."""
+    from workbench.audit.checks import CHECKS, Context
+    from workbench.layout import observing_packs
+
+    class Packed(Exception):
+        pass
+
+    def stop(case):
+        raise Packed(case)
+
+    ctx = Context(adapt(fsa_dense_varlen, device="cpu"), "float16", head_dim=64)  # as `audit --device cuda` builds it
+    with observing_packs(stop), pytest.raises(Packed) as packed:
+        CHECKS["real-accuracy"].run(ctx)
+    case = packed.value.args[0]
+    script = _fsa_script()
+    lengths, tail_q, tail_k = script.CASES["audit"]
+    assert (case.seqlens_q, case.seqlens_k, case.tail_q, case.tail_k) == (lengths, None, tail_q, tail_k)
+    assert (case.heads, case.kv_heads, case.head_dim, case.dtype, case.causal) == (
+        script.HEADS,
+        None,
+        script.HEAD_DIM,
+        "float16",
+        False,
+    )
+    assert case.padded_q is None and case.padded_k is None and case.fill == Fill.ZEROS
+    # what the adapter hands on unchanged: fresh contiguous tensors at offset 0, int32 boundaries
+    batch = pack(case, "cpu").fresh()
+    for t in (batch.q, batch.k, batch.v):
+        assert t.is_contiguous() and t.storage_offset() == 0 and t.data_ptr() % 16 == 0 and t.dtype == torch.float16
+    assert batch.cu_seqlens_q.dtype == batch.cu_seqlens_k.dtype == torch.int32
+    assert batch.cu_seqlens_q.tolist() == [0, 5, 8, 15] and batch.q.shape == (18, 2, 64)
+
+
+def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_16_byte_aligned(tmp_path):
+    """Under the interpreter every tensor descriptor of the adapter's call is checked against Triton's
+    rule (base 16-byte aligned, leading strides multiples of 16 bytes): the forward's are all aligned;
+    the backward preprocess kernel's lse descriptor (LSE + h * total_q + cu_seqlens_q[b], float32) is
+    not, with or without TAIL rows, and is when every sequence start and the row count are multiples
+    of 4 (the fixed-length function's likewise at sequence length 7, not 8). Compiled for sm_90 that
+    descriptor is a tensor map read by a 1-D TMA load."""
+    if importlib.util.find_spec("flash_sparse_attn") is None:
+        pytest.skip("flash-sparse-attn is not installed")
+    out = tmp_path / "fsa.json"
+    done = subprocess.run(
+        [sys.executable, str(FSA_SCRIPT), "--ptx", "--fixed", "--json", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    calls = {(r["function"], r["case"]): r for r in results if "function" in r}
+    assert len(calls) == 8
+    for (function, case), r in calls.items():
+        assert r["stage"] == "done", (function, case, r.get("error"))
+        assert max(r["max_abs_error_vs_float64"].values()) < 1e-2  # the values are right where alignment is not enforced
+        assert all(d["kernel"] for d in r["descriptors"])
+        bad = [d for d in r["descriptors"] if "violation" in d]
+        forward = [d for d in r["descriptors"] if d["kernel"].startswith("_fwd")]
+        assert len(forward) == 4 and not any("violation" in d for d in forward)  # q, k, v, out
+        (launch,) = r["preprocess_lse_bases"]
+        misaligned = sorted(p for p, m in launch["base_mod16"].items() if m)
+        if case in ("aligned", "fixed-8"):
+            assert bad == [] and misaligned == []
+            continue
+        (lse,) = bad
+        assert (lse["kernel"], lse["violation"]) == ("_bwd_preprocess_kernel", "base must be 16-byte aligned")
+        assert lse["site"].startswith("ops/triton/flash_bwd_preprocess.py:") and lse["strides_bytes"] == [4]
+        # what the hook predicts from the tensors the kernel receives is what the interpreter saw
+        predicted = {}
+        for m in launch["base_mod16"].values():
+            predicted[str(m)] = predicted.get(str(m), 0) + 1
+        assert lse["base_mod16"] == predicted
+        expected = {
+            "audit": ["b0 h1", "b1 h0", "b1 h1", "b2 h1"],  # 4 * (h * 18 + cu_seqlens_q[b]) % 16 != 0
+            "no-tail": ["b0 h1", "b1 h0", "b2 h1"],  # 4 * (h * 15 + cu_seqlens_q[b]) % 16 != 0
+            "fixed-7": ["b0 h1", "b1 h0", "b1 h1"],  # the fixed-length backward too: 4 * (b * 14 + h * 7) % 16 != 0
+        }
+        assert misaligned == expected[case]
+    (ptx,) = [r for r in results if "target" in r]
+    assert ptx["tensormaps_built_in_kernel"] == 6 and ptx["tma_loads_1d"] == 1, ptx  # lse is the only 1-D load

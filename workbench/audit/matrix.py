@@ -233,12 +233,17 @@ JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     ("fsa-dense-varlen", "real-accuracy"): (
         "upstream",
-        "the first valid call (q=[5, 3, 7], fp16, head dim 64, TAIL rows) raised 'Triton Error [CUDA]: misaligned "
-        "address' and lost the CUDA context; cause not established (the sanitizer runs did not import the package)",
+        "the backward's preprocess kernel (flash_bwd_preprocess.py) reads lse through a tensor descriptor (a TMA load "
+        "on sm_90) based at LSE + h * total_q + cu_seqlens_q[b] floats, which Triton requires 16-byte aligned; it is so "
+        "only when that offset is a multiple of 4, and for this call (cu_seqlens_q [0, 5, 8, 15], 18 rows) 4 of its 6 "
+        "(batch, head) bases are not, 3 of 6 without the TAIL rows. Shown on the CPU (interpreter: every other descriptor "
+        "of the call aligned; scripts/fsa_misaligned.py). The H200 record fits: the error came at the first Triton "
+        "kernel load after the probe synchronized on the forward, and this kernel is the only Triton kernel launched "
+        "in between; the faulting kernel itself was not observed there",
     ),
     ("fsa-sparse-varlen", "real-accuracy"): (
         "upstream",
-        "the same misaligned-address fault as the dense varlen function, on the same first call",
+        "the same misaligned lse descriptor: the sparse varlen backward runs the same preprocess kernel on the same call",
     ),
 }
 
