@@ -1155,11 +1155,7 @@ def _successor(r: Results):
     evidence=UPSTREAM_CPU,
 )
 def _bias_workaround(r: Results):
-    runs = r.runs[IMPLS[1]].values()
-    worst = max(max(x.ratios.values()) for x in runs)
-    return all(
-        x.within and x.finite for x in runs
-    ), f"{sum(x.within for x in runs)}/{len(runs)} cases; worst {worst:.2f}x PyTorch's error"
+    return _workaround_holds(r, IMPLS[1])
 
 
 @claims(
@@ -1167,7 +1163,12 @@ def _bias_workaround(r: Results):
     evidence=UPSTREAM_CPU,
 )
 def _flex_workaround(r: Results):
-    runs = r.runs[IMPLS[2]].values()
+    return _workaround_holds(r, IMPLS[2])
+
+
+def _workaround_holds(r: Results, impl: str) -> tuple[bool, str]:
+    """Every audited case within the bound and finite through `impl`, and the worst error ratio."""
+    runs = r.runs[impl].values()
     worst = max(max(x.ratios.values()) for x in runs)
     return all(
         x.within and x.finite for x in runs

@@ -60,6 +60,12 @@ def _padded_batch(q, k, v, cu_q, cu_k, max_q, max_k, padded_q, padded_k, fill):
     return q4, k4, v4, real_q
 
 
+def _padded_mask(cu_q, cu_k, q4, k4, causal, window_size):
+    """(B, S_q, S_k) bool, True where query i of sequence b may attend key j of the padded batch
+    (causality and the window bottom-right aligned, padded positions never)."""
+    return bshd_mask(cu_q.diff().tolist(), cu_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q4.device, window_size)
+
+
 def _back_to_thd(out4, real_q, q, cu_q, padded_q):
     flat, _, _ = bshd_to_thd(out4, real_q)
     return pad_thd(flat, cu_q, cu_q if padded_q is None else padded_q, total_rows=q.shape[0])
@@ -236,15 +242,7 @@ def _make_sdpa(name: str, backend: str) -> None:
                 cu_seqlens_k_padded,
                 padding_fill,
             )
-            mask = bshd_mask(
-                cu_seqlens_q.diff().tolist(),
-                cu_seqlens_k.diff().tolist(),
-                q4.shape[1],
-                k4.shape[1],
-                causal,
-                q.device,
-                window_size,
-            )
+            mask = _padded_mask(cu_seqlens_q, cu_seqlens_k, q4, k4, causal, window_size)
             kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
             try:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
@@ -404,15 +402,7 @@ def _make_dmattn(name: str, zero_bias: bool) -> None:
                 cu_seqlens_k_padded,
                 padding_fill,
             )
-            mask = bshd_mask(
-                cu_seqlens_q.diff().tolist(),
-                cu_seqlens_k.diff().tolist(),
-                q4.shape[1],
-                k4.shape[1],
-                causal,
-                q.device,
-                window_size,
-            )
+            mask = _padded_mask(cu_seqlens_q, cu_seqlens_k, q4, k4, causal, window_size)
             mask = mask[:, None].expand(-1, q.shape[1], -1, -1).to(q.dtype).contiguous()
             bias = torch.zeros_like(mask) if zero_bias else None
             out4 = _first(fn(q4, k4, v4, attn_mask=mask, attn_bias=bias, is_causal=False, softmax_scale=scale))
