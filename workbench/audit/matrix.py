@@ -192,7 +192,12 @@ JUDGEMENTS: dict[tuple[str, str], tuple[str, str]] = {
         "upstream",
         "the same fully-masked-row behaviour: with len_q > len_k, bottom-right causality leaves the first rows no key",
     ),
-    ("sdpa-cudnn", "determinism"): ("upstream", "the cuDNN backward's dq differs bitwise between two identical runs"),
+    ("sdpa-cudnn", "determinism"): (
+        "documented",
+        "the cuDNN backward's dq differs bitwise between two identical runs; torch says so itself: with "
+        "torch.use_deterministic_algorithms(True) it refuses the cuDNN backend ('cuDNN SDPA is not deterministic', "
+        "check_cudnn_deterministic in sdp_utils.cpp)",
+    ),
     ("sdpa-cudnn", "fuzz:real-accuracy"): (_LEAK[0], "the shrunk layout's padding holds NaN: " + _LEAK[1]),
     ("dmattn-triton", "real-accuracy"): _DMATTN_NAN,
     ("dmattn-triton", "padding-leak"): _DMATTN_NAN,
