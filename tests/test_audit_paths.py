@@ -1,8 +1,8 @@
 """The adapters of workbench.audit.paths, on the CPU where the path runs there.
 
 SDPA's math backend and nested jagged tensors run on the CPU; FlexAttention runs forward only
-(no CPU backward), so its document mask is checked against the fp64 oracle directly; the
-CUDA-only packages say so instead of failing. GPU verdicts come from data/gpu/audit-*.json.
+(no CPU backward): its document mask is checked against the fp64 oracle directly, and its CPU
+audit compares out alone and says so; the CUDA-only packages say so instead of failing. GPU verdicts come from data/gpu/audit-*.json.
 """
 
 from __future__ import annotations
@@ -72,7 +72,31 @@ def test_flex_document_mask_matches_the_oracle_forward(case):
         out = call(*batch.args(), **batch.kwargs())
     torch.testing.assert_close(out, reference_attention(*batch.args(), **batch.kwargs()).to(out.dtype), atol=1e-5, rtol=1e-5)
     assert detect(flex_attention).name == "flex-document"
-    assert "no CPU backward" in adapt(flex_attention, device="cpu").why_not()
+    impl = adapt(flex_attention, device="cpu")
+    assert impl.why_not() is None and not impl.backward and "no backward on CPU" in impl.lacks["backward"]
+
+
+def test_flex_document_is_audited_forward_only_on_the_cpu():
+    """FlexAttention has no CPU backward: the CPU audit compares out alone, says so, and still finds
+    the H200 record's padding-leak (0 x NaN from NaN-filled padding)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    report = audit(flex_attention, "flex-document", device="cpu", budget=0, checks=["real-accuracy", "gap-rows", "padding-leak"])
+    assert "no backward on CPU" in report.forward_only and "forward only:" in str(report)
+    assert report.verdicts() == {"real-accuracy": "pass", "gap-rows": "pass", "padding-leak": "FAIL"}, report.table()
+    assert report.result("real-accuracy").evidence.endswith("(out)")
+    assert report.result("gap-rows").evidence.startswith("GAP rows of out exactly 0")
+    leak = report.result("padding-leak").evidence
+    assert "out:" in leak and "dq:" not in leak
+    # the plain-torch snippet of a forward-only path runs where the audit ran: no backward, out alone
+    snippet = torch_snippet(
+        adapt(flex_attention, device="cpu"), report.result("padding-leak").cases[0], Finding("padding-leak", leak)
+    )
+    assert "backward = False  # forward only" in snippet
+    printed = []
+    exec(compile(snippet, "<snippet>", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    assert len(printed) == 1 and printed[0].startswith("out: damaged REAL rows ["), printed
+    assert not printed[0].startswith("out: damaged REAL rows []"), f"the snippet shows the damage: {printed}"
 
 
 def test_cuda_only_packages_are_detected_and_say_why_they_do_not_run_here():

@@ -55,6 +55,7 @@ class AuditReport:
     results: list[CheckResult]
     fuzz: FuzzResult | None
     seconds: float
+    forward_only: str = ""  # why the backward did not run on this device ("" when it did)
 
     def result(self, name: str) -> CheckResult:
         for r in self.results:
@@ -94,7 +95,10 @@ class AuditReport:
         return next((r.verdict.value for r in self.results if r.name == "input-validation"), "not run")
 
     def __str__(self) -> str:
-        lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})", "", self.table()]
+        lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})"]
+        if self.forward_only:
+            lines.append(f"forward only: {self.forward_only}")
+        lines += ["", self.table()]
         if self.fuzz is not None:
             lines += ["", self.fuzz.summary()]
             for failure in self.fuzz.failures:
@@ -121,6 +125,7 @@ class AuditReport:
             "failed": self.failed,
             "seconds": round(self.seconds, 2),
             "validation": self.validation,
+            "forward_only": self.forward_only,
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
             "versions": package_versions(),
@@ -221,7 +226,16 @@ def audit(
             run(name)
     results.sort(key=lambda r: names.index(r.name))
     target = impl.target or impl.name
-    return AuditReport(target, impl.adapter.name, str(impl.device), ctx.dtype, results, fuzzed, time.perf_counter() - start)
+    return AuditReport(
+        target,
+        impl.adapter.name,
+        str(impl.device),
+        ctx.dtype,
+        results,
+        fuzzed,
+        time.perf_counter() - start,
+        forward_only=impl.lacks.get("backward", ""),
+    )
 
 
 def _argv(args) -> list[str]:

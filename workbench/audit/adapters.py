@@ -53,6 +53,7 @@ from workbench.layout import Fill, bshd_to_thd, pad_thd, thd_to_bshd
 
 FEATURES = {
     "run": "the function runs on this device",
+    "backward": "a backward pass on this device (without one the checks compare the forward's out only)",
     "padded": "a padded layout (cu_seqlens_*_padded): GAP rows between sequences",
     "tail": "TAIL rows after the last sequence (more rows than cu_seqlens[-1])",
     "gqa": "fewer key/value heads than query heads (GQA/MQA)",
@@ -187,6 +188,11 @@ class Adapted:
 
     def case_kwargs(self, case) -> dict[str, Any]:
         return self.adapter.case_kwargs(case) if self.adapter.case_kwargs else {}
+
+    @property
+    def backward(self) -> bool:
+        """Whether the checks run the backward pass (the function has one on this device)."""
+        return "backward" not in self.lacks
 
     def why_not(self, *features: str) -> str | None:
         """The reason the first lacking feature cannot be expressed, or None if all can."""

@@ -153,6 +153,11 @@ class Context:
     def native(self) -> bool:
         return self.impl.device.type == "cuda"
 
+    @property
+    def tensors(self) -> str:
+        """What the probes compare: 'out, dq, dk, dv', or 'out' where the function has no backward here."""
+        return ", ".join(TENSORS if self.impl.backward else TENSORS[:1])
+
     def case(self, seqlens_q, *, padded_q=None, padded_k=None, tail_q=0, tail_k=0, **fields) -> Case:
         """A case with the padding the implementation can express (GAP and TAIL rows are dropped
         where it cannot: checks that are *about* them are n/a instead)."""
@@ -166,7 +171,9 @@ class Context:
 
     def probe(self, case: Case, **kwargs: Any) -> ProbeRecord:
         batch = pack(case, self.impl.device)
-        return probe(self.impl, batch, name=self.impl.name, **{**self.impl.case_kwargs(case), **kwargs})
+        return probe(
+            self.impl, batch, name=self.impl.name, backward=self.impl.backward, **{**self.impl.case_kwargs(case), **kwargs}
+        )
 
     def judge(self, cases: list[Case], checks: tuple[str, ...], *, poisoned: bool = True, passed: str = "") -> CheckResult:
         """Probes each case; the first one with a finding among `checks` is the FAIL evidence."""
@@ -243,13 +250,13 @@ def _real_accuracy(ctx: Context) -> CheckResult:
 @check("tail-rows", "TAIL rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("tail",))
 def _tail_rows(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3), tail_q=4, tail_k=3, fill=Fill.GARBAGE)]
-    return ctx.judge(cases, ("tail-rows",), passed="TAIL rows of out, dq, dk, dv exactly 0 (poisoned memory, garbage inputs)")
+    return ctx.judge(cases, ("tail-rows",), passed=f"TAIL rows of {ctx.tensors} exactly 0 (poisoned memory, garbage inputs)")
 
 
 @check("gap-rows", "GAP rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("padded",))
 def _gap_rows(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3, 2), padded_q=(8, 4, 2), padded_k=(6, 7, 3), fill=Fill.GARBAGE)]
-    return ctx.judge(cases, ("gap-rows",), passed="GAP rows of out, dq, dk, dv exactly 0 (poisoned memory, garbage inputs)")
+    return ctx.judge(cases, ("gap-rows",), passed=f"GAP rows of {ctx.tensors} exactly 0 (poisoned memory, garbage inputs)")
 
 
 LEAK_FILLS = (Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE)
@@ -285,7 +292,7 @@ def _empty_sequences(ctx: Context) -> CheckResult:
 def _no_real_query(ctx: Context) -> CheckResult:
     unequal = "unequal" not in ctx.impl.lacks
     cases = [ctx.case((0, 0), seqlens_k=(3, 2) if unequal else None, tail_q=2, tail_k=1, fill=Fill.GARBAGE)]
-    return ctx.judge(cases, ("real-accuracy", "gap-rows", "tail-rows"), passed="every row of out, dq, dk, dv exactly 0")
+    return ctx.judge(cases, ("real-accuracy", "gap-rows", "tail-rows"), passed=f"every row of {ctx.tensors} exactly 0")
 
 
 @check(
@@ -393,7 +400,7 @@ def _determinism(ctx: Context) -> CheckResult:
         case = ctx.case((37, 64, 20), heads=2)
     first, second = (ctx.probe(case, reference=False) for _ in range(2))
     differ = []
-    for name in TENSORS:
+    for name in first.tensors:  # out, and dq, dk, dv where the function has a backward here
         real = first.regions(name) == Region.REAL
         a, b = first.tensors[name][real], second.tensors[name][real]
         if not _same(a, b):

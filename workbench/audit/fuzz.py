@@ -112,7 +112,9 @@ def probe_layout(impl: Adapted, case: Case) -> tuple[ProbeRecord | None, list[Fi
     """One poisoned probe of `case` against the oracle, and the contract violations it shows
     (an exception on this valid layout is one; a layout the adapter refuses shows none)."""
     try:
-        record = probe(impl, pack(case, impl.device), name=impl.name, poisoned=True, **impl.case_kwargs(case))
+        record = probe(
+            impl, pack(case, impl.device), name=impl.name, poisoned=True, backward=impl.backward, **impl.case_kwargs(case)
+        )
     except AdapterRefused:
         return None, []
     except NoOutput as exc:  # nothing to judge: not a wrong result
@@ -461,7 +463,7 @@ def snippet(impl: Adapted, case: Case, finding: Finding) -> str:
             "",
             load,
             f"case = {case_source(case)}",
-            "record = probe(impl, pack(case, impl.device), poisoned=True, **impl.case_kwargs(case))",
+            "record = probe(impl, pack(case, impl.device), poisoned=True, backward=impl.backward, **impl.case_kwargs(case))",
             'print(*layout_findings(record), sep="\\n")',
         ]
     )

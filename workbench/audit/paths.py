@@ -101,7 +101,10 @@ def _doc_ids(cu: torch.Tensor, cu_padded: torch.Tensor | None, rows: int, bucket
 def _flex_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     if device.type == "cuda":
         return {}
-    return {"run": "FlexAttention has no CPU backward (NotImplementedError in torch 2.11+); audit it with --device cuda"}
+    return {
+        "backward": "FlexAttention has no backward on CPU ('FlexAttention does not support backward on CPU', "
+        "torch 2.11+): out is checked here; --device cuda checks dq, dk and dv too"
+    }
 
 
 def _compiled(fn: Callable) -> Callable:
