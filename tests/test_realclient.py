@@ -60,7 +60,7 @@ def test_layout_from_right_padding_is_the_padded_layout(four_d):
     layout = _layout(batch=2, q=4, k=4, attention_mask=mask, position_ids=torch.arange(4)[None].expand(2, 4))
     assert layout.cu_seqlens_q.tolist() == [0, 3, 7] and layout.cu_seqlens_q_padded.tolist() == [0, 4, 8]
     with pytest.raises(ValueError, match="pads on the left"):
-        _layout(batch=2, q=4, k=4, attention_mask=mask.flip(-1) if not four_d else torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+        _layout(batch=2, q=4, k=4, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
 
 
 def test_plain_batch_is_one_sequence_per_row_and_decoding_sees_the_cache():

@@ -295,7 +295,7 @@ BY_NAME = {backend.name: backend for backend in BACKENDS}
 
 @dataclass
 class Step:
-    """One training step's loss and per-parameter gradients (float32, on the CPU)."""
+    """One training step's loss and per-parameter gradients (float32, on the model's device)."""
 
     loss: float
     grads: dict[str, torch.Tensor]
@@ -309,7 +309,7 @@ def train_step(model: torch.nn.Module, inputs: dict[str, Any], backend: Backend,
     with poison, backend.context():
         loss = model(**inputs).loss
         loss.backward()
-    grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach().float() for n, p in model.named_parameters() if p.grad is not None}
     return Step(float(loss.detach()), grads)
 
 
@@ -356,6 +356,7 @@ class Report:
     reference_loss: float
     reference_norms: list[float]
     runs: list[Run]
+    provenance: dict[str, str] = field(default_factory=dict)  # a recorded run's (workbench.records)
 
     @property
     def bar(self) -> float:
@@ -405,7 +406,8 @@ class Report:
     def from_record(cls, record: dict[str, Any]) -> Report:
         size = Size(**{**record["size"], "documents": tuple(record["size"]["documents"])})
         runs = [Run(**r) for r in record["runs"]]
-        return cls(size, record["device"], record["transformers"], record["reference_loss"], record["reference_norms"], runs)
+        fields = (record["device"], record["transformers"], record["reference_loss"], record["reference_norms"])
+        return cls(size, *fields, runs, record.get("provenance", {}))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -439,7 +441,7 @@ def check(
     unknown = set(memories) - set(MEMORIES)
     if unknown:
         raise ValueError(f"memories {sorted(unknown)} are not among {MEMORIES}.")
-    base = llama(size, seed)
+    base = llama(size, seed).to(device)  # copied per run on the device: a GPU-sized model copies in milliseconds there
     inputs = pack(size, seed, device)
 
     def step(backend: Backend, memory: str) -> Step:
@@ -480,19 +482,29 @@ def plot_layer_norms(report: Report, memory: str = MEMORIES[0], ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.6))
     layers = range(report.size.layers)
-    ax.plot(layers, report.reference_norms, "k--", lw=2.5, label=REFERENCE.name)
     for r in report.runs:
         if r.memory != memory or r.status != "ran":
             continue
         values = [v if math.isfinite(v) else float("nan") for v in r.layer_norms]
         label = r.backend if r.finite else f"{r.backend} (non-finite: not drawn)"
         ax.plot(layers, values, marker="o", label=label)
+    ax.plot(
+        layers, report.reference_norms, "k--", lw=1.5, zorder=5, label=REFERENCE.name
+    )  # on top: the others should hide under it
     ax.set_xticks(list(layers))
     ax.set_xlabel("decoder layer")
     ax.set_ylabel("gradient norm")
     ax.set_title(f"Gradient norm per layer, memory {memory}")
     ax.legend(fontsize=7)
     return ax
+
+
+def load_h200() -> Report | None:
+    """The H200 record of this check (`data/gpu/real-client-h200.json`), or None if none was recorded."""
+    from workbench.records import load_records
+
+    records = load_records(RECORD)
+    return Report.from_record(records[0]) if records else None
 
 
 def main(argv: list[str] | None = None) -> int:
