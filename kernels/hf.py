@@ -39,11 +39,11 @@ def _transformers() -> Any:
     except ImportError as exc:
         raise ImportError(
             "kernels.hf registers an attention implementation with transformers, which is not installed; "
-            "install it with `pip install transformers` (4.48 or later: AttentionInterface)."
+            "install it with `pip install transformers` (one with AttentionInterface: 4.51 has it)."
         ) from exc
     if not hasattr(transformers, "AttentionInterface"):
         raise ImportError(
-            f"transformers {transformers.__version__} has no AttentionInterface (added in 4.48); "
+            f"transformers {transformers.__version__} has no AttentionInterface (4.51 has it); "
             "upgrade with `pip install -U transformers`."
         )
     return transformers
@@ -208,7 +208,7 @@ def register(name: str = NAME, varlen: Callable[..., torch.Tensor] | None = None
     """Registers `varlen` (default: `kernels.varlen_attention`) with transformers' AttentionInterface
     as `name`, so that `attn_implementation=name` selects it; returns `name`.
 
-    Where transformers builds masks per implementation (4.53 on), the name gets FlashAttention's:
+    Where transformers builds masks per implementation (AttentionMaskInterface), the name gets FlashAttention's:
     None for a causal batch, the (batch, seq) padding mask otherwise, never a dense 4-D mask."""
     transformers = _transformers()
     from kernels.varlen import varlen_attention
@@ -216,7 +216,7 @@ def register(name: str = NAME, varlen: Callable[..., torch.Tensor] | None = None
     transformers.AttentionInterface.register(name, attention_forward(varlen_attention if varlen is None else varlen))
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    except ImportError:  # before 4.53: the model builds a 4-D mask, read by _key_padding
+    except ImportError:  # no AttentionMaskInterface: the model builds a 4-D mask, read by _key_padding
         return name
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
     return name

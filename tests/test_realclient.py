@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from workbench import realclient as rc
 from workbench.records import load_records, write_record
 
 SIZE = rc.SIZES["cpu"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_pack_is_what_the_flattening_collator_gives():
@@ -146,3 +150,17 @@ def test_right_padded_batch_matches_sdpa():
             logits[name] = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool()
     torch.testing.assert_close(logits[hf.NAME][real], logits["sdpa"][real], atol=1e-4, rtol=1e-4)
+
+
+def test_kernels_stay_interpreted_when_records_are_imported_first():
+    """workbench.records (through provenance) must not import triton before kernels picks the interpreter."""
+    code = (
+        "import workbench.records, torch\n"
+        "from kernels import varlen_attention\n"
+        "q = torch.randn(6, 2, 16); cu = torch.tensor([0, 2, 6], dtype=torch.int32)\n"
+        "print(varlen_attention(q, q, q, cu, cu, 4, 4, causal=True).shape)\n"
+    )
+    env = {**os.environ, "WORKBENCH_DEVICE": "cpu"}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
