@@ -81,6 +81,23 @@ def test_attention_refuses_what_it_cannot_express():
         forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
 
 
+def test_transformers_keywords_become_the_contracts():
+    seen = {}
+
+    def varlen(q, k, v, *args, **kwargs):
+        seen.update(shapes=(q.shape, k.shape), args=args, **kwargs)
+        return q
+
+    module = torch.nn.Module()
+    module.is_causal = True
+    query, key = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    out, weights = hf.attention_forward(varlen)(module, query, key, key, None, scaling=0.5, sliding_window=3)
+    assert seen["shapes"] == ((10, 4, 16), (10, 2, 16))
+    assert seen["args"][0].tolist() == [0, 5, 10] and seen["args"][2:] == (5, 5)
+    assert seen["causal"] is True and seen["scale"] == 0.5 and seen["window_size"] == (2, 0)  # 3 keys: itself and 2 back
+    assert weights is None and torch.equal(out, query.transpose(1, 2))
+
+
 def test_register_without_transformers_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match="pip install transformers"):
@@ -91,6 +108,31 @@ def test_register_makes_the_name_an_attn_implementation():
     from transformers import AttentionInterface
 
     assert hf.register() == hf.NAME and hf.NAME in AttentionInterface()
+
+
+def test_per_document_sdpa_is_the_oracle_with_padding_rows_zero():
+    from workbench import reference_attention
+
+    q, k, v = (torch.randn(14, h, 16, dtype=torch.float64) for h in (4, 2, 2))
+    cu, padded = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 5, 10], dtype=torch.int32)
+    layout = dict(cu_seqlens_q_padded=padded, cu_seqlens_k_padded=padded, causal=True)
+    out = rc.per_document_sdpa(q, k, v, cu, cu, 5, 5, **layout)
+    torch.testing.assert_close(out, reference_attention(q, k, v, cu, cu, 5, 5, **layout))
+    assert (out[[3, 4, 10, 11, 12, 13]] == 0).all()  # GAP and TAIL rows
+
+
+def test_kv_heads_repeated_for_a_function_without_gqa():
+    """What torch 2.11's varlen_attn (no enable_gqa) gets: the same attention as GQA's."""
+    q, k, v = torch.randn(9, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    args = (cu, cu, 5, 5)
+
+    def without_gqa(q, k, v, *args, **kwargs):
+        assert q.shape[1] == k.shape[1] == v.shape[1]
+        return rc.per_document_sdpa(q, k, v, *args, **kwargs)
+
+    expected = rc.per_document_sdpa(q, k, v, *args, causal=True)
+    torch.testing.assert_close(rc._repeat_kv(without_gqa)(q, k, v, *args, causal=True), expected)
 
 
 FAST = ("transformers sdpa: math", "transformers sdpa, use_cache not disabled")

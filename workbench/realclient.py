@@ -234,8 +234,8 @@ class Backend:
         if self.varlen is not None:
             try:
                 self.varlen()
-            except ImportError as exc:
-                return f"not installed ({exc})"
+            except Exception as exc:  # ImportError, or a library that fails while loading (a DSL without its GPU)
+                return f"cannot be loaded here ({_first_line(exc)})"
         return ""
 
     def register(self) -> None:
