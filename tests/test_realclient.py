@@ -206,3 +206,12 @@ def test_kernels_stay_interpreted_when_records_are_imported_first():
     env.pop("TRITON_INTERPRET", None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_command_line_writes_a_record_with_its_command(tmp_path, capsys):
+    path = tmp_path / rc.RECORD
+    assert rc.main(["--backends", "transformers sdpa: math", "--record", str(path)]) == 0
+    (record,) = load_records(rc.RECORD, tmp_path)
+    assert record["provenance"]["command"].startswith("python -m workbench.realclient --backends 'transformers sdpa: math'")
+    assert [r["backend"] for r in record["runs"]] == [rc.BAR.name] * 2 + ["transformers sdpa: math"] * 2
+    assert "| transformers sdpa: math | poisoned |" in capsys.readouterr().out
