@@ -191,21 +191,8 @@ def _flash_attention_4() -> Callable:
 
     params = set(inspect.signature(flash_attn_varlen_func).parameters)
 
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-    ):
-        if cu_seqlens_q_padded is not None or cu_seqlens_k_padded is not None:
+    def call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None, **padded):
+        if any(boundaries is not None for boundaries in padded.values()):
             raise ValueError("FlashAttention-4's varlen function has no padded layout (GAP rows).")
         kwargs = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=causal)
         out = flash_attn_varlen_func(
