@@ -14,7 +14,7 @@ an ImportError saying how to get it. The attention takes batches the ways transf
   gradients, whatever memory holds there;
 - packed with `position_ids` alone (restarting at 0 for every document), as that collator's default;
 - a right-padded batch with a padding `attention_mask`: each row's padding becomes GAP rows of the
-  contract's padded layout (`cu_seqlens_q_padded`), so no token is copied;
+  contract's padded layout (`cu_seqlens_q_padded`): no unpadding pass, the rows stay where they are;
 - a plain batch: each row one sequence, causal bottom-right aligned (so decoding with a KV cache,
   len_q < len_k, attends to the whole cache).
 
@@ -114,9 +114,9 @@ def packed_layout(
 ) -> Layout:
     """The sequences of a batch transformers hands an attention function, as varlen arguments.
 
-    The keywords are transformers' own; the first that describes the batch wins, in the order
-    FlashAttention's path in transformers reads them: `cu_seq_lens_*`, a padding mask, position_ids
-    restarting per document, else each row is one sequence."""
+    The keywords are transformers' own; the most explicit that describes the batch wins:
+    `cu_seq_lens_*`, then a padding mask, then position_ids restarting per document; else each
+    row is one sequence."""
     if cu_seq_lens_q is not None:
         cu_q = _boundaries(cu_seq_lens_q, device)
         cu_k = cu_q if cu_seq_lens_k is None else _boundaries(cu_seq_lens_k, device)
