@@ -9,12 +9,19 @@ import subprocess
 from pathlib import Path
 
 import torch
-import triton
 
 from kernels._compat import DEVICE, INTERPRETED
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_DATA = REPO / "data" / "gpu"  # results recorded on GPU machines, each with its provenance
+
+
+def triton_version() -> str:
+    # Imported here, not at the top: `import triton` before kernels._compat has chosen the
+    # interpreter leaves triton.language in compiled mode, and every kernel then fails on a CPU.
+    import triton
+
+    return triton.__version__
 
 
 def git_commit() -> str:
@@ -49,7 +56,7 @@ def provenance() -> dict[str, str]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": triton.__version__,
+        "triton": triton_version(),
         "device": device_name(),
         "mode": "Triton interpreter" if INTERPRETED else "native",
         "commit": git_commit(),
