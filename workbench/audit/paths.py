@@ -25,9 +25,6 @@ with the reason. The targets:
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +32,7 @@ import torch
 
 from workbench.audit.adapters import AdapterRefused, _cuda_only, _first, bshd_mask, register_adapter
 from workbench.layout import Fill, bshd_to_thd, pad_thd, thd_to_bshd
+from workbench.upstream import import_module
 
 CONTRACT_KEYWORDS = ("cu_seqlens_q_padded", "cu_seqlens_k_padded", "causal", "scale")
 
@@ -436,54 +434,13 @@ _make_dmattn("dmattn-nobias", zero_bias=False)
 # -- flash-sparse-attn's Triton varlen functions ----------------------------------------------
 
 
-class _Missing:
-    """Stands for a name of the missing triton_kernels: using it raises ImportError."""
-
-    def __init__(self, *args, **kwargs):
-        raise ImportError("triton_kernels is not installed (stubbed by workbench.audit.paths for flash_sparse_attn's import)")
-
-    def __class_getitem__(cls, item):
-        return cls
-
-
-def _stub_attribute(attr: str):
-    if attr.startswith("__"):
-        raise AttributeError(attr)
-    return _Missing
-
-
-class _TritonKernelsStub:
-    """Import hook: every `triton_kernels[.x.y]` module is a stub whose names are `_Missing`."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "triton_kernels" and not name.startswith("triton_kernels."):
-            return None
-        from importlib.machinery import ModuleSpec
-
-        return ModuleSpec(name, self, is_package=True)
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__getattr__ = _stub_attribute
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def _fsa_module():
     """flash_sparse_attn, importable without OpenAI's triton_kernels.
 
     flash_sparse_attn 2.0.x imports `triton_kernels.matmul_ogs` at package import for its gated
     projection kernels; triton_kernels ships inside Triton's source tree, not on PyPI. The varlen
-    attention functions never use it, so when it is missing a stub module stands in, and any
-    use of it raises ImportError naming the package."""
-    try:
-        importlib.import_module("triton_kernels.matmul_ogs")
-    except ImportError:
-        sys.meta_path.insert(0, _TritonKernelsStub())
-    return importlib.import_module("flash_sparse_attn")
+    attention functions never use it, so when it is missing a stub stands in (workbench.upstream)."""
+    return import_module("flash_sparse_attn", stub={"triton_kernels": "flash_sparse_attn"})
 
 
 def fsa_dense_varlen(
