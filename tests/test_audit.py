@@ -525,3 +525,30 @@ def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():
     assert lines[2].split()[:2] == ["tail-rows", "FAIL"] and lines[3].split()[0] == "input-validation"
     assert report.failed == ["tail-rows"]
     assert [line.split()[0] for line in report.campaign_table().splitlines()] == [c.id for c in CATALOGUE]
+
+
+def test_the_verdict_table_prints_last_and_the_campaign_only_on_request(capsys):
+    argv = [
+        "audit",
+        "test_audit:tail_unwritten",
+        "--adapter",
+        "contract",
+        "--budget",
+        "0",
+        "--checks",
+        "tail-rows,input-validation",
+    ]
+    assert main(argv) == 1
+    out = capsys.readouterr().out.rstrip().splitlines()
+    table = out.index(next(line for line in out if line.split()[:2] == ["check", "verdict"]))
+    assert out[-1] == "FAILED: tail-rows" and [line.split()[0] for line in out[table + 2 : table + 4]] == [
+        "tail-rows",
+        "input-validation",
+    ]
+    assert f"(input-validation graded {len(CATALOGUE)} malformed calls; --campaign lists each)" in out
+    assert not any(line.startswith("cu-decreasing") for line in out)
+    assert main([*argv, "--campaign"]) == 1
+    shown = capsys.readouterr().out.rstrip().splitlines()
+    campaign = shown.index("input validation (bad-input campaign):")
+    assert campaign < shown.index(out[table]) and any(line.startswith("cu-decreasing") for line in shown[campaign:])
+    assert shown[-1] == "FAILED: tail-rows"

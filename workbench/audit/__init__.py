@@ -2,13 +2,13 @@
 
     from workbench.audit import audit
     report = audit(my_varlen_attention)           # or "module:function"; adapter guessed
-    print(report)                                 # verdict table, fuzzer summary, reproductions
+    print(report)                                 # fuzzer summary, reproductions, verdict table last
 
 `audit` wraps the function in an adapter (`workbench.audit.adapters`: a varlen function's call is
 read off its parameter names; FlexAttention, SDPA, flash-dmattn, TE-style and padded-batch
 callables have their own; or register yours with `register_adapter`), checks it against the
-function's signature, runs
-every check of `workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), and
+function's signature, runs every check of `workbench.audit.checks` (pass / FAIL with evidence /
+n/a with the reason), and
 grades input validation apart (`workbench.audit.campaign`: validates / partly validates / no
 validation; a grade never fails the audit, since an attention that computes every valid layout
 right is correct even if it checks nothing), then fuzzes `budget` random layouts
