@@ -68,11 +68,10 @@ def context_alive(device: str) -> bool:
         return False
 
 
-def _context() -> Any:
-    if sys.platform != "linux":
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+def _context(method: str) -> Any:
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(PRELOAD)
     return context
 
 
@@ -128,7 +127,10 @@ def _serve(conn, spec: Spec) -> None:
         return
     conn.send(("ready", None))
     while True:
-        message = conn.recv()
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
         if message is None:
             return
         task, args = message
@@ -153,16 +155,18 @@ class Worker:
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
+        self.method = "forkserver" if sys.platform == "linux" else "spawn"
         self.process: Any = None
         self.conn: Any = None
         self.starts = 0  # children started: the first, then one per replacement
         self.start_seconds: list[float] = []
 
     def _start(self) -> None:
-        context = _context()
+        context = _context(self.method)
         parent, child = context.Pipe()
         began = time.perf_counter()
-        process = context.Process(target=_serve, args=(child, self.spec), daemon=True)
+        # Not a daemon: a daemon may not start processes, and torch.compile's may (FlexAttention).
+        process = context.Process(target=_serve, args=(child, self.spec))
         process.start()
         child.close()
         self.process, self.conn = process, parent
@@ -174,6 +178,9 @@ class Worker:
             raise RuntimeError(f"the audit's child process for {self.spec.target} {crash} before it was ready") from None
         if status == "error":
             self.retire()
+            if "forked subprocess" in detail and self.method == "forkserver":  # CUDA came up in the server
+                self.method = "spawn"
+                return self._start()
             raise ValueError(detail)
         self.starts += 1
         self.start_seconds.append(time.perf_counter() - began)
