@@ -151,9 +151,11 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
     if fresh.exists():
         data = json.loads(fresh.read_text())
         fresh.unlink()
-        if phase == "fuzz":
-            data = _merge_fuzz(_earlier(row) or {}, data)
-        data.update(row=row, ran=True, rc=rc, wall_seconds=seconds)
+        if phase == "fuzz":  # the checks' run keeps its rc and time (a run of no check exits 2)
+            data = {**_merge_fuzz(_earlier(row) or {}, data), "fuzz_rc": rc, "fuzz_wall_seconds": seconds}
+        else:
+            data.update(rc=rc, wall_seconds=seconds)
+        data.update(row=row, ran=True)
         if phase != "checks":
             data["fuzz_time_limit"] = fuzz_seconds
             data["fuzz_budget"] = fuzz_budget(data) or "short of both budgets"
