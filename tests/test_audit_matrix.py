@@ -83,6 +83,8 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
     assert complete(slow) and fuzz_budget(slow) == "480 s (1.2 s a layout)"
     assert not complete({**slow, "fuzz_time_limit": 300}), "a time budget short of 8 minutes is not complete"
     assert not complete({**slow, "checks": [*whole["checks"][:-1], _lost("determinism")]})
+    hung = {"name": "determinism", "verdict": "n/a", "evidence": "not run: timed out after 150 s (the check's time limit)"}
+    assert complete({**slow, "checks": [*whole["checks"][:-1], hung]}), "a check past its time limit is an answer"
 
 
 def _lost(name: str) -> dict[str, str]:

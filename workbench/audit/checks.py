@@ -437,6 +437,9 @@ def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int) -> tupl
     return result, cuda_error(result.evidence) and not context_alive(str(impl.device))
 
 
+TIMED_OUT = "(the check's time limit)"  # ends the evidence of a check that ran past it
+
+
 def run_isolated(worker: Worker, name: str, dtype: str, head_dim: int, timeout: float | None = None) -> CheckResult:
     """Check `name` in `worker`'s child. The child is replaced after a check that raised a CUDA
     error (the cell adds "(context lost)" where the fault is sticky or the context no longer
@@ -445,9 +448,7 @@ def run_isolated(worker: Worker, name: str, dtype: str, head_dim: int, timeout: 
     value = worker.call(_check_in_child, name, dtype, head_dim, timeout=timeout)
     if isinstance(value, Crash):
         if value.timed_out:
-            return CheckResult(
-                name, Verdict.NA, f"not run: {value} (the check's time limit)", seconds=time.perf_counter() - start
-            )
+            return CheckResult(name, Verdict.NA, f"not run: {value} {TIMED_OUT}", seconds=time.perf_counter() - start)
         return CheckResult(name, Verdict.FAIL, f"its process {value}", seconds=time.perf_counter() - start)
     result, lost = value
     if lost or sticky(result.evidence):

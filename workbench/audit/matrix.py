@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.audit.adapters import ADAPTERS
-from workbench.audit.checks import CHECKS
+from workbench.audit.checks import CHECKS, TIMED_OUT
 from workbench.audit.paths import MATRIX
 from workbench.audit.sanitizer import load_sanitizer, row_summary
 from workbench.provenance import GPU_DATA
@@ -90,10 +90,17 @@ def fuzz_budget(record: dict[str, Any]) -> str | None:
     return None
 
 
+def _left_out(record: dict[str, Any], column: str) -> bool:
+    """A "not run" cell that another run could fill (one that ran past its time limit is an answer)."""
+    verdict, evidence = cell(record, column)
+    return verdict == "not run" and TIMED_OUT not in evidence
+
+
 def complete(record: dict[str, Any]) -> bool:
-    """Whether a row's record is whole: it ran, no cell is "not run", and the fuzzer met its
-    budget or had nothing to fuzz (scripts/gpu_audit_matrix.py records it again only when forced)."""
-    if not ran(record) or any(cell(record, c)[0] == "not run" for c in [*CORRECTNESS, "fuzzer"]):
+    """Whether a row's record is whole: it ran, no cell is left "not run" (but for a check past its
+    time limit), and the fuzzer met its budget or had nothing to fuzz (scripts/gpu_audit_matrix.py
+    records it again only when forced)."""
+    if not ran(record) or any(_left_out(record, c) for c in [*CORRECTNESS, "fuzzer"]):
         return False
     return cell(record, "fuzzer")[0] == "n/a" or fuzz_budget(record) is not None
 
