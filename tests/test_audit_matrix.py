@@ -4,25 +4,32 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
 from workbench.audit import audit
+from workbench.audit.judgements import (
+    judgements,
+    known_links,
+    new_findings,
+    parse,
+    postmortem_links,
+    unjudged,
+)
 from workbench.audit.matrix import (
     COLUMNS,
-    POSTMORTEMS,
     cell,
     columns,
+    complete,
     fails,
+    fuzz_budget,
     grid,
-    heatmap,
     implementation,
     load_matrix,
-    matrix_html,
-    postmortem_links,
-    text_grid,
     wrappers,
 )
+from workbench.audit.render import heatmap, matrix_html, text_grid
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
 
@@ -59,11 +66,29 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
     assert g["sdpa-math"]["input-validation"] == "n/a" and g["sdpa-math"]["sliding-window"] == "pass"
     # A check no recorded run ran (determinism, skipped here) has no column; one that some run
     # ran is "not run" where a record lacks it.
-    assert "determinism" not in g["sdpa-math"] and columns(records) == [c for c in COLUMNS if c != "determinism"]
+    assert "determinism" not in g["sdpa-math"] and columns(records) == [
+        c for c in COLUMNS if c not in ("determinism", "sanitizer")
+    ]
     partial = [records[0], {**records[1], "checks": [c for c in records[1]["checks"] if c["name"] != "gqa"]}]
     assert grid(partial)["sdpa-flash"]["gqa"] == "not run" and "not in the recorded run" in cell(partial[1], "gqa")[1]
     assert implementation(records[0]).startswith("sdpa-math (torch ")
     assert ("sdpa-math", "padding-leak") in {(row, check) for row, check, _ in fails(records)}
+    # A row is complete when nothing in it is "not run": the matrix script skips it unless forced.
+    assert not any(map(complete, records))  # determinism was skipped; dmattn-flex did not run
+    whole = {**records[0], "checks": [*records[0]["checks"], {"name": "determinism", "verdict": "n/a", "evidence": "-"}]}
+    assert not complete(whole) and fuzz_budget(whole) is None  # 3 layouts fuzzed
+    fuzzed = {**whole["fuzz"], "tried": 1000}
+    assert complete({**whole, "fuzz": fuzzed}) and fuzz_budget({**whole, "fuzz": fuzzed}) == "1000 layouts"
+    slow = {**whole, "fuzz": {**whole["fuzz"], "tried": 400, "seconds": 500.0}, "fuzz_time_limit": 480}
+    assert complete(slow) and fuzz_budget(slow) == "480 s (1.2 s a layout)"
+    assert not complete({**slow, "fuzz_time_limit": 300}), "a time budget short of 8 minutes is not complete"
+    assert not complete({**slow, "checks": [*whole["checks"][:-1], _lost("determinism")]})
+    hung = {"name": "determinism", "verdict": "n/a", "evidence": "not run: timed out after 150 s (the check's time limit)"}
+    assert complete({**slow, "checks": [*whole["checks"][:-1], hung]}), "a check past its time limit is an answer"
+
+
+def _lost(name: str) -> dict[str, str]:
+    return {"name": name, "verdict": "n/a", "evidence": "not run: the CUDA context was lost at check gqa"}
 
 
 def test_html_picture_and_text_show_every_cell(records_dir):
@@ -82,17 +107,67 @@ def test_html_picture_and_text_show_every_cell(records_dir):
 
 
 def test_postmortem_links_name_registered_pages_for_committed_fails():
-    """Each POSTMORTEMS cell is a FAIL of the committed H200 matrix, its id a registered post-mortem,
-    and the cell links to that page (the fuzzer's cell gathers its fuzz:<check> links)."""
+    """Each post-mortem of the judgements names a registered page, its cells are FAILs of the
+    committed H200 matrix, and the cell links to that page (the fuzzer's cell gathers its
+    fuzz:<check> links)."""
     from workbench.registry import Registry
 
     ids = set(Registry().ids())
     records = load_matrix()
     found = {(row, check) for row, check, _ in fails(records)}
-    assert POSTMORTEMS, "no post-mortem linked from the matrix"
-    for (row, check), pm_id in POSTMORTEMS.items():
-        assert pm_id in ids, f"POSTMORTEMS[{(row, check)}] = {pm_id!r} is not a registered post-mortem ({sorted(ids)})"
-        assert (row, check) in found, f"POSTMORTEMS links {row} / {check}, which is no FAIL of the committed matrix"
+    linked = {cell: j.postmortem for cell, j in judgements().items() if j.postmortem}
+    assert linked, "no post-mortem linked from the matrix"
+    for (row, check), pm_id in linked.items():
+        assert pm_id in ids, f"{row} / {check} links {pm_id!r}, which is not a registered post-mortem ({sorted(ids)})"
+        assert (row, check) in found, f"{row} / {check} links a post-mortem but is no FAIL of the committed matrix"
     assert postmortem_links("dmattn-flex", "fuzzer") == ["flash-dmattn-flex-mask"]
     assert postmortem_links("dmattn-flex", "determinism") == []
     assert '<a href="flash-dmattn-flex-mask.html">flash-dmattn-flex-mask</a>' in matrix_html(records)
+
+
+def test_every_committed_fail_is_judged_and_a_documented_one_is_never_new():
+    records = load_matrix()
+    assert not unjudged(records)
+    assert judgements()[("sdpa-cudnn", "determinism")].kind == "documented"
+    assert ("sdpa-cudnn", "determinism") not in new_findings(records)
+    assert known_links("sdpa-cudnn", "determinism")[0][0].endswith("sdp_utils.cpp")
+    assert ("torch-varlen", "no-real-query") in new_findings(records)
+    assert [url for url, _ in known_links("sdpa-math", "fuzzer")] == ["https://github.com/pytorch/pytorch/issues/101967"]
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ({"mechanisms": {"m": {"kind": "maybe", "text": "t"}}}, "has kind 'maybe'"),
+        ({"mechanisms": {"m": {"kind": "documented", "text": "t"}}}, "gives no link"),
+        ({"mechanisms": {}, "cells": [{"mechanism": "m", "rows": ["r"], "checks": ["c"]}]}, "not under [mechanisms]"),
+        (
+            {
+                "mechanisms": {"m": {"kind": "upstream", "text": "t"}},
+                "cells": [{"mechanism": "m", "rows": ["r"], "checks": ["c", "c"]}],
+            },
+            "r / c is judged twice",
+        ),
+        (
+            {
+                "mechanisms": {"m": {"kind": "upstream", "text": "t"}},
+                "cells": [{"mechanism": "m", "rows": ["r"], "checks": ["c"], "upstream": [{"url": "u"}]}],
+            },
+            "each link is {url = ..., says = ...}",
+        ),
+    ],
+)
+def test_a_malformed_judgements_file_is_refused_naming_the_fault(data, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse(data, "judgements.toml")
+
+
+def test_a_note_precedes_its_mechanism_text():
+    judged = parse(
+        {
+            "mechanisms": {"m": {"kind": "upstream", "text": "the mechanism"}},
+            "cells": [{"mechanism": "m", "note": "here", "rows": ["r"], "checks": ["fuzz:c"], "postmortem": "pm"}],
+        }
+    )
+    assert judged[("r", "fuzz:c")].text == "here: the mechanism" and judged[("r", "fuzz:c")].postmortem == "pm"
+    assert not judged[("r", "fuzz:c")].known

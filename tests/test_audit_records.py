@@ -137,3 +137,33 @@ def test_fuzz_failure_gives_the_shrunk_case_of_a_check(records_copy):
         fuzz_failure(record, "gap-rows")
     with pytest.raises(KeyError, match=r"found no tail-rows failure; it found \[\]"):
         fuzz_failure(_edit(records_copy, "audit-kernels.json", fuzz=None), "tail-rows")
+
+
+def test_an_earlier_record_is_regraded_with_todays_rules():
+    """The earlier varlen_attn run (campaign and checks on layouts with TAIL rows) read again:
+    its empty-sequences FAIL is TAIL rows alone, the later run's case has none and passes, and
+    the campaign's 'silent NaN' counts that are exactly the TAIL values are the TAIL bug."""
+    from workbench.audit import adapt
+    from workbench.audit.regrade import EVERY_ROW_NAN, TAIL_BUG, TAIL_ONLY, regrade_campaign, regrade_checks
+
+    records = {r["file"]: r for r in load_audit_records()}
+    earlier, later = records["audit-torch-varlen-earlier.json"], records["audit-torch-varlen.json"]
+    assert regrade_checks(earlier)["empty-sequences"] == ("FAIL", TAIL_ONLY)
+    assert regrade_checks(earlier)["tail-rows"] == ("FAIL", "FAIL") and regrade_checks(later)["empty-sequences"] == (
+        "pass",
+        "pass",
+    )
+    aliases = adapt("torch.nn.attention.varlen:varlen_attn", adapter="torch-varlen", device="cpu").aliases
+    today = {case: new for case, _, new in regrade_campaign(earlier, aliases)}
+    assert today["cu-float"] == "clear error" and today["q-not-tensor"] == "clear error"  # torch's own name: query
+    assert today["max-seqlen-too-small"] == TAIL_BUG and today["scale-negative"] == EVERY_ROW_NAN
+
+
+def test_tail_only_reads_the_regions_a_finding_names():
+    from workbench.audit.regrade import tail_only
+
+    case = "q=[3, 0] tail=2 H=2 D=64 float16 (zeros padding): "
+    assert tail_only(case + "out: 256 non-finite values in 2 TAIL rows; dq: max |x| 0.5 in 2 TAIL rows")
+    assert not tail_only(case + "out: 256 non-finite values in 2 TAIL rows; dk: 3 non-finite values in 1 GAP rows")
+    assert not tail_only(case + "dq: error 0.3 > bound 0.01 (30x PyTorch's own error)")
+    assert not tail_only("raised RuntimeError: CUDA error: invalid argument")

@@ -84,11 +84,13 @@ def test_the_math_claim_fails_when_a_keyless_row_is_not_zero(results):
 
 def test_the_audit_matrix_links_the_cudnn_cells_to_this_page():
     """The two sdpa-cudnn FAIL cells this page explains link to it from the matrix, and only they."""
-    from workbench.audit.matrix import POSTMORTEMS, fails, load_matrix, matrix_html, postmortem_links
+    from workbench.audit.judgements import judgements, postmortem_links
+    from workbench.audit.matrix import fails, load_matrix
+    from workbench.audit.render import matrix_html
     from workbench.registry import Registry
 
     records = load_matrix()
-    mine = {cell for cell, pm_id in POSTMORTEMS.items() if pm_id == pm.META.id}
+    mine = {cell for cell, judged in judgements().items() if judged.postmortem == pm.META.id}
     assert mine == {("sdpa-cudnn", "fully-masked-rows"), ("sdpa-cudnn", "causal-unequal")}
     assert mine <= {(row, check) for row, check, _ in fails(records)}
     assert pm.META.id in Registry().ids()

@@ -401,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="fuzz in N processes (natively: compilation and Python are the bottleneck)",
     )
+    audit.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        help="each check and fuzz batch in a child process replaced after a CUDA error, crash or timeout, so one "
+        "fault costs one cell (default: on CUDA)",
+    )
+    audit.add_argument("--check-timeout", type=float, metavar="S", help="with --isolate: a check past S seconds is not run")
     audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
     audit.add_argument("--skip", metavar="A,B", help="run every check but these")
     audit.add_argument(

@@ -24,6 +24,7 @@ as the command did.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,9 +42,18 @@ from workbench.audit.adapters import (
     load,
     register_adapter,
 )
-from workbench.audit.campaign import CUDA_FAULTS
-from workbench.audit.checks import CHECKS, CheckResult, Context, Finding, Verdict, layout_findings, single_threaded
+from workbench.audit.checks import (
+    CHECKS,
+    CheckResult,
+    Context,
+    Finding,
+    Verdict,
+    layout_findings,
+    run_isolated,
+    single_threaded,
+)
 from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
+from workbench.audit.isolate import Spec, Worker, sticky
 from workbench.audit.records import format_campaign, format_verdicts
 
 DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
@@ -195,12 +205,17 @@ def audit(
     seed: int = 0,
     time_limit: float | None = None,
     workers: int = 1,
+    isolate: bool | None = None,
+    check_timeout: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> AuditReport:
     """Runs the checks (all, or `checks` by name) and the fuzzer (`budget` layouts; 0: none).
 
     `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer's
     search, `workers` runs it in that many processes (see `workbench.audit.fuzz.fuzz`).
+    `isolate` (default: on CUDA) runs every check and fuzz batch in a child process that a CUDA
+    error, a crash or `check_timeout` seconds replace with a fresh one, so that one fault costs
+    one cell (`workbench.audit.isolate`); the target must then be importable.
     """
     start = time.perf_counter()
     impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
@@ -213,37 +228,43 @@ def audit(
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
     if budget is None:
         budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
+    if isolate is None:
+        isolate = impl.device.type == "cuda" and impl.target is not None and not impl.why_not()
     # The malformed calls of the input-validation campaign run last, after the fuzzer: they are
-    # the likeliest to fault the device. A CUDA fault (sticky: every later call fails for its
-    # sake) stops everything after it, said so in each verdict, instead of failing it.
+    # the likeliest to fault the device. In one process a CUDA fault (sticky: every later call
+    # fails for its sake) stops everything after it, said so in each verdict, instead of failing it.
     late = [n for n in names if n == "input-validation"]
     results: list[CheckResult] = []
     lost: str | None = None
+    with contextlib.ExitStack() as stack:
+        worker = stack.enter_context(Worker(Spec.of(impl))) if isolate else None
 
-    def run(name: str) -> None:
-        nonlocal lost
-        if lost:
-            results.append(CheckResult(name, Verdict.NA, f"not run: the CUDA context was lost at {lost}"))
-            return
-        results.append(CHECKS[name](ctx))
-        result = results[-1]
-        if impl.device.type == "cuda" and result.verdict is Verdict.FAIL and any(f in result.evidence for f in CUDA_FAULTS):
-            lost = f"check {name}"
-        if log:
-            log(f"{name}: {result.verdict.value} ({result.seconds:.1f} s)")
+        def run(name: str) -> None:
+            nonlocal lost
+            if lost:
+                results.append(CheckResult(name, Verdict.NA, f"not run: the CUDA context was lost at {lost}"))
+                return
+            if worker is not None:
+                results.append(run_isolated(worker, name, ctx.dtype, ctx.head_dim, check_timeout))
+            else:
+                with single_threaded():
+                    results.append(CHECKS[name](ctx))
+            result = results[-1]
+            if worker is None and impl.device.type == "cuda" and result.verdict is Verdict.FAIL and sticky(result.evidence):
+                lost = f"check {name}"
+            if log:
+                log(f"{name}: {result.verdict.value} ({result.seconds:.1f} s)")
 
-    with single_threaded():
         for name in names:
             if name not in late:
                 run(name)
-    fuzzed = None
-    if budget and not impl.why_not() and not lost:
-        fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers)
-        if "CUDA context lost" in fuzzed.stopped_early:
-            lost = "the fuzzer"
-        if log:
-            log(fuzzed.summary())
-    with single_threaded():
+        fuzzed = None
+        if budget and not impl.why_not() and not lost:
+            fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers, isolate=isolate)
+            if "CUDA context lost" in fuzzed.stopped_early:
+                lost = "the fuzzer"
+            if log:
+                log(fuzzed.summary())
         for name in late:
             run(name)
     results.sort(key=lambda r: names.index(r.name))
@@ -263,12 +284,16 @@ def audit(
 def _argv(args) -> list[str]:
     """The command line that gives `args` again (for the re-run under another device)."""
     argv = [args.target]
-    for name in ("adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "checks", "skip", "notebook", "record"):
-        value = getattr(args, name)
+    for name in (
+        "adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "check_timeout", "checks", "skip", "notebook", "record"
+    ):  # fmt: skip
+        value = getattr(args, name, None)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     if args.campaign:
         argv.append("--campaign")
+    if getattr(args, "isolate", None) is not None:
+        argv.append("--isolate" if args.isolate else "--no-isolate")
     for module in args.imports:
         argv += ["--import", module]
     return argv
@@ -312,6 +337,8 @@ def run_command(args) -> int:
             seed=args.seed,
             time_limit=args.time_limit,
             workers=args.workers,
+            isolate=getattr(args, "isolate", None),
+            check_timeout=getattr(args, "check_timeout", None),
             checks=args.checks.split(",") if args.checks else None,
             skip=args.skip.split(",") if getattr(args, "skip", None) else (),
             log=lambda line: print(line, file=sys.stderr, flush=True),

@@ -23,6 +23,7 @@ import torch
 
 from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.campaign import run_campaign, summarize
+from workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
 from workbench.layout import Case, Fill, Region, pack
 from workbench.probe import TENSORS, ProbeRecord, probe
 
@@ -422,3 +423,36 @@ def _input_validation(ctx: Context) -> CheckResult:
     rows = run_campaign(ctx.impl, ctx.dtype)
     grade, evidence = summarize(rows)
     return CheckResult("", Verdict.NA if grade is None else GRADE_VERDICTS[grade], evidence, rows=tuple(rows))
+
+
+# -- a check in a child process (workbench.audit.isolate) ----------------------------------
+
+
+def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int) -> tuple[CheckResult, bool]:
+    """Runs check `name` in the child; (its result without the probe records, whether a CUDA
+    error it reported left the context unusable)."""
+    with single_threaded():
+        result = CHECKS[name](Context(impl, dtype, head_dim))
+    result.records = ()  # tensors, possibly on the device: the parent needs the verdict
+    return result, cuda_error(result.evidence) and not context_alive(str(impl.device))
+
+
+TIMED_OUT = "(the check's time limit)"  # ends the evidence of a check that ran past it
+
+
+def run_isolated(worker: Worker, name: str, dtype: str, head_dim: int, timeout: float | None = None) -> CheckResult:
+    """Check `name` in `worker`'s child. The child is replaced after a check that raised a CUDA
+    error (the cell adds "(context lost)" where the fault is sticky or the context no longer
+    runs work), that killed it, or that ran past `timeout` seconds (the cell: not run)."""
+    start = time.perf_counter()
+    value = worker.call(_check_in_child, name, dtype, head_dim, timeout=timeout)
+    if isinstance(value, Crash):
+        if value.timed_out:
+            return CheckResult(name, Verdict.NA, f"not run: {value} {TIMED_OUT}", seconds=time.perf_counter() - start)
+        return CheckResult(name, Verdict.FAIL, f"its process {value}", seconds=time.perf_counter() - start)
+    result, lost = value
+    if lost or sticky(result.evidence):
+        result.evidence += " (context lost)"
+    if cuda_error(result.evidence):
+        worker.retire()
+    return result

@@ -16,13 +16,17 @@ and `native` for GPUs (up to a few thousand rows, block-edge lengths, head dims 
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.audit.adapters import ADAPTERS, Adapted, AdapterRefused, NoOutput, adapt
+from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.checks import Finding, layout_findings, single_threaded
+from workbench.audit.isolate import Crash, Spec, Worker, cuda_error, sticky
 from workbench.audit.snippets import torch_snippet
 from workbench.layout import Case, Fill, pack
 from workbench.probe import ProbeRecord, probe
@@ -331,9 +335,16 @@ def layout(impl: Adapted, profile: Profile, seed: int, index: int) -> Case:
 
 
 def _scan(
-    impl: Adapted, profile: Profile, seed: int, indices: range, deadline: float | None
+    impl: Adapted,
+    profile: Profile,
+    seed: int,
+    indices: Sequence[int],
+    deadline: float | None,
+    stop: Callable[[str], bool] = sticky,
 ) -> tuple[int, list[tuple[int, Finding]]]:
-    """Probes the layouts `indices` until `deadline` (time.time()); (layouts tried, (index, finding)s)."""
+    """Probes the layouts `indices` until `deadline` (time.time()) or a finding `stop` accepts
+    (by default a sticky CUDA fault: every later layout would fail for its sake);
+    (layouts tried, (index, finding)s)."""
     tried, found = 0, []
     with single_threaded():
         for index in indices:
@@ -342,19 +353,88 @@ def _scan(
             findings = run_layout(impl, layout(impl, profile, seed, index))
             found += [(index, f) for f in findings]
             tried += 1
-            if impl.device.type == "cuda" and any(_faulted(f) for f in findings):
-                break  # a CUDA fault is sticky: every later layout would fail for its sake
+            if any(stop(f.evidence) for f in findings):
+                break
     return tried, found
 
 
-def _faulted(finding: Finding) -> bool:
-    from workbench.audit.campaign import CUDA_FAULTS
-
-    return any(fault in finding.evidence for fault in CUDA_FAULTS)
+CHUNK = 16  # layouts per task sent to a child process
 
 
-def _scan_in_worker(target: str, adapter: str, device: str, profile: Profile, seed: int, indices: range, deadline: float | None):
-    return _scan(adapt(target, adapter, device), profile, seed, indices, deadline)
+def _scan_isolated(
+    worker: Worker, profile: Profile, seed: int, indices: Sequence[int], deadline: float | None
+) -> tuple[int, list[tuple[int, Finding]]]:
+    """`_scan` in `worker`'s child, resumed in a fresh child after a layout raises a CUDA error;
+    a chunk that kills its child is probed again one layout at a time to name the layout."""
+    tried, found = 0, list[tuple[int, Finding]]()
+    remaining = list(indices)
+    while remaining:
+        timeout = None if deadline is None else max(deadline - time.time(), 0) + SHRINK_SECONDS
+        value = worker.call(_scan, profile, seed, remaining, deadline, cuda_error, timeout=timeout)
+        if isinstance(value, Crash):
+            if len(remaining) == 1:
+                if not value.timed_out:
+                    tried, found = tried + 1, [*found, (remaining[0], Finding(RAISES, f"its process {value}"))]
+                break
+            for index in remaining:
+                n, f = _scan_isolated(worker, profile, seed, [index], deadline)
+                tried, found = tried + n, found + f
+            break
+        n, f = value
+        tried, found, remaining = tried + n, found + f, remaining[n:]
+        if not any(cuda_error(finding.evidence) for _, finding in f):
+            break  # done, or the deadline came
+        worker.retire()
+    return tried, found
+
+
+def _scan_workers(
+    workers: list[Worker], profile: Profile, seed: int, budget: int, deadline: float | None
+) -> tuple[int, list[tuple[int, Finding]]]:
+    """Layouts 0..budget-1 in chunks of CHUNK, each worker's child taking the next chunk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = iter(range(0, budget, CHUNK))
+    lock = threading.Lock()
+
+    def drive(worker: Worker) -> tuple[int, list[tuple[int, Finding]]]:
+        tried, found = 0, list[tuple[int, Finding]]()
+        while True:
+            with lock:
+                start = next(chunks, None)
+            if start is None or (deadline is not None and time.time() > deadline):
+                return tried, found
+            n, f = _scan_isolated(worker, profile, seed, range(start, min(start + CHUNK, budget)), deadline)
+            tried, found = tried + n, found + f
+
+    with ThreadPoolExecutor(len(workers)) as pool:
+        parts = list(pool.map(drive, workers))
+    return sum(n for n, _ in parts), [hit for _, f in parts for hit in f]
+
+
+def _shrink_task(impl: Adapted, case: Case, finding: Finding, profile: Profile, stop_at: float | None):
+    with single_threaded():
+        return shrink(impl, case, finding, profile, stop_at=stop_at)
+
+
+def _shrink_isolated(
+    worker: Worker, case: Case, finding: Finding, profile: Profile, stop_at: float | None
+) -> tuple[Case, Finding, int]:
+    """`shrink` in a child. A CUDA error may have poisoned that child's later probes (so every
+    candidate "failed"): such a shrunk layout counts only if it fails again in a fresh child;
+    otherwise, and when the child dies, the layout as drawn."""
+    timeout = None if stop_at is None else max(stop_at - time.time(), 0) + SHRINK_SECONDS
+    value = worker.call(_shrink_task, case, finding, profile, stop_at, timeout=timeout)
+    if isinstance(value, Crash):
+        return case, finding, 0
+    small, small_finding, spent = value
+    if cuda_error(finding.evidence) and small != case:
+        worker.retire()
+        again = worker.call(run_layout, small, timeout=timeout)
+        worker.retire()
+        if isinstance(again, Crash) or not any(f.check == finding.check for f in again):
+            return case, finding, spent
+    return small, small_finding, spent
 
 
 def fuzz(
@@ -365,13 +445,16 @@ def fuzz(
     profile: Profile | str | None = None,
     time_limit: float | None = None,
     workers: int = 1,
+    isolate: bool = False,
 ) -> FuzzResult:
     """Tries `budget` random layouts; shrinks the first failure of each check to a minimal case.
 
     `time_limit` (seconds) stops the search early, saying so in the result (shrinking comes
-    after, bounded by the profile's `shrink_probes`). `workers` > 1 probes in that many
-    processes (natively: Python and Triton compilation are the bottleneck, not the GPU); the
-    target must then be importable ("module:function") and its adapter registered.
+    after, bounded by the profile's `shrink_probes`). `workers` > 1 probes in that many child
+    processes (natively: Python and Triton compilation are the bottleneck, not the GPU);
+    `isolate` probes in child processes even with one worker, so that a layout that faults the
+    device or kills the process costs that layout alone (`workbench.audit.isolate`): the
+    search resumes in a fresh child. Either needs an importable target ("module:function").
     """
     if budget < 0:
         raise ValueError(f"budget = {budget} must be >= 0 (the number of layouts to try).")
@@ -380,51 +463,34 @@ def fuzz(
     profile = PROFILES[profile] if isinstance(profile, str) else (profile or default_profile(impl))
     start = time.perf_counter()
     deadline = None if time_limit is None else time.time() + time_limit
-    if workers == 1 or budget < 2:
-        tried, found = _scan(impl, profile, seed, range(budget), deadline)
-    else:
-        if impl.target is None or ADAPTERS.get(impl.adapter.name) is not impl.adapter:
-            raise ValueError("workers > 1 needs an importable target (module:function) and a registered adapter; use workers=1.")
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
-
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            parts = [
-                pool.submit(
-                    _scan_in_worker,
-                    impl.target,
-                    impl.adapter.name,
-                    str(impl.device),
-                    profile,
-                    seed,
-                    range(w, budget, workers),
-                    deadline,
-                )
-                for w in range(workers)
-            ]
-            tried, found = 0, []
-            for part in parts:
-                n, f = part.result()
-                tried, found = tried + n, found + f
-    result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
-    faulted = next((i for i, f in sorted(found, key=lambda x: x[0]) if _faulted(f)), None)
-    if faulted is not None:
-        result.stopped_early = f"CUDA context lost at layout {faulted} (a fault is sticky: nothing after it can run)"
-    elif tried < budget:
-        result.stopped_early = f"time limit of {time_limit:g} s reached"
-    shrunk: set[str] = set()
-    for index, finding in sorted(found, key=lambda x: x[0]):
-        if finding.check not in shrunk:
+    isolated = isolate or (workers > 1 and budget >= 2)
+    with contextlib.ExitStack() as stack:
+        children = [stack.enter_context(Worker(Spec.of(impl))) for _ in range(workers)] if isolated else []
+        if children:
+            tried, found = _scan_workers(children, profile, seed, budget, deadline)
+        else:
+            tried, found = _scan(impl, profile, seed, range(budget), deadline)
+        result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
+        # In one process a sticky fault ends the search (children resume in a fresh one instead).
+        faulted = None if children else next((i for i, f in sorted(found, key=lambda x: x[0]) if sticky(f.evidence)), None)
+        if faulted is not None:
+            result.stopped_early = f"CUDA context lost at layout {faulted} (a fault is sticky: nothing after it can run)"
+        elif tried < budget:
+            result.stopped_early = f"time limit of {time_limit:g} s reached"
+        shrunk: set[str] = set()
+        stop_at = None if deadline is None else deadline + SHRINK_SECONDS  # shrinking's time, in all
+        for index, finding in sorted(found, key=lambda x: x[0]):
+            if finding.check in shrunk:
+                continue
             shrunk.add(finding.check)
             case = layout(impl, profile, seed, index)
             if faulted is not None:  # no probe can run any more: the layout as drawn
                 small, small_finding, spent = case, finding, 0
+            elif children:
+                small, small_finding, spent = _shrink_isolated(children[0], case, finding, profile, stop_at)
             else:
                 with single_threaded():
-                    # Shrinking gets SHRINK_SECONDS past the search's time limit, in all.
-                    small, small_finding, spent = shrink(
-                        impl, case, finding, profile, stop_at=None if deadline is None else deadline + SHRINK_SECONDS
-                    )
+                    small, small_finding, spent = shrink(impl, case, finding, profile, stop_at=stop_at)
             replay = snippet(impl, small, small_finding)
             plain = torch_snippet(impl, small, small_finding)
             result.failures.append(

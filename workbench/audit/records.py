@@ -9,13 +9,13 @@ terminal.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from workbench.audit.fuzz import FuzzResult
 from workbench.provenance import GPU_DATA
+from workbench.records import load_records
 from workbench.tables import fixed_width
 
 CAMPAIGN_CHECKS = ("input-validation", "bad-input")  # its name, and its name in records before it was graded
@@ -27,9 +27,7 @@ def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
 
     Only audits that ran: the sanitizer's record (audit-sanitizer.json) and the note a path that
     could not run leaves (`"ran": false`) are the audit matrix's business (workbench.audit.matrix)."""
-    paths = sorted(Path(directory).glob("audit-*.json"))
-    records = [{**json.loads(p.read_text()), "file": p.name} for p in paths]
-    records = [r for r in records if "checks" in r and r.get("ran", True) is not False]
+    records = [r for r in load_records("audit-*.json", directory) if "checks" in r and r.get("ran", True) is not False]
     if not records:
         raise FileNotFoundError(f"no audit-*.json under {directory}; record one on a GPU machine with `{RECORD_COMMAND}`")
     return records
