@@ -3,11 +3,12 @@
 Every malformed input raises `TypeError` (wrong kind of thing) or `ValueError` (right kind,
 wrong value) whose message names the argument, the offending index and value, and the fix.
 
-Metadata checks read `cu_seqlens*` on the host: one device->host copy of all of them (one
+Metadata checks here read `cu_seqlens*` on the host: one device->host copy of all of them (one
 sync), then numpy on the host (a numpy op costs about a microsecond, a torch op on a small CPU
-tensor several). Callers that cannot afford the sync (CUDA graphs, `torch.compile`) pass
-`validate=False` to the kernel and keep only the tensor-shape checks in `check_varlen_tensors`,
-which need no sync.
+tensor several). Natively `varlen_attention` checks the values with a kernel instead
+(`kernels.varlen.device_check`) and comes here only to raise the error of a call that failed.
+Callers that cannot afford any wait (CUDA graphs, `torch.compile`) pass `validate=False` to
+the kernel and keep only the tensor-shape checks in `check_varlen_tensors`, which need no sync.
 """
 
 from __future__ import annotations
@@ -221,8 +222,7 @@ def _check_side(
             "padding; fewer rows are not.)"
         )
     max_name = f"max_seqlen_{side}"
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass int({name}.diff().max()).")
+    max_seqlen = check_max_seqlen(max_name, max_seqlen, name)
     longest = int(lengths.max())
     if max_seqlen < longest:
         i = int(np.argmax(lengths == longest))  # the first sequence of that length
@@ -231,6 +231,17 @@ def _check_side(
             f"tokens past {max_name} would be silently dropped. Pass {max_name} >= {longest}."
         )
     return lengths.tolist()
+
+
+def check_max_seqlen(name: str, value: object, cu_name: str) -> int:
+    """`max_seqlen_q`/`_k` as an int: a Python or numpy integer (not a bool, not a tensor, whose
+    value would need a host read). No host sync."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        kind = type(value).__name__
+        if type(value).__module__ == "numpy":  # np.float64 is not torch.float64's kind of mistake: say whose
+            kind = f"numpy.{kind}"
+        raise TypeError(f"{name} must be a Python int, got {kind}; pass int({cu_name}.diff().max()).")
+    return int(value)
 
 
 def check_cu_seqlens(
