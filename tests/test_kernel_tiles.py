@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import INTERPRETED, default_device, varlen_attention
+from kernels import INTERPRETED, default_device
 from kernels.varlen.launch import (
     BLOCK_SIZES,
     KEYS,
@@ -20,7 +20,7 @@ from kernels.varlen.launch import (
     candidate_tiles,
     work_lists,
 )
-from tests.test_kernel_varlen import assert_contract
+from tests.test_kernel_varlen import assert_contract, varlen_attention
 from workbench import Case, pack
 
 # Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k

@@ -27,6 +27,7 @@ from kernels.contract import (
     check_window_size,
 )
 from kernels.varlen.device_check import check_on_device
+from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
 from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -217,6 +218,27 @@ def _sync_free_checks_pass(q, k, v, metadata, limits, scale) -> bool:
     return True
 
 
+def check_backend(backend: object) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(
+            f'backend = {backend!r} is not one of {", ".join(map(repr, BACKENDS))}; pass "auto" (FlashAttention-4 where '
+            'it can run the call, else the Triton kernel), "triton" or "fa4".'
+        )
+    return str(backend)
+
+
+def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
+    """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
+    if backend == "triton":
+        return False
+    reason = unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate) or (
+        None if _eager() else "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+    )
+    if reason and backend == "fa4":
+        raise ValueError(f'backend="fa4" cannot run this call: {reason}. Pass backend="auto" to run it on the Triton kernel.')
+    return reason is None
+
+
 def _bounded(limit) -> int:
     """A max_seqlen as a kernel argument: past int64's range any bound is as good as 2**62 (or -1)."""
     return max(min(int(limit), 1 << 62), -1)
@@ -238,6 +260,7 @@ def varlen_attention(
     scale: float | None = None,
     return_lse: bool = False,
     validate: bool = True,
+    backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Attention over packed variable-length sequences, keeping the padding contract (docs/contract.md).
 
@@ -269,6 +292,16 @@ def varlen_attention(
             one step. False keeps only the checks that need no wait on the device, for CUDA
             graphs and ``torch.compile(fullgraph=True)``.
 
+        backend: which kernel computes the call. "triton": ours. "fa4": FlashAttention-4
+            (the optional extra ``fa4``) with the contract kept by a thin wrapper
+            (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
+            "auto" (the default): FA4 where it can run the call, ours elsewhere. FA4 runs a
+            call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
+            boundaries, with ``validate=True`` (FA4 bounds its work by max_seqlen) and no
+            gradient through lse (``return_lse=True`` while q, k or v require grad). Every
+            other call (CPU, other GPUs, float32, other head dims, ``torch.compile``) runs
+            on the Triton kernel.
+
     Returns:
         out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
         with ``return_lse``, also lse (H, T_q) float32 (flash-attn's varlen layout), -inf on
@@ -293,8 +326,10 @@ def varlen_attention(
     """
     check_causal(causal)
     left, right = check_window_size(window_size)
+    check_backend(backend)
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     limits = (max_seqlen_q, max_seqlen_k)
+    asked_to_validate = validate
     if validate and _VALIDATED.holds(metadata, q, k, *limits, scale):
         validate = False  # the same metadata, unchanged, passed the check: tensor checks only
     on_device = validate and _checks_on_device() and _sync_free_checks_pass(q, k, v, metadata, limits, scale)
@@ -333,8 +368,14 @@ def varlen_attention(
     device_check = None
     if on_device:  # the kernels run on the check's safe copy: all padding if the check fails
         kernel_metadata, device_check = check_on_device(*metadata, q.shape[0], k.shape[0], *map(_bounded, limits))
-    apply = _VarlenAttention.apply if _eager() else _forward_op
-    out, lse, *_ = apply(q, k, v, *kernel_metadata, causal, check_scale(scale, q.shape[-1]), left, right)
+    mask = (causal, check_scale(scale, q.shape[-1]), left, right)
+    if _runs_on_fa4(backend, q, k, v, metadata, return_lse, asked_to_validate):
+        out, lse = fa4_attention(
+            q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
+        )
+    else:
+        apply = _VarlenAttention.apply if _eager() else _forward_op
+        out, lse, *_ = apply(q, k, v, *kernel_metadata, *mask)
     if device_check is not None and device_check.failed():  # waits for the check, not for the kernels behind it
         check_varlen_inputs(
             q, k, v, *metadata[:2], *limits, cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded
