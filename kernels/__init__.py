@@ -4,6 +4,8 @@
 before any `@triton.jit` below is evaluated.
 """
 
+import functools
+
 from kernels._compat import DEVICE, INTERPRETED, default_device  # first: it picks interpreter or native
 from kernels.contract import (
     VarlenShape,
@@ -18,6 +20,9 @@ from kernels.contract import (
 from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8
 from kernels.varlen import AuxRequest, varlen_attention, varlen_attn
 
+# The guarded FlashAttention-4 path as one callable: `workbench audit kernels:varlen_attention_fa4`.
+varlen_attention_fa4 = functools.partial(varlen_attention, backend="fa4")
+
 __all__ = [
     "DEVICE",
     "INTERPRETED",
@@ -31,6 +36,7 @@ __all__ = [
     "check_causal",
     "check_window_size",
     "varlen_attention",
+    "varlen_attention_fa4",
     "varlen_attn",
     "AuxRequest",
     "Fp8Blockwise",

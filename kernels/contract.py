@@ -3,11 +3,12 @@
 Every malformed input raises `TypeError` (wrong kind of thing) or `ValueError` (right kind,
 wrong value) whose message names the argument, the offending index and value, and the fix.
 
-Metadata checks read `cu_seqlens*` on the host: one device->host copy of all of them (one
+Metadata checks here read `cu_seqlens*` on the host: one device->host copy of all of them (one
 sync), then numpy on the host (a numpy op costs about a microsecond, a torch op on a small CPU
-tensor several). Callers that cannot afford the sync (CUDA graphs, `torch.compile`) pass
-`validate=False` to the kernel and keep only the tensor-shape checks in `check_varlen_tensors`,
-which need no sync.
+tensor several). Natively `varlen_attention` checks the values with a kernel instead
+(`kernels.varlen.device_check`) and comes here only to raise the error of a call that failed.
+Callers that cannot afford any wait (CUDA graphs, `torch.compile`) pass `validate=False` to
+the kernel and keep only the tensor-shape checks in `check_varlen_tensors`, which need no sync.
 """
 
 from __future__ import annotations
@@ -54,11 +55,14 @@ def check_varlen_tensors(
                 "workbench.bshd_to_thd first."
             )
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}; cast it, e.g. {name}.to(torch.bfloat16).")
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got {t.dtype}; cast it, e.g. "
+                f"{name}.to({_suggested_dtype(t.device, dtypes or (torch.float32, torch.bfloat16))})."
+            )
         if dtypes is not None and t.dtype not in dtypes:
             raise TypeError(
                 f"{name} has dtype {t.dtype}; this implementation supports "
-                f"{', '.join(str(d) for d in dtypes)}. Cast with {name}.to(torch.bfloat16) "
+                f"{', '.join(str(d) for d in dtypes)}. Cast with {name}.to({_suggested_dtype(t.device, dtypes)}) "
                 "(or another supported dtype)."
             )
     if not (q.dtype == k.dtype == v.dtype):
@@ -77,7 +81,7 @@ def check_varlen_tensors(
     if head_dim_k != head_dim:
         raise ValueError(
             f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}; "
-            "project q, k and v to one head dim."
+            f"project q, k and v to one head dim.{_transposed_hint(q, k, head_dims)}"
         )
     if heads == 0 or kv_heads == 0:
         raise ValueError(
@@ -93,9 +97,28 @@ def check_varlen_tensors(
         raise ValueError(
             f"head_dim {head_dim} (q.shape[-1]) is not supported; supported head dims are "
             f"{', '.join(map(str, head_dims))}. Pad the head dimension with zeros up to the "
-            "next supported size."
+            f"next supported size.{_transposed_hint(q, k, head_dims)}"
         )
     return VarlenShape(total_q, total_k, heads, kv_heads, head_dim)
+
+
+def _suggested_dtype(device: torch.device, dtypes: Sequence[torch.dtype]) -> torch.dtype:
+    """The cast to advise: float32 on the CPU (the interpreter emulates half precision slowly),
+    bfloat16 on a GPU, whichever of them the implementation supports."""
+    preferred = (torch.float32, torch.bfloat16) if device.type == "cpu" else (torch.bfloat16, torch.float32)
+    return next((d for d in preferred if d in dtypes), dtypes[0])
+
+
+def _transposed_hint(q: torch.Tensor, k: torch.Tensor, head_dims: Sequence[int] | None) -> str:
+    """Names q or k as likely transposed, (tokens, head_dim, heads), when its middle dimension is
+    a supported head dim and its last is not: the usual cause of a head-dim error."""
+    for name, t in (("q", q), ("k", k)):
+        if head_dims is not None and t.shape[1] in head_dims and t.shape[-1] not in head_dims:
+            return (
+                f" {name} has shape {tuple(t.shape)}: is it (tokens, head_dim, heads), transposed? Pass "
+                f"{name}.transpose(1, 2) for (tokens, heads, head_dim)."
+            )
+    return ""
 
 
 def _check_index_tensor(name: str, cu: object, device: torch.device | None) -> None:
@@ -221,8 +244,7 @@ def _check_side(
             "padding; fewer rows are not.)"
         )
     max_name = f"max_seqlen_{side}"
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"{max_name} must be a Python int, got {type(max_seqlen).__name__}; pass int({name}.diff().max()).")
+    max_seqlen = check_max_seqlen(max_name, max_seqlen, name)
     longest = int(lengths.max())
     if max_seqlen < longest:
         i = int(np.argmax(lengths == longest))  # the first sequence of that length
@@ -231,6 +253,17 @@ def _check_side(
             f"tokens past {max_name} would be silently dropped. Pass {max_name} >= {longest}."
         )
     return lengths.tolist()
+
+
+def check_max_seqlen(name: str, value: object, cu_name: str) -> int:
+    """`max_seqlen_q`/`_k` as an int: a Python or numpy integer (not a bool, not a tensor, whose
+    value would need a host read). No host sync."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        kind = type(value).__name__
+        if type(value).__module__ == "numpy":  # np.float64 is not torch.float64's kind of mistake: say whose
+            kind = f"numpy.{kind}"
+        raise TypeError(f"{name} must be a Python int, got {kind}; pass int({cu_name}.diff().max()).")
+    return int(value)
 
 
 def check_cu_seqlens(

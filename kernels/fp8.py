@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contract import check_cu_seqlens, check_scale, check_varlen_tensors
+from kernels.contract import check_causal, check_cu_seqlens, check_scale, check_varlen_tensors, check_window_size
+from kernels.varlen.launch import Window
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -251,8 +252,11 @@ def _attention_fp8_kernel(
     stride_oh,
     stride_sq,
     stride_sk,
+    window_left,
+    window_right,
     GROUP: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -281,8 +285,8 @@ def _attention_fp8_kernel(
     row_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     end = len_k
-    if CAUSAL:  # bottom-right aligned: query row r sees keys <= r + len_k - len_q
-        end = tl.minimum(len_k, (tile + 1) * BLOCK_M + len_k - len_q)
+    if WINDOW_RIGHT:  # bottom-right aligned: query row r sees keys <= r + len_k - len_q + right
+        end = tl.minimum(len_k, tl.maximum((tile + 1) * BLOCK_M + len_k - len_q + window_right, 0))
     for start in range(0, end, BLOCK_N):
         keys = start + cols
         key_ok = keys < len_k
@@ -293,8 +297,10 @@ def _attention_fp8_kernel(
         sv = tl.load(SV + (k_rows // K_BLOCK) * stride_sk + kv_head, mask=key_ok, other=0.0)
         s = tl.dot(q, tl.trans(k.to(tl.float16))) * sq[:, None] * sk[None, :]
         visible = row_ok[:, None] & key_ok[None, :]
-        if CAUSAL:
-            visible = visible & (keys[None, :] <= rows[:, None] + (len_k - len_q))
+        if WINDOW_RIGHT:
+            visible = visible & (keys[None, :] <= rows[:, None] + (len_k - len_q) + window_right)
+        if WINDOW_LEFT:
+            visible = visible & (keys[None, :] >= rows[:, None] + (len_k - len_q) - window_left)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
@@ -324,10 +330,12 @@ def varlen_attention_fp8(
     cu_seqlens_q_padded: torch.Tensor | None = None,
     cu_seqlens_k_padded: torch.Tensor | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
     scale: float | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """Varlen attention forward on blockwise-FP8 q, k, v (the padding contract's semantics).
+    """Varlen attention forward on blockwise-FP8 q, k, v (the padding contract's semantics,
+    `causal` and `window_size` as in `kernels.varlen_attention`).
 
     Output: (T_q, H, D) in `out_dtype`, padding rows exactly 0, REAL rows computed from the
     dequantized values. k and v must share the block size and their scales' shape.
@@ -339,6 +347,7 @@ def varlen_attention_fp8(
         raise ValueError(f"k and v must be quantized with the same block size, got {k.block} and {v.block}.")
     if out_dtype not in INPUT_DTYPES:
         raise ValueError(f"out_dtype = {out_dtype} must be one of {INPUT_DTYPES}.")
+    window = Window.of(check_causal(causal), *check_window_size(window_size))
     shape = check_varlen_tensors(q.data, k.data, v.data, dtypes=(FP8,), head_dims=HEAD_DIMS)
     check_cu_seqlens(
         cu_seqlens_q,
@@ -377,8 +386,9 @@ def varlen_attention_fp8(
         out.stride(1),
         q.scale.stride(0),
         k.scale.stride(0),
+        *window.kernel_args(),
         GROUP=shape.heads // shape.kv_heads,
-        CAUSAL=causal,
+        **window.constexprs(),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         HEAD_DIM=shape.head_dim,

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels._compat import INTERPRETED, default_device
-from kernels.contract import check_scale, check_varlen_inputs
+from kernels.contract import check_scale, check_varlen_inputs, check_window_size
 
 HOPPER = 90  # compute capability of the GPU machine (H200)
 
@@ -226,6 +226,7 @@ def single_block_attention(
     cu_seqlens_q_padded: torch.Tensor | None = None,
     cu_seqlens_k_padded: torch.Tensor | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
     scale: float | None = None,
     upcast: bool = False,
 ) -> torch.Tensor:
@@ -235,8 +236,14 @@ def single_block_attention(
     With `upcast=False` (the default, like most Triton attention kernels) it meets the
     interpreter's bf16 bug head on; `upcast=True` applies our workaround. Same contract and
     signature as `kernels.varlen_attention` (padding rows of the output are 0), forward only,
-    sequences up to `SINGLE_BLOCK_MAX_SEQLEN` tokens.
+    sequences up to `SINGLE_BLOCK_MAX_SEQLEN` tokens, no sliding window (any other
+    `window_size` than (-1, -1) is refused).
     """
+    if check_window_size(window_size) != (-1, -1):
+        raise ValueError(
+            f"window_size = {tuple(window_size)}: single_block_attention reproduces a kernel without sliding "
+            "windows; pass (-1, -1), or use kernels.varlen_attention(..., window_size=...) for a window."
+        )
     shape = check_varlen_inputs(
         q,
         k,

@@ -20,3 +20,39 @@ def test_fill_lists_the_valid_fills():
     with pytest.raises(ValueError, match="'purple' is not a padding fill; choose one of 'zeros', 'nan'"):
         Case(seqlens_q=(4,), fill="purple")
     assert Fill("nan") is Fill.NAN and Case(seqlens_q=(4,), fill="+inf").fill is Fill.POS_INF
+
+
+def test_a_float64_q_on_the_cpu_is_advised_a_dtype_that_runs_there():
+    from kernels import varlen_attention
+    from workbench.malformed import base_args, split_call
+
+    args = {**base_args(), **{n: base_args()[n].double() for n in ("q", "k", "v")}}
+    positional, keywords = split_call(args)
+    with pytest.raises(TypeError, match=r"q has dtype torch\.float64; .* Cast with q\.to\(torch\.float32\)"):
+        varlen_attention(*positional, **keywords)
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_a_transposed_tensor_is_named_as_likely_transposed(which):
+    from kernels import varlen_attention
+    from workbench.malformed import base_args, split_call
+
+    args = base_args()
+    args[which] = args[which].transpose(1, 2).contiguous()  # (tokens, head_dim, heads)
+    if which == "k":
+        args["v"] = args["v"].transpose(1, 2).contiguous()
+    positional, keywords = split_call(args)
+    with pytest.raises(
+        ValueError,
+        match=rf"{which} has shape .*: is it \(tokens, head_dim, heads\), transposed\? Pass {which}\.transpose\(1, 2\)",
+    ):
+        varlen_attention(*positional, **keywords)
+
+
+def test_the_single_block_reproduction_refuses_a_window():
+    from kernels.interpreter import single_block_attention
+    from workbench.malformed import base_args, split_call
+
+    positional, keywords = split_call(base_args())
+    with pytest.raises(ValueError, match=r"window_size = \(2, 0\): single_block_attention reproduces a kernel without"):
+        single_block_attention(*positional, **keywords, window_size=(2, 0))

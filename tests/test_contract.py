@@ -64,6 +64,16 @@ def test_int64_boundaries_are_accepted():
     check_cu_seqlens(cu, cu, 3, 3, total_q=3, total_k=3)
 
 
+def test_numpy_integers_are_accepted_as_max_seqlen():
+    """A max_seqlen computed with numpy (np.int64) is an int, not torch.int64's kind of mistake."""
+    import numpy as np
+
+    args = base_args()
+    assert call(max_seqlen_q=np.int64(args["max_seqlen_q"]), max_seqlen_k=np.int32(args["max_seqlen_k"])).total_q == 15
+    with pytest.raises(TypeError, match=r"max_seqlen_q must be a Python int, got numpy.float64"):
+        call(max_seqlen_q=np.float64(4))
+
+
 def test_default_scale_is_inverse_sqrt_head_dim():
     assert check_scale(None, 64) == 0.125
     assert check_scale(2, 64) == 2.0

@@ -71,8 +71,9 @@ def test_all_row_scales_are_poisoned_by_one_padding_row():
             causal=True,
             fill=Fill.POS_INF,
         ),
+        Case((14, 21), seqlens_k=(9, 25), align=8, heads=2, head_dim=16, window=(3, 2), fill=Fill.NAN),
     ],
-    ids=["aligned-causal", "gqa-cross-tail"],
+    ids=["aligned-causal", "gqa-cross-tail", "window"],
 )
 def test_fp8_attention_computes_on_the_dequantized_values(case):
     batch = pack(case, requires_grad=False)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import INTERPRETED, varlen_attention
+from kernels import INTERPRETED
+from tests.test_kernel_varlen import varlen_attention
 from workbench import Case, Fill, Region, error_check, pack, reference_attention
 
 CASE = Case((5, 9), seqlens_k=(7, 9), padded_q=(8, 9), tail_q=2, heads=2, kv_heads=1, head_dim=16, causal=True, fill=Fill.NAN)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import INTERPRETED, default_device, varlen_attention
+from kernels import INTERPRETED, default_device
 from kernels.varlen.launch import (
     BLOCK_SIZES,
     KEYS,
@@ -20,7 +20,7 @@ from kernels.varlen.launch import (
     candidate_tiles,
     work_lists,
 )
-from tests.test_kernel_varlen import assert_contract
+from tests.test_kernel_varlen import assert_contract, varlen_attention
 from workbench import Case, pack
 
 # Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k
@@ -89,6 +89,44 @@ def test_candidate_tiles_cover_every_supported_row_width():
                 tiles = candidate_tiles(kernel, head_dim, dtype)
                 assert tiles and all(t.block_m in BLOCK_SIZES or kernel == "dkdv" for t in tiles)
                 assert all(t.block_n in BLOCK_SIZES or kernel != "dkdv" for t in tiles)
+
+
+class FakeCompiled:
+    """What a native launch returns, as far as the tuner reads it."""
+
+    def __init__(self, n_spills: int) -> None:
+        self.n_spills, self.n_regs = n_spills, 255
+        self.metadata = type("Metadata", (), {"shared": 0})()
+
+
+def test_tuner_never_times_a_spilling_candidate(monkeypatch):
+    """Spills are read from the compiled kernels first: only the candidates that spill least
+    (none, when any does not) are timed, however fast a spilling one would have looked."""
+    import kernels.varlen.launch as launch_module
+
+    spilling, fast_spilling = Tile(64, 64, 4, 2), Tile(128, 128, 8, 3)
+    clean, slower_clean = Tile(128, 64, 8, 3), Tile(64, 32, 4, 3)
+    spills = {spilling: 16, fast_spilling: 88, clean: 0, slower_clean: 0}
+    speed = {spilling: 0.1, fast_spilling: 0.05, clean: 1.0, slower_clean: 2.0}
+    launched: list[Tile] = []
+
+    def launch(tile):
+        launched.append(tile)
+        return FakeCompiled(spills[tile])
+
+    def do_bench(fn, **_):
+        fn()
+        return speed[launched[-1]]
+
+    monkeypatch.setattr(launch_module, "_may_synchronize", lambda: True)
+    monkeypatch.setattr(launch_module.triton.testing, "do_bench", do_bench)
+    tuner = TileTuner()
+    tuner.launch(("forward", "x"), tuple(spills), launch, MIN_TIMED_WORK)
+    assert set(tuner.timings[("forward", "x")]) == {clean, slower_clean}
+    assert tuner.chosen[("forward", "x")] == clean and tuner.report()[0]["spills"] == 0
+    # every candidate spills: the least spilling are timed, the others still never
+    tuner.launch(("dq", "x"), (spilling, fast_spilling), launch, MIN_TIMED_WORK)
+    assert set(tuner.timings[("dq", "x")]) == {spilling}
 
 
 @pytest.mark.gpu

@@ -24,8 +24,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import INTERPRETED, AuxRequest, default_device, varlen_attention, varlen_attn
-from tests.test_kernel_varlen import assert_contract
+from kernels import INTERPRETED, AuxRequest, default_device, varlen_attn
+from tests.test_kernel_varlen import assert_contract, varlen_attention
 from workbench import Case, Fill, pack, reference_attention
 from workbench.bounds import lse_error
 from workbench.reference import visible_keys
@@ -342,7 +342,9 @@ def test_docstring_example_runs():
     """varlen_attention's docstring example, as doctest runs it."""
     import doctest
 
+    import kernels
+
     finder = doctest.DocTestFinder()
-    (test,) = [t for t in finder.find(varlen_attention, "varlen_attention") if t.examples]
+    (test,) = [t for t in finder.find(kernels.varlen_attention, "varlen_attention") if t.examples]
     result = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE).run(test, out=lambda _: None)
     assert result.attempted >= 5 and result.failed == 0

@@ -59,8 +59,8 @@ INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 # each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
 # compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
 # memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
-# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner times them beside the
-# others). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
+# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner drops a spilling
+# candidate before timing). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
 # and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     "forward": {
@@ -104,8 +104,8 @@ def _may_synchronize() -> bool:
 
 
 class TileTuner:
-    """Per shape class, times every candidate tile once on the real call and keeps the fastest
-    (calls under MIN_TIMED_WORK take the first candidate untimed).
+    """Per shape class, times every candidate tile that does not spill once on the real call and
+    keeps the fastest (calls under MIN_TIMED_WORK take the first candidate untimed).
 
     A shape class is (kernel, dtype, head_dim, causal, GQA group, log2 of the mean rows per
     sequence, log2 of rows x heads): short documents want smaller query blocks, and a small
@@ -154,14 +154,24 @@ class TileTuner:
             self.resources[key] = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": compiled.metadata.shared}
 
     def _time(self, key: tuple, candidates: tuple[Tile, ...], launch: Callable[[Tile], object]) -> Tile:
-        timings = {}
+        """The fastest of the candidates that spill least (none, where any does not): a
+        spilling tile can win a timing by luck under contention and then run slower ever
+        after, so spills are read from the compiled kernels before anything is timed."""
+        spills = {}
         for tile in candidates:
             try:
-                timings[tile] = triton.testing.do_bench(lambda tile=tile: launch(tile), warmup=5, rep=25, return_mode="median")
+                compiled = launch(tile)  # compiles it (and runs it once, harmlessly)
             except OutOfResources:
                 continue  # more shared memory or registers than the device has
-        if not timings:
+            spills[tile] = getattr(compiled, "n_spills", None) or 0  # the interpreter compiles nothing
+        if not spills:
             raise RuntimeError(f"no candidate tile of {key[0]} fits this device: {', '.join(map(str, candidates))}")
+        fewest = min(spills.values())
+        timings = {
+            tile: triton.testing.do_bench(lambda tile=tile: launch(tile), warmup=5, rep=25, return_mode="median")
+            for tile, n in spills.items()
+            if n == fewest
+        }
         self.timings[key] = timings
         return min(timings, key=lambda tile: timings[tile])
 

@@ -16,15 +16,18 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from kernels._compat import check_kernel_device
+from kernels._compat import INTERPRETED, check_kernel_device
 from kernels.contract import (
     check_causal,
     check_cu_seqlens_tensors,
+    check_max_seqlen,
     check_scale,
     check_varlen_inputs,
     check_varlen_tensors,
     check_window_size,
 )
+from kernels.varlen.device_check import check_on_device
+from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
 from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -195,6 +198,52 @@ class _ValidatedMetadata:
 _VALIDATED = _ValidatedMetadata()
 
 
+def _checks_on_device() -> bool:
+    """The metadata's values are checked by a kernel natively in eager mode (device_check);
+    under the interpreter they are host memory already, and a traced call keeps the host check."""
+    return not INTERPRETED and _eager()
+
+
+def _sync_free_checks_pass(q, k, v, metadata, limits, scale) -> bool:
+    """Whether the checks that need no host read pass. A call that fails one takes the host
+    check, which raises the first failure in the order a CPU call reports it."""
+    try:
+        check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
+        check_cu_seqlens_tensors(*metadata[:2], cu_seqlens_q_padded=metadata[2], cu_seqlens_k_padded=metadata[3], device=q.device)
+        for side, limit in zip("qk", limits):
+            check_max_seqlen(f"max_seqlen_{side}", limit, f"cu_seqlens_{side}")
+        check_scale(scale, q.shape[-1])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def check_backend(backend: object) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(
+            f'backend = {backend!r} is not one of {", ".join(map(repr, BACKENDS))}; pass "auto" (FlashAttention-4 where '
+            'it can run the call, else the Triton kernel), "triton" or "fa4".'
+        )
+    return str(backend)
+
+
+def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
+    """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
+    if backend == "triton":
+        return False
+    reason = unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate) or (
+        None if _eager() else "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+    )
+    if reason and backend == "fa4":
+        raise ValueError(f'backend="fa4" cannot run this call: {reason}. Pass backend="auto" to run it on the Triton kernel.')
+    return reason is None
+
+
+def _bounded(limit) -> int:
+    """A max_seqlen as a kernel argument: past int64's range any bound is as good as 2**62 (or -1)."""
+    return max(min(int(limit), 1 << 62), -1)
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -211,6 +260,7 @@ def varlen_attention(
     scale: float | None = None,
     return_lse: bool = False,
     validate: bool = True,
+    backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Attention over packed variable-length sequences, keeping the padding contract (docs/contract.md).
 
@@ -233,11 +283,24 @@ def varlen_attention(
             (bottom-right aligned when len_q != len_k). ``(-1, 0)`` is causal, ``(4096, 0)`` a
             causal sliding window. Key blocks wholly outside the window are skipped.
         scale: softmax scale, 1/sqrt(D) by default.
-        return_lse: also return lse.
-        validate: check the metadata on the host (one small device->host copy, a sync; skipped
+        return_lse: return ``(out, lse)`` instead of ``out``.
+        validate: check the boundary values too (docs/contract.md, Validation); a malformed
+            call raises before it returns, on every device. Natively a kernel checks them on the
+            GPU and the host waits for that check only, not for the attention kernels queued
+            behind it; on the CPU, or traced, the host checks them before launching. Skipped
             when the very same, unmodified metadata tensors passed it last, as in the layers of
-            one step); False keeps only sync-free checks, for CUDA graphs and
-            ``torch.compile(fullgraph=True)``.
+            one step. False keeps only the checks that need no wait on the device, for CUDA
+            graphs and ``torch.compile(fullgraph=True)``.
+
+        backend: which kernel computes the call. "triton": ours. "fa4": FlashAttention-4
+            (the optional extra ``fa4``) with the contract kept by a thin wrapper
+            (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
+            "auto" (the default): FA4 where it can run the call, ours elsewhere. FA4 runs a
+            call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
+            boundaries, with ``validate=True`` (FA4 bounds its work by max_seqlen) and no
+            gradient through lse (``return_lse=True`` while q, k or v require grad). Every
+            other call (CPU, other GPUs, float32, other head dims, ``torch.compile``) runs
+            on the Triton kernel.
 
     Returns:
         out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
@@ -263,10 +326,14 @@ def varlen_attention(
     """
     check_causal(causal)
     left, right = check_window_size(window_size)
+    check_backend(backend)
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    if validate and _VALIDATED.holds(metadata, q, k, max_seqlen_q, max_seqlen_k, scale):
-        validate = False  # the same metadata, unchanged, passed the host check: tensor checks only
-    if validate:
+    limits = (max_seqlen_q, max_seqlen_k)
+    asked_to_validate = validate
+    if validate and _VALIDATED.holds(metadata, q, k, *limits, scale):
+        validate = False  # the same metadata, unchanged, passed the check: tensor checks only
+    on_device = validate and _checks_on_device() and _sync_free_checks_pass(q, k, v, metadata, limits, scale)
+    if validate and not on_device:
         check_varlen_inputs(
             q,
             k,
@@ -281,8 +348,8 @@ def varlen_attention(
             dtypes=DTYPES,
             head_dims=HEAD_DIMS,
         )
-        _VALIDATED.remember(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
-    else:
+        _VALIDATED.remember(metadata, q, k, *limits, scale)
+    elif not validate:
         check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
         check_cu_seqlens_tensors(
             cu_seqlens_q,
@@ -292,20 +359,32 @@ def varlen_attention(
             device=q.device,
         )
     check_kernel_device("q", q)  # after the type checks: a list has no device to report
-    apply = _VarlenAttention.apply if _eager() else _forward_op
-    out, lse, *_ = apply(
-        q,
-        k,
-        v,
+    kernel_metadata = (
         cu_seqlens_q,
         cu_seqlens_k,
         cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
-        causal,
-        check_scale(scale, q.shape[-1]),
-        left,
-        right,
     )
+    device_check = None
+    if on_device:  # the kernels run on the check's safe copy: all padding if the check fails
+        kernel_metadata, device_check = check_on_device(*metadata, q.shape[0], k.shape[0], *map(_bounded, limits))
+    mask = (causal, check_scale(scale, q.shape[-1]), left, right)
+    if _runs_on_fa4(backend, q, k, v, metadata, return_lse, asked_to_validate):
+        out, lse = fa4_attention(
+            q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
+        )
+    else:
+        apply = _VarlenAttention.apply if _eager() else _forward_op
+        out, lse, *_ = apply(q, k, v, *kernel_metadata, *mask)
+    if device_check is not None and device_check.failed():  # waits for the check, not for the kernels behind it
+        check_varlen_inputs(
+            q, k, v, *metadata[:2], *limits, cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded
+        )
+        raise AssertionError(
+            "the device check of the metadata failed where the host check passes: a bug of kernels.varlen.device_check"
+        )
+    if device_check is not None:
+        _VALIDATED.remember(metadata, q, k, *limits, scale)
     return (out, lse) if return_lse else out
 
 
@@ -336,8 +415,8 @@ def varlen_attn(
     Returns out (T_q, H, D), or (out, lse) with lse (H, T_q) float32 when `return_aux.lse`
     (torch's own AuxRequest works too). `window_size=(-1, 0)` is causal. Unlike torch's, rows
     of q past cu_seq_q[-1] (trailing padding) come back exactly 0 with zero gradients, and GQA
-    needs no flag. Metadata is validated on the host (one small copy) when eager; inside
-    `torch.compile` or CUDA graph capture only the sync-free checks run.
+    needs no flag. Metadata is validated when eager (`varlen_attention`'s ``validate=True``); inside
+    `torch.compile` or CUDA graph capture only the checks that need no wait on the device run.
     """
     want_lse = return_aux is not None and bool(return_aux.lse)
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

@@ -1,0 +1,142 @@
+"""FlashAttention-4 behind the padding contract: `varlen_attention(..., backend="fa4")`.
+
+FA4 (`flash-attn-4`, CuTe DSL, Hopper and Blackwell) computes the REAL rows; this wrapper adds
+only what the contract needs beyond them, each a write of the padding rows alone:
+
+- layout: FA4's `cu_seqlens_*` are where sequences start in memory (our padded boundaries) and
+  its `seqused_*` how many of their rows are real, so every padded layout of the contract is
+  said as it is (a sequence's real rows start its slot in both);
+- `out` and `lse`: FA4 leaves GAP and TAIL rows as it found them (`torch.empty`): one launch of
+  `fill_padding_rows` writes 0 and -inf there; a returned lse says -inf (not FA's +inf) on rows
+  that see no key, in a copy, since FA4's backward reads its own;
+- gradients: an identity on q, k, v before FA4 whose backward writes 0 into the padding rows
+  of dq, dk and dv (one launch), whatever FA4 left there.
+
+Everything else (rows that see no key, windows, GQA, bottom-right causal alignment) is FA4's
+own; the H200 audit checks the wrapped function against the whole contract. What FA4 cannot
+express (`unsupported`) runs on the Triton kernel under backend="auto" and is refused, with
+the reason, under backend="fa4".
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from kernels._compat import INTERPRETED
+from kernels.varlen.launch import Padding, fill_padding_rows
+
+BACKENDS = ("auto", "triton", "fa4")
+FA4_DTYPES = (torch.float16, torch.bfloat16)
+FA4_HEAD_DIMS = (64, 128)  # of ours (16, 32, 64, 128, 256), those FA4 compiles on sm90 and sm100
+FA4_ARCHS = (9, 10)  # compute capability majors: Hopper (sm90), Blackwell (sm100)
+INSTALL = "pip install 'varlen-postmortem-workbench[fa4]' (flash-attn-4, on an sm90/sm100 GPU)"
+
+
+@functools.cache
+def load() -> Callable | None:
+    """FA4's `flash_attn.cute.flash_attn_varlen_func`, or None when flash-attn-4 is not installed."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def platform_reason(q: torch.Tensor) -> str | None:
+    """Why FA4 cannot run on q's device (None: it can)."""
+    if INTERPRETED or q.device.type != "cuda":
+        return f"FA4 runs natively on CUDA only, q is on {q.device}{' (the Triton interpreter)' if INTERPRETED else ''}"
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major not in FA4_ARCHS:
+        return f"FA4 runs on sm90 and sm100 GPUs, this one is sm{major}{minor}"
+    return None
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, return_lse: bool, validate: bool) -> str | None:
+    """Why this call cannot run on FA4 with the contract kept (None: it can)."""
+    if load() is None:
+        return f"flash-attn-4 is not installed ({INSTALL})"
+    reason = platform_reason(q)
+    if reason:
+        return reason
+    if q.dtype not in FA4_DTYPES:
+        return f"FA4 computes in float16 and bfloat16 only, q is {q.dtype}"
+    if q.shape[-1] not in FA4_HEAD_DIMS:
+        return f"head_dim {q.shape[-1]}: the FA4 path takes head dims {', '.join(map(str, FA4_HEAD_DIMS))}"
+    if return_lse and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return "return_lse=True with gradients: FA4's lse carries no gradient, ours does"
+    if not validate:
+        return "validate=False: FA4 bounds its work by max_seqlen_q/k, which only validate=True checks"
+    if any(t is not None and t.dtype != torch.int32 for t in metadata):
+        return "int64 boundaries: FA4 takes int32 cu_seqlens"
+    return None
+
+
+class _ZeroPaddingGradients(torch.autograd.Function):
+    """q, k, v unchanged; their gradients come back exactly 0 on padding rows."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded):
+        ctx.save_for_backward(cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cu_q, cu_k, cu_q_padded, cu_k_padded = ctx.saved_tensors
+        grads = [None if g is None else g.contiguous() for g in (dq, dk, dv)]
+        sides = ((cu_q, cu_q_padded), (cu_k, cu_k_padded), (cu_k, cu_k_padded))
+        fill_padding_rows(*(Padding(g.view(g.shape[0], -1), 0.0, *side) for g, side in zip(grads, sides) if g is not None))
+        return (*grads, None, None, None, None)
+
+
+def _real_lengths(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> torch.Tensor | None:
+    """FA4's seqused: the real rows of each padded slot; None when there is no padding between."""
+    return None if cu_seqlens_padded is cu_seqlens else (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
+
+
+def fa4_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    cu_seqlens_q_padded: torch.Tensor,
+    cu_seqlens_k_padded: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    window_left: int,
+    window_right: int,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None)."""
+    fa4 = load()
+    assert fa4 is not None, "unsupported() rules this out"
+    metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+    q_, k_, v_ = _ZeroPaddingGradients.apply(q, k, v, *metadata)
+    out, lse = fa4(
+        q_,
+        k_,
+        v_,
+        cu_seqlens_q=cu_seqlens_q_padded,
+        cu_seqlens_k=cu_seqlens_k_padded,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        seqused_q=_real_lengths(cu_seqlens_q, cu_seqlens_q_padded),
+        seqused_k=_real_lengths(cu_seqlens_k, cu_seqlens_k_padded),
+        softmax_scale=scale,
+        causal=causal,
+        window_size=(None if window_left < 0 else window_left, None if window_right < 0 else window_right),
+        return_lse=return_lse,
+    )
+    # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
+    targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
+    if return_lse:
+        lse = torch.where(lse == float("inf"), float("-inf"), lse)  # a copy: FA4's backward reads its own
+        targets.append(Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded))
+    fill_padding_rows(*targets)
+    return out, (lse if return_lse else None)

@@ -1,0 +1,193 @@
+"""`varlen_attention(backend=...)`: the dispatch to FlashAttention-4 and the wrapper that keeps
+the contract around it (kernels/varlen/fa4.py), on CPU with a stand-in for FA4.
+
+The stand-in answers as FA4 is documented to (`flash_attn.cute.flash_attn_varlen_func`:
+cu_seqlens where sequences start in memory, seqused their real rows, None an unbounded
+window side, lse (H, T_q) without a gradient) from the float64 oracle, and leaves what FA4 may
+leave: NaN on every padding row of out and of the gradients, garbage on lse's padding rows,
++inf (FlashAttention's convention) on rows that see no key. The wrapper must hand back the
+contract regardless.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels.varlen.fa4 as fa4
+from kernels import varlen_attention
+from tests.test_kernel_varlen import nan_on_padding
+from workbench import Case, Region, pack, probe, reference_attention, region_labels
+
+GARBAGE = 12345.0
+
+
+class _GarbageGradients(torch.autograd.Function):
+    """Identity whose backward writes NaN into the gradients' padding rows, as FA4 may leave them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_padding, k_padding):
+        ctx.save_for_backward(q_padding, k_padding)
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        q_padding, k_padding = ctx.saved_tensors
+        nan = float("nan")
+        return (
+            dq.masked_fill(q_padding[:, None, None], nan),
+            *(g.masked_fill(k_padding[:, None, None], nan) for g in (dk, dv)),
+            None,
+            None,
+        )
+
+
+def _padding(cu_starts: torch.Tensor, seqused: torch.Tensor | None, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(real boundaries, padding-row mask) of FA4's (cu_seqlens, seqused) description."""
+    real = cu_starts if seqused is None else torch.nn.functional.pad(seqused.cumsum(0), (1, 0)).to(torch.int32)
+    padded = None if seqused is None else cu_starts
+    return real, region_labels(real, padded, rows) != Region.REAL
+
+
+class FakeFA4:
+    """Stands for flash_attn.cute.flash_attn_varlen_func (4.0.0b36's keywords); records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        *,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        seqused_q,
+        seqused_k,
+        softmax_scale,
+        causal,
+        window_size,
+        return_lse,
+    ):
+        self.calls.append(
+            dict(cu_seqlens_q=cu_seqlens_q, seqused_q=seqused_q, seqused_k=seqused_k, window_size=window_size, causal=causal)
+        )
+        real_q, q_padding = _padding(cu_seqlens_q, seqused_q, q.shape[0])
+        real_k, k_padding = _padding(cu_seqlens_k, seqused_k, k.shape[0])
+        q, k, v = _GarbageGradients.apply(q, k, v, q_padding, k_padding)
+        out, lse = reference_attention(
+            q,
+            k,
+            v,
+            real_q,
+            real_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            cu_seqlens_q_padded=None if seqused_q is None else cu_seqlens_q,
+            cu_seqlens_k_padded=None if seqused_k is None else cu_seqlens_k,
+            causal=causal,
+            window_size=tuple(-1 if w is None else w for w in window_size),
+            scale=softmax_scale,
+            return_lse=True,
+        )
+        out = out.to(q.dtype).masked_fill(q_padding[:, None, None], float("nan"))
+        lse = lse.detach().float()
+        lse = torch.where(lse == float("-inf"), float("inf"), lse).masked_fill(q_padding[None, :], GARBAGE)
+        return out, lse
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch) -> FakeFA4:
+    fake = FakeFA4()
+    monkeypatch.setattr(fa4, "load", lambda: fake)
+    monkeypatch.setattr(fa4, "platform_reason", lambda q: None)  # as on an H200
+    return fake
+
+
+# GAP and TAIL rows on both sides, an empty key side (rows that see no key), GQA, bf16 and fp16.
+PADDED = Case(
+    (5, 0, 7),
+    seqlens_k=(4, 3, 0),
+    padded_q=(8, 2, 7),
+    padded_k=(4, 5, 1),
+    tail_q=3,
+    tail_k=2,
+    heads=2,
+    head_dim=64,
+    dtype="bfloat16",
+)
+CAUSAL = Case((9, 3), seqlens_k=(4, 6), align=4, tail_q=1, heads=4, kv_heads=2, head_dim=64, causal=True, dtype="float16")
+
+
+@pytest.mark.parametrize(
+    "case, window", [(PADDED, (-1, -1)), (CAUSAL, (-1, -1)), (PADDED, (2, 1))], ids=["padded", "causal-gqa", "window"]
+)
+def test_the_fa4_wrapper_keeps_the_contract(fake_fa4, case, window):
+    """Real rows (and their gradients) within bound of the oracle, every padding row exactly 0,
+    under poisoned memory and NaN gradients on padding rows, whatever FA4 left there."""
+    batch = pack(case)
+    record = probe(varlen_attention, batch, grad_out=nan_on_padding(batch), poisoned=True, backend="fa4", window_size=window)
+    assert len(fake_fa4.calls) == 1
+    assert record.real_within_bound, "\n".join(map(str, record.errors.values()))
+    assert record.padding_exactly_zero, record.max_abs
+
+
+def test_fa4_gets_the_layout_as_padded_starts_and_real_lengths(fake_fa4):
+    batch = pack(PADDED)
+    batch.call(varlen_attention, backend="fa4", window_size=(3, -1))
+    call = fake_fa4.calls[0]
+    assert torch.equal(call["cu_seqlens_q"], batch.cu_seqlens_q_padded)
+    assert call["seqused_q"].tolist() == [5, 0, 7] and call["seqused_k"].tolist() == [4, 3, 0]
+    assert call["window_size"] == (3, None)
+    varlen_attention(*pack(CAUSAL).args(), causal=True, backend="fa4")  # no padded boundaries: no seqused
+    assert fake_fa4.calls[1]["seqused_q"] is None and fake_fa4.calls[1]["causal"]
+
+
+def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4):
+    batch = pack(PADDED)
+    with torch.no_grad():  # a differentiable lse runs on the Triton kernel
+        _, lse = batch.call(varlen_attention, backend="fa4", return_lse=True)
+        _, expected = batch.call(reference_attention, return_lse=True)
+    assert fake_fa4.calls
+    keyless = expected == float("-inf")  # padding rows and the rows of sequence 2, whose key side is empty
+    assert keyless.any() and torch.equal(lse == float("-inf"), keyless)
+    torch.testing.assert_close(lse[~keyless].double(), expected[~keyless], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(dtype="float32"), "float16 and bfloat16 only"),
+        (dict(head_dim=32), "head_dim 32"),
+    ],
+)
+def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_fa4(fake_fa4, change, reason):
+    batch = pack(CAUSAL.with_(**change))
+    out = batch.call(varlen_attention)  # auto
+    assert not fake_fa4.calls and torch.equal(out, batch.call(varlen_attention, backend="triton"))
+    with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: .*{reason}.*backend="auto"'):
+        batch.call(varlen_attention, backend="fa4")
+
+
+def test_auto_takes_fa4_only_where_the_contract_holds_on_it(fake_fa4):
+    batch = pack(CAUSAL)
+    batch.call(varlen_attention)
+    assert len(fake_fa4.calls) == 1  # auto: FA4 where it can run the call
+    fresh = batch.fresh(requires_grad=True)
+    fresh.call(varlen_attention, return_lse=True)  # lse with a gradient: ours
+    fresh.call(varlen_attention, validate=False)  # max_seqlen unchecked: ours
+    assert len(fake_fa4.calls) == 1
+    with pytest.raises(ValueError, match="lse carries no gradient"):
+        fresh.call(varlen_attention, return_lse=True, backend="fa4")
+
+
+def test_without_fa4_auto_runs_triton_and_fa4_is_a_clear_error():
+    batch = pack(CAUSAL)
+    assert torch.equal(batch.call(varlen_attention), batch.call(varlen_attention, backend="triton"))
+    with pytest.raises(ValueError, match=r"backend=\"fa4\" cannot run this call: .*(not installed|natively on CUDA)"):
+        batch.call(varlen_attention, backend="fa4")
+    with pytest.raises(ValueError, match="backend = 'flash' is not one of 'auto', 'triton', 'fa4'"):
+        batch.call(varlen_attention, backend="flash")
