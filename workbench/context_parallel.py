@@ -123,7 +123,7 @@ class ZigZag:
     def second_halves(self, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Local row indices of chunk 2 x cp_size - 1 - r of every sequence, with the
         (cu_seqlens, cu_seqlens_padded) of those rows packed back to back."""
-        j, offset, index = self.chunks(rank)[1], 0, []
+        j, offset, index = self.chunks(rank)[1], 0, list[int]()
         for i in range(len(self.real)):
             c = self.chunk(i)
             index += range(offset + c, offset + 2 * c)
