@@ -1,25 +1,26 @@
 """Context-parallel varlen attention over a packed (THD) batch, on `torch.distributed`.
 
-Under context parallelism (CP) every rank holds a shard of *every* sequence of the packed batch.
-The shards are load-balanced the way TransformerEngine and Megatron cut them ("zig-zag"): each
-sequence's padded rows are split into 2 x cp_size equal chunks and rank r holds chunks r and
-2 x cp_size - 1 - r, back to back, so under a causal mask every rank gets the same work. Equal
-chunks need every padded length to be a multiple of 2 x cp_size: TE's THD CP requirement, which
-this module checks (`check_cp_layout`). TAIL rows (past `cu_seqlens_padded[-1]`) stay with the
-last rank, after its chunks; they are never sent.
+Under context parallelism (CP) every rank holds a shard of *every* sequence of the packed batch,
+split for load balance ("zig-zag"): each sequence's padded rows are cut into 2 x cp_size equal
+chunks and rank r holds chunks r and 2 x cp_size - 1 - r, back to back, so under a causal mask
+every rank gets the same work. Equal chunks need every padded length to be a multiple of
+2 x cp_size (the requirement te-thd-2892's report states for TransformerEngine's THD CP path);
+`check_cp_layout` checks it. TAIL rows (past `cu_seqlens_padded[-1]`) stay with the last rank,
+after its chunks; they are never sent.
 
-    q_local, k_local, v_local = (shard_thd(x, cu_seqlens_padded, rank, cp_size) for x in (q, k, v))
+    q_local, k_local, v_local = (shard_thd(x, cu_seqlens, cu_seqlens_padded, rank, cp_size) for x in (q, k, v))
     out_local = context_parallel_attention(q_local, k_local, v_local, cu_seqlens, cu_seqlens_padded, causal=True)
 
 Communication: one all-gather of this rank's K and V chunks (stacked, TAIL rows excluded) per
 forward; its backward is one all-reduce of the gathered K/V gradient, of which each rank keeps
 its own slice (a reduce-scatter written as an all-reduce, which gloo supports too). Then, for each
 source rank's K/V, `kernels.varlen_attention(return_lse=True)` computes a partial result for the
-local queries (the block structure of TE's ring: diagonal causal, lower half of K/V, or upper
-half of Q), and the partials merge by log-sum-exp. Rows that see no key in a block get lse = -inf
-there; the merge keeps them exactly 0, never NaN, also in the backward (autograd through the merge
-and the kernel's lse gradient). Windows other than causal/none are refused: TE's THD CP path
-does not do them either. Every rank passes the *global* boundary vectors.
+local queries (the block structure of a zig-zag ring: causal on the diagonal, else the source's
+first chunk for all local queries, or all of the source for the local second chunk), and the
+partials merge by log-sum-exp. Rows that see no key in a block get lse = -inf there; the merge
+keeps them exactly 0, never NaN, also in the backward (autograd through the merge and the
+kernel's lse gradient). Self-attention only (q and k/v share the layout), causal or full: no
+sliding window. Every rank passes the *global* boundary vectors.
 """
 
 from __future__ import annotations
