@@ -24,12 +24,14 @@ our own all-gather, not an engine's: it teaches the sizing rule, it tests no ups
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,16 +168,25 @@ def _backend(world_size: int) -> str:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
 
 
-def _worker(rank: int, world_size: int, port: int, workdir: str, backend: str, timeout_s: float) -> None:
+@contextlib.contextmanager
+def process_group(rank: int, world_size: int, port: int, backend: str, timeout_s: float, device: str) -> Iterator[torch.device]:
+    """This spawned rank's process group; yields where it computes: its own GPU under NCCL, `device` under gloo."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # the parent's single-process run uses one thread too: same kernels, same bits
-    job = torch.load(Path(workdir) / "job.pt", weights_only=False)
-    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device(job["device"])
-    comm = device if backend == "nccl" else torch.device("cpu")
+    where = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device(device)
     if backend == "nccl":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(where)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:
+        yield where
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, world_size: int, port: int, workdir: str, backend: str, timeout_s: float) -> None:
+    job = torch.load(Path(workdir) / "job.pt", weights_only=False)
+    with process_group(rank, world_size, port, backend, timeout_s, job["device"]) as device:
+        comm = device if backend == "nccl" else torch.device("cpu")
         block = job["block"].to(device)
         cu, cu_padded = job["cu_seqlens"].to(device), job["cu_seqlens_padded"].to(device)
         x_local = shard(job["x"], rank, world_size).to(comm)
@@ -189,8 +200,6 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, backend: str, t
             except (ValueError, RuntimeError) as exc:
                 outcomes.append({"out": None, "error": f"{type(exc).__name__}: {exc}"})
         torch.save(outcomes, Path(workdir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _spawn(fn, args: tuple, world_size: int, timeout_s: float) -> None:
@@ -201,7 +210,7 @@ def _spawn(fn, args: tuple, world_size: int, timeout_s: float) -> None:
         while not context.join(timeout=1.0):  # raises ProcessRaisedException / ProcessExitedException
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"sequence-parallel ranks did not finish within {timeout_s:g} s; raise timeout_s on a slow machine."
+                    f"the {world_size} ranks did not finish within {timeout_s:g} s; raise timeout_s on a slow machine."
                 )
     finally:
         for process in context.processes:

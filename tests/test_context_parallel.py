@@ -1,0 +1,152 @@
+"""Zig-zag context-parallel attention: layout, merge, and the audit's check on spawned gloo ranks."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kernels import varlen_attention
+from workbench.audit.checks import Verdict
+from workbench.audit.context_parallel import context_parallel_check, cp_case, judge, padding_rule_study
+from workbench.context_parallel import (
+    LayoutError,
+    ZigZag,
+    check_cp_layout,
+    context_parallel_attention,
+    merge_partials,
+    shard_thd,
+    unshard_thd,
+)
+from workbench.layout import Case, Fill, cumulative, pack
+from workbench.reference import reference_attention
+
+
+@pytest.fixture
+def one_rank_group():
+    """A world of one, in this process: cp_size = 1 runs the whole path without spawning."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_zigzag_rows_and_local_layout():
+    cu, cu_padded = cumulative([5, 3]), cumulative([8, 4])
+    zigzag = ZigZag.of(cu, cu_padded, 2)  # chunks of 2 and 1 rows
+    assert zigzag.rows(0, 14).tolist() == [0, 1, 6, 7, 8, 11]
+    assert zigzag.rows(1, 14).tolist() == [2, 3, 4, 5, 9, 10, 12, 13]  # TAIL rows stay on the last rank
+    # Sequence 0 (5 real of 8): rank 0 holds positions 0-1 (real) and 6-7 (GAP); rank 1 2-3 and 4 (real), 5 (GAP).
+    assert zigzag.local_cu(0)[0].tolist() == [0, 2, 3] and zigzag.local_cu(1)[0].tolist() == [0, 3, 5]
+    assert zigzag.local_cu(1, halves=(0,))[0].tolist() == [0, 2, 3]
+    index, cu_second, cu_second_padded = zigzag.second_halves(1)
+    assert index.tolist() == [2, 3, 5] and cu_second.tolist() == [0, 1, 2] and cu_second_padded.tolist() == [0, 2, 3]
+
+
+@pytest.mark.parametrize("cp_size", [2, 3])
+def test_shards_tile_the_layout(cp_size):
+    batch = pack(cp_case(Case((5, 0, 9), padded_q=(7, 0, 9), tail_q=4, fill=Fill.GARBAGE), cp_size), "cpu")
+    cu, cu_padded = batch.cu_seqlens_q, batch.cu_seqlens_q_padded
+    shards = [shard_thd(batch.q, cu, cu_padded, r, cp_size) for r in range(cp_size)]
+    assert len({s.shape[0] for s in shards[:-1]}) == 1 and shards[-1].shape[0] == shards[0].shape[0] + 4
+    assert torch.equal(unshard_thd(shards, cu, cu_padded, batch.q.shape[0]), batch.q.detach())
+
+
+def test_layout_rule_names_the_sequence_and_the_fix():
+    check_cp_layout(cumulative([8, 0, 4]), 2)
+    with pytest.raises(LayoutError, match=r"sequence 1 has 6 rows .* not a multiple of 2 x cp_size = 4.*Pad each sequence"):
+        check_cp_layout(cumulative([8, 6]), 2)
+    with pytest.raises(ValueError, match="cp_size = 0 must be a positive int"):
+        check_cp_layout(cumulative([8]), 0)
+
+
+def test_merge_of_key_halves_is_attention_over_all_keys():
+    """Two partials over disjoint keys merge to the whole; a row that sees no key in any partial
+    merges to exactly 0 with lse -inf, and its gradients are exactly 0, never NaN."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(6, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    cu6, cu3 = cumulative([6]), cumulative([3])
+    whole, whole_lse = reference_attention(q, k, v, cu6, cu6, 6, 6, return_lse=True)
+    parts = [
+        reference_attention(q, k[s], v[s], cu6, cu3, 6, 3, return_lse=True, validate=False) for s in (slice(0, 3), slice(3, 6))
+    ]
+    out, lse = merge_partials([p[0] for p in parts], [p[1] for p in parts])
+    assert torch.allclose(out, whole) and torch.allclose(lse, whole_lse)
+    masked = [torch.full((2, 2, 16), 1.0, requires_grad=True), torch.zeros(2, 2, 16, requires_grad=True)]
+    lses = [torch.full((2, 2), float("-inf"), requires_grad=True) for _ in range(2)]
+    out, lse = merge_partials(masked, lses)
+    (out.sum() + lse.masked_fill(torch.isinf(lse), 0).sum()).backward()
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in (*masked, *lses))
+
+
+def test_one_rank_is_the_kernel(one_rank_group):
+    """cp_size = 1: one block, a merge of one partial: bit for bit the kernel, lse included."""
+    batch = pack(cp_case(Case((5, 3), padded_q=(6, 3), tail_q=2, causal=True, head_dim=16), 1), "cpu")
+    cu, cu_padded = batch.cu_seqlens_q, batch.cu_seqlens_q_padded
+    out, lse = context_parallel_attention(batch.q, batch.k, batch.v, cu, cu_padded, causal=True, return_lse=True)
+    kernel_out, kernel_lse = batch.call(varlen_attention, return_lse=True)
+    assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
+
+
+def test_wrong_shard_size_is_a_clear_error(one_rank_group):
+    batch = pack(Case((4, 4), heads=2, head_dim=16), "cpu")
+    with pytest.raises(ValueError, match=r"k has 6 rows on rank 0 .* pass shard_thd\(x, cu_seqlens"):
+        context_parallel_attention(batch.q, batch.k[:6], batch.v, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)
+
+
+def test_check_passes_on_two_ranks():
+    result = context_parallel_check(fuzzed=1)
+    assert result.verdict is Verdict.PASS, result.evidence
+    assert result.evidence.startswith("gloo, 2 ranks, 3 layouts")
+
+
+@pytest.mark.slow
+def test_check_passes_on_three_ranks_bf16():
+    result = context_parallel_check(cp_size=3, fuzzed=1, seed=1, dtype="bfloat16")
+    assert result.verdict is Verdict.PASS, result.evidence
+
+
+# -- planted bugs: the check must catch them (importable by name: the ranks are spawned) --------
+
+PLANTED_CASE = Case((5, 3), padded_q=(6, 3), tail_q=3, causal=True, head_dim=16, fill=Fill.GARBAGE)
+
+
+def forgets_tail(q, k, v, cu_seqlens, cu_seqlens_padded, **kwargs):
+    """Writes only the sequence rows into a fresh buffer: TAIL rows on the last rank keep its contents."""
+    out = context_parallel_attention(q, k, v, cu_seqlens, cu_seqlens_padded, **kwargs)
+    rows = ZigZag.of(cu_seqlens.cpu(), cu_seqlens_padded.cpu(), dist.get_world_size()).sequence_rows
+    full = torch.empty_like(out)
+    full[:rows] = out[:rows]
+    return full
+
+
+def _naive_merge(outs, lses):
+    lse = torch.logsumexp(torch.stack(lses), 0)  # -inf where every partial is -inf
+    out = sum(torch.exp(p - lse).transpose(0, 1)[..., None] * o for p, o in zip(lses, outs))  # exp(-inf - -inf) = NaN
+    return out.to(outs[0].dtype), lse
+
+
+def nan_merge(*args, **kwargs):
+    with mock.patch("workbench.context_parallel.merge_partials", _naive_merge):
+        return context_parallel_attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("impl", "check"), [(forgets_tail, "tail-rows"), (nan_merge, "gap-rows")])
+def test_planted_bug_fails(impl, check):
+    _, ((_, findings),) = judge([cp_case(PLANTED_CASE, 2)], impl=impl)
+    assert check in {f.check for f in findings}, findings
+    assert any("non-finite" in f.evidence for f in findings)
+
+
+@pytest.mark.slow
+def test_padding_rule_study():
+    study = padding_rule_study()
+    assert study.rule_needed and study.rows_on_no_rank == 6
+    assert study.refusal.startswith("sequence 0 has 7 rows") and "Pad each sequence to a multiple of 4" in study.refusal
+    # Causal and the dropped rows last in each sequence: what the held queries see is intact,
+    # what the dropped queries gave the keys is lost.
+    assert {f.evidence.split(": ")[1] for f in study.unchecked_findings} == {"dk", "dv"}
