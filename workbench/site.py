@@ -377,6 +377,17 @@ def _text(fragment: str) -> str:
     return html.unescape(_TAG.sub("", fragment)).replace("\u00b6", "").strip()
 
 
+# What a page invites a reader to paste: a code cell tagged `wb-show-code` (shown unfolded, see
+# the template) and a fenced ```python block of the prose (nbconvert renders it as a bare
+# `highlight` div; executed cells are `highlight hl-ipython3`).
+_PASTE = re.compile(r'<details class="wb-code" open[^>]*>.*?<pre>(.*?)</pre>|<div class="highlight"><pre>(.*?)</pre>', re.DOTALL)
+
+
+def paste_blocks(page: str) -> list[str]:
+    """The code blocks a built page offers for copying, as a reader's clipboard gets them."""
+    return [html.unescape(_TAG.sub("", a or b)) for a, b in _PASTE.findall(page)]
+
+
 def page_problems(text: str) -> list[str]:
     """What a post-mortem page lacks: the reader block (`READER_SECTIONS` as its first level-2
     headings, in order), a claims table, and an evidence level for every claim. [] when complete."""
