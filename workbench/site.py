@@ -292,6 +292,7 @@ def for_site(nb, postmortem: PostMortem | None) -> Any:
     The header cell goes (the page header renders META). Live widget views go: their
     JavaScript manager lives on a CDN, and the explorer's static frames (text/html in the same
     output) stand in for them.
+    Comments for the test harness (nbval's markers) go from code inputs.
     """
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))  # a deep copy; the executed notebook stays intact
     nb.metadata.pop("widgets", None)
@@ -308,7 +309,12 @@ def for_site(nb, postmortem: PostMortem | None) -> Any:
             outputs.append(output)
         if cell.cell_type == "code":
             cell.outputs = outputs
+            cell.source = _TEST_MARKER.sub("", cell.source).lstrip("\n")
     return nb
+
+
+# nbval's markers (`# NBVAL_CHECK_OUTPUT`) and comments about nbval steer the test run, not the reader.
+_TEST_MARKER = re.compile(r"[ \t]*#[^\n]*\bnbval[^\n]*", re.IGNORECASE)
 
 
 def external_resources(text: str) -> list[str]:
