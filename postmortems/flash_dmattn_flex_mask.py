@@ -426,8 +426,9 @@ def mask_as_bias(fn: Callable) -> Callable:
     """Workaround (a): the same upstream function, the mask folded into `attn_bias` as -inf."""
 
     def call(query, key, value, attn_mask=None, attn_bias=None, is_causal=None, softmax_scale=None):
-        attn_bias = torch.zeros_like(attn_mask) if attn_bias is None else attn_bias
-        attn_bias = attn_bias.masked_fill(attn_mask == 0, float("-inf"))  # the one added line
+        # The page's mask_as_bias: a bool mask gives an additive bias in q's dtype, never a bool one.
+        bias = torch.zeros((), dtype=query.dtype, device=query.device) if attn_bias is None else attn_bias.to(query.dtype)
+        attn_bias = torch.where(attn_mask > 0, bias, float("-inf"))
         return fn(query, key, value, attn_mask=attn_mask, attn_bias=attn_bias, is_causal=is_causal, softmax_scale=softmax_scale)
 
     call.__name__ = "mask as -inf attn_bias"
@@ -442,17 +443,26 @@ def flex_with_mask(device=None) -> Callable:
     flex = torch.compile(flex_attention) if device.type == "cuda" else flex_attention
 
     def call(query, key, value, attn_mask=None, attn_bias=None, is_causal=None, softmax_scale=None):
-        keep = attn_mask[:, 0] > 0  # (B, S_q, S_k) bool
+        keep = attn_mask > 0  # (B, H, S_q, S_k): every head's own mask, as on the page
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return keep[b, q_idx, kv_idx]
+            return keep[b, h, q_idx, kv_idx] & (q_idx >= kv_idx) if is_causal else keep[b, h, q_idx, kv_idx]
 
-        batch, seq_q, _, _ = query.shape
-        block_mask = create_block_mask(mask_mod, batch, None, seq_q, key.shape[1], device=query.device)
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score if attn_bias is None else score + attn_bias[b, h, q_idx, kv_idx]
+
+        batch, seq_q, heads, _ = query.shape
+        block_mask = create_block_mask(mask_mod, batch, heads, seq_q, key.shape[1], device=query.device)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"(?s).*flex_attention called without torch\.compile")
             out = flex(
-                query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), block_mask=block_mask, scale=softmax_scale
+                query.transpose(1, 2),
+                key.transpose(1, 2),
+                value.transpose(1, 2),
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=softmax_scale,
+                enable_gqa=heads != key.shape[2],
             )
         return out.transpose(1, 2)
 

@@ -787,7 +787,7 @@ def gradient_norm_explorer(studies: dict[int, dict[str, GradientHealth]]):
         title = f"{trailing_rows} trailing rows, stale finite memory"
         return plot_health(studies[trailing_rows], params=list(NORM_PARAMS), title=title)
 
-    return explore(frame, trailing_rows=list(studies))
+    return explore(frame, trailing_rows=sorted(studies))  # slider values in order
 
 
 # -- reproduce -------------------------------------------------------------------------------------

@@ -143,6 +143,18 @@ def built_site(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def published_site(tmp_path_factory) -> Path:
+    """The repository's own site, rendered once per test run from the committed notebooks
+    (`workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests."""
+    from workbench.site import build
+
+    with _once_per_run(tmp_path_factory, "published-site") as (directory, first):
+        if first:
+            build(out=directory / "_build", execute_notebooks=False, log=lambda message: None)
+    return directory / "_build"
+
+
+@pytest.fixture(scope="session")
 def scaffolded(built_site):
     """The project holding the untouched `workbench new` post-mortem 'scaffold-demo'."""
     return built_site[0]

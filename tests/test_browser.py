@@ -4,7 +4,8 @@ driven by Playwright with executable_path; `make test` installs it with scripts/
 Static site: the index loads without console errors or off-site requests, every page it links
 resolves, every image renders, the tag filter filters, code inputs are folded behind toggles while
 outputs stay visible, headings carry anchors a reader can link to, a long table unfolds its rows,
-and moving an explorer slider changes the plot. Live: JupyterLab on localhost runs a scaffolded post-mortem notebook, and moving the
+no page scrolls sideways at 1280 px or on a 390 px phone, and moving an explorer slider changes
+the plot. Live: JupyterLab on localhost runs a scaffolded post-mortem notebook, and moving the
 explorer's slider redraws the plot from the kernel.
 """
 
@@ -160,6 +161,25 @@ def test_every_page_resolves_and_every_image_renders(browser, site):
     assert watched.errors == [], watched.errors
     assert watched.external == [], watched.external
     watched.close()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_page_scrolls_sideways(browser, site, width):
+    """On a desktop and on a 390 px phone every page fits the window's width: the header's facts
+    wrap or stack, the index table stacks, wide tables and plots scroll inside their own box."""
+    out, url = site
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    wide = []
+    for html_file in sorted(out.glob("*.html")):
+        page.goto(url + html_file.name)
+        page.wait_for_load_state("load")
+        scroll, client = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        if scroll > client:
+            wide.append(f"{html_file.name}: {scroll} px of content in a {client} px window")
+    context.close()
+    assert wide == [], wide
 
 
 def test_moving_a_static_explorer_slider_changes_the_plot(browser, site):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -106,11 +107,25 @@ def _shapes(values: list[Any]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(x.shape) for x in values if isinstance(x, torch.Tensor))
 
 
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _where(filename: str) -> str:
+    """A frame's file as a reader can place it: this repository's files relative to it, and a
+    notebook cell (which IPython compiles into a temporary `ipykernel_*` file) as `<cell>`."""
+    if "ipykernel_" in filename:
+        return "<cell>"
+    try:
+        return str(Path(filename).resolve().relative_to(_ROOT))
+    except ValueError:
+        return filename
+
+
 def _user_stack() -> tuple[str, ...]:
     """Source lines of the current Python stack outside torch and this module."""
     frames = traceback.extract_stack()[:-1]
     keep = [f for f in frames if "/torch/" not in f.filename and f.filename != __file__]
-    return tuple(f"{f.filename}:{f.lineno} {f.line}" for f in keep)
+    return tuple(f"{_where(f.filename)}:{f.lineno} {f.line}" for f in keep)
 
 
 class NaNTrace(TorchDispatchMode):

@@ -292,6 +292,7 @@ def for_site(nb, postmortem: PostMortem | None) -> Any:
     The header cell goes (the page header renders META). Live widget views go: their
     JavaScript manager lives on a CDN, and the explorer's static frames (text/html in the same
     output) stand in for them.
+    Comments for the test harness (nbval's markers) go from code inputs.
     """
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))  # a deep copy; the executed notebook stays intact
     nb.metadata.pop("widgets", None)
@@ -308,7 +309,12 @@ def for_site(nb, postmortem: PostMortem | None) -> Any:
             outputs.append(output)
         if cell.cell_type == "code":
             cell.outputs = outputs
+            cell.source = _TEST_MARKER.sub("", cell.source).lstrip("\n")
     return nb
+
+
+# nbval's markers (`# NBVAL_CHECK_OUTPUT`) and comments about nbval steer the test run, not the reader.
+_TEST_MARKER = re.compile(r"[ \t]*#[^\n]*\bnbval[^\n]*", re.IGNORECASE)
 
 
 def external_resources(text: str) -> list[str]:
@@ -375,6 +381,17 @@ CLAIMS_HEADER = ("verdict", "level", "claim", "evidence")
 
 def _text(fragment: str) -> str:
     return html.unescape(_TAG.sub("", fragment)).replace("\u00b6", "").strip()
+
+
+# What a page invites a reader to paste: a code cell tagged `wb-show-code` (shown unfolded, see
+# the template) and a fenced ```python block of the prose (nbconvert renders it as a bare
+# `highlight` div; executed cells are `highlight hl-ipython3`).
+_PASTE = re.compile(r'<details class="wb-code" open[^>]*>.*?<pre>(.*?)</pre>|<div class="highlight"><pre>(.*?)</pre>', re.DOTALL)
+
+
+def paste_blocks(page: str) -> list[str]:
+    """The code blocks a built page offers for copying, as a reader's clipboard gets them."""
+    return [html.unescape(_TAG.sub("", a or b)) for a, b in _PASTE.findall(page)]
 
 
 def page_problems(text: str) -> list[str]:

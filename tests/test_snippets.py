@@ -1,0 +1,353 @@
+"""Every block a page invites a reader to paste, executed as the page shows it.
+
+The blocks come from the built pages (`published_site`: the committed notebooks rendered as
+`workbench build --no-execute` does), extracted by `workbench.site.paste_blocks`, and each runs
+verbatim against the inputs real users have: boolean and float masks, masks that differ across
+heads, a non-zero `attn_bias`, grouped K/V, empty sequences. A check must flag exactly the runs
+the upstream kernel breaks, judged by running that kernel; a workaround must keep REAL rows
+within the page's bound (FlashAttention's: out error at most 2x PyTorch's own error in the same
+dtype, `workbench.bounds`). Each battery also runs the text its page showed before the fix, and
+must fail it: a battery that cannot fail proves nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import io
+import linecache
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from workbench.bounds import error_check
+from workbench.site import paste_blocks
+
+
+def _name(block: str) -> str:
+    """The function a block defines (a block of imports and one function), or 'script' for a
+    block that does its work top to bottom."""
+    body = ast.parse(block).body
+    functions = [node.name for node in body if isinstance(node, ast.FunctionDef)]
+    if len(functions) == 1 and all(isinstance(node, ast.FunctionDef | ast.Import | ast.ImportFrom) for node in body):
+        return functions[0]
+    return "script"
+
+
+def _run(block: str, **names: Any) -> dict[str, Any]:
+    """Executes `block` as a reader's fresh session would (plus `names`, for old texts that took
+    them from the reader's scope); returns its namespace."""
+    filename = f"<paste block {hash(block):x}>"
+    linecache.cache[filename] = (len(block), None, block.splitlines(True), filename)  # for inspect: @triton.jit reads source
+    namespace: dict[str, Any] = {"__name__": "__snippet__", **names}
+    exec(compile(block, filename, "exec"), namespace)
+    return namespace
+
+
+# -- flash-dmattn 1.2.2's Triton backend: the NaN check of flash-dmattn-121 -------------------------
+
+Q_LEN, HEADS, DIM = 64, 2, 16
+
+
+def _masks_121() -> dict[str, tuple[int, torch.Tensor | None, bool, bool]]:
+    """name -> (q_len, attn_mask or None, is_causal, non-zero bias): batch 2, 2 heads."""
+    ones = torch.ones(2, HEADS, Q_LEN, Q_LEN, dtype=torch.bool)
+    right = ones.clone()
+    right[1, :, :, 40:] = False  # item 1: 24 padding keys on the right
+    left = ones.clone()
+    left[1, :, :, :20] = False  # item 1: 20 padding tokens on the left (with causal: rows 0-19 see nothing)
+    per_head = ones.clone()
+    per_head[0, 1, :10] = False  # item 0, head 1 only: rows 0-9 see no key
+    empty = ones.clone()
+    empty[1] = False  # item 1: an empty key sequence
+    return {
+        "no mask": (Q_LEN, None, False, False),
+        "no mask, length 100": (100, None, False, False),
+        "right padding (bool)": (Q_LEN, right, False, False),
+        "left padding, causal (bool)": (Q_LEN, left, True, False),
+        "per-head mask (bool)": (Q_LEN, per_head, False, False),
+        "per-head mask (float 0/1)": (Q_LEN, per_head.half(), False, False),
+        "per-head mask, non-zero attn_bias": (Q_LEN, per_head, False, True),
+        "empty sequence": (Q_LEN, empty, False, False),
+    }
+
+
+@functools.cache
+def _kernel_nan_121(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """What 1.2.2's Triton kernel does on battery input `name`: ((B,) items with a non-finite
+    dK or dV, (B, H, Q) rows with a non-finite output)."""
+    from postmortems import flash_dmattn_121 as pm
+
+    q_len, mask, causal, with_bias = _masks_121()[name]
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, q_len, HEADS, DIM, generator=generator).half().requires_grad_() for _ in range(3))
+    shape = (2, HEADS, q_len, q_len)
+    bias = torch.randn(shape, generator=generator).half() if with_bias else torch.zeros(shape, dtype=torch.half)
+    out = pm.upstream_triton_func()(q, k, v, None if mask is None else mask.expand(shape).contiguous(), bias, causal, None)
+    out.backward(torch.randn(out.shape, generator=generator).half())
+    bad_grad = [(~torch.isfinite(t.grad)).flatten(1).any(-1) for t in (k, v)]
+    return bad_grad[0] | bad_grad[1], (~torch.isfinite(out)).any(-1).transpose(1, 2)
+
+
+def battery_nan_check_121(check: Callable) -> None:
+    """`check(q_len, attn_mask, is_causal) -> (items, rows)` names exactly the items whose dK/dV
+    the kernel makes NaN, and the rows whose output it makes NaN (per head, or any head)."""
+    for name, (q_len, mask, causal, _) in _masks_121().items():
+        items, rows = _kernel_nan_121(name)
+        said_items, said_rows = check(q_len, mask, causal)
+        assert torch.equal(said_items.expand_as(items), items), f"{name}: items {said_items.tolist()}, kernel {items.tolist()}"
+        expected = rows if said_rows.dim() == 3 else rows.any(1)
+        assert torch.equal(said_rows.expand_as(expected), expected), f"{name}: NaN rows differ from the kernel's"
+
+
+# -- flash-dmattn's Flex backend: flash-dmattn-flex-mask ---------------------------------------------
+
+LENGTHS = {"padded": (5, 3, 8), "empty sequence": (5, 0, 8)}
+
+
+def _flex_cases() -> dict[str, dict[str, Any]]:
+    """name -> the call's arguments: q (B, S, H, D) in fp16, attn_mask (B, H, S, S), attn_bias, is_causal."""
+    generator = torch.Generator().manual_seed(1)
+    seq, heads = 8, 2
+
+    def batch(lengths, kv_heads=heads, **extra):
+        q = torch.randn(len(lengths), seq, heads, DIM, generator=generator).half()
+        k, v = (torch.randn(len(lengths), seq, kv_heads, DIM, generator=generator).half() for _ in range(2))
+        keys = torch.arange(seq) < torch.tensor(lengths)[:, None]  # (B, S_k): real keys
+        mask = keys[:, None, None, :].expand(-1, heads, seq, -1).contiguous()
+        return {"q": q, "k": k, "v": v, "attn_mask": mask, "attn_bias": None, "is_causal": False, "lengths": lengths} | extra
+
+    per_head = batch(LENGTHS["padded"])
+    per_head["attn_mask"] = per_head["attn_mask"] & (torch.rand(3, heads, seq, seq, generator=generator) < 0.6)
+    float_mask = batch(LENGTHS["padded"])
+    float_mask["attn_mask"] = float_mask["attn_mask"].half()
+    return {
+        "all-True mask": batch((seq, seq, seq)),
+        "padding mask (bool)": batch(LENGTHS["padded"]),
+        "padding mask (float 0/1)": float_mask,
+        "per-head masks": per_head,
+        "non-zero attn_bias": batch(LENGTHS["padded"], attn_bias=torch.randn(3, heads, seq, seq, generator=generator).half()),
+        "causal": batch(LENGTHS["padded"], is_causal=True),
+        "empty sequence": batch(LENGTHS["empty sequence"]),
+        "GQA (2 query heads, 1 key/value head)": batch(LENGTHS["padded"], kv_heads=1),
+    }
+
+
+def _dense(case: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """Attention as the arguments mean it, computed in `dtype` ((B, H, S, D)); a row with no visible key: 0."""
+    q, k, v = (case[n].to(dtype).transpose(1, 2) for n in ("q", "k", "v"))
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (k, v))
+    keep = case["attn_mask"] > 0
+    if case["is_causal"]:
+        keep = keep & torch.ones(keep.shape[-2:], dtype=torch.bool).tril()
+    scores = q @ k.transpose(-1, -2) * DIM**-0.5
+    if case["attn_bias"] is not None:
+        scores = scores + case["attn_bias"].to(dtype)
+    has = keep.any(-1, keepdim=True)
+    scores = torch.where(has, scores.masked_fill(~keep, float("-inf")), torch.zeros_like(scores))
+    return torch.softmax(scores.float(), -1).to(dtype) * has @ v
+
+
+def _assert_within_bound(name: str, out: torch.Tensor, case: dict[str, Any]) -> None:
+    """REAL query rows of `out` ((B, S, H, D)) within 2x PyTorch's own fp16 error of the fp64 answer."""
+    real = torch.arange(out.shape[1]) < torch.tensor(case["lengths"])[:, None]  # (B, S)
+    pick = real[:, None, :].expand(-1, out.shape[2], -1)  # (B, H, S)
+    check = error_check(
+        "out", out.transpose(1, 2)[pick], _dense(case, torch.float64)[pick], _dense(case, torch.half)[pick], torch.half
+    )
+    assert check.within, f"{name}: {check}"
+
+
+@contextlib.contextmanager
+def _upstream_flex():
+    """`from flash_dmattn.flash_dmattn_flex import flex_dmattn_func` resolving to the installed
+    1.2.2 file as the post-mortem runs it (transformers stood in for where it is not installed),
+    and torch.compile eager: inductor's C++ build takes minutes on a CPU."""
+    import sys
+    import types
+
+    from postmortems import flash_dmattn_flex_mask as pm
+
+    module = types.ModuleType("flash_dmattn.flash_dmattn_flex")
+    module.flex_dmattn_func = pm.upstream_function(torch.device("cpu"))
+    saved = sys.modules.get(module.__name__)
+    sys.modules[module.__name__] = module
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        if saved is None:
+            sys.modules.pop(module.__name__)
+        else:
+            sys.modules[module.__name__] = saved
+
+
+def _arguments(case: dict[str, Any]) -> dict[str, Any]:
+    return {n: case[n] for n in ("attn_mask", "attn_bias", "is_causal")}
+
+
+def battery_mask_dropped(check: Callable) -> None:
+    """`check(q, k, v, attn_mask, attn_bias, is_causal)` is True exactly when the mask hides a
+    key (1.2.2 drops every mask), on every input the Flex backend accepts (not grouped K/V)."""
+    for name, case in _flex_cases().items():
+        if case["k"].shape[2] != case["q"].shape[2]:
+            continue  # flex_dmattn_func refuses grouped K/V with a ValueError: loud, nothing to check
+        affected = not bool((case["attn_mask"] > 0).all())
+        assert check(case["q"], case["k"], case["v"], **_arguments(case)) is affected, name
+
+
+def battery_mask_as_bias(mask_as_bias: Callable) -> None:
+    """Workaround (a): 1.2.2's flex_dmattn_func given `mask_as_bias(attn_mask, attn_bias, dtype)`
+    as its bias keeps REAL rows within the bound, with every mask kind and a bias of your own."""
+    from flash_dmattn.flash_dmattn_flex import flex_dmattn_func  # under _upstream_flex: 1.2.2's file
+
+    for name, case in _flex_cases().items():
+        if case["k"].shape[2] != case["q"].shape[2]:
+            continue  # refused loudly by flex_dmattn_func (the page's GQA note)
+        bias = mask_as_bias(case["attn_mask"], case["attn_bias"], case["q"].dtype)
+        out = flex_dmattn_func(
+            case["q"], case["k"], case["v"], attn_mask=case["attn_mask"], attn_bias=bias, is_causal=case["is_causal"]
+        )
+        _assert_within_bound(name, out, case)
+
+
+def battery_flex_with_mask(flex_with_mask: Callable) -> None:
+    """Workaround (b): torch's flex_attention through `flex_with_mask(q, k, v, attn_mask,
+    attn_bias, is_causal)` keeps REAL rows within the bound on every input, grouped K/V included."""
+    for name, case in _flex_cases().items():
+        _assert_within_bound(name, flex_with_mask(case["q"], case["k"], case["v"], **_arguments(case)), case)
+
+
+# -- the registry: every paste block of every page ------------------------------------------------
+
+
+def _prints(expected: Callable[[str], bool]) -> Callable[[dict[str, Any]], None]:
+    """A battery for a self-contained script: what it printed (namespace['printed']) passes `expected`."""
+
+    def battery(namespace: dict[str, Any]) -> None:
+        assert expected(namespace["printed"]), namespace["printed"]
+
+    return battery
+
+
+def _bf16_dot_flagged(printed: str) -> bool:
+    """The interpreter here (triton 3.6) multiplies bf16 bit patterns: the check must say affected."""
+    return float(re.search(r"max \|error\| = (\S+)", printed).group(1)) >= 1e9  # type: ignore[union-attr]
+
+
+def _te_boundaries(printed: str) -> bool:
+    """The page's example boundaries, [0, 3, 5, 9] real and [0, 4, 8, 13] padded, described as
+    counted independently here."""
+    cu, padded = [0, 3, 5, 9], [0, 4, 8, 13]
+    padding = sum((padded[i + 1] - padded[i]) - (cu[i + 1] - cu[i]) for i in range(3))
+    return printed.strip() == (
+        "identical vectors (VERL workaround): False; padding between sequences: True; "
+        f"rows after cu_seqlens[-1]: {padded[-1] - cu[-1]}; padding rows: {padding}"
+    )
+
+
+# (page, the function a block defines or 'script') -> the battery that runs it: a function's
+# battery takes the function, a script's takes its namespace (with what it printed).
+BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
+    ("flash-dmattn-121.html", "flash_dmattn_122_nan"): battery_nan_check_121,
+    ("flash-dmattn-flex-mask.html", "mask_dropped"): battery_mask_dropped,
+    ("flash-dmattn-flex-mask.html", "mask_as_bias"): battery_mask_as_bias,
+    ("flash-dmattn-flex-mask.html", "flex_with_mask"): battery_flex_with_mask,
+    ("triton-interpreter-bf16-dot.html", "script"): _prints(_bf16_dot_flagged),
+    ("te-thd-2892.html", "script"): _prints(_te_boundaries),
+}
+# Not a reader's block: the patch the page proposes for upstream's function body (it reads that
+# function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
+UPSTREAM_PATCHES = {("flash-dmattn-flex-mask.html", "mask_mod")}
+# Blocks still written against names of the reader's scope (`q`, `attn_mask`, `varlen_attn`...),
+# to be made self-contained; their cuDNN and varlen_attn halves need a GPU. Listed in full, so
+# that no new block escapes the batteries unnoticed.
+NOT_YET_SELF_CONTAINED = {
+    "sdpa-cudnn-masked-rows.html": 4,
+    "torch-varlen-176793.html": 4,
+}
+
+
+def _blocks(site) -> list[tuple[str, str, str]]:
+    return [(page.name, _name(b), b) for page in sorted(site.glob("*.html")) for b in paste_blocks(page.read_text())]
+
+
+def test_every_paste_block_has_a_battery(published_site):
+    """A block a page offers is run by a battery below, or is a listed upstream patch, or sits
+    on a page listed as not yet self-contained with exactly its known number of blocks."""
+    blocks = _blocks(published_site)
+    counts: dict[str, int] = {}
+    for page, name, _ in blocks:
+        if page in NOT_YET_SELF_CONTAINED:
+            counts[page] = counts.get(page, 0) + 1
+        else:
+            assert (page, name) in BATTERIES or (page, name) in UPSTREAM_PATCHES, f"{page}: block {name!r} has no battery"
+    assert counts == NOT_YET_SELF_CONTAINED
+    assert {(p, n) for p, n, _ in blocks} >= set(BATTERIES), "a battery whose block is no longer on its page"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page, name", sorted(BATTERIES))
+def test_paste_block_passes_its_battery(published_site, page, name):
+    """The block exactly as the page shows it, run in a fresh namespace, then its battery."""
+    block = next(b for p, n, b in _blocks(published_site) if (p, n) == (page, name))
+    with _upstream_flex() if page == "flash-dmattn-flex-mask.html" else contextlib.nullcontext():
+        if name == "script":
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                namespace = _run(block)
+            BATTERIES[page, name](namespace | {"printed": printed.getvalue()})
+        else:
+            BATTERIES[page, name](_run(block)[name])
+
+
+# The texts the pages showed before issue 21, each run the way a reader would have used it.
+OLD_NAN_CHECK = """import torch
+
+def flash_dmattn_122_nan(q_len, attn_mask=None, is_causal=False):  # (items whose dK/dV are NaN, rows whose output is NaN)
+    visible = attn_mask if attn_mask is not None else torch.ones(1, 1, q_len, q_len, dtype=torch.bool)
+    visible = visible & (torch.ones(visible.shape[-2:], dtype=torch.bool, device=visible.device).tril() if is_causal else True)
+    nan_rows = ~visible[..., :64].any(-1).any(1)  # (B, Q)
+    return nan_rows.any(-1) | (q_len % 64 != 0), nan_rows
+"""
+OLD_MASK_AS_BIAS = (
+    'attn_bias = (attn_bias if attn_bias is not None else torch.zeros_like(attn_mask)).masked_fill(attn_mask == 0, float("-inf"))'
+)
+OLD_FLEX_WITH_MASK = """keep = attn_mask[:, 0] > 0                                                   # (B, S_q, S_k) bool
+block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: keep[b, q_idx, kv_idx], B, None, S_q, S_k, device=q.device)
+out = torch.compile(flex_attention)(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask, scale=scale).transpose(1, 2)
+"""
+
+
+def _old_mask_as_bias(attn_mask, attn_bias, dtype):
+    return _run(OLD_MASK_AS_BIAS, torch=torch, attn_mask=attn_mask, attn_bias=attn_bias)["attn_bias"]
+
+
+def _old_flex_with_mask(q, k, v, attn_mask, attn_bias=None, is_causal=False, scale=None):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    names = dict(q=q, k=k, v=v, attn_mask=attn_mask, B=q.shape[0], S_q=q.shape[1], S_k=k.shape[1], scale=scale)
+    return _run(OLD_FLEX_WITH_MASK, torch=torch, create_block_mask=create_block_mask, flex_attention=flex_attention, **names)[
+        "out"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "battery, old",
+    [
+        (battery_nan_check_121, lambda: _run(OLD_NAN_CHECK)["flash_dmattn_122_nan"]),
+        (battery_mask_as_bias, lambda: _old_mask_as_bias),
+        (battery_flex_with_mask, lambda: _old_flex_with_mask),
+    ],
+    ids=["flash-dmattn-121 check", "flex-mask (a)", "flex-mask (b)"],
+)
+def test_battery_fails_the_old_text(battery, old):
+    """The per-head check missed per-head masks; (a) turned a bool mask into a bool bias; (b)
+    read head 0's mask only and dropped attn_bias (and grouped K/V)."""
+    with _upstream_flex(), pytest.raises((AssertionError, RuntimeError, ValueError)):
+        battery(old())
