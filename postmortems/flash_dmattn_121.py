@@ -53,11 +53,13 @@ from workbench.postmortem import (
     Link,
     Meta,
     figure,
-    gpu_records,
+    latest_gpu_record,
+    recorded_probes,
     table,
 )
 from workbench.postmortem import Results as PostmortemResults
 from workbench.sweep import SweepResult, sweep
+from workbench.timing import time_call
 
 META = Meta(
     id="flash-dmattn-121",
@@ -733,7 +735,6 @@ def ours_on_packed(device=None):
 
 TRAIN_SEQLEN, TRAIN_HEADS, TRAIN_HEAD_DIM, TRAIN_VOCAB = 64, 1, 16, 32
 TRAIN_STEPS = 4
-TRAIN_PADS = (0, 8, 24, 40)  # left padding of batch item 1 (the explorer's slider); 24 shows the bug
 TRAIN_VARIANTS = (
     "flash-dmattn 1.2.2",
     "1.2.2 + Copilot patch (replica)",
@@ -1149,14 +1150,8 @@ def reproduce(device=None) -> Results:
         ours=ours_on_packed(device),
         training=_training(device),
         successor_import=successor_import_error(),
-        gpu=gpu_record(),
+        gpu=latest_gpu_record(META),
     )
-
-
-def gpu_record() -> dict | None:
-    """The latest GPU record of this post-mortem (its file name sorts last), or None."""
-    records = gpu_records(META)
-    return records[-1] if records else None
 
 
 def successor_import_error() -> str:
@@ -1196,19 +1191,6 @@ def _outcome(run) -> dict:
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
 
 
-def _time_ms(fn, reps: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def speed_vs_upstream(device) -> dict:
     """Forward + backward time of 1.2.2's Triton kernel on a right-padded dense batch (boolean mask,
     the workaround layout) and of our varlen_attention on the same tokens packed, bf16, causal."""
@@ -1238,7 +1220,7 @@ def speed_vs_upstream(device) -> dict:
             t.grad = None
         varlen_attention(*packed, cu, cu, n, n, causal=True).backward(packed_d_out)
 
-    upstream_ms, ours_ms = _time_ms(upstream_step), _time_ms(ours_step)
+    upstream_ms, ours_ms = (time_call(step, device=device).median_ms for step in (upstream_step, ours_step))
     return {
         "seqlens": list(TIMING_SEQLENS),
         "heads": TIMING_HEADS,
@@ -1325,14 +1307,12 @@ def _seed_runs(device) -> dict:
     return seeds
 
 
-def gpu_probes(device, *, budget_s: float | None = None, on_step=None) -> dict:
+def gpu_probes(device) -> dict:
     """What `workbench repro flash-dmattn-121 --device cuda --record ...` adds to the GPU record:
     flash-dmattn 1.2.2's own Triton kernel run natively in bf16 (the seed's dtype): the report's
     snippet, every upstream case, the seed configuration over GPU_SEEDS with and without NaN-filled
-    fresh memory, the successor package, and 1.2.2's speed beside our kernel, in that order.
-
-    With `budget_s`, a probe that would start after that many seconds is recorded as skipped;
-    `on_step(found)` is called after each probe (to write the record as it grows)."""
+    fresh memory, the successor package, and 1.2.2's speed beside our kernel, in that order (a
+    probe that fails is recorded as failed, and the next one runs)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"gpu_probes(device={device}): run it on CUDA (workbench repro ... --device cuda).")
@@ -1346,44 +1326,11 @@ def gpu_probes(device, *, budget_s: float | None = None, on_step=None) -> dict:
         ("speed", lambda: _outcome(lambda: speed_vs_upstream(device))),
     )
     for name, probe_fn in steps:
-        elapsed = time.monotonic() - start
-        if budget_s is not None and elapsed > budget_s:
-            found[name] = {"ok": False, "error": f"skipped: the {budget_s:g} s time budget was spent ({elapsed:.0f} s)"}
-        else:
-            print(f"gpu_probes: {name} at {elapsed:.0f} s", flush=True)
-            found[name] = probe_fn()
-        found["seconds"] = round(time.monotonic() - start, 1)
-        if on_step is not None:
-            on_step(found)
+        print(f"gpu_probes: {name} at {time.monotonic() - start:.0f} s", flush=True)
+        found[name] = probe_fn()
+    found["seconds"] = round(time.monotonic() - start, 1)
     print(f"gpu_probes: done in {found['seconds']} s", flush=True)
     return found
-
-
-GPU_RECORD = "data/gpu/flash-dmattn-121-h200.json"
-
-
-def record_gpu_probes(path: str = GPU_RECORD, device: str = "cuda", budget_s: float = 120.0) -> dict:
-    """Writes the GPU record from `gpu_probes` alone (no reproduce(): its claims ran natively in the
-    earlier device call), rewriting it after every probe so that a killed run still leaves one."""
-    from workbench.records import write_record
-
-    def write(found: dict) -> None:
-        payload = {
-            "id": META.id,
-            "title": META.title,
-            "verdict": "probes only",
-            "note": "gpu_probes() alone, under a time budget; reproduce() and its claims ran natively in an earlier call",
-            "claims": [],
-            "results": {},
-            "probes": found,
-        }
-        write_record(
-            path,
-            payload,
-            command=f"python -c 'from postmortems import flash_dmattn_121 as pm; pm.record_gpu_probes()' (budget {budget_s:g} s)",
-        )
-
-    return gpu_probes(device, budget_s=budget_s, on_step=write)
 
 
 # -- claims ------------------------------------------------------------------------------------------
@@ -1623,11 +1570,7 @@ def _successor_import(r: Results):
 
 
 def _gpu_probes(r: Results) -> dict:
-    if r.gpu is None:
-        raise LookupError(
-            "no GPU record: run workbench repro flash-dmattn-121 --device cuda --record data/gpu/flash-dmattn-121-h200.json"
-        )
-    return r.gpu["probes"]
+    return recorded_probes(r.gpu, META)
 
 
 @claims(
