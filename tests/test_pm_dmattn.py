@@ -1,6 +1,7 @@
 """Post-mortem flash-dmattn-121: its oracle, the upstream kernel harness, its diagnosis rule, cases, GPU probes and claims
 (the notebook runs the whole study)."""
 
+import importlib
 import math
 import sys
 from dataclasses import replace
@@ -290,11 +291,12 @@ def test_report_claims_table_reads_this_run_and_says_when_the_gpu_record_is_miss
 
 
 def test_gpu_probes_run_in_order_and_record_a_failing_probe(monkeypatch):
-    monkeypatch.setattr(pm, "upstream_call_errors", lambda device: {"x": "TypeError"})
-    monkeypatch.setattr(pm, "upstream_cases", lambda dtype: ())
-    monkeypatch.setattr(pm, "_seed_runs", lambda device: {"plain": {"runs": 0}})
-    monkeypatch.setattr(pm, "successor_probe", lambda device: {"installed": False})
-    monkeypatch.setattr(pm, "speed_vs_upstream", lambda device: 1 / 0)
+    gpu = importlib.import_module("postmortems.flash_dmattn_121.gpu")  # where gpu_probes looks its probes up
+    monkeypatch.setattr(gpu, "upstream_call_errors", lambda device: {"x": "TypeError"})
+    monkeypatch.setattr(gpu, "upstream_cases", lambda dtype: ())
+    monkeypatch.setattr(gpu, "_seed_runs", lambda device: {"plain": {"runs": 0}})
+    monkeypatch.setattr(gpu, "successor_probe", lambda device: {"installed": False})
+    monkeypatch.setattr(gpu, "speed_vs_upstream", lambda device: 1 / 0)
     found = pm.gpu_probes("cuda")
     assert [k for k in found if k not in ("upstream_version", "dtype", "seconds")] == [
         "call_errors",
