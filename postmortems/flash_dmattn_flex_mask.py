@@ -29,7 +29,6 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import re
 import sys
 import time
@@ -53,12 +52,14 @@ from workbench.postmortem import (
     Link,
     Meta,
     figure,
-    gpu_records,
+    latest_gpu_record,
+    recorded_probes,
     source_at,
     table,
 )
 from workbench.postmortem import Results as PostmortemResults
 from workbench.provenance import GPU_DATA
+from workbench.records import read_record
 
 META = Meta(
     id="flash-dmattn-flex-mask",
@@ -651,11 +652,7 @@ _RATIO = re.compile(r"(\w+): error [^;]*?\(([\d.e+]+)x PyTorch's own error\)")
 def audit_record() -> dict[str, Any]:
     """data/gpu/audit-dmattn-flex.json: `workbench audit ... --device cuda` on the H200 (scripts/gpu_audit_matrix.py)."""
     path = GPU_DATA / AUDIT_RECORD
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path} is missing; record it on a GPU with `python scripts/gpu_audit_matrix.py --rows dmattn-flex`."
-        )
-    return {**json.loads(path.read_text()), "file": path.name}
+    return {**read_record(path, how="python scripts/gpu_audit_matrix.py --rows dmattn-flex"), "file": path.name}
 
 
 def recorded_ratios(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -757,7 +754,7 @@ def _reproduce(device: torch.device) -> Results:
         runs=runs,
         audit=record,
         recorded=recorded_ratios(record),
-        gpu=next(iter(gpu_records(META)), None),
+        gpu=latest_gpu_record(META),
     )
 
 
@@ -1108,7 +1105,7 @@ def _matches_gpu(r: Results):
 
 @claims(
     "on the H200 (fp16/bf16, compiled): every failing check but padding-leak is finite and wrong in out, dq, dk and dv, "
-    "20-1200x PyTorch's own error; 318 of 354 fuzzed layouts fail",
+    "20-1200x PyTorch's own error; most fuzzed layouts fail",
     evidence=UPSTREAM_GPU,
 )
 def _gpu_record(r: Results):
@@ -1121,7 +1118,7 @@ def _gpu_record(r: Results):
         for v in wrong.values()
     )
     fuzz = r.audit["fuzz"]
-    holds = holds and (fuzz["failing_layouts"], fuzz["tried"]) == (318, 354)
+    holds = holds and 2 * fuzz["failing_layouts"] > fuzz["tried"]
     lo = min(min(v["ratios"].values()) for v in wrong.values())
     hi = max(max(v["ratios"].values()) for v in wrong.values())
     prov = r.audit["provenance"]
@@ -1191,7 +1188,7 @@ def _workaround_holds(r: Results, impl: str) -> tuple[bool, str]:
 )
 def _flex_document(r: Results):
     path = GPU_DATA / "audit-flex-document.json"
-    record = json.loads(path.read_text())
+    record = read_record(path, how="python scripts/gpu_audit_matrix.py --rows flex-document")
     verdict = next(c["verdict"] for c in record["checks"] if c["name"] == "real-accuracy")
     return (
         verdict == "pass",
@@ -1205,14 +1202,11 @@ def _ours(r: Results):
     return run.within and run.finite, f"worst {max(run.ratios.values()):.2f}x PyTorch's error over {sorted(run.ratios)}"
 
 
-# -- claims on the GPU probes: registered once a record of them exists ----------------------------------
-# A claim about a run that has not happened could never hold; the page says the run is missing instead.
+# -- claims on the GPU probes: without a record they fail, their evidence naming the command that makes one
 
 
 def _probes(r: Results) -> dict[str, Any]:
-    if r.gpu is None:
-        raise LookupError(f"no GPU record: run {GPU_COMMAND}")
-    return r.gpu["probes"]
+    return recorded_probes(r.gpu, META)
 
 
 def _covered(runs: list[dict[str, Any]]) -> bool:
@@ -1260,6 +1254,5 @@ GPU_CLAIMS = (
         _gpu_workarounds,
     ),
 )
-if gpu_records(META):
-    for statement, check in GPU_CLAIMS:
-        claims(statement, evidence=UPSTREAM_GPU)(check)
+for statement, check in GPU_CLAIMS:
+    claims(statement, evidence=UPSTREAM_GPU)(check)

@@ -21,7 +21,7 @@ and memory-efficient backends give 0 there. No GPU was available while this page
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,16 +45,16 @@ from workbench.postmortem import (
     Meta,
     Results,
     figure,
-    gpu_records,
+    latest_gpu_record,
     table,
 )
 from workbench.probe import ProbeRecord, grad_output
 from workbench.provenance import GPU_DATA
+from workbench.records import read_record
 from workbench.reference import reference_attention, visible_keys
+from workbench.timing import time_call
 
 PT = "https://github.com/pytorch/pytorch"
-# The sdp_utils.cpp we read (priority order, cuDNN's filters): the version the code index stores.
-SDP_UTILS_READ = "pytorch/pytorch@001f694aef6f922b4fdf6d27d59162d27bf3df58"
 
 META = Meta(
     id="sdpa-cudnn-masked-rows",
@@ -268,9 +268,7 @@ _ERROR = re.compile(r"(out|dq|dk|dv): error ([0-9.e+-]+) > bound ([0-9.e+-]+) \(
 def audit_record(row: str) -> dict[str, Any]:
     """data/gpu/audit-<row>.json, the H200 audit of one SDPA backend."""
     path = GPU_DATA / f"audit-{row}.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing; it is recorded on a GPU by `python scripts/gpu_audit_matrix.py`.")
-    return {**json.loads(path.read_text()), "file": path.name}
+    return {**read_record(path, how="python scripts/gpu_audit_matrix.py"), "file": path.name}
 
 
 def recorded_check(record: dict[str, Any], name: str) -> dict[str, Any]:
@@ -290,7 +288,7 @@ def recorded_check(record: dict[str, Any], name: str) -> dict[str, Any]:
 def sanitizer_summary() -> dict[str, Any]:
     """The compute-sanitizer runs of the cuDNN row: tool -> errors, the watched layout, and where the
     printed initcheck reports point (the first host frame of ours in each report)."""
-    data = json.loads((GPU_DATA / "audit-sanitizer.json").read_text())
+    data = read_record(GPU_DATA / "audit-sanitizer.json", how="python scripts/audit_sanitize.py sdpa-cudnn")
     rows = data["rows"]["sdpa-cudnn"]
     log = (GPU_DATA / "logs" / "sanitizer-sdpa-cudnn-initcheck.log").read_text().splitlines()
     reports = "\n".join(log).split("Uninitialized __global__ memory read")[1:]
@@ -434,7 +432,7 @@ def reproduce(device=None) -> MaskedRowsResults:
         probes[label], per_row[label], keyless[label] = s["probes"], s["per_row"], s["keyless"]
         damaged[label], mechanism[label] = s["damaged"], s["mechanism"]
         recorded[label] = {r["row"]: recorded_check(r, CHECK_OF[case]) for r in (cudnn, math_rec, eff)}
-    gpu = next((r for r in reversed(gpu_records(META)) if r.get("probes")), None)
+    gpu = latest_gpu_record(META, "points")
     return MaskedRowsResults(
         probes=probes,
         per_row=per_row,
@@ -628,7 +626,7 @@ def gpu_probes(device) -> dict[str, Any]:
 
 
 def workaround_timing(dev: torch.device, batch: int = 8, seq: int = 2048, heads: int = 16, dim: int = 64) -> dict:
-    """Forward+backward milliseconds (median of 20 after 5 warm-up runs, bf16, a padding mask with
+    """Forward+backward milliseconds (`workbench.timing.time_call`'s median of 20 after 5 warm-up runs, bf16, a padding mask with
     lengths seq, seq/2, ...): SDPA unpinned, unpinned + workaround (a), pinned to each backend (b)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -655,16 +653,7 @@ def workaround_timing(dev: torch.device, batch: int = 8, seq: int = 2048, heads:
         ("MATH", SDPBackend.MATH, False),
     ):
         try:
-            times = []
-            for i in range(25):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step(backend, zero_rows)
-                end.record()
-                torch.cuda.synchronize()
-                if i >= 5:
-                    times.append(start.elapsed_time(end))
-            timed[name] = sorted(times)[len(times) // 2]
+            timed[name] = time_call(functools.partial(step, backend, zero_rows), warmup=5, device=dev).median_ms
         except RuntimeError as exc:
             timed[name] = f"refused: {str(exc).splitlines()[0][:120]}"
     return {"shape": f"B={batch} H={heads} S={seq} D={dim} bf16", **timed}
@@ -946,14 +935,14 @@ def _ours(r: MaskedRowsResults):
 
 
 @claims(
-    "The 44,832 initcheck reports of the cuDNN row are reads by our adapter's gather of cuDNN's output, in a layout with "
+    "The initcheck reports of the cuDNN row are reads by our adapter's gather of cuDNN's output, in a layout with "
     "no keyless REAL row (so not this bug); memcheck reports 0 errors",
     evidence=UPSTREAM_GPU,
 )
 def _sanitizer(r: MaskedRowsResults):
     s = r.sanitizer
     watched = Case((37, 0, 100, 64), seqlens_k=(40, 5, 100, 64), causal=True)
-    ok = s["errors"].get("initcheck") == 44832 and s["errors"].get("memcheck") == 0
+    ok = s["errors"].get("initcheck", 0) > 0 and s["errors"].get("memcheck") == 0
     ok &= s["printed_reports"] > 0 and all("bshd_to_thd" in f or "_back_to_thd" in f for f in s["first_frame_of_ours"])
     ok &= not keyless_rows(watched) and "q=[37, 0, 100, 64]" in s["program"]
     return ok, f"{s['errors']}; {s['printed_reports']} printed reports, our first frame: {s['first_frame_of_ours']}"

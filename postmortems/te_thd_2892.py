@@ -76,7 +76,6 @@ TE = "https://github.com/NVIDIA/TransformerEngine"
 # The upstream commits read for the source-reading claims (the v2.12 tag, and main as fetched).
 TE_V2_12 = "NVIDIA/TransformerEngine@5671fd3675906cda1ade26c24a65d3dedd88eb89"
 TE_MAIN = "NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b"
-MCORE = "NVIDIA/Megatron-LM@003b4ce2615f4e501ecbc39e01e0f76d237a35d9"
 
 META = Meta(
     id="te-thd-2892",
@@ -904,14 +903,6 @@ def workaround_table(results: TeResults):
         ("attention", "cu_seqlens = cu_seqlens_padded", "within", "real cu_seqlens + cu_seqlens_padded", "within"),
         rows,
         title=f"REAL-row error against the fp64 oracle, {WORKAROUND_FRACTION:.0%} padding at each sequence's end (replica)",
-    )
-
-
-def sweep_table(results: TeResults):
-    sweep = results.workaround_sweep
-    return table(
-        ("padding", "non-causal error", "within", "causal error", "within"),
-        [(f"{f:.2f}", _ratio(nc), _within(nc), _ratio(c), _within(c)) for (f, nc), (_, c) in zip(sweep[False], sweep[True])],
     )
 
 

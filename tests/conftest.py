@@ -64,13 +64,17 @@ def make_project(root: Path, name: str | None = None):
 
 def scaffold_variant(project, postmortem_id: str, impl: str):
     """`workbench new`'s files with the studied kernel swapped for `impl` (PLANTED_BUG or
-    FAST_FIX: the oracle, which needs no Triton interpreter). Not executed."""
-    module_path, notebook_path = project.scaffold(postmortem_id, f"Variant {postmortem_id}")
-    text = module_path.read_text()
+    FAST_FIX: the oracle, which needs no Triton interpreter). Not executed. Returns the
+    package's study.py (where the kernel is imported) and the notebook."""
+    from workbench.registry import forget_modules
+
+    package_path, notebook_path = project.scaffold(postmortem_id, f"Variant {postmortem_id}")
+    study = package_path / "study.py"
+    text = study.read_text()
     assert "from kernels import varlen_attention\n" in text
-    module_path.write_text(text.replace("from kernels import varlen_attention\n", impl))
-    sys.modules.pop(f"{project.package}.{module_path.stem}", None)
-    return module_path, notebook_path
+    study.write_text(text.replace("from kernels import varlen_attention\n", impl))
+    forget_modules(f"{project.package}.{package_path.name}")
+    return study, notebook_path
 
 
 def plain_notebook(path: Path, *sources: str) -> None:
@@ -129,8 +133,9 @@ def built_site(tmp_path_factory):
         if first:
             mp.setattr(registry, "PACKAGE", project.package)  # `workbench new` scaffolds into it
             assert main(["new", "scaffold-demo", "A scaffolded post-mortem"]) == 0
-            module_path, notebook_path = scaffold_variant(project, "oracle-variant", FAST_FIX)
-            module_path.write_text(module_path.read_text().replace('tags=("scaffold",)', 'tags=("scaffold", "oracle")'))
+            study_path, notebook_path = scaffold_variant(project, "oracle-variant", FAST_FIX)
+            cases_path = study_path.parent / "cases.py"
+            cases_path.write_text(cases_path.read_text().replace('tags=("scaffold",)', 'tags=("scaffold", "oracle")'))
             plain = project.notebooks_dir / "plain-notes.ipynb"
             plain_notebook(plain, "print(6 * 7)")
             for path in (notebook_path, plain):

@@ -74,30 +74,32 @@ def test_benchmark_without_cuda_says_so():
 
 def _record(tmp_path, rows):
     from workbench.bench import to_record
+    from workbench.records import write_record
 
-    record = to_record(rows, "python -m workbench.bench", tiles=[{"kernel": "forward", "tile": "128x64 w8 s3"}])
-    (tmp_path / "bench-test.json").write_text(__import__("json").dumps(record))
-    return record
+    payload = to_record(rows, tiles=[{"kernel": "forward", "tile": "128x64 w8 s3"}])
+    return write_record(tmp_path / "bench-test.json", payload, command="python -m workbench.bench")
 
 
 def test_records_round_trip_to_the_same_table(tmp_path):
-    from workbench.bench import load_records, records_table
+    from workbench.bench import records_table
+    from workbench.records import load_records
 
     rows = [
         Row("16k long-tail d128", "ours", Timing(1.0, 2.0, 10.0), 100.0, 90.0, 500.0, {"torch varlen_attn": 1.5}),
         Row("16k long-tail d128", "SDPA dense (flash)", Timing(error="RuntimeError: no kernel")),
     ]
     _record(tmp_path, rows)
-    (record,) = load_records(tmp_path)
+    (record,) = load_records("bench-*.json", tmp_path)
     assert record["file"] == "bench-test.json" and record["tiles"][0]["tile"] == "128x64 w8 s3"
     assert records_table(record) == format_table(rows)
 
 
 def test_load_records_names_the_command_when_there_are_none(tmp_path):
-    from workbench.bench import load_records
+    from workbench.bench import RECORD_COMMAND
+    from workbench.records import load_records
 
     with pytest.raises(FileNotFoundError, match="--record data/gpu/bench-"):
-        load_records(tmp_path)
+        load_records("bench-*.json", tmp_path, how=RECORD_COMMAND)
 
 
 def test_plot_has_one_bar_per_successful_run(tmp_path):
@@ -207,7 +209,7 @@ def test_kernel_times_attribute_a_class_to_its_first_workload():
         del entry["sliding"]  # a record from before windows: its classes had none
         tiles.append({**entry, "tile": "t", "timings_ms": {"t": ms, "u": 9.0}})
     rows = [Row(first, "ours", Timing(0.5, 2.0, 1.0)), Row(second, "ours", Timing(0.5, 2.0, 1.0))]
-    times = kernel_times(to_record(rows, "cmd", tiles))
+    times = kernel_times(to_record(rows, tiles))
     assert list(times) == [first]  # the short-docs batch falls in the same class, timed on the first
     assert times[first] == pytest.approx(
         {"forward kernel": 0.25, "forward op": 0.5, "all kernels": 0.95, "forward+backward op": 2.0}
@@ -264,15 +266,29 @@ def test_ratio_plot_has_one_bar_per_peer_and_workload_and_names_on_the_y_axis(tm
 
 def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
     from workbench.bench import merge_records, to_record
+    from workbench.records import write_record
 
-    a = to_record([Row("a", "ours", Timing(1.0, 2.0, 10.0))], "cmd a", tiles=[{"kernel": "forward"}])
-    b = to_record([Row("b", "ours", Timing(1.0, 3.0, 10.0))], "cmd b")
+    a = write_record(
+        tmp_path / "a.json", to_record([Row("a", "ours", Timing(1.0, 2.0, 10.0))], tiles=[{"kernel": "forward"}]), command="cmd a"
+    )
+    b = write_record(tmp_path / "b.json", to_record([Row("b", "ours", Timing(1.0, 3.0, 10.0))]), command="cmd b")
     merged = merge_records([a, b])
     assert [r["workload"] for r in merged["rows"]] == ["a", "b"] and merged["tiles"] == [{"kernel": "forward"}]
     assert merged["provenance"]["command"] == "cmd a | cmd b"
     assert merged["provenance"]["device"] == a["provenance"]["device"]
     with pytest.raises(ValueError, match=r"records overlap on workloads \['a'\]"):
         merge_records([a, a])
+
+
+def test_one_timer_reports_min_and_median_over_at_least_20_calls():
+    from workbench.timing import MIN_ITERS, time_call
+
+    calls = []
+    timed = time_call(lambda: calls.append(sum(range(2000))), warmup=2, device="cpu")
+    assert len(calls) == 2 + MIN_ITERS and timed.iters == MIN_ITERS == 20
+    assert 0 < timed.min_ms <= timed.median_ms
+    with pytest.raises(ValueError, match="iters=5; time at least 20 calls"):
+        time_call(lambda: None, iters=5, device="cpu")
 
 
 def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():

@@ -1,8 +1,12 @@
 """The `workbench` command line: list, repro (verdicts, exit status, records), new, lab."""
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
@@ -134,18 +138,20 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
     assert "  2/2 claims hold  " in capsys.readouterr().out.splitlines()[2]
 
 
-def test_list_fits_100_columns_without_importing_the_modules(project, capsys):
+@pytest.mark.parametrize("columns", [60, 100, 200])
+def test_list_fits_the_terminal_without_importing_the_modules(project, capsys, monkeypatch, columns):
     module_path, _ = scaffold_variant(project, "a-rather-long-post-mortem-id-2024", FAST_FIX)
     title = "A title far longer than any terminal line: " + "padding rows, cu_seqlens, NaN gradients " * 4
-    module_path.write_text(
-        module_path.read_text().replace('title="Variant a-rather-long-post-mortem-id-2024"', f"title={title!r}")
-    )
-    sys.modules.pop(f"{project.package}.{module_path.stem}", None)
+    meta_file = module_path.parent / "cases.py"
+    meta_file.write_text(meta_file.read_text().replace('title="Variant a-rather-long-post-mortem-id-2024"', f"title={title!r}"))
+    monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda: os.terminal_size((columns, 24)))
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert max(map(len, lines)) <= cli.LIST_WIDTH == 100
+    assert max(map(len, lines)) <= columns
     assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].endswith("...")
-    assert f"{project.package}.{module_path.stem}" not in sys.modules  # read, not imported
+    assert cli.main(["list", "--wide"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].endswith(title.strip())  # whole
+    assert not any(name.startswith(f"{project.package}.") for name in sys.modules)  # read, not imported
 
 
 def test_list_without_postmortems_says_how_to_start(project, capsys):
@@ -165,7 +171,7 @@ def test_execute_saves_notebooks_with_outputs(project, capsys):
 @pytest.mark.parametrize("uid", [0, 1000], ids=["root", "user"])
 def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch, uid):
     calls = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(cli, "run_forwarding_signals", lambda command: calls.append(command) or 0)
     monkeypatch.setattr(cli.os, "geteuid", lambda: uid)
     assert cli.main(["lab", "--no-browser", "--port", "8899"]) == 0
     (command,) = calls
@@ -176,6 +182,36 @@ def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch, uid):
     calls.clear()
     assert cli.main(["lab", "--allow-root"]) == 0
     assert calls[0].count("--allow-root") == 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_lab_stops_its_child_when_signalled(tmp_path, sig):
+    """`workbench lab` killed by its PID takes JupyterLab with it: the signal is forwarded."""
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(60)"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from workbench.cli import run_forwarding_signals; sys.exit(run_forwarding_signals([sys.executable, '-c', {child!r}]))",
+        ]
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None, "the child never started"
+        time.sleep(0.1)
+    parent.send_signal(sig)
+    assert parent.wait(timeout=30) != 0
+    child_pid = int(pid_file.read_text())
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child_pid, signal.SIGKILL)
+    pytest.fail("the child outlived its signalled parent")
 
 
 def test_lab_help_is_real_help(capsys):

@@ -151,7 +151,7 @@ def test_proposed_check_rejects_trailing_rows_and_host_reads_break_compile():
 def test_upstream_probes_run_on_any_torch_style_function_and_are_json():
     tiny = TINY.with_(tail_q=0, tail_k=0)
     data = pm.upstream_probes(
-        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, iters=1, timing_case=None, on_gpu=False
+        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, timing_case=None, on_gpu=False
     )
     record = {"probes": json.loads(json.dumps(jsonable(data)))}
     assert set(record["probes"]) >= {"damage", "points", "corrected_repro", "workarounds", "timing", "capture"}
@@ -184,7 +184,7 @@ def test_gpu_claims_read_a_record_of_probes():
 
     tiny = TINY.with_(tail_q=0, tail_k=0)
     probes = pm.upstream_probes(
-        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, iters=1, timing_case=None, on_gpu=False
+        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, timing_case=None, on_gpu=False
     )
     probes = json.loads(json.dumps(jsonable(probes)))
     names = list(probes["capture"]["compile_fullgraph"])

@@ -4,9 +4,11 @@ committed notebooks that show the current code (source listings re-rendered and 
 import ast
 import importlib
 import re
+import shutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -23,6 +25,9 @@ from workbench.registry import (
     recorded_verdicts,
     validate_module,
 )
+from workbench.scaffold import python_string, render_package
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -41,7 +46,7 @@ def test_ids_that_cannot_name_a_module_are_refused(bad):
 
 
 def test_the_scaffold_is_a_valid_postmortem_with_a_conforming_notebook(project):
-    module_path, notebook_path = project.scaffold("my-bug-1", 'A "quoted" $title')
+    package_path, notebook_path = project.scaffold("my-bug-1", 'A "quoted" $title')
     assert project.ids() == ["my-bug-1"]
     pm = project.get("my-bug-1")
     assert pm.name == "my_bug_1" and pm.notebook == notebook_path
@@ -60,9 +65,34 @@ def test_the_scaffold_is_a_valid_postmortem_with_a_conforming_notebook(project):
     source = "\n".join(c.source for c in nb.cells)
     for shown in ("pm.results_table(results)", "pm.error_figure(results)", "pm.META.upstream_markdown()", "gpu_records(pm.META)"):
         assert shown in source, shown
-    module = module_path.read_text()
+    assert sorted(p.name for p in package_path.glob("*.py")) == ["__init__.py", "cases.py", "claims.py", "figures.py", "study.py"]
+    module = "\n".join(p.read_text() for p in package_path.glob("*.py"))
     assert "table(" in module and "figure(" in module and module.count("evidence=") == len(pm.claims)
     assert all(level == OURS for level in pm.claims.levels)
+
+
+@pytest.mark.parametrize(
+    "title",
+    ["plain", 'A "quoted" $title', "it's", "both ' and \" quotes", 'back\\slash "and" \'more\' "quotes"', "tab\there", "ünïcode"],
+)
+def test_python_string_is_what_ruff_format_writes(title):
+    literal = python_string(title)
+    assert ast.literal_eval(literal) == title
+    assert literal[0] == ("'" if title.count('"') > title.count("'") else '"')
+
+
+def test_scaffold_passes_lint(tmp_path):
+    """A fresh scaffold, in a copy of the project's lint settings, passes `ruff check` and `ruff format --check`."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    package = tmp_path / "postmortems" / "my_kernel_nan_dk"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text('"""Post-mortems."""\n')
+    for name, text in render_package("my-kernel-nan-dk", "my_kernel_nan_dk", 'it\'s a "quoted" $title', "postmortems").items():
+        (package / name).write_text(text)
+    ruff = [sys.executable, "-m", "ruff"]
+    for command in (["check", "--no-cache", "."], ["format", "--no-cache", "--check", "--diff", "."]):
+        run = subprocess.run(ruff + command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_scaffold_refuses_to_overwrite_and_bad_input(project):

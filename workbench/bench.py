@@ -12,20 +12,18 @@ counts only real work, per document: 4*h*d*sum(s_i^2) FLOPs forward, halved when
 peer time / our time measured in the same run, so a noisy machine shifts both alike.
 
 CUDA only; `python -m workbench.bench --record FILE` or `workbench bench`. The committed
-records (data/gpu/bench-*.json) are read back on any machine by `load_records`, and rendered
-by `records_table` and `plot_records` (the performance notebook).
+records (data/gpu/bench-*.json) are read back on any machine by
+`workbench.records.load_records("bench-*.json", how=RECORD_COMMAND)`, and rendered by
+`records_table` and `plot_records` (the performance notebook).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import math
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,11 @@ from typing import Any
 import torch
 
 from workbench.layout import Case, Fill, pack, thd_to_bshd
-from workbench.provenance import GPU_DATA, provenance
+from workbench.provenance import GPU_DATA
+from workbench.records import read_record, write_record
+from workbench.timing import MIN_ITERS, time_call
+
+RECORD_COMMAND = "python -m workbench.bench --record data/gpu/bench-<gpu>.json"
 
 
 def visible_pairs(len_q: int, len_k: int, window: tuple[int, int]) -> int:
@@ -457,29 +459,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float:
     return numerator / denominator if numerator is not None and denominator else math.nan
 
 
-def _time(fn: Callable[[], None], warmup: int, iters: int, repeats: int = 5) -> tuple[float, float]:
-    """Milliseconds per call on the GPU and on the host: `iters` calls back to back between two
-    CUDA events (medians of `repeats` runs). No host sync between calls, as in training, so the
-    GPU time is measured and host dispatch counts only where the GPU outruns it (as in
-    do_bench); the host time, issuing the calls, says when that happens."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    gpu, host = [], []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        began = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        host.append((time.perf_counter() - began) * 1e3 / iters)
-        end.record()
-        torch.cuda.synchronize()
-        gpu.append(start.elapsed_time(end) / iters)
-    return statistics.median(gpu), statistics.median(host)
-
-
-def measure(make: Callable, batch, warmup: int = 3, iters: int = 10, window: tuple[int, int] = (-1, -1)) -> Timing | None:
+def measure(make: Callable, batch, warmup: int = 3, iters: int = MIN_ITERS, window: tuple[int, int] = (-1, -1)) -> Timing | None:
     """`make(batch, window)` returns the forward callable (whose output is backpropagated for
     forward+backward), a (forward, forward_backward) pair, or None where it cannot run."""
     try:
@@ -496,7 +476,7 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = 10, window: tup
                 o = run()
                 o.backward(grad)
 
-        forward_ms, _ = _time(lambda: run(), warmup, iters)
+        forward_ms = time_call(run, warmup=warmup, iters=iters).median_ms
         # One untimed pass first, so that the baseline holds what persists across passes (the
         # inputs' .grad, allocated once) and nothing one-off (tile timing) lands in the peak:
         # the peak is then the pass's own working memory, comparable between implementations.
@@ -504,7 +484,8 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = 10, window: tup
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fb_ms, host_ms = _time(forward_backward, warmup, iters)
+        timed = time_call(forward_backward, warmup=warmup, iters=iters)
+        fb_ms, host_ms = timed.median_ms, timed.host_ms
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         return Timing(forward_ms, fb_ms, peak, host_ms)
     except Exception as exc:  # a peer that cannot run a configuration is a result, not a crash
@@ -533,7 +514,7 @@ def select_workloads(quick: bool = False, shapes: list[str] | None = None) -> li
 def run_benchmark(
     quick: bool = False,
     warmup: int = 3,
-    iters: int = 10,
+    iters: int = MIN_ITERS,
     impls: list[str] | None = None,
     shapes: list[str] | None = None,
     progress: Callable[[list[Row]], None] | None = None,
@@ -820,12 +801,7 @@ def format_host_times(times: dict[str, dict[str, float]]) -> str:
 
 def load_profile(path: Path = GPU_DATA / "ncu-h200.json") -> dict[str, Any]:
     """The committed Nsight Compute summary of our kernels and FlashAttention-2's (one workload)."""
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no {path.name} under {path.parent}; it is an Nsight Compute summary recorded with ncu "
-            "on a GPU machine (the committed data/gpu/ncu-h200.json names the command)"
-        )
-    return json.loads(path.read_text())
+    return read_record(path, how="ncu (the committed data/gpu/ncu-h200.json names the command)")
 
 
 def format_profile(profile: dict[str, Any]) -> str:
@@ -897,10 +873,10 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def to_record(rows: list[Row], command: str, tiles: list[dict] | None = None) -> dict:
-    """JSON-ready results; `tiles` is what the tuner chose for our kernel (TUNER.report())."""
+def to_record(rows: list[Row], tiles: list[dict] | None = None) -> dict:
+    """The record's payload (`write_record` adds the provenance); `tiles` is what the tuner chose
+    for our kernel (TUNER.report())."""
     return {
-        "provenance": {**provenance(), "command": command},
         "rows": [
             {
                 "workload": r.workload,
@@ -934,22 +910,11 @@ def rows_from_record(record: dict) -> list[Row]:
     ]
 
 
-def load_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
-    """Every committed benchmark record (data/gpu/bench-*.json), each with its file name."""
-    paths = sorted(directory.glob("bench-*.json"))
-    if not paths:
-        raise FileNotFoundError(
-            f"no bench-*.json under {directory}; record one on a GPU machine with "
-            "`python -m workbench.bench --record data/gpu/bench-<gpu>.json`"
-        )
-    return [{**json.loads(p.read_text()), "file": p.name} for p in paths]
-
-
 def merge_records(records: list[dict]) -> dict:
     """One record from several runs of disjoint workloads (e.g. `--shapes` subsets): their rows
     and tiles in order; provenance fields that differ are joined with " | ", in the same order."""
     if not records:
-        raise ValueError("merge_records needs at least one record; load them with load_records()")
+        raise ValueError("merge_records needs at least one record; load them with workbench.records.load_records('bench-*.json')")
     seen = [r["workload"] for rec in records for r in {x["workload"]: x for x in rec["rows"]}.values()]
     twice = sorted({w for w in seen if seen.count(w) > 1})
     if twice:
@@ -1044,7 +1009,9 @@ def plot_ratios(record: dict, axes=None):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one configuration of each kind")
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument(
+        "--iters", type=int, default=MIN_ITERS, help=f"timed calls per measurement (median; at least {MIN_ITERS})"
+    )
     parser.add_argument("--record", metavar="FILE", help="write the results with provenance as JSON (after each workload)")
     parser.add_argument("--shapes", nargs="+", metavar="TEXT", help="only workloads whose name contains one of these")
     parser.add_argument("--impls", nargs="+", metavar="NAME", choices=list(IMPLEMENTATIONS), help="only these implementations")
@@ -1070,7 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(rows: list[Row]) -> None:
         if args.record:
-            Path(args.record).write_text(json.dumps(to_record(rows, command, TUNER.report()), indent=1))
+            write_record(args.record, to_record(rows, TUNER.report()), command=command)
 
     try:
         chosen = select_workloads(args.quick, args.shapes)

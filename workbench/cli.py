@@ -5,7 +5,7 @@
     workbench repro ID [--device D] [--record FILE]
                                         run a post-mortem's claims without Jupyter
     workbench build [--no-execute]      build the static site into site/_build
-    workbench new ID "TITLE"            scaffold postmortems/<module>.py + notebooks/ID.ipynb
+    workbench new ID "TITLE"            scaffold postmortems/<module>/ + notebooks/ID.ipynb
     workbench execute NAME...           re-execute notebooks in place, to commit their outputs
     workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
     workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--campaign] [--notebook PATH] [--record FILE]
@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -41,17 +43,16 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-LIST_WIDTH = 100  # `workbench list` fits a 100-column terminal: titles are cut to fit
-
-
 def _meta_from_source(path: Path) -> dict[str, str] | None:
-    """`id`, `title` and `upstream_status` of the `META = Meta(...)` in a post-mortem's source,
-    read without importing it (a post-mortem imports torch, Triton and matplotlib: seconds).
-    None when they are not plain string literals there; the caller then imports the module."""
+    """`id`, `title` and `upstream_status` of the `META = Meta(...)` in a post-mortem's source
+    (the package `path`, whose cases.py holds META, or a one-file module `path`.py), read without
+    importing it (a post-mortem imports torch, Triton and matplotlib: seconds). None when they
+    are not plain string literals there; the caller then imports the module."""
     import ast
 
+    source = path / "cases.py" if path.is_dir() else path.with_suffix(".py")
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        tree = ast.parse(source.read_text(encoding="utf-8"), str(source))
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:
@@ -81,7 +82,7 @@ def _list(args: argparse.Namespace) -> int:
     built = {row["id"]: row["verdict"] for row in read_manifest(site).get("postmortems", [])}
     rows = [("id", "status", "verdict (last build)", "title")]
     for postmortem_id in registry.ids():
-        meta = _meta_from_source(registry.package_dir / f"{module_name(postmortem_id)}.py")
+        meta = _meta_from_source(registry.package_dir / module_name(postmortem_id))
         if meta is None or meta["id"] != postmortem_id:
             pm = registry.get(postmortem_id)  # imports and validates: its error names the fix
             meta = {"id": pm.id, "title": pm.meta.title, "upstream_status": pm.meta.upstream_status}
@@ -90,7 +91,10 @@ def _list(args: argparse.Namespace) -> int:
         print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
         return 0
     lines = fixed_width(rows).splitlines()
-    print("\n".join(line if len(line) <= LIST_WIDTH else line[: LIST_WIDTH - 3] + "..." for line in lines))
+    width = None if args.wide else shutil.get_terminal_size().columns
+    if width is not None:  # a title cut to the terminal ends in "..."; --wide prints it whole
+        lines = [line if len(line) <= width else line[: max(width - 3, 0)] + "..." for line in lines]
+    print("\n".join(lines))
     return 0
 
 
@@ -234,11 +238,11 @@ def _new(args: argparse.Namespace) -> int:
     from workbench.site import execute_in_place
 
     registry = Registry()
-    module_path, notebook_path = registry.scaffold(args.id, args.title)
-    print(f"wrote {module_path}\nwrote {notebook_path}\nexecuting it (it is committed with its outputs)...", flush=True)
+    package_path, notebook_path = registry.scaffold(args.id, args.title)
+    print(f"wrote {package_path}/\nwrote {notebook_path}\nexecuting it (it is committed with its outputs)...", flush=True)
     execute_in_place(notebook_path, registry.root)
     print(
-        f"done. Next: edit {module_path.name} (META, CASES, reproduce, claims), then `workbench lab` to write the "
+        f"done. Next: edit {package_path.name}/ (META and CASES in cases.py, reproduce in study.py, claims.py), then `workbench lab` to write the "
         f"notebook; `workbench repro {args.id}` checks the claims, `make test` runs nbval over the notebook."
     )
     return 0
@@ -304,7 +308,21 @@ def _lab(args: argparse.Namespace) -> int:
         *args.jupyter_args,
     ]
     print(f"JupyterLab on {notebooks}. Before committing a notebook you ran here: workbench execute ID", file=sys.stderr)
-    return subprocess.call(command)
+    return run_forwarding_signals(command)
+
+
+def run_forwarding_signals(command: list[str]) -> int:
+    """Runs `command` and returns its exit status; SIGTERM, SIGINT and SIGHUP sent to this process
+    are passed on to it, so that stopping `workbench lab` by its PID stops JupyterLab too (it
+    then shuts its kernels down itself) instead of leaving it running as an orphan."""
+    child = subprocess.Popen(command)
+    forwarded = [signal.SIGTERM, signal.SIGINT, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, lambda sig, frame: child.send_signal(sig)) for sig in forwarded}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -331,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="post-mortems with status and the verdict of the last site build")
     listing.add_argument("--site", help="built site to read verdicts from (default: site/_build)")
+    listing.add_argument("--wide", action="store_true", help="print titles whole (default: cut to the terminal's width)")
     listing.set_defaults(func=_list)
 
     repro = commands.add_parser("repro", help="run a post-mortem's reproduction and claims without Jupyter")

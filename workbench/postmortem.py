@@ -307,6 +307,26 @@ def gpu_records(meta: Meta) -> list[dict[str, Any]]:
     return load_records(f"{meta.id}-*.json")
 
 
+def recorded_probes(record: dict[str, Any] | None, meta: Meta) -> dict[str, Any]:
+    """The `probes` of a GPU record (`latest_gpu_record`), for a claim about them: without a
+    record, a `LookupError` naming the command that makes one, which the claim's verdict shows
+    as its evidence (the claim fails visibly rather than vanishing from the page)."""
+    if record is None:
+        raise LookupError(
+            f"no GPU record of {meta.id}: record one with `workbench repro {meta.id} --device cuda "
+            f"--record data/gpu/{meta.id}-<gpu>.json`"
+        )
+    return record["probes"]
+
+
+def latest_gpu_record(meta: Meta, probe: str | None = None) -> dict[str, Any] | None:
+    """The most recently made (provenance date) of `gpu_records(meta)`, among those whose
+    `probes` carry `probe` when it is given; None when there is none (a claim about it then
+    says so in its evidence)."""
+    records = [r for r in gpu_records(meta) if probe is None or probe in r.get("probes", {})]
+    return max(records, key=lambda r: r["provenance"].get("date", "")) if records else None
+
+
 # -- claims ---------------------------------------------------------------------------------------
 
 

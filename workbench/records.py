@@ -2,10 +2,23 @@
 
 One format for every record the workbench writes (`workbench repro --record`, `workbench audit
 --record`, `workbench bench --record`): a JSON object whose `provenance` block says where and
-with what it was produced (`workbench.provenance.provenance()` plus the command that ran), and
-one loader, `load_records(pattern)`, that reads them back in file-name order, each with its
-`file` name. GPU records live under `data/gpu/` (`GPU_DATA`) so that CPU-only CI and the site
-render them honestly, stamped with the machine that made them.
+with what it was produced (`workbench.provenance.provenance()` plus the command that ran). GPU
+records live under `data/gpu/` (`GPU_DATA`) so that CPU-only CI and the site render them
+honestly, stamped with the machine that made them.
+
+The API, the only code that reads or writes a record file:
+
+* `write_record(path, payload, command=None)` writes `payload` (made JSON-ready by `jsonable`)
+  with its `provenance` block (`provenance_block`: `provenance()` plus the command line);
+* `read_record(path, how=None)` reads one back, checking that it is a JSON object with a
+  provenance block; a missing file is a `FileNotFoundError` naming `how` (the command that
+  records it) when given;
+* `load_records(pattern, directory=GPU_DATA, how=None)` reads every `directory/pattern` in
+  file-name order, each with its `file` name added (none: `[]`, or the error naming `how`).
+
+A post-mortem's GPU records are `load_records(f"{META.id}-*.json")`
+(`workbench.postmortem.gpu_records`); a claim about them compares with what they hold, read
+through this API, never with a number typed from them.
 """
 
 from __future__ import annotations
@@ -76,13 +89,19 @@ def load_records(pattern: str, directory: str | Path = GPU_DATA, *, how: str | N
     paths = sorted(Path(directory).glob(pattern))
     if not paths and how:
         raise FileNotFoundError(f"no {pattern} under {directory}; record one on a GPU machine with `{how}`")
-    records = []
-    for path in paths:
-        try:
-            record = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON ({exc}); re-record it or remove it.") from None
-        if not isinstance(record, dict) or "provenance" not in record:
-            raise ValueError(f"{path} has no provenance block; records are written by workbench.records.write_record.")
-        records.append({**record, "file": path.name})
-    return records
+    return [{**read_record(path), "file": path.name} for path in paths]
+
+
+def read_record(path: str | Path, *, how: str | None = None) -> dict[str, Any]:
+    """The record at `path`, checked: a JSON object with a `provenance` block."""
+    path = Path(path)
+    if not path.exists():
+        hint = f"; record it on a GPU machine with `{how}`" if how else ""
+        raise FileNotFoundError(f"no {path.name} under {path.parent}{hint}")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); re-record it or remove it.") from None
+    if not isinstance(record, dict) or "provenance" not in record:
+        raise ValueError(f"{path} has no provenance block; records are written by workbench.records.write_record.")
+    return record

@@ -1,4 +1,4 @@
-"""The registry of post-mortems: `postmortems/<module>.py` + `notebooks/<id>.ipynb`.
+"""The registry of post-mortems: the package `postmortems/<module>/` + `notebooks/<id>.ipynb`.
 
 A post-mortem's id names files and URLs ("torch-varlen-176793"); its module name is the id
 with '-' turned into '_' ("torch_varlen_176793"), so that `from postmortems import ...`
@@ -31,6 +31,7 @@ import inspect
 import json
 import keyword
 import pkgutil
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from types import ModuleType
 from typing import Any
 
 from workbench.errors import RegistryError
-from workbench.scaffold import render_module, render_notebook
+from workbench.scaffold import render_notebook, render_package
 
 PACKAGE = "postmortems"
 HEADER_TAG = "wb-header"
@@ -261,32 +262,40 @@ class Registry:
         return [(path, by_notebook.get(path)) for path in sorted(self.notebooks_dir.glob("*.ipynb"))]
 
     def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:
-        """Writes postmortems/<module>.py and notebooks/<id>.ipynb from the templates.
+        """Writes the package postmortems/<module>/ and notebooks/<id>.ipynb from the templates.
 
         Returns both paths; the notebook is not executed yet (see `workbench.site.execute_in_place`).
         """
         name = module_name(postmortem_id)
-        module_path = self.package_dir / f"{name}.py"
+        package_path = self.package_dir / name
         notebook_path = self.notebooks_dir / f"{postmortem_id}.ipynb"
-        for path in (module_path, notebook_path):
+        for path in (package_path, package_path.with_suffix(".py"), notebook_path):
             if path.exists():
                 raise RegistryError(f"{path} already exists; pick another id or edit the existing post-mortem.")
         if not title.strip() or "\n" in title:
             raise RegistryError(f"title {title!r} must be one non-empty line; give it in quotes.")
-        module_path.write_text(render_module(postmortem_id, name, title.strip(), self.package))
+        package_path.mkdir()
+        for file_name, text in render_package(postmortem_id, name, title.strip(), self.package).items():
+            (package_path / file_name).write_text(text)
         importlib.invalidate_caches()
         # Validate before writing the notebook: a template that breaks the shape must not leave files behind.
         try:
             validate_module(importlib.import_module(f"{self.package}.{name}"))
         except Exception:
-            module_path.unlink()
-            sys.modules.pop(f"{self.package}.{name}", None)
+            shutil.rmtree(package_path)
+            forget_modules(f"{self.package}.{name}")
             raise
         self.notebooks_dir.mkdir(exist_ok=True)
         import nbformat
 
         nbformat.write(render_notebook(postmortem_id, name, self.package), notebook_path)
-        return module_path, notebook_path
+        return package_path, notebook_path
+
+
+def forget_modules(package: str) -> None:
+    """Drops `package` and its submodules from `sys.modules`, so the next import reads the files again."""
+    for loaded in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        del sys.modules[loaded]
 
 
 def read_manifest(site_dir: Path) -> dict[str, Any]:

@@ -24,12 +24,25 @@ def _fields(postmortem_id: str, module: str, package: str) -> dict[str, str]:
     }
 
 
-def render_module(postmortem_id: str, module: str, title: str, package: str) -> str:
-    """`postmortems/<module>.py` for post-mortem `postmortem_id` in package `package`."""
-    text = (TEMPLATES / "postmortem.py.tmpl").read_text()
-    # repr() keeps quotes and backslashes valid in the generated literal; '$$' survives substitution.
-    text = text.replace('"$title"', repr(title).replace("$", "$$"))
-    return Template(text).substitute(_fields(postmortem_id, module, package))
+def python_string(text: str) -> str:
+    """`text` as the string literal `ruff format` writes: double quotes unless the text holds more
+    double quotes than single ones, the chosen quote and backslashes escaped."""
+    quote = "'" if text.count('"') > text.count("'") else '"'
+    body = "".join(
+        "\\\\" if ch == "\\" else "\\" + ch if ch == quote else ch if ch.isprintable() else repr(ch)[1:-1] for ch in text
+    )
+    return quote + body + quote
+
+
+def render_package(postmortem_id: str, module: str, title: str, package: str) -> dict[str, str]:
+    """The files of package `<package>/<module>/` for post-mortem `postmortem_id`: name -> text."""
+    fields = _fields(postmortem_id, module, package)
+    files = {}
+    for template in sorted((TEMPLATES / "postmortem").glob("*.py.tmpl")):
+        # '$$' survives substitution, so a title with '$' in it stays as typed.
+        text = template.read_text().replace('"$title"', python_string(title).replace("$", "$$"))
+        files[template.name.removesuffix(".tmpl")] = Template(text).substitute(fields)
+    return files
 
 
 def parse_cells(text: str) -> list:

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import inspect
 import math
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,11 +40,12 @@ from workbench.postmortem import (
     Link,
     Meta,
     Results,
-    gpu_records,
+    latest_gpu_record,
     source_at,
     table,
 )
 from workbench.sweep import SweepResult, sweep
+from workbench.timing import time_call
 from workbench.tinylm import LMConfig, SyntheticTask, TinyLM, train
 
 META = Meta(
@@ -114,9 +114,8 @@ META = Meta(
     seed="000_1019a3997e440af2.txt",
 )
 
-# The upstream source we read, at the commits we read it.
+# The upstream source we read, at the commit we read it.
 VARLEN_PY = source_at("pytorch/pytorch@255ac567c50191b57bf8674134ba731c0b64e3ef")  # torch/nn/attention/varlen.py
-FLASH_API = source_at("pytorch/pytorch@ef3d5c9ebba11dac3e988f00b7aad0f2a147cf26")  # .../flash_attn/flash_api.cpp
 
 SEED_SEQLENS = (144, 288, 512)  # cu_seqlens [0, 144, 432, 944]: the seed's and both PRs' layout
 CPU_SCALE = 8  # the Triton interpreter studies the seed's layout 8x smaller: (18, 36, 64)
@@ -793,14 +792,6 @@ def gradient_norm_explorer(studies: dict[int, dict[str, GradientHealth]]):
 # -- reproduce -------------------------------------------------------------------------------------
 
 
-def gpu_record(key: str = "points") -> dict[str, Any] | None:
-    """The GPU record of this post-mortem whose probes carry `key`, the most recently made
-    (provenance date) if several do; None when none does. "points": the full `gpu_probes` run;
-    "damage": the QKV damage and workaround timings (recorded alone in a fresh process too)."""
-    records = [r for r in gpu_records(META) if key in r.get("probes", {})]
-    return max(records, key=lambda r: r["provenance"].get("date", "")) if records else None
-
-
 @dataclass
 class TorchVarlenResults(Results):
     seed: dict[str, Any]  # seed_input_problems()
@@ -811,8 +802,8 @@ class TorchVarlenResults(Results):
     check: CheckAssessment
     training: TrainingStudy | None  # None where the Triton kernels are compiled (a GPU machine)
     norms: dict[int, dict[str, GradientHealth]] | None  # gradient_norms(); None on a GPU machine
-    gpu: dict[str, Any] | None  # gpu_record(): torch's own varlen_attn on a GPU
-    gpu_damage: dict[str, Any] | None = None  # gpu_record("damage"): the QKV damage and workaround timings
+    gpu: dict[str, Any] | None  # latest_gpu_record(META, "points"): torch's own varlen_attn on a GPU
+    gpu_damage: dict[str, Any] | None = None  # latest_gpu_record(META, "damage"): the QKV damage and workaround timings
 
     def at(self, impl: str, seqlens_q: tuple[int, ...] = STUDY.seqlens_q, tail_q: int = STUDY.tail_q):
         return record_at(self.sweep, impl, seqlens_q, tail_q)
@@ -845,8 +836,8 @@ def reproduce(device: str | torch.device | None = None) -> TorchVarlenResults:
         check=assess_proposed_check(device),
         training=training() if INTERPRETED else None,
         norms=gradient_norms() if INTERPRETED else None,
-        gpu=gpu_record(),
-        gpu_damage=gpu_record("damage"),
+        gpu=latest_gpu_record(META, "points"),
+        gpu_damage=latest_gpu_record(META, "damage"),
     )
 
 
@@ -1031,14 +1022,10 @@ def probe_points(
                     }
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_workarounds(varlen_fn: Callable, case: Case, device=None, *, iters: int = 20, warmup: int = 3) -> list[dict[str, Any]]:
-    """Forward + backward wall time per call of each workaround on `case` (loss mask on TAIL
-    rows), host work and syncs included, and its ratio to `varlen_fn` as is."""
+def time_workarounds(varlen_fn: Callable, case: Case, device=None) -> list[dict[str, Any]]:
+    """Forward + backward time per call of each workaround on `case` (loss mask on TAIL rows),
+    host syncs included (`workbench.timing.time_call`: median ms, and the minimum), and its
+    ratio to `varlen_fn` as is."""
     batch = pack(case, device)
     d_out = _masked_grad_out(batch)
     timings = []
@@ -1050,14 +1037,8 @@ def time_workarounds(varlen_fn: Callable, case: Case, device=None, *, iters: int
             out.backward(d_out)
 
         try:
-            for _ in range(warmup):
-                step()
-            _sync(batch.device)
-            start = time.perf_counter()
-            for _ in range(iters):
-                step()
-            _sync(batch.device)
-            timings.append({"workaround": name, "ms": (time.perf_counter() - start) / iters * 1e3})
+            timed = time_call(step, device=batch.device)
+            timings.append({"workaround": name, "ms": timed.median_ms, "min_ms": timed.min_ms})
         except Exception as exc:  # recorded: the run goes on
             timings.append({"workaround": name, "error": _first_line(exc)})
     base = timings[0].get("ms")
@@ -1073,7 +1054,6 @@ def damage_probes(
     *,
     case: Case = GPU_CASE,
     trailing: int = GPU_TRAILING,
-    iters: int = 20,
     timing_case: Case | None = GPU_TIMING_CASE,
 ) -> dict[str, Any]:
     """The QKV damage with the allocator as left, then with stale finite blocks (run it first in
@@ -1082,9 +1062,9 @@ def damage_probes(
     data: dict[str, Any] = {
         "damage": {g: qkv_damage(varlen_fn, trailing=trailing, garbage=g, **shape) for g in ("as left", "stale")}
     }
-    data["timing"] = time_workarounds(varlen_fn, case.with_(tail_q=trailing, tail_k=trailing), device, iters=iters)
+    data["timing"] = time_workarounds(varlen_fn, case.with_(tail_q=trailing, tail_k=trailing), device)
     if timing_case is not None:
-        data["timing_large"] = time_workarounds(varlen_fn, timing_case, device, iters=iters)
+        data["timing_large"] = time_workarounds(varlen_fn, timing_case, device)
     return data
 
 
@@ -1096,7 +1076,6 @@ def upstream_probes(
     pads: tuple[int, ...] = GPU_PADS,
     trailing: int = GPU_TRAILING,
     prefill_mb: int = GPU_PREFILL_MB,
-    iters: int = 20,
     timing_case: Case | None = GPU_TIMING_CASE,
     on_gpu: bool = True,
 ) -> dict[str, Any]:
@@ -1108,7 +1087,7 @@ def upstream_probes(
     """
     shape = dict(seqlens=case.seqlens_q, heads=case.heads, head_dim=case.head_dim, dtype=case.torch_dtype, device=device)
     data: dict[str, Any] = {"signature": f"{getattr(varlen_fn, '__name__', 'fn')}{inspect.signature(varlen_fn)}"}
-    data.update(damage_probes(varlen_fn, device, case=case, trailing=trailing, iters=iters, timing_case=timing_case))
+    data.update(damage_probes(varlen_fn, device, case=case, trailing=trailing, timing_case=timing_case))
     impls = {"varlen_attn": torch_style(varlen_fn, "varlen_attn"), "fixed": varlen_attention, "replica": replica}
     data["points"] = list(probe_points(impls, case, pads, device=device, prefill_mb=prefill_mb))
     data["corrected_repro"] = {}
@@ -1458,5 +1437,4 @@ def register_gpu_claims(target: Claims) -> None:
         )
 
 
-if gpu_record() is not None:
-    register_gpu_claims(claims)
+register_gpu_claims(claims)

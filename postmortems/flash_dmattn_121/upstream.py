@@ -1,0 +1,102 @@
+"""Loading flash-dmattn 1.2.2 as installed (its Triton kernel file, unmodified) and its successor package."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from kernels import INTERPRETED, default_device
+
+UPSTREAM_PACKAGE = "flash-dmattn"
+
+UPSTREAM_VERSION = "1.2.2"  # the last release of flash-dmattn (its successor is flash-sparse-attn)
+
+UPSTREAM_MODULE = "flash_dmattn.flash_dmattn_triton"
+
+SUCCESSOR_PACKAGE = "flash-sparse-attn"
+
+SUCCESSOR_VERSION = "2.0.6"  # the latest on the registry when this page was revised
+
+# On CPU the interpreter's bf16 tl.dot multiplies raw bit patterns (see triton-interpreter-bf16-dot);
+# upstream's kernels call tl.dot on bf16 operands like any other, so on CPU we run them in fp16,
+# which 1.2.2 also accepts ("Only support fp16 and bf16"). Natively the GPU run uses bf16.
+UPSTREAM_DTYPES = {"cpu": "float16", "cuda": "bfloat16"}
+
+
+def upstream_dtype(device=None) -> str:
+    """The dtype the upstream kernel is studied in on `device`: fp16 under the interpreter, bf16 natively."""
+    device = default_device() if device is None else torch.device(device)
+    return UPSTREAM_DTYPES["cpu" if INTERPRETED else device.type]
+
+
+def upstream_version() -> str | None:
+    """The installed flash-dmattn's version, or None (install the `upstream` extra: scripts/setup.sh does)."""
+    try:
+        return importlib.metadata.version(UPSTREAM_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def upstream_module():
+    """flash-dmattn's own `flash_dmattn_triton` module, unmodified.
+
+    Natively it is imported as is. Under the Triton interpreter the same source file is compiled
+    with Python's assertions stripped (`optimize=1`, what `python -O` does), because 1.2.2 asserts
+    `q.is_cuda` before every launch and the interpreter runs on CPU tensors; every kernel and every
+    line of its launchers is upstream's. `kernels` is imported first (by this module), which makes
+    the interpreter handle runtime loop bounds under numpy >= 2.4.
+    """
+    version = upstream_version()
+    if version is None:
+        raise ModuleNotFoundError(
+            f"{UPSTREAM_PACKAGE} is not installed: run scripts/setup.sh, or "
+            f"FLASH_DMATTN_SKIP_CUDA_BUILD=TRUE FLASH_DMATTN_FORCE_BUILD=TRUE pip install --no-deps --no-build-isolation "
+            f"{UPSTREAM_PACKAGE}=={UPSTREAM_VERSION}"
+        )
+    if not INTERPRETED:
+        return importlib.import_module(UPSTREAM_MODULE)
+    spec = importlib.util.find_spec(UPSTREAM_MODULE)
+    module = types.ModuleType(f"{UPSTREAM_MODULE}_interpreted")
+    module.__file__ = spec.origin
+    sys.modules[module.__name__] = module  # Triton resolves a kernel's globals through its module
+    source = Path(spec.origin).read_text()
+    exec(compile(source, spec.origin, "exec", optimize=1), module.__dict__)
+    return module
+
+
+def upstream_triton_func():
+    """1.2.2's `triton_dmattn_func(query, key, value, attn_mask=None, attn_bias=None, is_causal=False, softmax_scale=None)`."""
+    return upstream_module().triton_dmattn_func
+
+
+def _stub_triton_kernels() -> list[str]:
+    """flash-sparse-attn 2.0.6 imports `triton_kernels` (Triton's own kernel library, not on the
+    registry and not a declared dependency) for its projection kernels only. Stubs stand in for the
+    names imported, so that the dense attention path can be imported; they raise if ever called."""
+    stubbed = []
+    for name in ("triton_kernels", "triton_kernels.matmul_ogs", "triton_kernels.numerics"):
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            continue
+        except ImportError:
+            pass
+        module = types.ModuleType(name)
+
+        def missing(*args, _name=name, **kwargs):
+            raise ModuleNotFoundError(f"{_name} is stubbed: flash-sparse-attn's projection kernels need the real package")
+
+        for attr in ("matmul_ogs", "PrecisionConfig", "FlexCtx", "InFlexData", "OutFlexData"):
+            setattr(module, attr, missing)
+        sys.modules[name] = module
+        stubbed.append(name)
+    return stubbed
