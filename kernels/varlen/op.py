@@ -1,6 +1,6 @@
 """`varlen_attention`: the public entry point, a `torch.library` custom op with autograd.
 
-Forward and backward are two custom ops (`workbench::varlen_attention_fwd` / `_bwd`), so
+Forward and backward are two custom ops (`kernels::varlen_attention_fwd` / `_bwd`), so
 autograd, `torch.compile` (fake tensors give the output shapes without running Triton) and
 dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
 
@@ -34,7 +34,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
-@torch.library.custom_op("workbench::varlen_attention_fwd", mutates_args=())
+@torch.library.custom_op("kernels::varlen_attention_fwd", mutates_args=())
 def _forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -70,7 +70,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_s
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32), work
 
 
-@torch.library.custom_op("workbench::varlen_attention_bwd", mutates_args=())
+@torch.library.custom_op("kernels::varlen_attention_bwd", mutates_args=())
 def _backward_op(
     d_out: torch.Tensor,
     d_lse: torch.Tensor | None,
