@@ -231,8 +231,10 @@ def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
     """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
     if backend == "triton":
         return False
-    reason = unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate) or (
-        None if _eager() else "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+    reason = (
+        "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+        if not _eager()
+        else unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate)
     )
     if reason and backend == "fa4":
         raise ValueError(f'backend="fa4" cannot run this call: {reason}. Pass backend="auto" to run it on the Triton kernel.')
