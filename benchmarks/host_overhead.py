@@ -70,7 +70,7 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
         "ours: forward+backward": lambda: ours(batch.q).backward(grad),
         "ours: forward (autograd)": lambda: ours(batch.q),
         "ours: forward (no grad)": lambda: ours(q),
-        "  custom op workbench::varlen_attention_fwd": lambda: op._forward_op(q, k, v, *cu, causal, scale),
+        "  custom op kernels::varlen_attention_fwd": lambda: op._forward_op(q, k, v, *cu, causal, scale),
         "  launcher attention_forward (3 launches)": lambda: launch.attention_forward(q, k, v, *cu, causal, scale),
         "    one launch: work lists": lambda: launch.work_lists(batch.cu_seqlens_q, batch.cu_seqlens_k),
         "    one launch: padding fill": lambda: launch.fill_padding_rows(

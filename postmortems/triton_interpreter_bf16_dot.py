@@ -382,9 +382,9 @@ def _interpreter_dot_source() -> str:
 
 
 def _workaround_source() -> str:
-    from kernels.varlen import triton_kernels
+    from kernels.varlen import attention_kernels
 
-    return inspect.getsource(getattr(triton_kernels._dot, "fn", triton_kernels._dot))
+    return inspect.getsource(getattr(attention_kernels._dot, "fn", attention_kernels._dot))
 
 
 def _upcast_decision_source() -> str:
@@ -397,7 +397,7 @@ def _upcast_decision_source() -> str:
 
 LISTINGS: dict[str, Callable[[], str]] = {
     "interpreter create_dot": _interpreter_dot_source,  # the installed Triton's interpreter
-    "our _dot": _workaround_source,  # kernels/varlen/triton_kernels.py
+    "our _dot": _workaround_source,  # kernels/varlen/attention_kernels.py
     "upcast decision": _upcast_decision_source,  # kernels/varlen/launch.py
 }
 

@@ -5,12 +5,14 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from workbench.site import KERNEL_PROFILE, kernel_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # starts a Jupyter kernel: ~10 s
 def test_executing_a_notebook_prints_no_kernel_warning(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("import os\nprint(os.environ['IPYTHONDIR'])")]

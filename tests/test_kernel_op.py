@@ -38,8 +38,8 @@ def test_dispatch_mode_sees_one_op_per_pass():
     with OpLog() as backward:
         out.backward(d_out)
     # Autograd adds detach (saving tensors) and zeros (the unused lse's gradient) around it.
-    assert [op for op in forward.ops if op != "aten.detach.default"] == ["workbench.varlen_attention_fwd.default"]
-    assert [op for op in backward.ops if op.startswith("workbench.")] == ["workbench.varlen_attention_bwd.default"]
+    assert [op for op in forward.ops if op != "aten.detach.default"] == ["kernels.varlen_attention_fwd.default"]
+    assert [op for op in backward.ops if op.startswith("kernels.")] == ["kernels.varlen_attention_bwd.default"]
 
 
 def _loss(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded):

@@ -20,7 +20,7 @@ from kernels.varlen.launch import (
     candidate_tiles,
     work_lists,
 )
-from tests.test_kernel_varlen import assert_contract, varlen_attention
+from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
 from workbench import Case, pack
 
 # Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k
@@ -29,8 +29,8 @@ CAUSAL_CASE = Case((140, 0, 37), seqlens_k=(129, 3, 150), align=8, tail_q=3, hea
 FULL_CASE = Case((131, 20), padded_q=(133, 24), heads=2, dtype="float16")
 
 
-@pytest.mark.parametrize("row_bytes", [128, 256])
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("row_bytes", fast_only([128, 256], {128}))
+@pytest.mark.parametrize("index", fast_only(range(4), {0}))
 def test_every_native_candidate_tile_keeps_the_contract(row_bytes, index):
     """Pinned tile `index` of each kernel's candidates for fp16 rows of `row_bytes`. The
     interpreter runs them at head dim 16: what a tile changes is the blocking of rows and keys,
@@ -44,8 +44,8 @@ def test_every_native_candidate_tile_keeps_the_contract(row_bytes, index):
             assert_contract(case.with_(head_dim=head_dim))
 
 
-@pytest.mark.parametrize("window", [(20, 0), (0, 40), (33, 17)], ids=str)
-@pytest.mark.parametrize("index", [0, *(pytest.param(i, marks=pytest.mark.slow) for i in range(1, 4))])
+@pytest.mark.parametrize("window", fast_only([(20, 0), (0, 40), (33, 17)], {(33, 17)}), ids=str)
+@pytest.mark.parametrize("index", fast_only(range(4), {0}))
 def test_every_native_candidate_tile_keeps_the_contract_under_windows(index, window):
     """Windows narrower and wider than the 16..128-row blocks: key blocks skipped on both sides,
     masked edges, rows that see no key (len_q > len_k), for each pinned tile."""

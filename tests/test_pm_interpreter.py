@@ -185,9 +185,9 @@ def test_tables_show_each_mode_present(results):
 
 
 def test_listings_read_the_code_as_it_is_now():
-    from kernels.varlen import triton_kernels
+    from kernels.varlen import attention_kernels
 
     assert "def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):" in str(pm.listing("our _dot"))
-    assert triton_kernels._dot.fn.__name__ == "_dot"
+    assert attention_kernels._dot.fn.__name__ == "_dot"
     with pytest.raises(ValueError, match="give one of"):
         pm.listing("nothing")

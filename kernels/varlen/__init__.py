@@ -1,4 +1,4 @@
-"""The fixed varlen attention: Triton kernels (`triton_kernels`), their launchers (`launch`) and
+"""The fixed varlen attention: Triton kernels (`attention_kernels`), their launchers (`launch`) and
 the `torch.library` custom op with autograd behind `varlen_attention` (`op`); `varlen_attn` is
 torch's `varlen_attn` signature on the same kernel."""
 

@@ -30,7 +30,7 @@ from triton.runtime.errors import OutOfResources
 
 from kernels._compat import INTERPRETED
 from kernels.interpreter import dot_upcast_needed
-from kernels.varlen.triton_kernels import (
+from kernels.varlen.attention_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
     attention_forward_kernel,

@@ -1,6 +1,6 @@
 """`varlen_attention`: the public entry point, a `torch.library` custom op with autograd.
 
-Forward and backward are two custom ops (`workbench::varlen_attention_fwd` / `_bwd`), so
+Forward and backward are two custom ops (`kernels::varlen_attention_fwd` / `_bwd`), so
 autograd, `torch.compile` (fake tensors give the output shapes without running Triton) and
 dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
 
@@ -34,7 +34,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
-@torch.library.custom_op("workbench::varlen_attention_fwd", mutates_args=())
+@torch.library.custom_op("kernels::varlen_attention_fwd", mutates_args=())
 def _forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -70,7 +70,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_s
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32), work
 
 
-@torch.library.custom_op("workbench::varlen_attention_bwd", mutates_args=())
+@torch.library.custom_op("kernels::varlen_attention_bwd", mutates_args=())
 def _backward_op(
     d_out: torch.Tensor,
     d_lse: torch.Tensor | None,
@@ -231,8 +231,10 @@ def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
     """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
     if backend == "triton":
         return False
-    reason = unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate) or (
-        None if _eager() else "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+    reason = (
+        "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+        if not _eager()
+        else unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate)
     )
     if reason and backend == "fa4":
         raise ValueError(f'backend="fa4" cannot run this call: {reason}. Pass backend="auto" to run it on the Triton kernel.')

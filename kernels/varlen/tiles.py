@@ -64,7 +64,7 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, mas
     from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as triton_compile
 
-    from kernels.varlen import triton_kernels as tk
+    from kernels.varlen import attention_kernels as tk
 
     fn = {
         "forward": tk.attention_forward_kernel,
