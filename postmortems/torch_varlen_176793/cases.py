@@ -1,0 +1,120 @@
+"""What torch-varlen-176793 studies: META, the layouts and pads of the CPU study and of the GPU probes."""
+
+from __future__ import annotations
+
+from workbench import Case, Fill
+from workbench.postmortem import (
+    Link,
+    Meta,
+    source_at,
+)
+
+META = Meta(
+    id="torch-varlen-176793",
+    title="torch varlen_attn leaves rows beyond cu_seqlens[-1] unwritten in its output and gradients",
+    component="PyTorch / torch.nn.attention.varlen.varlen_attn (FlashAttention-2 varlen)",
+    category="training bug",
+    impact="q/k/v longer than cu_seqlens[-1] (a padded token budget): garbage or NaN in the padding rows' gradients "
+    "reaches the QKV weight gradient, silently when finite",
+    upstream_status="open",
+    status_note="issue open; the ValueError PRs #186786 and #188933 were closed without merging",
+    our_verdict="mechanism confirmed on an H200 and in a replica; the report's 'forward is fine' holds only for rows "
+    "the loss reads, and its proposed ValueError forbids a legal layout",
+    detection="garbage or NaN in rows >= cu_seqlens[-1] of the output and of dq/dk/dv; wrong or NaN QKV weight gradients",
+    fix_type="workarounds today: a dummy last sequence, slicing, or zeroing the rows on the device; "
+    "ours: a kernel that writes 0 there",
+    tags=("varlen", "padding", "uninitialised memory", "backward"),
+    # The issue's own opening date, as recorded by NeuralDBG's tracking file for it (BUG-002):
+    # "OPEN, since 2026-03-07"; flash-attention#2324 (same mechanism, by varlen_attn's author) follows on 03-10.
+    reported="2026-03-07",
+    published="2026-11-29",
+    revised="2026-12-01",
+    links=(
+        Link("pytorch#176793", "https://github.com/pytorch/pytorch/issues/176793", "2026-03-07", "issue", "open"),
+        Link(
+            "flash-attention#2324: opt-in autograd function that zeroes the padding's gradient",
+            "https://github.com/Dao-AILab/flash-attention/pull/2324",
+            "2026-03-10",
+            "PR",
+            "closed, not merged",
+        ),
+        Link(
+            "flash-linear-attention#892: zero-initialised gradient buffers, same root cause",
+            "https://github.com/fla-org/flash-linear-attention/pull/892",
+            "2026-05-12",
+            "PR",
+            "closed, not merged",
+        ),
+        Link(
+            "pytorch#186786: raise ValueError if query.size(0) > cu_seq_q[-1]",
+            "https://github.com/pytorch/pytorch/pull/186786",
+            "2026-06-09",
+            "PR",
+            "closed, not merged",
+        ),
+        Link(
+            "tilelang#2461: zero lse/Delta padding in its varlen backward example",
+            "https://github.com/tile-ai/tilelang/pull/2461",
+            "2026-06-26",
+            "PR",
+            "merged",
+        ),
+        Link(
+            "pytorch#188933: the same ValueError, resubmitted",
+            "https://github.com/pytorch/pytorch/pull/188933",
+            "2026-07-03",
+            "PR",
+            "closed, not merged",
+        ),
+        Link("varlen_attn API (pytorch#164502)", "https://github.com/pytorch/pytorch/pull/164502"),
+        Link(
+            "flash-attention#1228: the same question for flash_attn_varlen_func",
+            "https://github.com/Dao-AILab/flash-attention/issues/1228",
+        ),
+    ),
+    seed="000_1019a3997e440af2.txt",
+)
+
+# The upstream source we read, at the commit we read it.
+VARLEN_PY = source_at("pytorch/pytorch@255ac567c50191b57bf8674134ba731c0b64e3ef")  # torch/nn/attention/varlen.py
+
+SEED_SEQLENS = (144, 288, 512)  # cu_seqlens [0, 144, 432, 944]: the seed's and both PRs' layout
+
+CPU_SCALE = 8  # the Triton interpreter studies the seed's layout 8x smaller: (18, 36, 64)
+
+# Inputs' padding rows hold zeros: every NaN the replica returns comes from memory, not data.
+STUDY = Case(
+    seqlens_q=tuple(n // CPU_SCALE for n in SEED_SEQLENS),
+    tail_q=2,
+    tail_k=2,
+    heads=2,
+    head_dim=32,
+    dtype="float16",
+    fill=Fill.ZEROS,
+    seed=176793,
+)
+
+# The NaN map's grid, kept small for the interpreter: trailing rows (q and k alike) on its x axis
+# (2: the seed's, 64: a whole block of the replica), sequence lengths on y.
+PADS = (0, 2, 64)
+
+LAYOUTS = ((17,), STUDY.seqlens_q, (40, 5))
+
+# On a GPU, the seed's layout itself, with varlen_attn's usual shapes and dtype.
+GPU_PADS = (0, 2, 64, 512)
+
+GPU_CASE = Case(seqlens_q=SEED_SEQLENS, heads=16, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS, seed=176793)
+
+GPU_PREFILL_MB = 256  # NaN blocks left in the CUDA caching allocator before poisoned runs
+
+GPU_TRAILING = 64  # trailing rows of the GPU workaround and damage probes
+
+# Workaround timing at a training-sized batch too (the seed's 944 tokens are launch-bound):
+# 8 documents of 2048 tokens, the benchmark's "8x2048 d64" workload, plus 64 trailing rows.
+GPU_TIMING_CASE = Case(seqlens_q=(2048,) * 8, tail_q=64, tail_k=64, heads=16, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS)
+
+CASES = tuple(STUDY.with_(seqlens_q=layout, tail_q=pad, tail_k=pad) for layout in LAYOUTS for pad in PADS) + tuple(
+    GPU_CASE.with_(tail_q=pad, tail_k=pad) for pad in GPU_PADS
+)
+
+GRADS = ("dq", "dk", "dv")
