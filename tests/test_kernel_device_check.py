@@ -102,3 +102,12 @@ def test_random_boundaries_get_the_host_checks_verdict():
         limits = [int(generator.integers(0, 6)) for _ in range(2)]
         _, check = check_on_device(*tensors, *totals, *limits)
         assert (not check.failed()) == _host_verdict(tensors, totals, limits), (trial, tensors, totals, limits)
+
+
+def test_validation_inside_a_cuda_graph_capture_is_a_clear_error(monkeypatch):
+    """The check waits on the device, which a capture forbids: say so instead of a CUDA error."""
+    monkeypatch.setattr(op, "_capturing", lambda: True)
+    op._VALIDATED.refs = ()
+    positional, keywords = split_call(base_args())
+    with pytest.raises(ValueError, match="a CUDA graph capture allows no wait; pass validate=False"):
+        op.varlen_attention(*positional, **keywords)
