@@ -84,7 +84,16 @@ def step_ms(qkv: list[torch.Tensor], cu: torch.Tensor, length: int, causal: bool
     def step():
         m = [cu.clone() for _ in range(4)]  # new metadata every call, as every new batch brings
         out = op.varlen_attention(
-            *qkv, m[0], m[1], length, length, cu_seqlens_q_padded=m[2], cu_seqlens_k_padded=m[3], causal=causal, validate=validate
+            *qkv,
+            m[0],
+            m[1],
+            length,
+            length,
+            cu_seqlens_q_padded=m[2],
+            cu_seqlens_k_padded=m[3],
+            causal=causal,
+            validate=validate,
+            backend="triton",
         )
         out.backward(grad)
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernels.varlen.op as op
+from kernels import default_device
 from kernels.contract import check_cu_seqlens
 from kernels.varlen.device_check import check_on_device
 from workbench.malformed import CATALOGUE, base_args, split_call
@@ -34,7 +35,8 @@ def _raised(call) -> tuple[type, str] | None:
 
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.id for c in CATALOGUE])
 def test_the_device_path_raises_what_the_host_path_raises(case, monkeypatch):
-    positional, keywords = split_call(case.build(base_args()))
+    positional, keywords = split_call(case.build(base_args(device=default_device())))
+    monkeypatch.setattr(op, "_checks_on_device", lambda: False)
     host = _raised(lambda: op.varlen_attention(*positional, **keywords))
     monkeypatch.setattr(op, "_checks_on_device", lambda: True)
     op._VALIDATED.refs = ()  # nothing remembered from the host call
@@ -44,7 +46,7 @@ def test_the_device_path_raises_what_the_host_path_raises(case, monkeypatch):
 
 def test_the_device_path_computes_what_the_host_path_computes(device_path):
     """...and takes numpy integers for max_seqlen, as the host check does (test_contract.py)."""
-    args = base_args()
+    args = base_args(device=default_device())
     args["max_seqlen_q"], args["max_seqlen_k"] = np.int64(args["max_seqlen_q"]), np.int32(args["max_seqlen_k"])
     positional, keywords = split_call(args)
     on_device = op.varlen_attention(*positional, **keywords, return_lse=True)
@@ -55,7 +57,7 @@ def test_the_device_path_computes_what_the_host_path_computes(device_path):
 
 def test_a_failed_check_hands_the_kernels_all_zero_boundaries():
     """Every row is then padding: the kernels read no row and write nothing outside the tensors."""
-    args = base_args()
+    args = base_args(device=default_device())
     bad_end = args["cu_seqlens_q_padded"].clone()
     bad_end[-1] = 10**6  # addresses rows far past q's end
     safe, check = check_on_device(args["cu_seqlens_q"], args["cu_seqlens_k"], bad_end, args["cu_seqlens_k_padded"], 15, 15, 9, 9)
@@ -95,10 +97,19 @@ def test_random_boundaries_get_the_host_checks_verdict():
             if generator.random() < 0.2:
                 v[int(generator.integers(0, n + 1))] += int(generator.integers(-3, 4))
         dtype = torch.int64 if trial % 3 == 0 else torch.int32
-        tensors = [torch.tensor(v, dtype=dtype) for v in (q, k, qp, kp)]
+        tensors = [torch.tensor(v, dtype=dtype, device=default_device()) for v in (q, k, qp, kp)]
         if trial % 2:
             tensors[2:] = [None, None]
         totals = [int(generator.integers(0, 25)) for _ in range(2)]
         limits = [int(generator.integers(0, 6)) for _ in range(2)]
         _, check = check_on_device(*tensors, *totals, *limits)
         assert (not check.failed()) == _host_verdict(tensors, totals, limits), (trial, tensors, totals, limits)
+
+
+def test_validation_inside_a_cuda_graph_capture_is_a_clear_error(monkeypatch):
+    """The check waits on the device, which a capture forbids: say so instead of a CUDA error."""
+    monkeypatch.setattr(op, "_capturing", lambda: True)
+    op._VALIDATED.refs = ()
+    positional, keywords = split_call(base_args(device=default_device()))
+    with pytest.raises(ValueError, match="a CUDA graph capture allows no wait; pass validate=False"):
+        op.varlen_attention(*positional, **keywords)

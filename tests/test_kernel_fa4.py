@@ -46,7 +46,7 @@ def _padding(cu_starts: torch.Tensor, seqused: torch.Tensor | None, rows: int) -
     """(real boundaries, padding-row mask) of FA4's (cu_seqlens, seqused) description."""
     real = cu_starts if seqused is None else torch.nn.functional.pad(seqused.cumsum(0), (1, 0)).to(torch.int32)
     padded = None if seqused is None else cu_starts
-    return real, region_labels(real, padded, rows) != Region.REAL
+    return real, (region_labels(real, padded, rows) != Region.REAL).to(cu_starts.device)
 
 
 class FakeFA4:
@@ -184,10 +184,50 @@ def test_auto_takes_fa4_only_where_the_contract_holds_on_it(fake_fa4):
         fresh.call(varlen_attention, return_lse=True, backend="fa4")
 
 
-def test_without_fa4_auto_runs_triton_and_fa4_is_a_clear_error():
+def test_without_fa4_auto_runs_triton_and_fa4_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(fa4, "load", lambda: None)  # flash-attn-4 not installed, also where it is
     batch = pack(CAUSAL)
     assert torch.equal(batch.call(varlen_attention), batch.call(varlen_attention, backend="triton"))
-    with pytest.raises(ValueError, match=r"backend=\"fa4\" cannot run this call: .*(not installed|natively on CUDA)"):
+    with pytest.raises(ValueError, match=r"backend=\"fa4\" cannot run this call: flash-attn-4 is not installed \(pip install"):
         batch.call(varlen_attention, backend="fa4")
     with pytest.raises(ValueError, match="backend = 'flash' is not one of 'auto', 'triton', 'fa4'"):
         batch.call(varlen_attention, backend="flash")
+
+
+# -- the real FA4 (on an sm90/sm100 GPU with flash-attn-4 installed) --------------------------
+
+REAL_CASES = {
+    "padded-tail-empty": Case(
+        (300, 0, 77),
+        seqlens_k=(129, 40, 0),
+        padded_q=(320, 8, 80),
+        tail_q=5,
+        tail_k=3,
+        heads=4,
+        kv_heads=2,
+        head_dim=128,
+        dtype="bfloat16",
+    ),
+    "causal-len_q>len_k": Case(
+        (200, 9, 513), seqlens_k=(60, 9, 700), align=8, heads=2, head_dim=128, causal=True, dtype="bfloat16"
+    ),
+    "d64-fp16-gqa": Case((64, 129), seqlens_k=(64, 300), tail_q=2, heads=8, kv_heads=1, head_dim=64, dtype="float16"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [(-1, -1), (64, 0), (0, 0)], ids=str)
+@pytest.mark.parametrize("name", REAL_CASES)
+def test_real_fa4_behind_the_wrapper_keeps_the_contract(name, window):
+    """The wrapper on the installed FA4: poisoned memory, NaN padding in q, k, v and dO."""
+    batch = pack(REAL_CASES[name])
+    reason = fa4.unsupported(batch.q, batch.k, batch.v, (batch.cu_seqlens_q,), return_lse=False, validate=True)
+    if reason:
+        pytest.skip(reason)
+    record = probe(varlen_attention, batch, grad_out=nan_on_padding(batch), poisoned=True, backend="fa4", window_size=window)
+    assert record.real_within_bound, "\n".join(map(str, record.errors.values()))
+    assert record.padding_exactly_zero, record.max_abs
+    with torch.no_grad():
+        _, lse = batch.call(varlen_attention, backend="fa4", window_size=window, return_lse=True)
+        _, expected = batch.call(reference_attention, window_size=window, return_lse=True)
+    assert torch.equal(lse == float("-inf"), expected == float("-inf"))  # padding and keyless rows

@@ -1,6 +1,7 @@
-"""The fixed varlen attention: Triton kernels (`attention_kernels`), their launchers (`launch`) and
-the `torch.library` custom op with autograd behind `varlen_attention` (`op`); `varlen_attn` is
-torch's `varlen_attn` signature on the same kernel."""
+"""The fixed varlen attention: Triton kernels (`attention_kernels`), their launchers (`launch`),
+the `torch.library` custom op with autograd behind `varlen_attention` (`op`), the device check of
+`validate=True` (`device_check`) and the contract-keeping path to FlashAttention-4 (`fa4`);
+`varlen_attn` is torch's `varlen_attn` signature on the same kernel."""
 
 from kernels.varlen.op import DTYPES, HEAD_DIMS, AuxRequest, varlen_attention, varlen_attn
 

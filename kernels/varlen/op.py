@@ -198,6 +198,10 @@ class _ValidatedMetadata:
 _VALIDATED = _ValidatedMetadata()
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _checks_on_device() -> bool:
     """The metadata's values are checked by a kernel natively in eager mode (device_check);
     under the interpreter they are host memory already, and a traced call keeps the host check."""
@@ -334,6 +338,11 @@ def varlen_attention(
     asked_to_validate = validate
     if validate and _VALIDATED.holds(metadata, q, k, *limits, scale):
         validate = False  # the same metadata, unchanged, passed the check: tensor checks only
+    if validate and _capturing():
+        raise ValueError(
+            "validate=True checks the boundary values, which waits on the device, and a CUDA graph capture allows no "
+            "wait; pass validate=False inside the capture (check the metadata once before capturing)."
+        )
     on_device = validate and _checks_on_device() and _sync_free_checks_pass(q, k, v, metadata, limits, scale)
     if validate and not on_device:
         check_varlen_inputs(
