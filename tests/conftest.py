@@ -28,7 +28,7 @@ settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "quick"
 
 # -- post-mortem projects for the pipeline tests (registry, CLI, site, browser) -------------
 # A project is a uniquely named post-mortem package in a temporary directory with notebooks/
-# next to it, importable here and (through PYTHONPATH, see workbench.site.kernel_env) in
+# next to it, importable here and (through PYTHONPATH, see workbench.execute.kernel_env) in
 # notebook kernels. Nothing is ever written to the repository's postmortems/.
 import contextlib  # noqa: E402
 import os  # noqa: E402
@@ -121,7 +121,8 @@ def built_site(tmp_path_factory):
     executed, and the site built by executing them afresh. Read-only for the tests."""
     from workbench import registry
     from workbench.cli import main
-    from workbench.site import build, execute_in_place
+    from workbench.execute import execute_in_place
+    from workbench.site import build
 
     with _once_per_run(tmp_path_factory, "built-site") as (directory, first), pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(directory))

@@ -263,7 +263,7 @@ class Registry:
     def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:
         """Writes postmortems/<module>.py and notebooks/<id>.ipynb from the templates.
 
-        Returns both paths; the notebook is not executed yet (see `workbench.site.execute_in_place`).
+        Returns both paths; the notebook is not executed yet (see `workbench.execute.execute_in_place`).
         """
         name = module_name(postmortem_id)
         module_path = self.package_dir / f"{name}.py"
