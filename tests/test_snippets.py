@@ -222,6 +222,98 @@ def battery_flex_with_mask(flex_with_mask: Callable) -> None:
         _assert_within_bound(name, flex_with_mask(case["q"], case["k"], case["v"], **_arguments(case)), case)
 
 
+# -- torch SDPA's cuDNN backend: sdpa-cudnn-masked-rows ---------------------------------------------
+
+
+def _sdpa_cases() -> dict[str, dict[str, Any]]:
+    """name -> q (B, H, S_q, D) in fp16, k and v, attn_mask as the user passes it, and `visible`
+    (B, H, S_q, S_k) bool: the keys each row may see, worked out here independently."""
+    generator = torch.Generator().manual_seed(2)
+    heads, seq = 2, 6
+
+    def case(lengths, kv_heads=heads, causal_shift=None, per_head=False, form="bool", bias=False):
+        q = torch.randn(len(lengths), heads, seq, DIM, generator=generator).half()
+        k, v = (torch.randn(len(lengths), kv_heads, seq, DIM, generator=generator).half() for _ in range(2))
+        keys = torch.arange(seq) < torch.tensor(lengths)[:, None]
+        visible = keys[:, None, None, :].expand(-1, heads, seq, -1).clone()
+        if causal_shift is not None:  # bottom-right causal with len_q > len_k: the first rows see nothing
+            visible &= torch.ones(seq, seq, dtype=torch.bool).tril(causal_shift)
+        if per_head:
+            visible[0, 1, 2] = False  # one row of one head only
+        mask: torch.Tensor = visible
+        if form == "float":
+            mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).half()
+            if bias:
+                mask = torch.where(visible, torch.randn(visible.shape, generator=generator).half(), mask)
+        return {"q": q, "k": k, "v": v, "attn_mask": mask, "visible": visible}
+
+    return {
+        "no row without keys (bool)": case((6, 4, 5)),
+        "no row without keys (float)": case((6, 4, 5), form="float"),
+        "empty key sequence (bool)": case((6, 0, 5)),
+        "empty key sequence (float -inf)": case((6, 0, 5), form="float"),
+        "per-head mask (bool)": case((6, 4, 5), per_head=True),
+        "per-head mask (float), non-zero bias": case((6, 4, 5), per_head=True, form="float", bias=True),
+        "causal, len_q > len_k": case((6, 6, 6), causal_shift=-2),
+        "GQA, empty key sequence": case((6, 0, 5), kv_heads=1),
+    }
+
+
+def _cudnn_like(case: dict[str, Any]) -> torch.Tensor:
+    """SDPA as our replica of cuDNN computes it (sdpa-cudnn-masked-rows, Mechanism): the mask's
+    masked positions filled with a finite constant instead of -inf, so a row without keys is not 0."""
+    from postmortems import sdpa_cudnn_masked_rows as pm
+
+    mask = case["attn_mask"]
+    fill = torch.tensor(pm.CUDNN_FILL, dtype=torch.half)
+    additive = torch.where(mask, torch.zeros((), dtype=torch.half), fill) if mask.dtype == torch.bool else mask.clamp(min=fill)
+    return torch.nn.functional.scaled_dot_product_attention(
+        case["q"], case["k"], case["v"], attn_mask=additive, enable_gqa=case["k"].shape[1] != case["q"].shape[1]
+    )
+
+
+def _sdpa_oracle(case: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """(B, H, S_q, D) in `dtype`: the contract's answer, 0 on rows without keys."""
+    bias = case["attn_mask"].to(dtype).masked_fill(~case["visible"], 0) if case["attn_mask"].dtype != torch.bool else None
+    as_flex = {"q": case["q"].transpose(1, 2), "k": case["k"].transpose(1, 2), "v": case["v"].transpose(1, 2)}
+    return _dense(as_flex | {"attn_mask": case["visible"], "attn_bias": bias, "is_causal": False}, dtype)
+
+
+def _assert_sdpa_within_bound(name: str, out: torch.Tensor, case: dict[str, Any]) -> None:
+    """Every row within 2x PyTorch's own fp16 error of the fp64 answer (rows without keys: exactly 0)."""
+    no_key = ~case["visible"].any(-1)
+    assert not out[no_key].any(), f"{name}: rows without keys are not 0"
+    check = error_check("out", out, _sdpa_oracle(case, torch.float64), _sdpa_oracle(case, torch.half), torch.half)
+    assert check.within, f"{name}: {check}"
+
+
+def battery_rows_without_key(check: Callable) -> None:
+    """`check(out, attn_mask) -> (rows, max |out|)` counts every row (per head) that sees no key,
+    and flags (max > 0) exactly the outputs that are not 0 there: cuDNN's, not the math backend's."""
+    for name, case in _sdpa_cases().items():
+        expected_rows = int((~case["visible"].any(-1)).sum())
+        rows, worst = check(_cudnn_like(case), case["attn_mask"])
+        assert rows == expected_rows and (worst > 0) == (expected_rows > 0), (
+            f"{name}: {rows} rows, max {worst} (expected {expected_rows} rows)"
+        )
+        math = torch.nn.functional.scaled_dot_product_attention(
+            case["q"], case["k"], case["v"], attn_mask=case["attn_mask"], enable_gqa=case["k"].shape[1] != case["q"].shape[1]
+        )
+        assert check(math, case["attn_mask"])[1] == 0, f"{name}: the math backend's clean output flagged"
+
+
+def battery_zero_rows_without_key(zero_rows_without_key: Callable) -> None:
+    """Workaround (a) on the replica's output keeps every row within the bound, rows without keys 0."""
+    for name, case in _sdpa_cases().items():
+        _assert_sdpa_within_bound(name, zero_rows_without_key(_cudnn_like(case), case["attn_mask"]), case)
+
+
+def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
+    """Workaround (b): the memory-efficient or math backend (math on this CPU) within the bound, GQA included."""
+    for name, case in _sdpa_cases().items():
+        _assert_sdpa_within_bound(name, sdpa_without_cudnn(case["q"], case["k"], case["v"], case["attn_mask"]), case)
+
+
 # -- the registry: every paste block of every page ------------------------------------------------
 
 
@@ -259,17 +351,17 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("flash-dmattn-flex-mask.html", "flex_with_mask"): battery_flex_with_mask,
     ("triton-interpreter-bf16-dot.html", "script"): _prints(_bf16_dot_flagged),
     ("te-thd-2892.html", "script"): _prints(_te_boundaries),
+    ("sdpa-cudnn-masked-rows.html", "rows_without_key"): battery_rows_without_key,
+    ("sdpa-cudnn-masked-rows.html", "zero_rows_without_key"): battery_zero_rows_without_key,
+    ("sdpa-cudnn-masked-rows.html", "sdpa_without_cudnn"): battery_sdpa_without_cudnn,
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
 UPSTREAM_PATCHES = {("flash-dmattn-flex-mask.html", "mask_mod")}
-# Blocks still written against names of the reader's scope (`q`, `attn_mask`, `varlen_attn`...),
-# to be made self-contained; their cuDNN and varlen_attn halves need a GPU. Listed in full, so
+# Blocks still written against names of the reader's scope (`q`, `varlen_attn`, `model`...), to be
+# made self-contained; torch's varlen_attn runs on CUDA only, so their battery needs an H200 record. Listed in full, so
 # that no new block escapes the batteries unnoticed.
-NOT_YET_SELF_CONTAINED = {
-    "sdpa-cudnn-masked-rows.html": 4,
-    "torch-varlen-176793.html": 4,
-}
+NOT_YET_SELF_CONTAINED = {"torch-varlen-176793.html": 4}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:
