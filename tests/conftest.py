@@ -146,7 +146,11 @@ def built_site(tmp_path_factory):
 @pytest.fixture(scope="session")
 def published_site(tmp_path_factory) -> Path:
     """The repository's own site, rendered once per test run from the committed notebooks
-    (`workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests."""
+    (`workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests.
+    WORKBENCH_PUBLISHED_SITE names a site built beforehand instead (a GPU machine without Jupyter
+    runs the paste blocks from a site built elsewhere)."""
+    if os.environ.get("WORKBENCH_PUBLISHED_SITE"):
+        return Path(os.environ["WORKBENCH_PUBLISHED_SITE"]).resolve()
     from workbench.site import build
 
     with _once_per_run(tmp_path_factory, "published-site") as (directory, first):

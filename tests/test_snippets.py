@@ -314,6 +314,86 @@ def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
         _assert_sdpa_within_bound(name, sdpa_without_cudnn(case["q"], case["k"], case["v"], case["attn_mask"]), case)
 
 
+# -- torch's varlen_attn: torch-varlen-176793 -------------------------------------------------------
+# varlen_attn runs on CUDA only; without a GPU the page's replica of its mechanism
+# (kernels.replicas.torch_varlen: TAIL rows of out, dq, dk, dv never written) stands in for it, as
+# on the page; on a GPU the same tests run the page's texts against torch's own varlen_attn.
+
+
+@contextlib.contextmanager
+def _varlen_attn_replica():
+    """`from torch.nn.attention.varlen import varlen_attn` giving the replica where torch's own
+    cannot run (no native CUDA); on a GPU, torch's varlen_attn itself."""
+    import torch.nn.attention.varlen as varlen
+
+    import kernels
+
+    if torch.cuda.is_available() and not kernels.INTERPRETED:
+        yield
+        return
+
+    from kernels.replicas.torch_varlen import replica_varlen_attn
+
+    saved = varlen.varlen_attn
+    varlen.varlen_attn = replica_varlen_attn  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        varlen.varlen_attn = saved  # type: ignore[assignment]
+
+
+def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
+    """`check(model, step)` names parameters exactly when the run is hit: every one of a tiny packed
+    LM whose buffer has TAIL rows, none without TAIL rows (the same model and attention)."""
+    from postmortems import torch_varlen_176793 as pm
+
+    for pad, hit in ((3, True), (0, False)):
+        model, batch = pm.TinyLM(pm.TRAIN_CONFIG, pm.token_budget_attention), pm.budget_batches(pad=pad, steps=1)[0][0]
+        named = check(model, lambda model=model, batch=batch: model.loss(batch).backward())
+        assert bool(named) == hit, f"{pad} TAIL rows: {named}"
+    assert not torch.are_deterministic_algorithms_enabled(), "the check leaves deterministic mode off"
+
+
+VARLEN_LAYOUTS = {"TAIL rows": ((5, 9), 3), "an empty sequence and TAIL rows": ((5, 0, 9), 4)}
+
+
+def _battery_varlen_workaround(workaround: Callable, fill: str, out_padding: str) -> None:
+    """Under NaN-poisoned memory, padding rows of q, k, v holding `fill`, a loss that ignores the
+    padding: REAL rows within the bound of the fp64 answer, padding rows of dq, dk, dv exactly 0, and
+    of out `out_padding` ("zero", or "finite" where the page says the rows hold an attention of their own)."""
+    from workbench import Case, pack, poisoned_memory, reference_attention
+
+    for name, (lengths, tail) in VARLEN_LAYOUTS.items():
+        case = Case(seqlens_q=lengths, tail_q=tail, tail_k=tail, heads=2, head_dim=DIM, dtype="float16", fill=fill)
+        batch = pack(case)
+        leaves = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
+        args = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
+        n_q, n_k = int(batch.cu_seqlens_q[-1]), int(batch.cu_seqlens_k[-1])
+        with poisoned_memory():
+            out = workaround(*leaves, *args)
+            d_out = torch.ones_like(out)
+            d_out[n_q:] = 0  # the loss ignores the padding rows
+            out.backward(d_out)
+        fp64 = reference_attention(batch.q.double(), batch.k.double(), batch.v.double(), *args)
+        own = reference_attention(batch.q, batch.k, batch.v, *args, compute_dtype=batch.q.dtype)
+        check = error_check("out", out[:n_q], fp64[:n_q], own[:n_q], torch.half)
+        assert check.within, f"{name}: {check}"
+        padding = out[n_q:]
+        assert (padding == 0).all() if out_padding == "zero" else padding.isfinite().all(), f"{name}: padding rows of out"
+        for label, grad, real in (("dq", leaves[0].grad, n_q), ("dk", leaves[1].grad, n_k), ("dv", leaves[2].grad, n_k)):
+            assert (grad[real:] == 0).all(), f"{name}: padding rows of {label} are not 0"
+
+
+def battery_varlen_tail_as_sequence(workaround: Callable) -> None:
+    """Workaround (a), with the finite padding it requires (stale activations)."""
+    _battery_varlen_workaround(workaround, "garbage", out_padding="finite")
+
+
+def battery_varlen_sliced(workaround: Callable) -> None:
+    """Workaround (b), with NaN in the padding."""
+    _battery_varlen_workaround(workaround, "nan", out_padding="zero")
+
+
 # -- the registry: every paste block of every page ------------------------------------------------
 
 
@@ -354,14 +434,19 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("sdpa-cudnn-masked-rows.html", "rows_without_key"): battery_rows_without_key,
     ("sdpa-cudnn-masked-rows.html", "zero_rows_without_key"): battery_zero_rows_without_key,
     ("sdpa-cudnn-masked-rows.html", "sdpa_without_cudnn"): battery_sdpa_without_cudnn,
+    ("torch-varlen-176793.html", "nonfinite_grads_with_nan_memory"): battery_nonfinite_grads_with_nan_memory,
+    ("torch-varlen-176793.html", "varlen_attn_tail_as_sequence"): battery_varlen_tail_as_sequence,
+    ("torch-varlen-176793.html", "varlen_attn_sliced"): battery_varlen_sliced,
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
 UPSTREAM_PATCHES = {("flash-dmattn-flex-mask.html", "mask_mod")}
-# Blocks still written against names of the reader's scope (`q`, `varlen_attn`, `model`...), to be
-# made self-contained; torch's varlen_attn runs on CUDA only, so their battery needs an H200 record. Listed in full, so
-# that no new block escapes the batteries unnoticed.
-NOT_YET_SELF_CONTAINED = {"torch-varlen-176793.html": 4}
+# Pages whose blocks are not all self-contained yet, with their number of blocks, listed so that
+# no new block escapes the batteries unnoticed (none today).
+NOT_YET_SELF_CONTAINED: dict[str, int] = {}
+# What a page's blocks import, resolved where this machine lacks it: flash-dmattn's Flex file as the
+# post-mortem runs it, and the replica for torch's CUDA-only varlen_attn (as on the page).
+PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, "torch-varlen-176793.html": _varlen_attn_replica}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:
@@ -387,7 +472,7 @@ def test_every_paste_block_has_a_battery(published_site):
 def test_paste_block_passes_its_battery(published_site, page, name):
     """The block exactly as the page shows it, run in a fresh namespace, then its battery."""
     block = next(b for p, n, b in _blocks(published_site) if (p, n) == (page, name))
-    with _upstream_flex() if page == "flash-dmattn-flex-mask.html" else contextlib.nullcontext():
+    with PAGE_CONTEXT.get(page, contextlib.nullcontext)():
         if name == "script":
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
