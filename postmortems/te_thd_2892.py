@@ -84,8 +84,9 @@ META = Meta(
     component="TransformerEngine / DotProductAttention (THD) and FP8 GEMMs; VERL sequence packing",
     category="training bug",
     impact=(
-        "FP8 alignment padding in packed THD batches corrupted a reported run (ppl 3.7 -> 3055); VERL's identical "
-        "cu_seqlens workaround shows padding to non-causal attention"
+        "a reported run collapsed (ppl 3.7 -> 3055) after FP8 alignment padding entered packed THD batches (the "
+        "reporter's attribution; TE itself not run here); VERL's identical cu_seqlens workaround shows padding to "
+        "non-causal attention"
     ),
     upstream_status="open",
     status_note=(
