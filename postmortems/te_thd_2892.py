@@ -137,6 +137,13 @@ META = Meta(
             "merged, in v2.18",
         ),
         Link(
+            "TE PR #2994: Plumb FP8+THD (FP8 fused attention for THD; its release not established here)",
+            f"{TE}/pull/2994",
+            "2026-08-11",
+            "PR",
+            "merged",
+        ),
+        Link(
             "TE PR #3205: FA3/FA4 with pad_between_seqs, exact zeros on padding rows",
             f"{TE}/pull/3205",
             "2026-07-13",
