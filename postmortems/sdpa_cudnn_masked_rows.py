@@ -174,7 +174,10 @@ def zero_rows_without_key(sdpa: Callable) -> Callable:
 
     def call(query, key, value, attn_mask=None, scale=None, enable_gqa=False):
         out = sdpa(query, key, value, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa)
-        return out if attn_mask is None else out.masked_fill(~attn_mask.any(-1, keepdim=True), 0)
+        if attn_mask is None:
+            return out
+        visible = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")  # as on the page
+        return out.masked_fill(~visible.any(-1, keepdim=True), 0)
 
     call.__name__ = call.__qualname__ = f"zero_rows_without_key({getattr(sdpa, '__name__', 'sdpa')})"
     return call

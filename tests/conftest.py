@@ -28,7 +28,7 @@ settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "quick"
 
 # -- post-mortem projects for the pipeline tests (registry, CLI, site, browser) -------------
 # A project is a uniquely named post-mortem package in a temporary directory with notebooks/
-# next to it, importable here and (through PYTHONPATH, see workbench.site.kernel_env) in
+# next to it, importable here and (through PYTHONPATH, see workbench.execute.kernel_env) in
 # notebook kernels. Nothing is ever written to the repository's postmortems/.
 import contextlib  # noqa: E402
 import os  # noqa: E402
@@ -125,7 +125,8 @@ def built_site(tmp_path_factory):
     executed, and the site built by executing them afresh. Read-only for the tests."""
     from workbench import registry
     from workbench.cli import main
-    from workbench.site import build, execute_in_place
+    from workbench.execute import execute_in_place
+    from workbench.site import build
 
     with _once_per_run(tmp_path_factory, "built-site") as (directory, first), pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(directory))
@@ -150,7 +151,11 @@ def built_site(tmp_path_factory):
 @pytest.fixture(scope="session")
 def published_site(tmp_path_factory) -> Path:
     """The repository's own site, rendered once per test run from the committed notebooks
-    (`workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests."""
+    (`workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests.
+    WORKBENCH_PUBLISHED_SITE names a site built beforehand instead (a GPU machine without Jupyter
+    runs the paste blocks from a site built elsewhere)."""
+    if os.environ.get("WORKBENCH_PUBLISHED_SITE"):
+        return Path(os.environ["WORKBENCH_PUBLISHED_SITE"]).resolve()
     from workbench.site import build
 
     with _once_per_run(tmp_path_factory, "published-site") as (directory, first):

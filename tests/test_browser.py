@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from workbench.execute import kernel_env
 from workbench.registry import Registry
-from workbench.site import build, kernel_env
+from workbench.site import build
 
 pytestmark = pytest.mark.browser
 

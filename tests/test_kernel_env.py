@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbench.site import KERNEL_PROFILE, kernel_env
+from workbench.execute import KERNEL_PROFILE, kernel_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +18,7 @@ def test_executing_a_notebook_prints_no_kernel_warning(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell("import os\nprint(os.environ['IPYTHONDIR'])")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "n.ipynb")
-    code = f"from pathlib import Path\nfrom workbench.site import execute_in_place\nexecute_in_place(Path('n.ipynb'), Path({str(ROOT)!r}))"
+    code = f"from pathlib import Path\nfrom workbench.execute import execute_in_place\nexecute_in_place(Path('n.ipynb'), Path({str(ROOT)!r}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "without encryption" not in done.stderr and "WARNING" not in done.stderr, done.stderr

@@ -14,19 +14,11 @@ import pytest
 from conftest import FAST_FIX, PLANTED_BUG, scaffold_variant
 from conftest import plain_notebook as _plain_notebook
 
+from workbench.errors import BuildError
+from workbench.execute import execute_in_place, kernel_env
 from workbench.postmortem import METADATA_KEY, OURS, READER_SECTIONS, ClaimVerdict, claims_table
 from workbench.registry import Registry
-from workbench.site import (
-    SITE,
-    BuildError,
-    build,
-    describe,
-    execute_in_place,
-    external_resources,
-    for_site,
-    kernel_env,
-    page_problems,
-)
+from workbench.site import SITE, build, describe, external_resources, for_site, page_problems
 
 FOOTER = re.compile(r'<footer class="wb-provenance">.*?</footer>', re.DOTALL)
 

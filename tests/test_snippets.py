@@ -222,6 +222,178 @@ def battery_flex_with_mask(flex_with_mask: Callable) -> None:
         _assert_within_bound(name, flex_with_mask(case["q"], case["k"], case["v"], **_arguments(case)), case)
 
 
+# -- torch SDPA's cuDNN backend: sdpa-cudnn-masked-rows ---------------------------------------------
+
+
+def _sdpa_cases() -> dict[str, dict[str, Any]]:
+    """name -> q (B, H, S_q, D) in fp16, k and v, attn_mask as the user passes it, and `visible`
+    (B, H, S_q, S_k) bool: the keys each row may see, worked out here independently."""
+    generator = torch.Generator().manual_seed(2)
+    heads, seq = 2, 6
+
+    def case(lengths, kv_heads=heads, causal_shift=None, per_head=False, form="bool", bias=False):
+        q = torch.randn(len(lengths), heads, seq, DIM, generator=generator).half()
+        k, v = (torch.randn(len(lengths), kv_heads, seq, DIM, generator=generator).half() for _ in range(2))
+        keys = torch.arange(seq) < torch.tensor(lengths)[:, None]
+        visible = keys[:, None, None, :].expand(-1, heads, seq, -1).clone()
+        if causal_shift is not None:  # bottom-right causal with len_q > len_k: the first rows see nothing
+            visible &= torch.ones(seq, seq, dtype=torch.bool).tril(causal_shift)
+        if per_head:
+            visible[0, 1, 2] = False  # one row of one head only
+        mask: torch.Tensor = visible
+        if form == "float":
+            mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).half()
+            if bias:
+                mask = torch.where(visible, torch.randn(visible.shape, generator=generator).half(), mask)
+        return {"q": q, "k": k, "v": v, "attn_mask": mask, "visible": visible}
+
+    return {
+        "no row without keys (bool)": case((6, 4, 5)),
+        "no row without keys (float)": case((6, 4, 5), form="float"),
+        "empty key sequence (bool)": case((6, 0, 5)),
+        "empty key sequence (float -inf)": case((6, 0, 5), form="float"),
+        "per-head mask (bool)": case((6, 4, 5), per_head=True),
+        "per-head mask (float), non-zero bias": case((6, 4, 5), per_head=True, form="float", bias=True),
+        "causal, len_q > len_k": case((6, 6, 6), causal_shift=-2),
+        "GQA, empty key sequence": case((6, 0, 5), kv_heads=1),
+    }
+
+
+def _cudnn_like(case: dict[str, Any]) -> torch.Tensor:
+    """SDPA as our replica of cuDNN computes it (sdpa-cudnn-masked-rows, Mechanism): the mask's
+    masked positions filled with a finite constant instead of -inf, so a row without keys is not 0."""
+    from postmortems import sdpa_cudnn_masked_rows as pm
+
+    mask = case["attn_mask"]
+    fill = torch.tensor(pm.CUDNN_FILL, dtype=torch.half)
+    additive = torch.where(mask, torch.zeros((), dtype=torch.half), fill) if mask.dtype == torch.bool else mask.clamp(min=fill)
+    return torch.nn.functional.scaled_dot_product_attention(
+        case["q"], case["k"], case["v"], attn_mask=additive, enable_gqa=case["k"].shape[1] != case["q"].shape[1]
+    )
+
+
+def _sdpa_oracle(case: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """(B, H, S_q, D) in `dtype`: the contract's answer, 0 on rows without keys."""
+    bias = case["attn_mask"].to(dtype).masked_fill(~case["visible"], 0) if case["attn_mask"].dtype != torch.bool else None
+    as_flex = {"q": case["q"].transpose(1, 2), "k": case["k"].transpose(1, 2), "v": case["v"].transpose(1, 2)}
+    return _dense(as_flex | {"attn_mask": case["visible"], "attn_bias": bias, "is_causal": False}, dtype)
+
+
+def _assert_sdpa_within_bound(name: str, out: torch.Tensor, case: dict[str, Any]) -> None:
+    """Every row within 2x PyTorch's own fp16 error of the fp64 answer (rows without keys: exactly 0)."""
+    no_key = ~case["visible"].any(-1)
+    assert not out[no_key].any(), f"{name}: rows without keys are not 0"
+    check = error_check("out", out, _sdpa_oracle(case, torch.float64), _sdpa_oracle(case, torch.half), torch.half)
+    assert check.within, f"{name}: {check}"
+
+
+def battery_rows_without_key(check: Callable) -> None:
+    """`check(out, attn_mask) -> (rows, max |out|)` counts every row (per head) that sees no key,
+    and flags (max > 0) exactly the outputs that are not 0 there: cuDNN's, not the math backend's."""
+    for name, case in _sdpa_cases().items():
+        expected_rows = int((~case["visible"].any(-1)).sum())
+        rows, worst = check(_cudnn_like(case), case["attn_mask"])
+        assert rows == expected_rows and (worst > 0) == (expected_rows > 0), (
+            f"{name}: {rows} rows, max {worst} (expected {expected_rows} rows)"
+        )
+        math = torch.nn.functional.scaled_dot_product_attention(
+            case["q"], case["k"], case["v"], attn_mask=case["attn_mask"], enable_gqa=case["k"].shape[1] != case["q"].shape[1]
+        )
+        assert check(math, case["attn_mask"])[1] == 0, f"{name}: the math backend's clean output flagged"
+
+
+def battery_zero_rows_without_key(zero_rows_without_key: Callable) -> None:
+    """Workaround (a) on the replica's output keeps every row within the bound, rows without keys 0."""
+    for name, case in _sdpa_cases().items():
+        _assert_sdpa_within_bound(name, zero_rows_without_key(_cudnn_like(case), case["attn_mask"]), case)
+
+
+def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
+    """Workaround (b): the memory-efficient or math backend (math on this CPU) within the bound, GQA included."""
+    for name, case in _sdpa_cases().items():
+        _assert_sdpa_within_bound(name, sdpa_without_cudnn(case["q"], case["k"], case["v"], case["attn_mask"]), case)
+
+
+# -- torch's varlen_attn: torch-varlen-176793 -------------------------------------------------------
+# varlen_attn runs on CUDA only; without a GPU the page's replica of its mechanism
+# (kernels.replicas.torch_varlen: TAIL rows of out, dq, dk, dv never written) stands in for it, as
+# on the page; on a GPU the same tests run the page's texts against torch's own varlen_attn.
+
+
+@contextlib.contextmanager
+def _varlen_attn_replica():
+    """`from torch.nn.attention.varlen import varlen_attn` giving the replica where torch's own
+    cannot run (no native CUDA); on a GPU, torch's varlen_attn itself."""
+    import torch.nn.attention.varlen as varlen
+
+    import kernels
+
+    if torch.cuda.is_available() and not kernels.INTERPRETED:
+        yield
+        return
+
+    from kernels.replicas.torch_varlen import replica_varlen_attn
+
+    saved = varlen.varlen_attn
+    varlen.varlen_attn = replica_varlen_attn  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        varlen.varlen_attn = saved  # type: ignore[assignment]
+
+
+def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
+    """`check(model, step)` names parameters exactly when the run is hit: every one of a tiny packed
+    LM whose buffer has TAIL rows, none without TAIL rows (the same model and attention)."""
+    from postmortems import torch_varlen_176793 as pm
+
+    for pad, hit in ((3, True), (0, False)):
+        model, batch = pm.TinyLM(pm.TRAIN_CONFIG, pm.token_budget_attention), pm.budget_batches(pad=pad, steps=1)[0][0]
+        named = check(model, lambda model=model, batch=batch: model.loss(batch).backward())
+        assert bool(named) == hit, f"{pad} TAIL rows: {named}"
+    assert not torch.are_deterministic_algorithms_enabled(), "the check leaves deterministic mode off"
+
+
+VARLEN_LAYOUTS = {"TAIL rows": ((5, 9), 3), "an empty sequence and TAIL rows": ((5, 0, 9), 4)}
+
+
+def _battery_varlen_workaround(workaround: Callable, fill: str, out_padding: str) -> None:
+    """Under NaN-poisoned memory, padding rows of q, k, v holding `fill`, a loss that ignores the
+    padding: REAL rows within the bound of the fp64 answer, padding rows of dq, dk, dv exactly 0, and
+    of out `out_padding` ("zero", or "finite" where the page says the rows hold an attention of their own)."""
+    from workbench import Case, pack, poisoned_memory, reference_attention
+
+    for name, (lengths, tail) in VARLEN_LAYOUTS.items():
+        case = Case(seqlens_q=lengths, tail_q=tail, tail_k=tail, heads=2, head_dim=DIM, dtype="float16", fill=fill)
+        batch = pack(case)
+        leaves = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
+        args = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
+        n_q, n_k = int(batch.cu_seqlens_q[-1]), int(batch.cu_seqlens_k[-1])
+        with poisoned_memory():
+            out = workaround(*leaves, *args)
+            d_out = torch.ones_like(out)
+            d_out[n_q:] = 0  # the loss ignores the padding rows
+            out.backward(d_out)
+        fp64 = reference_attention(batch.q.double(), batch.k.double(), batch.v.double(), *args)
+        own = reference_attention(batch.q, batch.k, batch.v, *args, compute_dtype=batch.q.dtype)
+        check = error_check("out", out[:n_q], fp64[:n_q], own[:n_q], torch.half)
+        assert check.within, f"{name}: {check}"
+        padding = out[n_q:]
+        assert (padding == 0).all() if out_padding == "zero" else padding.isfinite().all(), f"{name}: padding rows of out"
+        for label, grad, real in (("dq", leaves[0].grad, n_q), ("dk", leaves[1].grad, n_k), ("dv", leaves[2].grad, n_k)):
+            assert (grad[real:] == 0).all(), f"{name}: padding rows of {label} are not 0"
+
+
+def battery_varlen_tail_as_sequence(workaround: Callable) -> None:
+    """Workaround (a), with the finite padding it requires (stale activations)."""
+    _battery_varlen_workaround(workaround, "garbage", out_padding="finite")
+
+
+def battery_varlen_sliced(workaround: Callable) -> None:
+    """Workaround (b), with NaN in the padding."""
+    _battery_varlen_workaround(workaround, "nan", out_padding="zero")
+
+
 # -- the registry: every paste block of every page ------------------------------------------------
 
 
@@ -259,17 +431,22 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("flash-dmattn-flex-mask.html", "flex_with_mask"): battery_flex_with_mask,
     ("triton-interpreter-bf16-dot.html", "script"): _prints(_bf16_dot_flagged),
     ("te-thd-2892.html", "script"): _prints(_te_boundaries),
+    ("sdpa-cudnn-masked-rows.html", "rows_without_key"): battery_rows_without_key,
+    ("sdpa-cudnn-masked-rows.html", "zero_rows_without_key"): battery_zero_rows_without_key,
+    ("sdpa-cudnn-masked-rows.html", "sdpa_without_cudnn"): battery_sdpa_without_cudnn,
+    ("torch-varlen-176793.html", "nonfinite_grads_with_nan_memory"): battery_nonfinite_grads_with_nan_memory,
+    ("torch-varlen-176793.html", "varlen_attn_tail_as_sequence"): battery_varlen_tail_as_sequence,
+    ("torch-varlen-176793.html", "varlen_attn_sliced"): battery_varlen_sliced,
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
 UPSTREAM_PATCHES = {("flash-dmattn-flex-mask.html", "mask_mod")}
-# Blocks still written against names of the reader's scope (`q`, `attn_mask`, `varlen_attn`...),
-# to be made self-contained; their cuDNN and varlen_attn halves need a GPU. Listed in full, so
-# that no new block escapes the batteries unnoticed.
-NOT_YET_SELF_CONTAINED = {
-    "sdpa-cudnn-masked-rows.html": 4,
-    "torch-varlen-176793.html": 4,
-}
+# Pages whose blocks are not all self-contained yet, with their number of blocks, listed so that
+# no new block escapes the batteries unnoticed (none today).
+NOT_YET_SELF_CONTAINED: dict[str, int] = {}
+# What a page's blocks import, resolved where this machine lacks it: flash-dmattn's Flex file as the
+# post-mortem runs it, and the replica for torch's CUDA-only varlen_attn (as on the page).
+PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, "torch-varlen-176793.html": _varlen_attn_replica}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:
@@ -295,7 +472,7 @@ def test_every_paste_block_has_a_battery(published_site):
 def test_paste_block_passes_its_battery(published_site, page, name):
     """The block exactly as the page shows it, run in a fresh namespace, then its battery."""
     block = next(b for p, n, b in _blocks(published_site) if (p, n) == (page, name))
-    with _upstream_flex() if page == "flash-dmattn-flex-mask.html" else contextlib.nullcontext():
+    with PAGE_CONTEXT.get(page, contextlib.nullcontext)():
         if name == "script":
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):

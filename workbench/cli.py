@@ -234,8 +234,8 @@ def _new(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return EXIT_USAGE
+    from workbench.execute import execute_in_place
     from workbench.registry import Registry
-    from workbench.site import execute_in_place
 
     registry = Registry()
     package_path, notebook_path = registry.scaffold(args.id, args.title)
@@ -249,8 +249,8 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace) -> int:
+    from workbench.execute import execute_in_place
     from workbench.registry import Registry
-    from workbench.site import execute_in_place
 
     registry = Registry()
     for name in args.notebooks:

@@ -1,9 +1,9 @@
 """The errors the `workbench` command turns into one line and an exit status.
 
 They live here, apart from the modules that raise them, so that the command line can catch
-them without importing those modules (`workbench.site` needs the Jupyter packages, which a
+them without importing those modules (`workbench.execute` and `workbench.site` need the Jupyter packages, which a
 GPU machine with only torch and triton lacks). `workbench.registry.RegistryError` and
-`workbench.site.BuildError` are these same classes.
+the `BuildError` of `workbench.execute` and `workbench.site` are these same classes.
 """
 
 from __future__ import annotations

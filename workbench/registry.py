@@ -264,7 +264,7 @@ class Registry:
     def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:
         """Writes the package postmortems/<module>/ and notebooks/<id>.ipynb from the templates.
 
-        Returns both paths; the notebook is not executed yet (see `workbench.site.execute_in_place`).
+        Returns both paths; the notebook is not executed yet (see `workbench.execute.execute_in_place`).
         """
         name = module_name(postmortem_id)
         package_path = self.package_dir / name

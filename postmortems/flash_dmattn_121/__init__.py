@@ -1,7 +1,7 @@
-"""Post-mortem flash-dmattn-121: fully masked rows make flash-dmattn's dK/dV NaN; the Copilot fix hides it.
+"""Post-mortem flash-dmattn-121: fully masked rows make flash-dmattn's dK/dV NaN; the proposed NaN-to-zero patch hides it.
 
-The seed is a Copilot PR presented as the fix for flash-sparse-attention#121 (formerly
-SmallDoges/flash-dmattn): `zeros_like` dk/dv buffers and `tl.where(tl.isfinite(x), x, 0.0)` over the
+The report under study proposes a patch for flash-sparse-attention#121 (formerly
+SmallDoges/flash-dmattn), written with GitHub Copilot and not found in the tracker: `zeros_like` dk/dv buffers and `tl.where(tl.isfinite(x), x, 0.0)` over the
 Triton backward. This module runs the upstream code itself, flash-dmattn 1.2.2's Triton backend
 (`upstream_module()`: under the interpreter with its `q.is_cuda` assertions stripped, natively as
 is), against a float64 dense oracle (`dense_reference`: a row with no visible key has output 0 and
@@ -9,7 +9,7 @@ gradient 0), on CPU in fp16 (the interpreter's bf16 `tl.dot` is broken) and, thr
 on a GPU in bf16. It shows which of the report's claims hold on the released code, the NaN it does
 have (a query row with no visible key in key block 0), two workarounds and a tiny model's training.
 
-The replica (`kernels.replicas.dmattn`) is kept for what upstream cannot show: the Copilot patch
+The replica (`kernels.replicas.dmattn`) is kept for what upstream cannot show: the proposed patch
 applied, and a guard for rows with no visible key.
 
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.

@@ -15,14 +15,14 @@ from workbench.postmortem import (
 
 META = Meta(
     id="flash-dmattn-121",
-    title="flash-dmattn: its Triton backward NaN-fills dK and dV (lengths off 64, fully masked rows); the Copilot fix would hide it",
+    title="flash-dmattn: its Triton backward NaN-fills dK and dV (lengths off 64, fully masked rows); the proposed NaN-to-zero patch would hide it",
     component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Triton backend",
     category="training bug",
     impact="flash-dmattn 1.2.2 Triton: a length not a multiple of 64, or a row seeing none of keys 0-63 (left padding + causal), NaN-fills dK and dV",
     upstream_status="closed (not fixed)",
     status_note=(
         "#121 is closed; the last flash-dmattn release (1.2.2) still NaN-fills dK/dV in its Triton backend at lengths off 64 "
-        "and for fully masked rows; flash-sparse-attn 2.x dropped the boolean-mask API; the Copilot PR was never merged"
+        "and for fully masked rows; flash-sparse-attn 2.x dropped the boolean-mask API; no fix was merged"
     ),
     our_verdict=(
         "the report's symptom is reproduced on the released Triton backend at lengths not a multiple of 64 (with dK NaN too), "
@@ -259,7 +259,7 @@ TRAIN_STEPS = 4
 
 TRAIN_VARIANTS = (
     "flash-dmattn 1.2.2",
-    "1.2.2 + Copilot patch (replica)",
+    "1.2.2 + proposed patch (replica)",
     "1.2.2, sanitized (nan_to_num on out, dq, dk, dv)",
     "workaround on 1.2.2: padding rows see themselves",
 )

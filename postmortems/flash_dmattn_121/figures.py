@@ -214,7 +214,7 @@ def plot_mechanism(results: Results, case: MaskCase, item: int = 0):
     replica = {c.name: c for c in REPLICA_CASES}
     if name in replica:
         patched = results.get(replica[name], "patch").tensors["dv"][item].double().norm(dim=(-2, -1)).cpu()
-        right.plot(keys, patched, color="#e09f3e", lw=1.4, label="Copilot patch (replica): finite, wrong")
+        right.plot(keys, patched, color="#e09f3e", lw=1.4, label="proposed patch (replica): finite, wrong")
     right.set_xlabel("key")
     right.set_ylabel("|dV| per key")
     right.set_title(f"dV per key, batch item {item}", fontsize=9)

@@ -83,8 +83,9 @@ META = Meta(
     component="TransformerEngine / DotProductAttention (THD) and FP8 GEMMs; VERL sequence packing",
     category="training bug",
     impact=(
-        "FP8 alignment padding in packed THD batches corrupted a reported run (ppl 3.7 -> 3055); VERL's identical "
-        "cu_seqlens workaround shows padding to non-causal attention"
+        "a reported run collapsed (ppl 3.7 -> 3055) after FP8 alignment padding entered packed THD batches (the "
+        "reporter's attribution; TE itself not run here); VERL's identical cu_seqlens workaround shows padding to "
+        "non-causal attention"
     ),
     upstream_status="open",
     status_note=(
@@ -133,6 +134,13 @@ META = Meta(
             "2026-07-01",
             "PR",
             "merged, in v2.18",
+        ),
+        Link(
+            "TE PR #2994: Plumb FP8+THD (FP8 fused attention for THD; its release not established here)",
+            f"{TE}/pull/2994",
+            "2026-08-11",
+            "PR",
+            "merged",
         ),
         Link(
             "TE PR #3205: FA3/FA4 with pad_between_seqs, exact zeros on padding rows",

@@ -352,7 +352,7 @@ def run_command(args) -> int:
         Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
         print(f"recorded to {args.record}")
     if args.notebook:
-        from workbench.site import BuildError
+        from workbench.errors import BuildError
 
         try:
             print(f"wrote {report.write_notebook(args.notebook)} (executed)")

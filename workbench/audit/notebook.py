@@ -167,7 +167,7 @@ verdicts = claims.report({{"report": report, "reproductions": found}})
 def write_notebook(report, path: str | Path, *, execute: bool = True, root: str | Path | None = None) -> Path:
     """Writes the notebook of `report` to `path` (refusing to overwrite) and executes it in
     place, with `root` (default: the working directory) first on the kernel's import path."""
-    from workbench.site import execute_in_place
+    from workbench.execute import execute_in_place
 
     path = Path(path)
     if path.suffix != ".ipynb":
