@@ -150,3 +150,22 @@ def test_padding_rule_study():
     # Causal and the dropped rows last in each sequence: what the held queries see is intact,
     # what the dropped queries gave the keys is lost.
     assert {f.evidence.split(": ")[1] for f in study.unchecked_findings} == {"dk", "dv"}
+
+
+def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
+    """The record command: both results and the command that reproduces them (the runs themselves are tested above)."""
+    from workbench.audit import context_parallel as audit_cp
+    from workbench.audit.checks import CheckResult
+    from workbench.records import read_record
+
+    check = CheckResult(audit_cp.NAME, Verdict.PASS, "evidence")
+    study = audit_cp.PaddingRuleStudy(
+        2, "gloo", PLANTED_CASE, PLANTED_CASE, (), "refused", (audit_cp.Finding("real-accuracy", "dk"),), 6
+    )
+    monkeypatch.setattr(audit_cp, "context_parallel_check", lambda **kwargs: check)
+    monkeypatch.setattr(audit_cp, "padding_rule_study", lambda cp_size: study)
+    path = tmp_path / "cp.json"
+    assert audit_cp.main(["--cp-size", "2", "--record", str(path)]) == 0
+    record = read_record(path)
+    assert record["check"]["verdict"] == "pass" and record["padding_rule"]["rows_on_no_rank"] == 6
+    assert record["provenance"]["command"] == f"python -m workbench.audit.context_parallel --cp-size 2 --record {path}"

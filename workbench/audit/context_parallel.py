@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result.name}: {result.verdict.value} ({result.seconds:.1f} s): {result.evidence}")
     print(f"padding rule (2 x cp_size): kept -> {len(study.kept_findings)} findings; broken -> {study.refusal.split(':')[0]}")
     if args.record:
-        write_record(args.record, {"check": result.to_dict(), "padding_rule": study.summary()})
+        command = shlex.join(["python", "-m", "workbench.audit.context_parallel", *(sys.argv[1:] if argv is None else argv)])
+        write_record(args.record, {"check": result.to_dict(), "padding_rule": study.summary()}, command=command)
     return 0 if result.verdict is Verdict.PASS and study.rule_needed else 1
 
 
