@@ -293,17 +293,6 @@ def _target_of(fn: Callable) -> str | None:
 # -- shared pieces ------------------------------------------------------------------------
 
 
-def refuse_padded(name: str, cu_q, cu_k, padded_q, padded_k) -> None:
-    """Functions without a padded layout can still run the contract's unpadded calls."""
-    for side, cu, padded in (("q", cu_q, padded_q), ("k", cu_k, padded_k)):
-        if padded is not None and not (
-            isinstance(cu, torch.Tensor) and isinstance(padded, torch.Tensor) and torch.equal(padded, cu)
-        ):
-            raise AdapterRefused(
-                f"{name} has no padded layout: cu_seqlens_{side}_padded must be None or equal cu_seqlens_{side}."
-            )
-
-
 def first(out):
     """Many varlen functions return (out, lse, ...) on request; the audit needs out."""
     return out[0] if isinstance(out, (tuple, list)) else out

@@ -144,7 +144,7 @@ class VarlenSignature:
             window = (window[0], 0) if pair else window
         if "window_size" in names:
             out[names["window_size"]] = self._window(tuple(window)) if pair else window
-        elif window != (-1, -1):
+        elif not (pair and tuple(window) == (-1, -1)):
             raise AdapterRefused(f"{self.function} takes no window_size: window_size={window} cannot be expressed.")
         if "scale" in names:
             out[names["scale"]] = scale
