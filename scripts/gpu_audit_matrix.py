@@ -1,11 +1,11 @@
 """The audit matrix on a GPU, resumable: each call records the rows it finishes, the next does the rest.
 
-    python scripts/gpu_audit_matrix.py [--rows A,B] [--force] [--deadline 560] [--jobs 4] [--workers 3]
+    python scripts/gpu_audit_matrix.py [--rows A,B] [--force] [--deadline 545] [--jobs 4] [--workers 3]
                                        [--skip-sanitizer | --only-sanitizer]
 
 Every row of `workbench.audit.adapters.MATRIX` whose record is not complete
 (`workbench.audit.matrix.complete`: it ran, no cell is "not run", and its fuzzer tried
-FUZZ_LAYOUTS layouts, or searched for FUZZ_SECONDS where one layout takes over SLOW_LAYOUT s)
+FUZZ_LAYOUTS layouts, or fuzzed for FUZZ_SECONDS where one layout takes over SLOW_LAYOUT s)
 is audited again, every row with `--force`:
 
     python -m workbench.cli audit TARGET [--adapter A] --device cuda --budget 1000 --time-limit T
@@ -16,7 +16,7 @@ error, a crash or the check's time limit (`workbench.audit.isolate`), so one fau
 cell. Rows `--jobs` at a time, slow ones first (over SLOW_LAYOUT s a layout in their last
 record, or never recorded). A slow row is audited in two calls, its checks (`--budget 0`) and
 then its fuzzer alone (`--skip` every check, merged into the checks' record with its own
-provenance as `fuzz_provenance`), so that FUZZ_SECONDS of search and the checks each fit in a
+provenance as `fuzz_provenance`), so that FUZZ_SECONDS of fuzzing and the checks each fit in a
 call. A row starts only if MIN_ROW_SECONDS are left before `--deadline`, so a call ends inside
 the device's 10-minute limit. A row's record replaces the earlier one only once written whole; a path that cannot run
 at all (its package missing) records why (`"ran": false`, with the command's last lines) unless
@@ -55,7 +55,7 @@ from workbench.audit.checks import CHECKS  # noqa: E402
 from workbench.audit.matrix import (  # noqa: E402
     CORRECTNESS,
     FUZZ_LAYOUTS,
-    FUZZ_SECONDS,
+    FUZZ_SEARCH,
     SLOW_LAYOUT,
     cell,
     complete,
@@ -121,7 +121,7 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
         return {"row": row, "rc": "left for the next call", "seconds": 0}
     phase = _phase(row, args.force)
     # A fuzz-only run needs no time for checks, only for start-up and shrinking.
-    fuzz_seconds = int(min(FUZZ_SECONDS, left - (SHRINK_AND_START if phase == "fuzz" else CHECKS_AND_SHRINK)))
+    fuzz_seconds = int(min(FUZZ_SEARCH, left - (SHRINK_AND_START if phase == "fuzz" else CHECKS_AND_SHRINK)))
     record, fresh = DATA / f"audit-{row}.json", DATA / f"audit-{row}.json.new"
     fresh.unlink(missing_ok=True)
     command = [sys.executable, "-m", "workbench.cli", "audit", target, *(["--adapter", adapter] if adapter else [])]
@@ -229,7 +229,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", help="only these rows (default: every row of MATRIX)")
     parser.add_argument("--force", action="store_true", help="record rows again even where the record is complete")
-    parser.add_argument("--deadline", type=float, default=560, help="seconds the whole script may take (default 560)")
+    parser.add_argument("--deadline", type=float, default=545, help="seconds the whole script may take (default 545)")
     parser.add_argument("--jobs", type=int, default=4, help="rows audited at once (default 4)")
     parser.add_argument("--workers", type=int, default=3, help="fuzzing processes per row (default 3)")
     parser.add_argument("--sanitizer-jobs", type=int, default=3, help="rows under compute-sanitizer at once (default 3)")
