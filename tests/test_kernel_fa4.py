@@ -166,7 +166,7 @@ def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4):
 )
 def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_fa4(fake_fa4, change, reason):
     batch = pack(CAUSAL.with_(**change))
-    out = batch.call(varlen_attention)  # auto
+    out = batch.call(varlen_attention, backend="auto")
     assert not fake_fa4.calls and torch.equal(out, batch.call(varlen_attention, backend="triton"))
     with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: .*{reason}.*backend="auto"'):
         batch.call(varlen_attention, backend="fa4")
@@ -175,10 +175,12 @@ def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_
 def test_auto_takes_fa4_only_where_the_contract_holds_on_it(fake_fa4):
     batch = pack(CAUSAL)
     batch.call(varlen_attention)
+    assert not fake_fa4.calls  # the default is the Triton kernel
+    batch.call(varlen_attention, backend="auto")
     assert len(fake_fa4.calls) == 1  # auto: FA4 where it can run the call
     fresh = batch.fresh(requires_grad=True)
-    fresh.call(varlen_attention, return_lse=True)  # lse with a gradient: ours
-    fresh.call(varlen_attention, validate=False)  # max_seqlen unchecked: ours
+    fresh.call(varlen_attention, return_lse=True, backend="auto")  # lse with a gradient: ours
+    fresh.call(varlen_attention, validate=False, backend="auto")  # max_seqlen unchecked: ours
     assert len(fake_fa4.calls) == 1
     with pytest.raises(ValueError, match="lse carries no gradient"):
         fresh.call(varlen_attention, return_lse=True, backend="fa4")

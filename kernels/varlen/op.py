@@ -266,7 +266,7 @@ def varlen_attention(
     scale: float | None = None,
     return_lse: bool = False,
     validate: bool = True,
-    backend: str = "auto",
+    backend: str = "triton",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Attention over packed variable-length sequences, keeping the padding contract (docs/contract.md).
 
@@ -301,7 +301,10 @@ def varlen_attention(
         backend: which kernel computes the call. "triton": ours. "fa4": FlashAttention-4
             (the optional extra ``fa4``) with the contract kept by a thin wrapper
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
-            "auto" (the default): FA4 where it can run the call, ours elsewhere. FA4 runs a
+            "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default
+            until the wrapper passes the audit on a GPU: FA4 reads padded key/value rows and
+            multiplies their zero weights by them, so NaN there reaches REAL rows
+            (data/gpu/audit-fa4.json, padding-leak), which the wrapper does not yet prevent. FA4 runs a
             call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
             boundaries, with ``validate=True`` (FA4 bounds its work by max_seqlen) and no
             gradient through lse (``return_lse=True`` while q, k or v require grad). Every
