@@ -18,7 +18,7 @@ from workbench.audit import Verdict, adapt, audit
 from workbench.audit.campaign import Outcome
 from workbench.cli import main
 from workbench.layout import Case, pack
-from workbench.probe import probe
+from workbench.probes import probe
 
 
 def plain_attention(

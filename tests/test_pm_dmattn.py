@@ -11,7 +11,7 @@ import torch
 
 from postmortems import flash_dmattn_121 as pm
 from workbench.postmortem import Claims, Table
-from workbench.sweep import SweepResult
+from workbench.sweeps import SweepResult
 
 
 def _qkv(batch=2, seqlen=24, heads=2, head_dim=8, seed=0):

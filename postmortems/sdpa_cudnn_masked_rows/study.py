@@ -20,7 +20,7 @@ from workbench.postmortem import (
     Results,
     latest_gpu_record,
 )
-from workbench.probe import ProbeRecord, grad_output
+from workbench.probes import ProbeRecord, grad_output
 from workbench.provenance import GPU_DATA
 from workbench.records import read_record
 from workbench.reference import reference_attention, visible_keys

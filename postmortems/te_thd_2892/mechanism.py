@@ -24,7 +24,7 @@ from postmortems.te_thd_2892.cases import (
 )
 from workbench.bounds import ErrorCheck, error_check
 from workbench.layout import Case, Region, cumulative, pack, unpad_thd
-from workbench.probe import ProbeRecord, grad_output, probe
+from workbench.probes import ProbeRecord, grad_output, probe
 from workbench.reference import reference_attention
 from workbench.seqpar import SeqParStudy, run_sequence_parallel
 from workbench.tinylm import (

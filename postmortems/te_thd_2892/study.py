@@ -29,7 +29,7 @@ from workbench.bounds import ErrorCheck
 from workbench.health import GradientHealth
 from workbench.layout import Case, Fill, pack
 from workbench.postmortem import Results
-from workbench.probe import ProbeRecord
+from workbench.probes import ProbeRecord
 from workbench.seqpar import SeqParStudy
 from workbench.tinylm import (
     TrainingRun,

@@ -24,7 +24,7 @@ import torch
 from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.campaign import run_campaign, summarize
 from workbench.layout import Case, Fill, Region, pack
-from workbench.probe import TENSORS, ProbeRecord, probe
+from workbench.probes import TENSORS, ProbeRecord, probe
 
 
 class Verdict(str, enum.Enum):
