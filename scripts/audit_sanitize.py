@@ -1,6 +1,6 @@
 """One implementation's forward + backward on a padded layout: the program compute-sanitizer watches.
 
-    python scripts/audit_sanitize.py ROW          # ROW: a row of workbench.audit.paths.MATRIX
+    python scripts/audit_sanitize.py ROW          # ROW: a row of workbench.audit.adapters.MATRIX
 
 The layout has GAP rows (where the path can express a padded layout), TAIL rows (where it can
 express them), an empty sequence, unequal lengths and GQA where expressible, 4 heads, head
@@ -20,14 +20,14 @@ def main(row: str) -> int:
     import torch
 
     from workbench.audit import adapt
+    from workbench.audit.adapters import MATRIX
     from workbench.audit.checks import Context
-    from workbench.audit.paths import MATRIX
     from workbench.layout import Fill, pack
     from workbench.probes import probe
 
     rows = {name: (target, adapter) for name, target, adapter in MATRIX}
     if row not in rows:
-        print(f"audit_sanitize: row {row!r} is not in workbench.audit.paths.MATRIX: {sorted(rows)}", file=sys.stderr)
+        print(f"audit_sanitize: row {row!r} is not in workbench.audit.adapters.MATRIX: {sorted(rows)}", file=sys.stderr)
         return 2
     impl = adapt(rows[row][0], rows[row][1], "cuda")
     why = impl.why_not()

@@ -2,7 +2,7 @@
 
     python scripts/gpu_audit_matrix.py [--rows A,B] [--deadline 400] [--budget 1000] [--jobs 12]
 
-For every row of `workbench.audit.paths.MATRIX` (ours, torch varlen_attn, FlexAttention, SDPA
+For every row of `workbench.audit.adapters.MATRIX` (ours, torch varlen_attn, FlexAttention, SDPA
 per backend, nested jagged SDPA, flash-dmattn Triton and Flex, flash-sparse-attn varlen):
 
     python -m workbench.cli audit TARGET --adapter A --device cuda --budget N --time-limit T
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workbench.audit.paths import MATRIX  # noqa: E402
+from workbench.audit.adapters import MATRIX  # noqa: E402
 from workbench.records import write_record  # noqa: E402
 
 DATA = ROOT / "data" / "gpu"

@@ -268,9 +268,11 @@ def test_adapters_are_detected_from_signatures():
     from torch.nn.attention.varlen import varlen_attn
 
     assert detect(kernels.varlen_attention).name == "ours"
-    assert detect(reference_attention).name == "contract"
-    assert detect(varlen_attn).name == detect(varlen_attn_210).name == detect(varlen_attn_211).name == "torch-varlen"
-    assert detect(flash_attn_varlen_func).name == "flash-attn"
+    assert detect(varlen_attn).name == "torch-varlen"  # torch's own: CUDA only, its dtypes
+    # Fakes of a library's signature are called by the same names; only the library's own
+    # function carries what its signature cannot say (device, dtypes).
+    for fake in (reference_attention, varlen_attn_210, varlen_attn_211, flash_attn_varlen_func):
+        assert detect(fake).name == "contract", fake
     assert detect(te_dot_product_attention).name == "te-thd"
     with pytest.raises(ValueError, match=r"no adapter recognises .*sdpa_bshd.*`bshd` is never guessed"):
         detect(sdpa_bshd)
@@ -464,7 +466,11 @@ def test_campaign_accepts_the_implementations_own_argument_names():
     adapted = adapt(varlen_attn_210, _runnable_here("torch-varlen"))
     outcome, evidence = classify(adapted, BY_ID["cu-decreasing"], base_args(padded=False, kv_heads=4))
     assert outcome is Outcome.CRASH or outcome is Outcome.SILENT_WRONG or outcome is Outcome.SILENT_NAN, evidence
-    named = adapt(_raises(ValueError("cu_seq_k must be non-decreasing")), _runnable_here("torch-varlen"))
+
+    def refuses_by_its_own_name(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
+        raise ValueError("cu_seq_k must be non-decreasing")
+
+    named = adapt(refuses_by_its_own_name, _runnable_here("torch-varlen"))
     assert classify(named, BY_ID["cu-decreasing"], base_args(padded=False, kv_heads=4))[0] is Outcome.CLEAR
 
 
@@ -519,3 +525,30 @@ def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():
     assert lines[2].split()[:2] == ["tail-rows", "FAIL"] and lines[3].split()[0] == "input-validation"
     assert report.failed == ["tail-rows"]
     assert [line.split()[0] for line in report.campaign_table().splitlines()] == [c.id for c in CATALOGUE]
+
+
+def test_the_verdict_table_prints_last_and_the_campaign_only_on_request(capsys):
+    argv = [
+        "audit",
+        "test_audit:tail_unwritten",
+        "--adapter",
+        "contract",
+        "--budget",
+        "0",
+        "--checks",
+        "tail-rows,input-validation",
+    ]
+    assert main(argv) == 1
+    out = capsys.readouterr().out.rstrip().splitlines()
+    table = out.index(next(line for line in out if line.split()[:2] == ["check", "verdict"]))
+    assert out[-1] == "FAILED: tail-rows" and [line.split()[0] for line in out[table + 2 : table + 4]] == [
+        "tail-rows",
+        "input-validation",
+    ]
+    assert f"(input-validation graded {len(CATALOGUE)} malformed calls; --campaign lists each)" in out
+    assert not any(line.startswith("cu-decreasing") for line in out)
+    assert main([*argv, "--campaign"]) == 1
+    shown = capsys.readouterr().out.rstrip().splitlines()
+    campaign = shown.index("input validation (bad-input campaign):")
+    assert campaign < shown.index(out[table]) and any(line.startswith("cu-decreasing") for line in shown[campaign:])
+    assert shown[-1] == "FAILED: tail-rows"

@@ -1,4 +1,4 @@
-"""The adapters of workbench.audit.paths, on the CPU where the path runs there.
+"""The adapters of workbench.audit.adapters for paths other than a plain varlen call, on the CPU where the path runs there.
 
 SDPA's math backend and nested jagged tensors run on the CPU; FlexAttention runs forward only
 (no CPU backward): its document mask is checked against the fp64 oracle directly, and its CPU
@@ -19,8 +19,8 @@ import torch
 
 from workbench import reference_attention
 from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect
+from workbench.audit.adapters import MATRIX, fsa_dense_varlen
 from workbench.audit.checks import Finding
-from workbench.audit.paths import MATRIX, fsa_dense_varlen
 from workbench.audit.snippets import torch_snippet
 from workbench.layout import Case, Fill, pack
 
@@ -132,7 +132,7 @@ def test_mask_adapters_carry_the_window_and_the_others_say_they_take_none():
         assert not mask[b, lq:].any() and not mask[b, :, lk:].any()
     assert torch.equal(bshd_mask([4], [4], 4, 4, True, "cpu", (1, 3))[0], visible_keys(4, 4, (1, 0)))  # causal: right = 0
     for adapter in ("sdpa-nested", "flex-document", "fsa-varlen"):
-        target = "workbench.audit.paths:fsa_dense_varlen" if adapter == "fsa-varlen" else SDPA
+        target = "workbench.audit.adapters.fsa:fsa_dense_varlen" if adapter == "fsa-varlen" else SDPA
         if adapter == "flex-document":
             target = "torch.nn.attention.flex_attention:flex_attention"
         assert "takes no window_size" in adapt(target, adapter, device="cpu").lacks["window"]

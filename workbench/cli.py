@@ -8,7 +8,7 @@
     workbench new ID "TITLE"            scaffold postmortems/<module>/ + notebooks/ID.ipynb
     workbench execute NAME...           re-execute notebooks in place, to commit their outputs
     workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
-    workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--notebook PATH] [--record FILE]
+    workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--campaign] [--notebook PATH] [--record FILE]
                                         check any varlen attention against the padding contract
     workbench bench [--quick] [--shapes T..] [--record FILE]
                                         time our kernel against torch's attention choices (CUDA)
@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.adapter_example import REGISTER_EXAMPLE
 from workbench.tables import fixed_width
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -277,6 +278,22 @@ after editing, run `workbench execute ID` (explorers static, cells in order) bef
 """
 
 
+AUDIT_HELP = f"""\
+Checks any varlen attention against the padding contract: REAL rows against the fp64 oracle,
+GAP and TAIL rows exactly 0 under NaN-poisoned memory, empty and fully masked sequences, GQA,
+windows, determinism; fuzzes random layouts; grades input validation apart. The verdict table
+prints last.
+
+A varlen function needs no adapter: its call is read off its parameter names (cu_seqlens_q or
+cu_q, max_seqlen_q or max_q, softmax_scale or scale, causal or is_causal, window_size,
+cu_seqlens_*_padded, seqused_*), e.g. f(q, k, v, cu_q, cu_k, max_q, max_k, causal=False,
+scale=None). What it has no parameter for is n/a in the report, with the reason. Anything
+else takes an adapter; registering one:
+
+{REGISTER_EXAMPLE}
+"""
+
+
 def _lab(args: argparse.Namespace) -> int:
     from workbench.registry import Registry
 
@@ -366,12 +383,16 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(func=_lab)
 
     audit = commands.add_parser(
-        "audit", help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer"
+        "audit",
+        help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer",
+        description=AUDIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     audit.add_argument("target", help="MODULE:FUNCTION, e.g. kernels:varlen_attention or torch.nn.attention.varlen:varlen_attn")
     audit.add_argument(
         "--adapter",
-        help="how to call it: ours, contract, torch-varlen, flash-attn, te-thd, bshd or a registered one (default: guessed)",
+        help="how to call it (default: read off a varlen function's parameter names, or guessed): "
+        "e.g. sdpa-math, sdpa-efficient, sdpa-cudnn, sdpa-nested, bshd, dmattn-nobias, te-thd, or a registered one",
     )
     audit.add_argument(
         "--import",
@@ -401,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
     audit.add_argument("--skip", metavar="A,B", help="run every check but these")
+    audit.add_argument(
+        "--campaign", action="store_true", help="also print each malformed call of the bad-input campaign (the record keeps them)"
+    )
     audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
     audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
     audit.set_defaults(func=_audit)

@@ -2,12 +2,13 @@
 
     from workbench.audit import audit
     report = audit(my_varlen_attention)           # or "module:function"; adapter guessed
-    print(report)                                 # verdict table, fuzzer summary, reproductions
+    print(report)                                 # fuzzer summary, reproductions, verdict table last
 
-`audit` wraps the function in an adapter (`workbench.audit.adapters`: ours, contract,
-torch-varlen, flash-attn, te-thd, bshd, or your own via `register_adapter`; the paths of
-`workbench.audit.paths` need none), checks the adapter against the function's signature, runs
-every check of `workbench.audit.checks` (pass / FAIL with evidence / n/a with the reason), and
+`audit` wraps the function in an adapter (`workbench.audit.adapters`: a varlen function's call is
+read off its parameter names; FlexAttention, SDPA, flash-dmattn, TE-style and padded-batch
+callables have their own; or register yours with `register_adapter`), checks it against the
+function's signature, runs every check of `workbench.audit.checks` (pass / FAIL with evidence /
+n/a with the reason), and
 grades input validation apart (`workbench.audit.campaign`: validates / partly validates / no
 validation; a grade never fails the audit, since an attention that computes every valid layout
 right is correct even if it checks nothing), then fuzzes `budget` random layouts
@@ -15,8 +16,10 @@ right is correct even if it checks nothing), then fuzzes `budget` random layouts
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
 Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
-[--dtype D] [--checks A,B] [--skip A,B] [--notebook PATH] [--record FILE]`; `workbench.audit.records` reads a recorded run
-back and prints it as the command did.
+[--dtype D] [--checks A,B] [--skip A,B] [--campaign] [--notebook PATH] [--record FILE]`: the verdict
+table prints last; `--campaign` lists the malformed calls behind the input-validation grade (the
+record keeps them either way). `workbench.audit.records` reads a recorded run back and prints it
+as the command did.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.audit import paths  # noqa: F401  (registers the adapters of every path)
 from workbench.audit.adapters import (
     ADAPTERS,
     FEATURES,
+    REGISTER_EXAMPLE,
     Adapted,
     Adapter,
     AdapterRefused,
@@ -94,11 +97,12 @@ class AuditReport:
         """The input-validation grade (validates / partly validates / no validation), or n/a / not run."""
         return next((r.verdict.value for r in self.results if r.name == "input-validation"), "not run")
 
-    def __str__(self) -> str:
+    def render(self, campaign: bool = False) -> str:
+        """The report as printed: fuzzer findings and their reproductions first, the bad-input
+        campaign's calls if `campaign`, then the verdict table and the verdict, last."""
         lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})"]
         if self.forward_only:
             lines.append(f"forward only: {self.forward_only}")
-        lines += ["", self.table()]
         if self.fuzz is not None:
             lines += ["", self.fuzz.summary()]
             for failure in self.fuzz.failures:
@@ -107,11 +111,20 @@ class AuditReport:
                     f"smallest failing layout for {failure.check} ({failure.shrink_probes} shrink probes):",
                     failure.snippet,
                 ]
+        rows = next((r.rows for r in self.results if r.name == "input-validation"), ())
+        if campaign and rows:
+            lines += ["", "input validation (bad-input campaign):", self.campaign_table()]
+        lines += ["", self.table()]
+        if rows and not campaign:
+            lines.append(f"(input-validation graded {len(rows)} malformed calls; --campaign lists each)")
         if not self.ran:
             lines += ["", f"NOTHING RAN: {self.results[0].evidence if self.results else 'no checks selected'}"]
         else:
             lines += ["", "PASSED: every applicable check holds" if self.passed else f"FAILED: {', '.join(self.failed)}"]
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
 
     def to_dict(self) -> dict[str, Any]:
         from workbench.provenance import provenance
@@ -139,7 +152,16 @@ class AuditReport:
         return write_notebook(self, path, execute=execute, root=root)
 
 
-AUDITED_PACKAGES = ("torch", "triton", "flash-dmattn", "flash-sparse-attn", "flash-attn", "transformer-engine")
+AUDITED_PACKAGES = (
+    "torch",
+    "triton",
+    "flash-dmattn",
+    "flash-sparse-attn",
+    "flash-attn",
+    "flash-attn-4",
+    "nvidia-cudnn-frontend",
+    "transformer-engine",
+)
 
 
 def package_versions() -> dict[str, str]:
@@ -245,6 +267,8 @@ def _argv(args) -> list[str]:
         value = getattr(args, name)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
+    if args.campaign:
+        argv.append("--campaign")
     for module in args.imports:
         argv += ["--import", module]
     return argv
@@ -295,9 +319,7 @@ def run_command(args) -> int:
     except (ValueError, ImportError) as exc:
         print(f"workbench audit: {exc}", file=sys.stderr)
         return 2
-    print(report)
-    if any(r.rows for r in report.results):
-        print("\ninput validation (bad-input campaign):\n" + report.campaign_table())
+    print(report.render(campaign=args.campaign))
     if args.record:
         Path(args.record).parent.mkdir(parents=True, exist_ok=True)
         Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
@@ -321,6 +343,7 @@ __all__ = [
     "DEFAULT_BUDGET",
     "FEATURES",
     "PROFILES",
+    "REGISTER_EXAMPLE",
     "Adapted",
     "Adapter",
     "AdapterRefused",

@@ -1,6 +1,6 @@
 """The audit matrix: every path's recorded audit as one grid (rows: implementations, columns: checks).
 
-`load_matrix()` reads data/gpu/audit-<row>.json for each row of `workbench.audit.paths.MATRIX`
+`load_matrix()` reads data/gpu/audit-<row>.json for each row of `workbench.audit.adapters.MATRIX`
 (written by scripts/gpu_audit_matrix.py); `grid()` gives the verdict of every cell, `fails()`
 every FAIL with its evidence, `matrix_html()` the table with the evidence one click away (a
 <details> per cell: the check's evidence, and for the fuzzer the shrunk layout and its
@@ -19,9 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workbench.audit.adapters import ADAPTERS
+from workbench.audit.adapters import ADAPTERS, MATRIX
 from workbench.audit.checks import CHECKS
-from workbench.audit.paths import MATRIX
 from workbench.provenance import GPU_DATA
 
 # The package whose version names each row (torch's own paths: torch).

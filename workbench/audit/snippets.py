@@ -1,8 +1,9 @@
 """Shrunk failures as plain-torch snippets, pasteable into an upstream issue.
 
 `torch_snippet(impl, case, finding)` writes a script that imports only torch and the audited
-library: it builds the layout's tensors with literal cu_seqlens, calls the upstream function
-the way the adapter does (the call is spelled out per adapter in `CALLS`), runs backward,
+function: it builds the layout's tensors with literal cu_seqlens, calls the function the way
+the adapter does (a varlen function's call as inferred from its signature, the others spelled
+out per adapter in `CALLS`), runs backward,
 computes the fp64 answer sequence by sequence, and prints the damaged rows of out, dq, dk, dv
 (REAL rows off the fp64 answer, padding rows not exactly 0). Fresh buffers are NaN-filled with
 torch's own switch (`torch.utils.deterministic.fill_uninitialized_memory`), so rows a kernel
@@ -58,20 +59,6 @@ def visible(n, m):  # (n queries, m keys) bool: query i sees key j iff i + m - n
         ok &= j >= i - left
     return ok
 """
-
-
-def _thd(call: str) -> Callable[[str, str], list[str]]:
-    return lambda module, name: [f"from {module} import {name}", f"out = {call.format(fn=name)}"]
-
-
-def _torch_varlen(module: str, name: str) -> list[str]:
-    return [
-        f"from {module} import {name}",
-        "import inspect",
-        "causal_kw = {'is_causal': causal} if 'is_causal' in inspect.signature(varlen_attn).parameters else ({'window_size': (window[0], 0 if causal else window[1])} if causal or window != (-1, -1) else {})",
-        "scale_kw = {'scale': scale} if scale is not None else {}",
-        f"out = {name}(q, k, v, cu_q, cu_k, max_q, max_k, **causal_kw, **scale_kw)",
-    ]
 
 
 def _sdpa(backend: str) -> Callable[[str, str], list[str]]:
@@ -135,16 +122,9 @@ def _nested(module: str, name: str) -> list[str]:
     ]
 
 
+# The calls of the adapters that do not infer theirs from the signature (a varlen function's
+# adapter spells its own: `VarlenSignature.source`).
 CALLS: dict[str, Callable[[str, str], list[str]]] = {
-    "ours": _thd(
-        "{fn}(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_q_pad, cu_seqlens_k_padded=cu_k_pad, causal=causal, scale=scale, **window_kw)"
-    ),
-    "contract": _thd(
-        "{fn}(q, k, v, cu_q, cu_k, max_q, max_k, cu_seqlens_q_padded=cu_q_pad, cu_seqlens_k_padded=cu_k_pad, causal=causal, scale=scale, **window_kw)"
-    ),
-    "torch-varlen": _torch_varlen,
-    "flash-attn": _thd("{fn}(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=scale, causal=causal, **window_kw)"),
-    "fsa-varlen": _thd("{fn}(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal, softmax_scale=scale)"),
     "flex-document": _flex,
     "sdpa-math": _sdpa("MATH"),
     "sdpa-efficient": _sdpa("EFFICIENT_ATTENTION"),
@@ -155,10 +135,30 @@ CALLS: dict[str, Callable[[str, str], list[str]]] = {
 }
 
 
+def whose(impl) -> str:
+    """How a snippet names the audited function: ours, a library's, or the user's own."""
+    from importlib.metadata import packages_distributions
+
+    module = (impl.target or "").partition(":")[0]
+    top = module.partition(".")[0]
+    if top == "kernels":
+        return "our kernel's call"
+    if module.startswith("workbench.audit.adapters."):  # fsa_dense_varlen, cudnn_ragged_attention
+        return "the upstream call, through our thin wrapper"
+    return "the upstream call" if top in packages_distributions() else "your function's call"
+
+
+def _spelling(impl) -> Callable[[str, str], list[str]] | None:
+    signature = getattr(impl.impl, "signature", None)
+    if signature is not None:
+        return lambda module, name: [f"from {module} import {name}", *signature.source(name)]
+    return CALLS.get(impl.adapter.name)
+
+
 def torch_snippet(impl, case: Case, finding) -> str | None:
     """The plain-torch reproduction of `case` for `impl` (an Adapted), or None if its adapter
     spells out no call or the function is not importable by name."""
-    spell = CALLS.get(impl.adapter.name)
+    spell = _spelling(impl)
     if spell is None or not impl.target:
         return None
     module, _, name = impl.target.partition(":")
@@ -171,7 +171,7 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
     device = impl.device.type
     lines = [
         f"# {finding.check}: {finding.evidence}",
-        "# Plain torch: the layout, the upstream call, the fp64 answer per sequence, the damaged rows.",
+        f"# Plain torch: the layout, {whose(impl)}, the fp64 answer per sequence, the damaged rows.",
         "import torch",
         "",
         "torch.use_deterministic_algorithms(True, warn_only=True)  # with the next line: fresh buffers are NaN-filled,",
@@ -180,7 +180,6 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         f"H, H_kv, D, causal, scale = {case.heads}, {case.kv_heads or case.heads}, {case.head_dim}, {case.causal}, None",
         f"window = {case.window}  # window_size=(left, right), FlashAttention's; (-1, -1): none",
         f"backward = {impl.backward}" + ("" if impl.backward else f"  # forward only: {impl.lacks['backward'].split(':')[0]}"),
-        "window_kw = {'window_size': window} if window != (-1, -1) else {}",
         f"cu_q = torch.tensor({cu_q}, dtype=torch.int32, device=dev)  # real boundaries",
         f"cu_k = torch.tensor({cu_k}, dtype=torch.int32, device=dev)",
         f"starts_q, starts_k = {starts_q}, {starts_k}  # first row of each sequence"

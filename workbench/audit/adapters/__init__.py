@@ -1,0 +1,95 @@
+"""Adapters: any varlen attention behind the padding contract's signature.
+
+The audit drives every implementation through one call shape, `kernels.varlen_attention`'s:
+
+    impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+         cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None)
+
+plus `window_size=(left, right)` for a case with a window (`Case.window`), and only then: an
+adapter that takes it says so by not lacking "window".
+
+An adapter wraps a function of another shape into that one and says what the function cannot
+express (no padded layout, no GQA, CUDA only...): checks that need it are "not applicable",
+with the adapter's reason, instead of failing. Each is built the way a competent user would
+build the call, and its docstring says what it decides: those choices are part of what is
+audited.
+
+A varlen function (THD tensors and cu_seqlens) needs no adapter of its own: its call is read off
+its parameter names (`varlen`: cu_seqlens_q or cu_q, max_seqlen_q or max_q, softmax_scale or
+scale, causal or is_causal, window_size, *_padded, seqused_*). Which adapter `detect` picks:
+
+    ours            kernels.varlen_attention (its declared dtypes and head dims)
+    torch-varlen    torch.nn.attention.varlen.varlen_attn (CUDA only; 2.10's is_causal, 2.11's window_size)
+    flash-attn      FlashAttention 2/3's flash_attn_varlen_func (CUDA only)
+    fa4             FlashAttention-4's flash_attn.cute.flash_attn_varlen_func (CUDA only; seqused_* for GAP rows)
+    fsa-varlen      flash-sparse-attn's varlen functions (`fsa`: fsa_dense_varlen, fsa_sparse_varlen)
+    cudnn-ragged    cuDNN's ragged SDPA through our thin function (`cudnn_ragged`)
+    contract        any other varlen function: a user's own, workbench.reference_attention...
+    te-thd          TransformerEngine-style THD: qkv_format="thd", cu_seqlens_q/kv(_padded) (`te`)
+    flex-document   FlexAttention with a document mask (`flex`)
+    dmattn          flash-dmattn's Triton and Flex functions (`padded`)
+
+and never guessed (one target, several backends or choices; pass --adapter): bshd, sdpa-math,
+sdpa-efficient, sdpa-flash, sdpa-cudnn, sdpa-nested, dmattn-nobias.
+
+Registering your own takes a few lines (`REGISTER_EXAMPLE`): a function that wraps `fn` into the
+contract's shape, and what it lacks (a dict, or a function of (fn, device) returning one).
+
+Features an adapter can lack (`FEATURES`): padded, tail, gqa, causal, unequal, scale, metadata,
+window, backward, and `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
+"""
+
+from __future__ import annotations
+
+# Registration order is detection order: the library adapters before `contract`, which takes any varlen function.
+from workbench.audit.adapters import flex, nested, te, varlen  # noqa: F401
+from workbench.audit.adapters.base import (
+    ADAPTERS,
+    FEATURES,
+    REGISTER_EXAMPLE,
+    Adapted,
+    Adapter,
+    AdapterRefused,
+    NoOutput,
+    adapt,
+    detect,
+    load,
+    register_adapter,
+)
+from workbench.audit.adapters.fsa import fsa_dense_varlen, fsa_sparse_varlen
+from workbench.audit.adapters.padded import SDPA_BACKENDS, bshd_mask
+
+# The audit matrix: (row name, target, adapter), every path above plus ours and torch's.
+MATRIX = (
+    ("ours", "kernels:varlen_attention", "ours"),
+    ("torch-varlen", "torch.nn.attention.varlen:varlen_attn", "torch-varlen"),
+    ("flex-document", "torch.nn.attention.flex_attention:flex_attention", "flex-document"),
+    *((name, "torch.nn.functional:scaled_dot_product_attention", name) for name in SDPA_BACKENDS),
+    ("sdpa-nested", "torch.nn.functional:scaled_dot_product_attention", "sdpa-nested"),
+    ("dmattn-triton", "flash_dmattn.flash_dmattn_triton:triton_dmattn_func", "dmattn"),
+    ("dmattn-triton-nobias", "flash_dmattn.flash_dmattn_triton:triton_dmattn_func", "dmattn-nobias"),
+    ("dmattn-flex", "flash_dmattn.flash_dmattn_flex:flex_dmattn_func", "dmattn"),
+    ("fsa-dense-varlen", "workbench.audit.adapters.fsa:fsa_dense_varlen", "fsa-varlen"),
+    ("fsa-sparse-varlen", "workbench.audit.adapters.fsa:fsa_sparse_varlen", "fsa-varlen"),
+    ("fa4", "flash_attn.cute:flash_attn_varlen_func", "fa4"),
+    ("cudnn-ragged", "workbench.audit.adapters.cudnn_ragged:cudnn_ragged_attention", "cudnn-ragged"),
+)
+
+__all__ = [
+    "ADAPTERS",
+    "FEATURES",
+    "MATRIX",
+    "REGISTER_EXAMPLE",
+    "SDPA_BACKENDS",
+    "Adapted",
+    "Adapter",
+    "AdapterRefused",
+    "NoOutput",
+    "adapt",
+    "bshd_mask",
+    "detect",
+    "fsa_dense_varlen",
+    "fsa_sparse_varlen",
+    "load",
+    "register_adapter",
+]

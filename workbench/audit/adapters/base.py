@@ -1,0 +1,306 @@
+"""The adapter registry: `register_adapter`, `adapt` (a function behind the contract's signature on a
+device), `detect` (which adapter recognises a function), `load` ("module:function").
+
+The features an adapter can lack are `FEATURES`; a check that needs one the function lacks is
+"not applicable", with the adapter's reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workbench.adapter_example import REGISTER_EXAMPLE
+
+FEATURES = {
+    "run": "the function runs on this device",
+    "backward": "a backward pass on this device (without one the checks compare the forward's out only)",
+    "padded": "a padded layout (cu_seqlens_*_padded): GAP rows between sequences",
+    "tail": "TAIL rows after the last sequence (more rows than cu_seqlens[-1])",
+    "gqa": "fewer key/value heads than query heads (GQA/MQA)",
+    "causal": "causal masking",
+    "unequal": "query and key sequences of different lengths",
+    "scale": "a custom softmax scale",
+    "metadata": "the function receives cu_seqlens/max_seqlen itself (the bad-input campaign feeds it malformed ones)",
+    "window": "a sliding or local window: window_size=(left, right), FlashAttention's semantics, bottom-right aligned",
+}
+
+Lacks = Mapping[str, str]  # feature -> why the function cannot express it
+
+
+class AdapterRefused(ValueError):
+    """The adapter cannot express this call for the wrapped function (not the function's fault)."""
+
+
+class NoOutput(RuntimeError):
+    """The function returned something that is not an output tensor (None, a dict...).
+
+    The checks report it as "no output", never as a wrong result, and the harness does not
+    go on to call tensor methods on it."""
+
+
+class _Attached(torch.autograd.Function):
+    """Identity on `out` that joins the autograd graph of q, k, v with zero gradients.
+
+    A correct implementation may return an output that does not depend on its inputs at all
+    (a layout with no real query row: every output row is padding, so zeros). Backward through
+    it must then give dq = dk = dv = 0, not "element 0 of tensors does not require grad"."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(None for _ in ctx.needs_input_grad)
+
+
+def _checked_output(name: str, out: Any, inputs: tuple) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise NoOutput(f"{name} returned {type(out).__name__}, not an output tensor")
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if torch.is_grad_enabled() and leaves and not out.requires_grad:
+        return _Attached.apply(out, *leaves)
+    return out
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How to call one family of functions through the contract's signature."""
+
+    name: str
+    wrap: Callable[[Callable], Callable]
+    lacks: Lacks | Callable[[Callable, torch.device], Lacks] = field(default_factory=dict)
+    detect: Callable[[Callable, set[str]], bool] | None = None  # (fn, its parameter names) -> is it ours?
+    # contract argument -> the function's name for it (or a function of fn giving that mapping)
+    aliases: Mapping[str, str] | Callable[[Callable], Mapping[str, str]] = field(default_factory=dict)
+    dtypes: tuple[str, ...] | None = None  # declared supported dtypes (None: not declared)
+    head_dims: tuple[int, ...] | None = None
+    case_kwargs: Callable[[Any], dict[str, Any]] | None = None  # Case -> extra keywords of the wrapped call
+    doc: str = ""
+    # How the wrapper calls fn: (positional arguments, keywords always passed). adapt() binds it
+    # against fn's signature first, so a wrong adapter is a usage error, never a "clear error".
+    calls: tuple[int, tuple[str, ...]] | None = None
+
+    def lacks_for(self, fn: Callable, device: torch.device) -> dict[str, str]:
+        lacks = self.lacks(fn, device) if callable(self.lacks) else self.lacks
+        unknown = set(lacks) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"adapter {self.name!r} lacks unknown features {sorted(unknown)}; use some of {sorted(FEATURES)}.")
+        return dict(lacks)
+
+
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def register_adapter(
+    name: str,
+    *,
+    lacks: Lacks | Callable[[Callable, torch.device], Lacks] | None = None,
+    detect: Callable[[Callable, set[str]], bool] | None = None,
+    aliases: Mapping[str, str] | Callable[[Callable], Mapping[str, str]] | None = None,
+    dtypes: tuple[str, ...] | None = None,
+    head_dims: tuple[int, ...] | None = None,
+    case_kwargs: Callable[[Any], dict[str, Any]] | None = None,
+    calls: tuple[int, tuple[str, ...]] | None = None,
+) -> Callable[[Callable[[Callable], Callable]], Callable[[Callable], Callable]]:
+    """Decorator registering `wrap(fn) -> contract-shaped callable` as adapter `name`."""
+
+    def register(wrap: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+        if name in ADAPTERS:
+            raise ValueError(f"adapter {name!r} is already registered; pick another name.")
+        ADAPTERS[name] = Adapter(
+            name,
+            wrap,
+            lacks or {},
+            detect,
+            aliases or {},
+            dtypes,
+            head_dims,
+            case_kwargs,
+            doc=(inspect.getdoc(wrap) or "").partition("\n")[0],
+            calls=calls,
+        )
+        return wrap
+
+    return register
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """A function wrapped by an adapter, bound to a device: what the checks call."""
+
+    fn: Callable
+    adapter: Adapter
+    device: torch.device
+    impl: Callable  # the contract-shaped callable
+    name: str
+    target: str | None  # "module:function" when known: reproduction snippets import it from there
+    lacks: dict[str, str]
+    aliases: dict[str, str]
+
+    def __call__(self, *args, **kwargs):
+        inputs = tuple(args[:3]) + tuple(kwargs.get(n) for n in ("q", "k", "v") if n in kwargs)
+        return _checked_output(self.name, self.impl(*args, **kwargs), inputs)
+
+    @property
+    def __name__(self) -> str:  # probe() names its records after impl.__name__
+        return self.name
+
+    def case_kwargs(self, case) -> dict[str, Any]:
+        return self.adapter.case_kwargs(case) if self.adapter.case_kwargs else {}
+
+    @property
+    def backward(self) -> bool:
+        """Whether the checks run the backward pass (the function has one on this device)."""
+        return "backward" not in self.lacks
+
+    def why_not(self, *features: str) -> str | None:
+        """The reason the first lacking feature cannot be expressed, or None if all can."""
+        for feature in ("run", *features):
+            if feature in self.lacks:
+                return self.lacks[feature]
+        return None
+
+
+def load(target: str) -> Callable:
+    """Imports "module:attr[.attr...]" (e.g. "torch.nn.attention.varlen:varlen_attn")."""
+    module_name, colon, attrs = target.partition(":")
+    if not colon or not module_name or not attrs:
+        raise ValueError(f"target {target!r} must look like module:function, e.g. kernels:varlen_attention.")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"target {target!r}: cannot import module {module_name!r} ({exc}); is it installed and on PYTHONPATH?"
+        ) from exc
+    for attr in attrs.split("."):
+        if not hasattr(obj, attr):
+            raise ValueError(
+                f"target {target!r}: {type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {attr!r}."
+            )
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ValueError(f"target {target!r} is a {type(obj).__name__}, not a callable.")
+    return obj
+
+
+def params(fn: Callable) -> list[str]:
+    """`fn`'s parameter names ([] for a builtin without a signature)."""
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins without a signature
+        return []
+
+
+def detect(fn: Callable) -> Adapter:
+    """The adapter whose `detect` recognises `fn` (by its parameter names); the first that does."""
+    names = set(params(fn))
+    for adapter in ADAPTERS.values():
+        if adapter.detect is not None and adapter.detect(fn, names):
+            return adapter
+    from workbench.audit.adapters.varlen import infer
+
+    try:
+        infer(fn)
+        why = ""
+    except ValueError as exc:
+        why = f"{exc} "
+    raise ValueError(
+        f"no adapter recognises {getattr(fn, '__qualname__', fn)!r} (parameters: {params(fn)}): {why}"
+        f"Pass adapter= one of {sorted(ADAPTERS)} (`bshd` is never guessed), or register your own:\n\n{REGISTER_EXAMPLE}"
+    )
+
+
+def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torch.device | str | None = None) -> Adapted:
+    """`fn` (a callable or "module:function") behind the contract's signature on `device`."""
+    from kernels import default_device
+
+    target = fn if isinstance(fn, str) else _target_of(fn)
+    if isinstance(fn, str):
+        fn = load(fn)
+    if not callable(fn):
+        raise ValueError(
+            f"no adapter recognises {fn!r}: it is a {type(fn).__name__}, and an attention to audit is a callable "
+            "(or a 'module:function' string naming one)."
+        )
+    if adapter is None:
+        chosen = detect(fn)
+    elif isinstance(adapter, Adapter):
+        chosen = adapter
+    elif adapter in ADAPTERS:
+        chosen = ADAPTERS[adapter]
+    else:
+        raise ValueError(f"adapter = {adapter!r} is not registered; known adapters: {', '.join(sorted(ADAPTERS))}.")
+    device = torch.device(device) if device is not None else default_device()
+    check_signature(fn, chosen)
+    named = chosen.aliases(fn) if callable(chosen.aliases) else chosen.aliases
+    aliases = {**dict(zip(("q", "k", "v"), params(fn)[:3])), **named}
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    impl = chosen.wrap(fn)
+    lacks = chosen.lacks_for(fn, device)
+    if "window" not in lacks and not _takes_keyword(impl, "window_size"):
+        # Windows are opt-in: an adapter (or a contract-shaped function) written without them is
+        # never handed one, so the window check is n/a for it and the fuzzer draws none.
+        lacks["window"] = f"{name} through adapter {chosen.name!r} takes no window_size keyword: no window can be passed"
+    return Adapted(fn, chosen, device, impl, name, target, lacks, aliases)
+
+
+def _takes_keyword(fn: Callable, keyword: str) -> bool:
+    """`fn` names `keyword` among its parameters (a **kwargs pass-through does not count: it may
+    hand the keyword to a function that has no such parameter)."""
+    return keyword in params(fn)
+
+
+def check_signature(fn: Callable, adapter: Adapter) -> None:
+    """Raises ValueError when `adapter` would call `fn` with arguments its signature cannot take.
+
+    Checked before any check runs: otherwise every call would raise TypeError from the binding
+    itself, and the bad-input campaign would count those as the function's errors."""
+    if adapter.calls is None:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check against
+        return
+    positional, keywords = adapter.calls
+    try:
+        signature.bind(*range(positional), **dict.fromkeys(keywords))
+    except TypeError as exc:
+        raise ValueError(
+            f"adapter {adapter.name!r} calls {getattr(fn, '__qualname__', fn)!r} with {positional} positional arguments"
+            f"{' and keywords ' + ', '.join(keywords) if keywords else ''}, which its signature {signature} cannot take "
+            f"({exc}); pick the adapter that matches it (one of {sorted(ADAPTERS)}) or register your own."
+        ) from exc
+
+
+def _target_of(fn: Callable) -> str | None:
+    """ "module:qualname" if importing it gives back `fn` (so a snippet can import it)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        return None
+    try:
+        return f"{module}:{qualname}" if load(f"{module}:{qualname}") is fn else None
+    except ValueError:
+        return None
+
+
+# -- shared pieces ------------------------------------------------------------------------
+
+
+def first(out):
+    """Many varlen functions return (out, lse, ...) on request; the audit needs out."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def heads_differ(q, k) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k)) and q.shape[1] != k.shape[1]
+
+
+def cuda_only(what: str, device: torch.device) -> dict[str, str]:
+    return {} if device.type == "cuda" else {"run": f"{what} runs on CUDA only; audit it with --device cuda on a GPU"}
