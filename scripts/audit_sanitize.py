@@ -23,7 +23,7 @@ def main(row: str) -> int:
     from workbench.audit.adapters import MATRIX
     from workbench.audit.checks import Context
     from workbench.layout import Fill, pack
-    from workbench.probe import probe
+    from workbench.probes import probe
 
     rows = {name: (target, adapter) for name, target, adapter in MATRIX}
     if row not in rows:

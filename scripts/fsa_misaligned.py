@@ -40,15 +40,15 @@ finished) reports the fault. --sanitizer also runs the audit case under `compute
 compiler, no GPU needed, and counts its tensor-map (TMA) instructions: whether the lse
 descriptor becomes a TMA descriptor on Hopper.
 
-Needs only torch, triton and the flash-sparse-attn wheel (2.0.6); triton_kernels, which
-flash_sparse_attn imports for its projection kernels only, is stubbed when missing.
+Needs only torch, triton, the flash-sparse-attn wheel (2.0.6) and this repository (run from its
+root); triton_kernels, which flash_sparse_attn imports for its projection kernels only, is stubbed
+when missing (workbench.upstream).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.machinery
 import json
 import os
 import shutil
@@ -56,8 +56,11 @@ import subprocess
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: workbench.upstream
+
+from workbench.upstream import import_module
 
 CASES = {
     "audit": ((5, 3, 7), 3, 2),
@@ -75,44 +78,17 @@ H200_SMS = 132
 # -- importing flash_sparse_attn without triton_kernels ------------------------------------------
 
 
-class _TritonKernelsStub:
-    """Every `triton_kernels[.x]` module is empty; any name imported from it raises when used."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "triton_kernels" or name.startswith("triton_kernels."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-
-        def missing(attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-
-            def use(*args, **kwargs):
-                raise ImportError(f"triton_kernels is not installed ({spec.name}.{attr} was stubbed)")
-
-            return use
-
-        module.__getattr__ = missing
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def import_fsa():
+    """flash_sparse_attn as installed, through `workbench.upstream` (a stub for a missing triton_kernels)."""
     try:
-        importlib.import_module("triton_kernels.matmul_ogs")
-    except ImportError:
-        sys.meta_path.insert(0, _TritonKernelsStub())
-    try:
-        return importlib.import_module("flash_sparse_attn")
+        return import_module(
+            "flash_sparse_attn",
+            stub={"triton_kernels": "flash_sparse_attn"},
+            install="pip install the flash_sparse_attn-2.0.6 wheel first",
+        )
     except ModuleNotFoundError as exc:
         if exc.name == "flash_sparse_attn":
-            sys.exit("fsa_misaligned: flash_sparse_attn is not installed: pip install the flash_sparse_attn-2.0.6 wheel first")
+            sys.exit(f"fsa_misaligned: {exc}")
         raise
 
 

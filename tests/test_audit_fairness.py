@@ -17,7 +17,7 @@ from workbench.audit.campaign import Outcome
 from workbench.audit.plain import plain_attention
 from workbench.cli import main
 from workbench.layout import Case, pack
-from workbench.probe import probe
+from workbench.probes import probe
 
 
 def returns_none(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):

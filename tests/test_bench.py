@@ -291,6 +291,14 @@ def test_one_timer_reports_min_and_median_over_at_least_20_calls():
         time_call(lambda: None, iters=5, device="cpu")
 
 
+def test_bench_refuses_fewer_than_20_timed_calls(capsys):
+    from workbench.bench import main
+
+    with pytest.raises(SystemExit):
+        main(["--iters", "5"])
+    assert "--iters 5: time at least 20 calls" in capsys.readouterr().err
+
+
 def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
     from workbench.bench import TIMINGS_HEADER, timings_table
 

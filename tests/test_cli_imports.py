@@ -130,8 +130,8 @@ def test_version_comes_from_package_metadata():
 
 def test_lazy_names_resolve_and_unknown_names_raise():
     import workbench
-    import workbench.probe
-    import workbench.sweep
+    import workbench.probes
+    import workbench.sweeps
     from workbench.layout import Case
 
     assert workbench.Case is Case

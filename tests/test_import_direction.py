@@ -60,3 +60,14 @@ def test_the_rule_sees_late_imports(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from postmortems.other import X\n    import workbench.layout\n")
     assert imported(sample) == [(2, "postmortems.other"), (3, "workbench.layout")]
+
+
+def test_no_lazy_name_of_workbench_shadows_one_of_its_modules():
+    """`from workbench import probe` must stay the function after `import workbench.probes`: a name
+    exported lazily never equals a submodule's name (importing the submodule would rebind it)."""
+    import workbench
+
+    modules = {path.stem for path in (ROOT / "workbench").glob("*.py")} | {
+        path.parent.name for path in (ROOT / "workbench").glob("*/__init__.py")
+    }
+    assert not modules & set(workbench._EXPORTS), modules & set(workbench._EXPORTS)

@@ -8,7 +8,7 @@ from torch import nn
 
 from workbench import Case, GradientHealth, pack, probe, reference_attention
 from workbench.plots import FACE, attention_mask, plot_errors, plot_health, plot_layout, plot_nan_map, plot_token_norms
-from workbench.sweep import sweep
+from workbench.sweeps import sweep
 
 
 def _leaky(q, k, v, *args, **kwargs):

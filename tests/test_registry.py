@@ -283,3 +283,30 @@ def test_a_stale_listing_is_caught():
 
     ((index, name, shown),) = shown_listings(nb)
     assert (index, name) == (0, "our _dot") and shown != str(interp.listing(name))
+
+
+def test_a_claim_whose_gpu_record_is_missing_is_not_recorded_rather_than_failed(capsys):
+    from types import SimpleNamespace
+
+    from workbench.postmortem import UPSTREAM_GPU, ClaimFailed, overall_verdict, recorded_probes
+
+    meta = SimpleNamespace(id="demo-bug")
+    claims = Claims()
+
+    @claims("the GPU run shows it", evidence=UPSTREAM_GPU)
+    def _gpu(r):
+        return recorded_probes(r.gpu, meta)["seen"], "seen"
+
+    @claims("our kernel is right", evidence=OURS)
+    def _ours(r):
+        return r.ours, "checked"
+
+    (gpu, ours) = claims.report(SimpleNamespace(gpu=None, ours=True))  # nothing raised: nothing failed
+    assert not gpu.holds and gpu.unrecorded and not gpu.failed and gpu.verdict == "NOT RECORDED"
+    assert "workbench repro demo-bug --device cuda --record data/gpu/demo-bug-<gpu>.json" in gpu.evidence
+    assert ClaimVerdict.from_dict(gpu.to_dict()) == gpu and "unrecorded" not in ours.to_dict()
+    assert overall_verdict([gpu, ours]) == "1/2 claims hold; 1 await a GPU record"
+    assert "NOT RECORDED" in capsys.readouterr().out
+    assert [v.holds for v in claims.check(SimpleNamespace(gpu={"probes": {"seen": True}}, ours=True))] == [True, True]
+    with pytest.raises(ClaimFailed, match="the GPU run shows it"):
+        claims.report(SimpleNamespace(gpu={"probes": {"seen": False}}, ours=True))

@@ -6,7 +6,7 @@ import pytest
 from sweep_points import crash, divide
 
 from workbench import Case, pack, probe, reference_attention
-from workbench.sweep import sweep
+from workbench.sweeps import sweep
 
 
 def test_a_failing_point_is_a_record_not_a_crash():

@@ -9,8 +9,6 @@ without CUDA Triton still runs through its CPU interpreter.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -53,12 +51,12 @@ _EXPORTS = {
     "plot_nan_map": "workbench.plots",
     "plot_token_norms": "workbench.plots",
     "poisoned_memory": "workbench.poison",
-    "ProbeRecord": "workbench.probe",
-    "grad_output": "workbench.probe",
-    "probe": "workbench.probe",
+    "ProbeRecord": "workbench.probes",
+    "grad_output": "workbench.probes",
+    "probe": "workbench.probes",
     "reference_attention": "workbench.reference",
-    "SweepResult": "workbench.sweep",
-    "sweep": "workbench.sweep",
+    "SweepResult": "workbench.sweeps",
+    "sweep": "workbench.sweeps",
 }
 
 __all__ = [
@@ -118,20 +116,6 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
 
 
-class _Package(types.ModuleType):
-    """`probe` and `sweep` are functions named like the modules defining them. Importing such a
-    module (`from workbench.probe import TENSORS`) makes Python set the attribute `workbench.probe`
-    to the module; this keeps it the function, as `from workbench import probe` promises."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported eagerly
     from kernels import check_cu_seqlens, check_varlen_inputs, default_device
     from workbench.bounds import ErrorCheck, error_check
@@ -154,6 +138,6 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
     from workbench.nantrace import NaNTrace, trace_nans
     from workbench.plots import attention_mask, plot_errors, plot_health, plot_layout, plot_nan_map, plot_token_norms
     from workbench.poison import poisoned_memory
-    from workbench.probe import ProbeRecord, grad_output, probe
+    from workbench.probes import ProbeRecord, grad_output, probe
     from workbench.reference import reference_attention
-    from workbench.sweep import SweepResult, sweep
+    from workbench.sweeps import SweepResult, sweep

@@ -1024,6 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
         help="processes that compile our candidate tiles before timing (0: compile while tuning)",
     )
     args = parser.parse_args(argv)
+    if args.iters < MIN_ITERS:
+        parser.error(f"--iters {args.iters}: time at least {MIN_ITERS} calls per measurement (--iters {MIN_ITERS})")
     if not torch.cuda.is_available():
         # One line and the usage status, as `workbench repro --device cuda` gives: no traceback.
         print(

@@ -219,7 +219,7 @@ def _repro(args: argparse.Namespace) -> int:
         }
         write_record(args.record, payload)
         print(f"recorded to {args.record}")
-    return 0 if all(v.holds for v in verdicts) else EXIT_FAILED
+    return 0 if not any(v.failed for v in verdicts) else EXIT_FAILED
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -309,10 +309,10 @@ def gpu_records(meta: Meta) -> list[dict[str, Any]]:
 
 def recorded_probes(record: dict[str, Any] | None, meta: Meta) -> dict[str, Any]:
     """The `probes` of a GPU record (`latest_gpu_record`), for a claim about them: without a
-    record, a `LookupError` naming the command that makes one, which the claim's verdict shows
-    as its evidence (the claim fails visibly rather than vanishing from the page)."""
+    record, `NotRecorded` naming the command that makes one, so that the claim is shown NOT
+    RECORDED with that command as its evidence (rather than vanishing from the page)."""
     if record is None:
-        raise LookupError(
+        raise NotRecorded(
             f"no GPU record of {meta.id}: record one with `workbench repro {meta.id} --device cuda "
             f"--record data/gpu/{meta.id}-<gpu>.json`"
         )
@@ -332,25 +332,44 @@ def latest_gpu_record(meta: Meta, probe: str | None = None) -> dict[str, Any] | 
 
 @dataclass(frozen=True)
 class ClaimVerdict:
-    """One claim checked: the statement, whether it holds, the evidence text and its level."""
+    """One claim checked: the statement, whether it holds, the evidence text and its level.
+
+    `unrecorded`: the claim is about a GPU record that nobody has made yet (its check raised
+    `NotRecorded`): it does not hold, and it has not failed either; the verdict table says
+    NOT RECORDED and the evidence names the command that records it."""
 
     claim: str
     holds: bool
     evidence: str
     level: Evidence
+    unrecorded: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return not self.holds and not self.unrecorded
+
+    @property
+    def verdict(self) -> str:
+        return "HOLDS" if self.holds else "NOT RECORDED" if self.unrecorded else "FAILS"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "claim": self.claim,
             "holds": self.holds,
             "evidence": self.evidence,
             "level": self.level.kind,
             "at": self.level.at,
         }
+        return {**data, "unrecorded": True} if self.unrecorded else data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClaimVerdict:
-        return cls(data["claim"], bool(data["holds"]), data["evidence"], Evidence(data["level"], data.get("at", "")))
+        level = Evidence(data["level"], data.get("at", ""))
+        return cls(data["claim"], bool(data["holds"]), data["evidence"], level, bool(data.get("unrecorded", False)))
+
+
+class NotRecorded(LookupError):
+    """Raised by a claim's check when the GPU record it reads does not exist (see `recorded_probes`)."""
 
 
 class ClaimFailed(AssertionError):
@@ -393,19 +412,23 @@ class Claims:
         """Evaluates every claim; a check that raises is a claim that does not hold."""
         verdicts = []
         for statement, level, check in self._checks:
+            unrecorded = False
             try:
                 holds, evidence = check(results)
+            except NotRecorded as exc:  # shown as NOT RECORDED, with the command that records it
+                holds, evidence, unrecorded = False, str(exc), True
             except Exception as exc:  # a broken check must show up as a failed claim, not vanish
                 holds, evidence = False, f"check raised {type(exc).__name__}: {exc}"
-            verdicts.append(ClaimVerdict(statement, bool(holds), evidence, level))
+            verdicts.append(ClaimVerdict(statement, bool(holds), evidence, level, unrecorded))
         return verdicts
 
     def report(self, results: Any) -> list[ClaimVerdict]:
         """Shows the verdict table (text for nbval and terminals, HTML and the verdicts as output
-        metadata in a notebook); raises `ClaimFailed` naming the claims that do not hold."""
+        metadata in a notebook); raises `ClaimFailed` naming the claims that do not hold (a claim
+        whose GPU record was never made is shown NOT RECORDED, and raises nothing)."""
         verdicts = self.check(results)
         _show_verdicts(verdicts)
-        failed = [v for v in verdicts if not v.holds]
+        failed = [v for v in verdicts if v.failed]
         if failed:
             names = "; ".join(f"{v.claim!r} ({v.evidence})" for v in failed)
             raise ClaimFailed(f"{len(failed)} of {len(verdicts)} claims do not hold: {names}")
@@ -416,7 +439,7 @@ def claims_table(verdicts: Iterable[ClaimVerdict]) -> Table:
     """verdict, evidence level, claim, evidence: deterministic, so nbval compares it exactly."""
     return table(
         ("verdict", "level", "claim", "evidence"),
-        (("HOLDS" if v.holds else "FAILS", v.level.short, v.claim, v.evidence) for v in verdicts),
+        ((v.verdict, v.level.short, v.claim, v.evidence) for v in verdicts),
         fold=1000,
     )
 
@@ -441,4 +464,6 @@ def _show_verdicts(verdicts: list[ClaimVerdict]) -> None:
 def overall_verdict(verdicts: Iterable[ClaimVerdict]) -> str:
     verdicts = list(verdicts)
     held = sum(v.holds for v in verdicts)
-    return f"{held}/{len(verdicts)} claims hold" if verdicts else "no claims"
+    unrecorded = sum(v.unrecorded for v in verdicts)
+    awaiting = f"; {unrecorded} await a GPU record" if unrecorded else ""
+    return f"{held}/{len(verdicts)} claims hold{awaiting}" if verdicts else "no claims"

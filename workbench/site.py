@@ -368,7 +368,7 @@ def build(
             verdicts = tuple(recorded_verdicts(pm, nb))
         except RegistryError as exc:
             raise BuildError(f"site not built; {exc}") from None
-        failing = [v for v in verdicts if not v.holds]
+        failing = [v for v in verdicts if v.failed]
         if failing:
             raise BuildError(
                 f"site not built; {path}: claims do not hold: {', '.join(repr(v.claim) for v in failing)}\n{claims_table(verdicts)}"

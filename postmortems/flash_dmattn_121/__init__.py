@@ -67,7 +67,7 @@ from postmortems.flash_dmattn_121.study import (
 from postmortems.flash_dmattn_121.upstream import (
     SUCCESSOR_VERSION,
     UPSTREAM_VERSION,
-    _stub_triton_kernels,
+    import_successor,
     upstream_dtype,
     upstream_module,
     upstream_triton_func,
@@ -91,7 +91,7 @@ __all__ = [
     "UPSTREAM_CASES",
     "UPSTREAM_TENSORS",
     "UPSTREAM_VERSION",
-    "_stub_triton_kernels",
+    "import_successor",
     "claims",
     "coverage_table",
     "dense_reference",

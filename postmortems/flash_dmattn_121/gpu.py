@@ -15,9 +15,10 @@ import torch
 from kernels import varlen_attention
 from postmortems.flash_dmattn_121.cases import GPU_SEEDS, SEED, UPSTREAM_CASES, UPSTREAM_TENSORS, MaskCase
 from postmortems.flash_dmattn_121.study import oracle, upstream_call_errors, upstream_cases, upstream_run
-from postmortems.flash_dmattn_121.upstream import SUCCESSOR_PACKAGE, _stub_triton_kernels, upstream_triton_func, upstream_version
+from postmortems.flash_dmattn_121.upstream import SUCCESSOR_PACKAGE, import_successor, upstream_triton_func, upstream_version
 from workbench.bounds import FACTORS, error_check
 from workbench.timing import time_call
+from workbench.upstream import stubbed
 
 TIMING_SEQLENS = (1024, 896, 768, 640)  # a right-padded batch of 4 (the workaround layout), 8 heads of 64, causal
 
@@ -81,10 +82,11 @@ def successor_probe(device) -> dict:
     found["installed"] = True
     found["plain_import"] = _outcome(lambda: {"module": importlib.import_module("flash_sparse_attn").__name__})
     if not found["plain_import"]["ok"]:
-        found["stubbed"] = _stub_triton_kernels()
+        import_successor()
+        found["stubbed"] = stubbed()
 
     def dense(case: MaskCase):
-        fsa = importlib.import_module("flash_sparse_attn")
+        fsa = import_successor()
         x = case.inputs(device)
         leaves = [x[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]  # (B, S, H, D), as 1.2.2
         # is_autotune=False: its default 64 x 64 tiles, no autotuning sweep (minutes of compilation)

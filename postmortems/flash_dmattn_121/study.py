@@ -45,7 +45,7 @@ from workbench.bounds import ErrorCheck, error_check, lse_error
 from workbench.health import GradientHealth
 from workbench.postmortem import Results as PostmortemResults
 from workbench.postmortem import latest_gpu_record
-from workbench.sweep import SweepResult, sweep
+from workbench.sweeps import SweepResult, sweep
 
 
 def dense_reference(
@@ -353,7 +353,7 @@ def sweep_point(density: float, seqlen: int, device=None) -> dict:
 
 
 def upstream_sweep(device=None, densities=SWEEP_DENSITIES, seqlens=SWEEP_SEQLENS) -> SweepResult:
-    """`sweep_point` over densities x lengths (workbench.sweep: a failing point is a record, not a crash)."""
+    """`sweep_point` over densities x lengths (workbench.sweep(): a failing point is a record, not a crash)."""
     return sweep(functools.partial(sweep_point, device=device), density=list(densities), seqlen=list(seqlens), progress=False)
 
 

@@ -6,13 +6,11 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import sys
-import types
-from pathlib import Path
 
 import torch
 
 from kernels import INTERPRETED, default_device
+from workbench.upstream import import_module, installed_file, run_file
 
 UPSTREAM_PACKAGE = "flash-dmattn"
 
@@ -63,13 +61,9 @@ def upstream_module():
         )
     if not INTERPRETED:
         return importlib.import_module(UPSTREAM_MODULE)
-    spec = importlib.util.find_spec(UPSTREAM_MODULE)
-    module = types.ModuleType(f"{UPSTREAM_MODULE}_interpreted")
-    module.__file__ = spec.origin
-    sys.modules[module.__name__] = module  # Triton resolves a kernel's globals through its module
-    source = Path(spec.origin).read_text()
-    exec(compile(source, spec.origin, "exec", optimize=1), module.__dict__)
-    return module
+    return run_file(
+        installed_file(UPSTREAM_PACKAGE, UPSTREAM_MODULE.replace(".", "/") + ".py"), f"{UPSTREAM_MODULE}_interpreted", optimize=1
+    )
 
 
 def upstream_triton_func():
@@ -77,26 +71,9 @@ def upstream_triton_func():
     return upstream_module().triton_dmattn_func
 
 
-def _stub_triton_kernels() -> list[str]:
-    """flash-sparse-attn 2.0.6 imports `triton_kernels` (Triton's own kernel library, not on the
-    registry and not a declared dependency) for its projection kernels only. Stubs stand in for the
-    names imported, so that the dense attention path can be imported; they raise if ever called."""
-    stubbed = []
-    for name in ("triton_kernels", "triton_kernels.matmul_ogs", "triton_kernels.numerics"):
-        if name in sys.modules:
-            continue
-        try:
-            importlib.import_module(name)
-            continue
-        except ImportError:
-            pass
-        module = types.ModuleType(name)
-
-        def missing(*args, _name=name, **kwargs):
-            raise ModuleNotFoundError(f"{_name} is stubbed: flash-sparse-attn's projection kernels need the real package")
-
-        for attr in ("matmul_ogs", "PrecisionConfig", "FlexCtx", "InFlexData", "OutFlexData"):
-            setattr(module, attr, missing)
-        sys.modules[name] = module
-        stubbed.append(name)
-    return stubbed
+def import_successor():
+    """flash-sparse-attn as installed. 2.0.6 imports `triton_kernels` (Triton's own kernel library,
+    not on the registry and not a declared dependency) for its projection kernels only: where it is
+    missing a stub stands in (`workbench.upstream`), so that the dense attention path imports; a
+    stubbed name raises if ever used."""
+    return import_module("flash_sparse_attn", stub={"triton_kernels": SUCCESSOR_PACKAGE})

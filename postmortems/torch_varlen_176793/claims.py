@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from postmortems.torch_varlen_176793.cases import GPU_PADS, GPU_TRAILING, GRADS, STUDY, VARLEN_PY
+from postmortems.torch_varlen_176793.cases import GPU_PADS, GPU_TRAILING, GRADS, META, STUDY, VARLEN_PY
 from postmortems.torch_varlen_176793.study import QKV, TorchVarlenResults, norm_inflation
 from postmortems.torch_varlen_176793.upstream import upstream_code
 from workbench.postmortem import (
@@ -16,6 +16,7 @@ from workbench.postmortem import (
     TOY,
     UPSTREAM_GPU,
     Claims,
+    recorded_probes,
 )
 
 claims = Claims()
@@ -197,7 +198,7 @@ def _norms(r: TorchVarlenResults):
 
 
 def _gpu_points(r: TorchVarlenResults, impl: str, poisoned: bool) -> list[dict[str, Any]]:
-    return [p for p in r.gpu["probes"]["points"] if p["impl"] == impl and p["poisoned"] is poisoned]
+    return [p for p in recorded_probes(r.gpu, META)["points"] if p["impl"] == impl and p["poisoned"] is poisoned]
 
 
 def register_gpu_claims(target: Claims) -> None:
@@ -205,7 +206,7 @@ def register_gpu_claims(target: Claims) -> None:
 
     @target("H200: the seed's code verbatim (2-D float32 chunks) stops with an error in varlen_attn", evidence=UPSTREAM_GPU)
     def _gpu_seed(r: TorchVarlenResults):
-        raised = r.gpu["probes"]["seed_repro"].get("raised")
+        raised = recorded_probes(r.gpu, META)["seed_repro"].get("raised")
         return bool(raised), f"raised: {raised}"
 
     @target(
@@ -228,7 +229,7 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_corrected(r: TorchVarlenResults):
-        runs = r.gpu["probes"]["corrected_repro"]
+        runs = recorded_probes(r.gpu, META)["corrected_repro"]
         poisoned = [k for k, v in runs.items() if "poisoned=True" in k and math.isnan(v.get("loss", 0.0))]
         as_left = [k for k, v in runs.items() if "poisoned=False" in k and math.isfinite(v.get("loss", math.nan))]
         return len(poisoned) == 2 and len(as_left) == 2, f"NaN when poisoned: {poisoned}; finite as left: {as_left}"
@@ -240,7 +241,7 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_damage(r: TorchVarlenResults):
-        runs = r.gpu_damage["probes"]["damage"]
+        runs = recorded_probes(r.gpu_damage, META)["damage"]
         holds = all(
             not d["weight_grad_finite"] and d["dqkv_tail_nonfinite"] > 0 and d["correct_tail_zero"] for d in runs.values()
         )
@@ -268,7 +269,7 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_timing(r: TorchVarlenResults):
-        probes = r.gpu_damage["probes"]
+        probes = recorded_probes(r.gpu_damage, META)
         ratios = {
             size: {t["workaround"][:3]: t["vs_as_is"] for t in probes[key]}
             for size, key in (("944", "timing"), ("8x2048", "timing_large"))
@@ -285,7 +286,9 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_workarounds(r: TorchVarlenResults):
-        points = [p for p in r.gpu["probes"]["workarounds"] if p["loss"] == "loss mask" and p["workaround"] != "as is"]
+        points = [
+            p for p in recorded_probes(r.gpu, META)["workarounds"] if p["loss"] == "loss mask" and p["workaround"] != "as is"
+        ]
         good = [p["workaround"] for p in points if _zero_and_right(p)]
         return len(good) == len(points) == 4, f"exact and within bound: {good}"
 
@@ -295,7 +298,7 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_capture(r: TorchVarlenResults):
-        graphs = r.gpu["probes"]["capture"]["cuda_graph"]
+        graphs = recorded_probes(r.gpu, META)["capture"]["cuda_graph"]
         host = {n for n in graphs if n.endswith("proposed check") or "(b) slice" in n}
         holds = (
             len(host) == 2 and all(not graphs[n]["ok"] for n in host) and all(graphs[n]["ok"] for n in graphs if n not in host)
@@ -308,7 +311,7 @@ def register_gpu_claims(target: Claims) -> None:
         evidence=UPSTREAM_GPU,
     )
     def _gpu_compile(r: TorchVarlenResults):
-        compiled = r.gpu["probes"]["capture"]["compile_fullgraph"]
+        compiled = recorded_probes(r.gpu, META)["capture"]["compile_fullgraph"]
         broken = [n for n, o in compiled.items() if not o["ok"]]
         return broken == ["varlen_attn + proposed check"], "; ".join(
             f"{n}: {'compiles' if o['ok'] else o['error'].split(':')[0]}" for n, o in compiled.items()

@@ -17,7 +17,7 @@ from postmortems.torch_varlen_176793.cases import LAYOUTS, PADS, SEED_SEQLENS, S
 from postmortems.torch_varlen_176793.upstream import _varlen_attn, torch_style
 from workbench import Case, Region, cumulative, pack, probe, reference_attention
 from workbench.postmortem import table
-from workbench.sweep import SweepResult, sweep
+from workbench.sweeps import SweepResult, sweep
 
 replica = torch_style(replica_varlen_attn, "replica")
 
@@ -120,7 +120,7 @@ def tail_rows_report(out: torch.Tensor, grads: dict[str, torch.Tensor], cu_seq_q
 
 def _masked_grad_out(batch) -> torch.Tensor:
     """dO of the probe's seed with TAIL rows 0: what a loss that ignores padding rows sends back."""
-    from workbench.probe import grad_output
+    from workbench.probes import grad_output
 
     d_out = grad_output(batch).clone()
     d_out[batch.regions_q != Region.REAL] = 0

@@ -21,7 +21,7 @@ from workbench.postmortem import (
     latest_gpu_record,
     table,
 )
-from workbench.sweep import SweepResult
+from workbench.sweeps import SweepResult
 from workbench.tinylm import LMConfig, SyntheticTask, TinyLM, train
 
 # Three sequences packed back to back in a buffer with trailing rows: a static token budget.

@@ -25,7 +25,7 @@ from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.campaign import run_campaign, summarize
 from workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
 from workbench.layout import Case, Fill, Region, pack
-from workbench.probe import TENSORS, ProbeRecord, probe
+from workbench.probes import TENSORS, ProbeRecord, probe
 
 
 class Verdict(str, enum.Enum):

@@ -29,7 +29,7 @@ from workbench.audit.checks import Finding, layout_findings, single_threaded
 from workbench.audit.isolate import Crash, Spec, Worker, cuda_error, sticky
 from workbench.audit.snippets import torch_snippet
 from workbench.layout import Case, Fill, pack
-from workbench.probe import ProbeRecord, probe
+from workbench.probes import ProbeRecord, probe
 from workbench.strategies import LayoutSpace
 
 RAISES = "raises-on-valid-layout"

@@ -1,0 +1,128 @@
+"""What flash-dmattn-flex-mask studies: META, the audited checks and their cases, the implementations compared, the
+records read."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from workbench import Case
+from workbench.postmortem import (
+    Link,
+    Meta,
+)
+
+META = Meta(
+    id="flash-dmattn-flex-mask",
+    title="flash-dmattn: the Flex backend ignores attn_mask, so padded keys are attended and outputs and gradients are silently wrong",
+    component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Flex backend (flex_dmattn_func)",
+    category="training bug",
+    impact=(
+        "flash-dmattn <= 1.2.2 flex_dmattn_func: any padding, document or top-k attn_mask is dropped; "
+        "finite outputs and gradients about 20 to 1,200 times PyTorch's own error on the H200, no warning"
+    ),
+    upstream_status="upstream unaware",
+    status_note=(
+        "no report found in the upstream tracker; every release since the backend appeared (v0.1.0) and the successor's "
+        "copy in flash-sparse-attn 2.0.6 keep mask_mod = q_idx >= kv_idx; the docs rate the Flex backend's mask "
+        "support 'limited' and advise avoiding it 'when strict attention mask compliance is required'"
+    ),
+    our_verdict=(
+        "confirmed on the upstream code, CPU and H200: attn_mask changes no bit of the output; only rows whose mask "
+        "row is all True are right; passing the mask as a -inf attn_bias, or torch's flex_attention with a mask_mod "
+        "reading the mask, gives the right forward"
+    ),
+    detection="none: outputs and gradients stay finite; compare with another backend, or flip the mask and see nothing change",
+    fix_type="workarounds: the mask as a -inf attn_bias (same function), or flex_attention with a BlockMask; upstream: a mask_mod that also reads attn_mask",
+    tags=("attention mask", "padding", "silent error", "audit finding"),
+    reported="2026-12-01",
+    published="2026-12-01",
+    links=(
+        Link(
+            "the Flex backend appears (af27f2e): mask_mod already q_idx >= kv_idx",
+            "https://github.com/SmallDoges/flash-dmattn/commit/af27f2e10cd8dd7cecf45ae2bb5de27b5f0056cf",
+            date="2025-07-03",
+            kind="commit",
+            status="the attn_mask line commented out since the first version",
+        ),
+        Link(
+            "API docs: Flex backend 'Avoid when strict attention mask compliance is required' (d5b9be6)",
+            "https://github.com/SmallDoges/flash-dmattn/commit/d5b9be6f086dc94f6fee9549b97b3a95267606ef",
+            date="2025-09-08",
+            kind="docs",
+            status="a warning; attn_mask still documented as a parameter",
+        ),
+        Link(
+            "flash-sparse-attention#146 (flex path of the example model)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/issues/146",
+            date="2025-09-03",
+            kind="issue",
+            status="closed by #147, which removed the example's flex path; flex_dmattn_func untouched",
+        ),
+        Link(
+            "flash-dmattn 1.2.2",
+            "https://pypi.org/project/flash-dmattn/1.2.2/",
+            date="2025-11-05",
+            kind="release",
+            status="last flash-dmattn release; flash_dmattn_flex.py as at tag v1.2.2 (1dcc395)",
+        ),
+        Link(
+            "the same function as flash_sparse_attn_flex.py (e02668c)",
+            "https://github.com/SmallDoges/flash-dmattn/commit/e02668c0b47e6db62c33857ec34051ec860b385b",
+            date="2025-11-09",
+            kind="commit",
+            status="copied unchanged into the renamed package",
+        ),
+        Link(
+            "flash-sparse-attn 2.0.6",
+            "https://pypi.org/project/flash-sparse-attn/2.0.6/",
+            date="2026-09-09",
+            kind="release",
+            status="latest; the function kept in flash_sparse_attn/deprecated/, not exported",
+        ),
+        Link(
+            "flash_dmattn_flex.py at v1.2.2",
+            "https://github.com/SmallDoges/flash-dmattn/blob/1dcc395d495318c3f0cee27353b9afadc3928650/flash_dmattn/flash_dmattn_flex.py",
+        ),
+        Link(
+            "API reference at v1.2.2 (backend table, lines 85-121)",
+            "https://github.com/SmallDoges/flash-dmattn/blob/1dcc395d495318c3f0cee27353b9afadc3928650/docs/api_reference.md",
+        ),
+        Link(
+            "transformers' compile_friendly_flex_attention (read at 2ccc6ca)",
+            "https://github.com/huggingface/transformers/blob/2ccc6cae21faaf11631efa5fb9054687ae5dc931/src/transformers/integrations/flex_attention.py",
+        ),
+    ),
+)
+
+AUDIT_RECORD = "audit-dmattn-flex.json"
+
+GPU_RECORD = f"data/gpu/{META.id}-h200.json"
+
+GPU_COMMAND = f"workbench repro {META.id} --device cuda --record {GPU_RECORD}"
+
+# check of the audit -> (the first case it failed on, keyword arguments of the call)
+AUDITED: dict[str, tuple[Case, dict[str, Any]]] = {
+    "real-accuracy": (Case((5, 3, 7), heads=2, head_dim=64, dtype="float16", fill="zeros"), {}),
+    "empty-sequences": (Case((3, 0, 4, 0), heads=2, head_dim=64, dtype="float16", fill="zeros"), {}),
+    "custom-scale": (Case((5, 9), heads=2, head_dim=64, dtype="float16", fill="zeros"), {"scale": 0.3}),
+    "fully-masked-rows": (
+        Case((3, 2, 4), seqlens_k=(3, 0, 2), heads=2, head_dim=64, dtype="float16", causal=True, fill="zeros"),
+        {},
+    ),
+    "causal-unequal": (
+        Case((5, 3), seqlens_k=(9, 7), heads=2, head_dim=64, dtype="float16", causal=True, fill="zeros"),
+        {},
+    ),
+    "fuzz:real-accuracy": (Case((1, 2), heads=1, head_dim=64, dtype="bfloat16", fill="zeros"), {}),
+}
+
+CASES = tuple(case for case, _ in AUDITED.values())
+
+STUDY = AUDITED["real-accuracy"][0]  # q=[5, 3, 7]: the picture's batch
+
+GPU_SEEDS = (0, 1, 2)
+
+_RATIO = re.compile(r"(\w+): error [^;]*?\(([\d.e+]+)x PyTorch's own error\)")
+
+IMPLS = ("flex_dmattn_func", "(a) mask as -inf attn_bias", "(b) torch flex_attention + BlockMask", "(c) our varlen_attention")

@@ -1,0 +1,125 @@
+"""What sdpa-cudnn-masked-rows studies: META, the keyless-row cases and the tolerances."""
+
+from __future__ import annotations
+
+import re
+
+from workbench import Case, Fill
+from workbench.postmortem import (
+    Link,
+    Meta,
+)
+
+PT = "https://github.com/pytorch/pytorch"
+
+META = Meta(
+    id="sdpa-cudnn-masked-rows",
+    title="torch SDPA's cuDNN backend gives query rows with no visible key a finite, non-zero output",
+    component="PyTorch / scaled_dot_product_attention, cuDNN backend, boolean attn_mask",
+    category="training bug",
+    impact="a real query row whose boolean mask row is all False (empty key sequence, causal with len_q > len_k) "
+    "gets attention over every key slot instead of 0, and its gradient reaches keys it must not see: silent, cuDNN only",
+    upstream_status="upstream unaware",
+    status_note="no report of this symptom found in the trackers, searched 2026-12-01; the finite mask fill behind it "
+    "was discussed in PR #140837 (2024) and PR #177868 (2026-03, for #177842); the H200 record on torch 2.11 still shows it",
+    our_verdict="found by our audit on an H200 (torch 2.11.0+cu130); the finite-fill mechanism reproduces the recorded "
+    "errors to three digits on the CPU; a GPU probe of the mechanism is written and not yet run",
+    detection="none at run time: outputs are finite; rows whose mask row is all False are non-zero, and differ from "
+    "the math backend's output there (0)",
+    fix_type="workarounds today: zero the rows with no visible key after the call, keep the cuDNN backend off for masked "
+    "calls, or avoid such rows; ours: a varlen kernel that writes 0 there by contract",
+    tags=("attention mask", "fully masked rows", "silent error", "audit finding"),
+    reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-sdpa-cudnn.json); no upstream report
+    published="2026-12-01",
+    links=(
+        Link(
+            "pytorch#103749: SDPA produces NaN with padding mask (fully masked rows)",
+            f"{PT}/issues/103749",
+            "2023-06-16",
+            "issue",
+            "closed",
+        ),
+        Link(
+            "pytorch#131060: add a private _safe_softmax (fully masked rows give 0)",
+            f"{PT}/pull/131060",
+            "2024-07-18",
+            "PR",
+            "closed",
+        ),
+        Link(
+            "pytorch#133882: update fused kernels and call _safe_softmax from SDPA (take 3 of #131863)",
+            f"{PT}/pull/133882",
+            "2024-08-19",
+            "PR",
+            "closed",
+        ),
+        Link(
+            "pytorch#140837: cuDNN bool-mask fill -65504 -> -1024 (diff context shows -65504)",
+            f"{PT}/pull/140837",
+            "2024-11-15",
+            "PR",
+            "closed; reviewers uneasy about the 'magic number'",
+        ),
+        Link(
+            "pytorch#177868: fix the cuDNN attn-mask conversion constant, for #177842",
+            f"{PT}/pull/177868",
+            "2026-03-19",
+            "PR",
+            "closed; whether it landed, and in which release, not established",
+        ),
+        Link(
+            "transformers#48163: cuDNN is already SDPA's default on Hopper with a new enough cuDNN (comment)",
+            "https://github.com/huggingface/transformers/pull/48163",
+            "2026-08-31",
+            "PR",
+            "closed",
+        ),
+        Link(
+            "diffusers#14349: a -inf vs finfo.min fill on a fully masked row gives zeros vs mean(V) (its own cuDNN path)",
+            "https://github.com/huggingface/diffusers/pull/14349",
+            "2026-07-31",
+            "PR",
+            "open",
+        ),
+        Link(
+            "pytorch#196678: cuDNN backward NaN dq with attn_mask, 'default backend' since 2.11 (another bug, same path)",
+            f"{PT}/issues/196678",
+            "2026-09-11",
+            "issue",
+            "closed",
+        ),
+        Link(
+            "sdp_utils.cpp at the commit read: check_prefer_cudnn_attention, can_use_cudnn_attention",
+            f"{PT}/blob/001f694aef6f922b4fdf6d27d59162d27bf3df58/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp",
+        ),
+    ),
+)
+
+# torch's boolean -> additive mask conversion for the cuDNN backend fills False with this finite value
+# (`convert_boolean_attn_mask_cudnn`, "workaround -inf issue with cuDNN"; -65504.0 in PR #140837's diff
+# context). The replica below feeds exactly that additive mask to the math backend.
+CUDNN_FILL = -65504.0
+
+# The two failing cases of the H200 record, exactly (the audit's Context: H=2, D=64, fp16, zero padding).
+FULLY = Case((3, 2, 4), seqlens_k=(3, 0, 2), heads=2, head_dim=64, dtype="float16", causal=True, seed=0, fill=Fill.ZEROS)
+
+UNEQUAL = Case((6, 9), seqlens_k=(4, 9), heads=2, head_dim=64, dtype="float16", causal=True, seed=1, fill=Fill.ZEROS)
+
+CASES = (FULLY, UNEQUAL)
+
+CHECK_OF = {FULLY: "fully-masked-rows", UNEQUAL: "causal-unequal"}
+
+POISONED = {FULLY: True, UNEQUAL: False}  # as the audit's checks probed them
+
+TENSORS = ("out", "dq", "dk", "dv")
+
+RECORD_TOLERANCE = 0.02  # relative: the record prints 3 significant digits; cuDNN rounds its output to fp16 itself
+
+_ERROR = re.compile(r"(out|dq|dk|dv): error ([0-9.e+-]+) > bound ([0-9.e+-]+) \(([0-9.e+-]+)x PyTorch's own error\)")
+
+# (lengths q, lengths k) of each probed layout: the record's two, and a larger bf16-sized one.
+GPU_LAYOUTS = {
+    "fully-masked-rows": ((3, 2, 4), (3, 0, 2)),
+    "causal-unequal": ((6, 9), (4, 9)),
+    "larger": ((300, 64, 128, 17), (0, 40, 128, 5)),
+}

@@ -1,0 +1,135 @@
+"""Post-mortem te-thd-2892: real vs padded cu_seqlens in TransformerEngine's THD attention, FP8
+alignment padding and VERL's identical-boundaries workaround (NVIDIA/TransformerEngine#2892).
+
+TransformerEngine needs compiled CUDA extensions that cannot be built here (nor on the GPU
+image), so nothing on this page runs TE itself. Every claim says what produced its evidence:
+a reading of TE's source at a named commit, our replica of a mechanism (the contract as one
+masked matmul, `workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model
+(`workbench.tinylm`), or our own kernel (`kernels.varlen_attention`).
+
+The study, one function per part:
+
+1. `workaround_error` / `contract_error` / `workaround_sweep`: what `cu_seqlens = cu_seqlens_padded`
+   (VERL's workaround) does to real rows of attention, causal and not;
+2. `train_three_ways` / `bidirectional_seeds` / `health_runs`: the same on a tiny model's training
+   (causal: nothing; bidirectional: several seeds; per-parameter gradient norms by padding share);
+3. `fp8_study`: blockwise FP8 scales from real rows, from every row, and from every row with the
+   padding zeroed;
+4. `tail_blind` / `zero_tail`: a backend that never writes the rows after `cu_seqlens[-1]`, and
+   the workaround of zeroing them;
+5. `auto_detect_table`: TE's `pad_between_seqs` auto-detect, transcribed from two commits;
+6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), `te_recipe` (TE's THD padding test
+   on our kernel), `cast_study` (the Triton interpreter's e4m3 cast).
+
+`reproduce()` runs them all and returns `TeResults`; `claims` checks them.
+"""
+
+from postmortems.te_thd_2892.cases import (
+    CASES,
+    FP8_CASE,
+    HEALTH_FRACTIONS,
+    HEALTH_PARAMS,
+    META,
+    TE_DOCSTRING,
+    TE_MAIN,
+    TE_V2_12,
+    TRAINING_RUNS,
+    padding_case,
+)
+from postmortems.te_thd_2892.claims import claims
+from postmortems.te_thd_2892.figures import (
+    auto_detect_table,
+    cast_table,
+    fp8_table,
+    plot_contract,
+    plot_fp8,
+    plot_gradient_health,
+    plot_rope,
+    plot_seeds,
+    plot_workaround_sweep,
+    rope_table,
+    seeds_table,
+    seqpar_table,
+    training_table,
+    workaround_table,
+)
+from postmortems.te_thd_2892.mechanism import (
+    _quantized,
+    auto_detect,
+    cast_study,
+    contract_error,
+    fp8_study,
+    layout_contract,
+    pad_between_seqs_main,
+    pad_between_seqs_v2_12,
+    rope_study,
+    te_recipe,
+    workaround_error,
+    workaround_sweep,
+)
+from postmortems.te_thd_2892.study import TeResults, fp8_zero_padding_scales_equal, reproduce
+from postmortems.te_thd_2892.training import (
+    bidirectional_seeds,
+    health_runs,
+    padded_batch,
+    qkv_norm_ratio,
+    tail_blind,
+    train_three_ways,
+    zero_tail,
+)
+from workbench.layout import Case, Fill, pack
+from workbench.postmortem import table
+
+__all__ = [
+    "CASES",
+    "Case",
+    "FP8_CASE",
+    "Fill",
+    "HEALTH_FRACTIONS",
+    "HEALTH_PARAMS",
+    "META",
+    "TE_DOCSTRING",
+    "TE_MAIN",
+    "TE_V2_12",
+    "TRAINING_RUNS",
+    "TeResults",
+    "_quantized",
+    "auto_detect",
+    "auto_detect_table",
+    "bidirectional_seeds",
+    "cast_study",
+    "cast_table",
+    "claims",
+    "contract_error",
+    "fp8_study",
+    "fp8_table",
+    "fp8_zero_padding_scales_equal",
+    "health_runs",
+    "layout_contract",
+    "pack",
+    "pad_between_seqs_main",
+    "pad_between_seqs_v2_12",
+    "padded_batch",
+    "padding_case",
+    "plot_contract",
+    "plot_fp8",
+    "plot_gradient_health",
+    "plot_rope",
+    "plot_seeds",
+    "plot_workaround_sweep",
+    "qkv_norm_ratio",
+    "reproduce",
+    "rope_study",
+    "rope_table",
+    "seeds_table",
+    "seqpar_table",
+    "table",
+    "tail_blind",
+    "te_recipe",
+    "train_three_ways",
+    "training_table",
+    "workaround_error",
+    "workaround_sweep",
+    "workaround_table",
+    "zero_tail",
+]

@@ -1,0 +1,247 @@
+"""The claims of te-thd-2892, checked on reproduce()'s results."""
+
+from __future__ import annotations
+
+import math
+
+from kernels import INTERPRETED
+from postmortems.te_thd_2892.cases import HEALTH_FRACTIONS, HEALTH_STEPS, TE_MAIN, TE_V2_12, TRAINING_RUNS, WORKAROUND_FRACTION
+from postmortems.te_thd_2892.study import TeResults
+from postmortems.te_thd_2892.training import qkv_norm_ratio
+from workbench.postmortem import (
+    OURS,
+    REPLICA,
+    TOY,
+    Claims,
+    source_at,
+)
+
+claims = Claims()
+
+
+@claims(
+    "TE's pad_between_seqs auto-detect, 2.12 to 2.17.1: a batch padded only at its end, or VERL's equal boundaries, "
+    "reads as no padding between sequences",
+    evidence=source_at(TE_V2_12),
+)
+def _auto_detect_old(r: TeResults):
+    found = {name: old for name, (old, _) in r.auto_detect.items()}
+    names = list(found)
+    holds = found[names[0]] and not found[names[1]] and not found[names[2]] and not found[names[3]]
+    return holds, "; ".join(f"{name}: {value}" for name, value in found.items())
+
+
+@claims(
+    "TE main (PR #2898, v2.18): any padded tensor that is not the very object passed as cu_seqlens counts as padding "
+    "between sequences, VERL's equal values included",
+    evidence=source_at(TE_MAIN),
+)
+def _auto_detect_new(r: TeResults):
+    found = {name: new for name, (_, new) in r.auto_detect.items()}
+    names = list(found)
+    holds = found[names[0]] and found[names[1]] and found[names[2]] and not found[names[3]]
+    return holds, "; ".join(f"{name}: {value}" for name, value in found.items())
+
+
+@claims(
+    "VERL's workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it",
+    evidence=REPLICA,
+)
+def _workaround_noncausal(r: TeResults):
+    points = r.workaround_sweep[False]
+    padded = [c for f, c in points if f > 0]
+    errors = [c.error for c in padded]
+    kernel, right = r.workaround_kernel[False], r.contract[False]
+    holds = (
+        points[0][1].within
+        and not any(c.within for c in padded)
+        and errors == sorted(errors)
+        and not kernel.within
+        and right.within
+    )
+    return holds, "errors " + ", ".join(f"{f:.2f}: {c.error:.3f}" for f, c in points) + (
+        f"; our kernel at {WORKAROUND_FRACTION}: {kernel.error:.3f}; called right: {right.error:.2g}"
+    )
+
+
+@claims(
+    "VERL's workaround, causal attention with padding at each sequence's end: REAL rows within the bound at every fraction",
+    evidence=REPLICA,
+)
+def _workaround_causal(r: TeResults):
+    points = r.workaround_sweep[True]
+    kernel = r.workaround_kernel[True]
+    worst = max(c.ratio for _, c in points)
+    return all(
+        c.within for _, c in points
+    ) and kernel.within, f"worst {worst:.2f} x PyTorch over {len(points)} fractions; our kernel {kernel.ratio:.2f} x"
+
+
+@claims("causal toy trained with the workaround: loss identical to the correct run at every step", evidence=TOY)
+def _training_causal(r: TeResults):
+    correct, workaround = (r.training[name][0] for name in TRAINING_RUNS[:2])
+    return workaround.losses == correct.losses, f"{len(correct.losses)} steps, final loss {correct.final_loss:.4f} both"
+
+
+@claims(
+    "bidirectional toy, padding to multiples of 16: the workaround's training loss ends higher in most seeds, "
+    "but its held-out loss does not (the sign changes with the seed)",
+    evidence=TOY,
+)
+def _training_bidirectional(r: TeResults):
+    train_gaps = [s.train_gap for s in r.seeds]
+    held_gaps = [s.heldout_gap for s in r.seeds]
+    higher = sum(g > 0 for g in train_gaps)
+    holds = higher > len(train_gaps) / 2 and any(g > 0 for g in held_gaps) and any(g < 0 for g in held_gaps)
+    return holds, (
+        f"{len(train_gaps)} seeds; training gap {min(train_gaps):+.3f} to {max(train_gaps):+.3f} (higher in {higher}); "
+        f"held-out gap {min(held_gaps):+.3f} to {max(held_gaps):+.3f}"
+    )
+
+
+@claims(
+    f"bidirectional toy, {HEALTH_FRACTIONS[0]:.0%} padding: the workaround's qkv gradient norms fall below half the correct run's "
+    "(padding keys dilute attention)",
+    evidence=TOY,
+)
+def _health(r: TeResults):
+    ratio = qkv_norm_ratio(r.health)
+    return ratio < 0.5, f"mean qkv gradient norm over the last 10 of {HEALTH_STEPS} steps, workaround / correct = {ratio:.2f}"
+
+
+@claims(
+    "padding only at the end through a backend that never writes the tail, in poisoned memory: NaN gradients at the first step; "
+    "zeroing the tail rows of out and dq/dk/dv restores the correct run",
+    evidence=REPLICA,
+)
+def _tail_blind(r: TeResults):
+    end, blind, zeroed = (r.training[name] for name in TRAINING_RUNS[2:])
+    chain = blind[1].causal_chain()
+    holds = (
+        math.isfinite(blind[0].losses[0])
+        and all(math.isnan(x) for x in blind[0].losses[1:])
+        and chain.origin is not None
+        and chain.origin.step == 0
+        and max(abs(a - b) for a, b in zip(zeroed[0].losses, end[0].losses)) < 1e-5
+    )
+    return holds, (
+        f"tail-blind: first non-finite gradient at step {chain.origin.step if chain else '-'} in {chain.first_parameter}; "
+        f"tail zeroed: final loss {zeroed[0].final_loss:.4f}, correct backend {end[0].final_loss:.4f} (every step within 1e-5)"
+    )
+
+
+@claims("FP8 scales from REAL rows: REAL-row error within the FP8 bound whatever the padding holds", evidence=REPLICA)
+def _fp8_real(r: TeResults):
+    checks = {fill: c for (fill, scales), c in r.fp8.items() if scales == "real"}
+    return all(c.within for c in checks.values()), ", ".join(
+        f"{fill}: {c.error:.3f} <= {c.bound:.3f}" for fill, c in checks.items()
+    )
+
+
+@claims("FP8 scales from all rows: a huge padding row rounds real tokens to 0, a NaN row makes them NaN", evidence=REPLICA)
+def _fp8_all(r: TeResults):
+    huge, nan = r.fp8[("huge", "all")], r.fp8[("nan", "all")]
+    return huge.ratio > 10 * huge.factor and math.isnan(
+        nan.error
+    ), f"huge: error {huge.error:.3g} ({huge.error / huge.bound:.0f} x bound); NaN: error {nan.error}"
+
+
+@claims(
+    "FP8 scales from all rows with the padding rows zeroed: scales and codes identical to scales from REAL rows", evidence=REPLICA
+)
+def _fp8_zeros(r: TeResults):
+    zero = r.fp8[("zeros", "all")]
+    return (
+        r.fp8_zero_scales_equal and zero.within,
+        f"scales and codes equal: {r.fp8_zero_scales_equal}; error {zero.error:.3f} <= {zero.bound:.3f}",
+    )
+
+
+@claims(
+    "our kernel on TE's docstring layout: padded output shape, padding rows exactly 0 in out/dq/dk/dv, REAL rows within bound",
+    evidence=OURS,
+)
+def _layout(r: TeResults):
+    record = r.layout
+    shape = tuple(record.tensors["out"].shape)
+    holds = shape == (13, 2, 16) and record.padding_exactly_zero and record.real_finite and record.real_within_bound
+    worst = max(c.ratio for c in record.errors.values())
+    return (
+        holds,
+        f"out {shape} for cu_seqlens_q_padded[-1] = 13; padding zero {record.padding_exactly_zero} (NaN inputs, poisoned memory); worst {worst:.2f} x PyTorch",
+    )
+
+
+@claims(
+    "TE's own THD padding test (0-3 padding rows per sequence, unpadded reference) passes on our kernel, TE's fp16 tolerance and our bound",
+    evidence=OURS,
+)
+def _recipe(r: TeResults):
+    result = r.recipe
+    return (
+        result.te_passes and result.within_bound and result.padding_max_abs == 0.0,
+        f"pads {result.pads}; TE margin max {max(result.te_error.values()):.2g} <= {result.te_tolerance:g}; padding max |x| {result.padding_max_abs:g}",
+    )
+
+
+@claims(
+    "RoPE positions from cu_seqlens_padded (Megatron-Core MLA's choice): every sequence's real tokens get 0..len-1",
+    evidence=REPLICA,
+)
+def _rope_padded(r: TeResults):
+    study = r.rope
+    return study.consistent, f"{len(study.sequences)} sequences, {int(study.from_padded.numel())} rows"
+
+
+@claims(
+    "RoPE positions from cu_seqlens on a padded layout: a restart inside a sequence corrupts attention; a constant shift does not",
+    evidence=REPLICA,
+)
+def _rope_real(r: TeResults):
+    kinds = {kind: [s for s in r.rope.sequences if s.kind == kind] for kind in ("restarted", "shifted")}
+    holds = (
+        bool(kinds["restarted"])
+        and not any(s.check.within for s in kinds["restarted"])
+        and all(s.check.within for s in kinds["shifted"])
+    )
+    return holds, "; ".join(
+        f"{kind}: " + ", ".join(f"seq {s.index} {s.check.ratio:.3g} x" for s in seqs) for kind, seqs in kinds.items()
+    )
+
+
+@claims(
+    "sizing lesson, our all-gather on 2 processes: sized from cu_seqlens_padded[-1] it reproduces one process exactly",
+    evidence=OURS,
+)
+def _seqpar_padded(r: TeResults):
+    run = r.seqpar.run("padded")
+    return run.exact, f"{r.seqpar.backend}: {run.rows} rows gathered, output torch.equal to one process: {run.exact}"
+
+
+@claims(
+    "sizing lesson: sized from cu_seqlens[-1] the buffer is too small; our check names the boundary and the fix", evidence=OURS
+)
+def _seqpar_real(r: TeResults):
+    study = r.seqpar
+    checked, raw = study.run("real"), study.run("real", validate=False)
+    clear = all(
+        e and e.startswith("SizingError") and "cu_seqlens[-1]" in e and "cu_seqlens_padded[-1]" in e for e in checked.errors
+    )
+    return clear and raw.out is None, (
+        f"{checked.rows} real rows vs {study.layout_rows} in the layout; unchecked, torch says: {raw.error.split(':', 1)[0] if raw.error else 'nothing'}"
+    )
+
+
+@claims(
+    "fp32 -> e4m3: Triton's own cast differs from torch's only under the interpreter; our quantizer's explicit rounding matches torch",
+    evidence=OURS,
+)
+def _cast(r: TeResults):
+    values, sample = r.cast["values"], r.cast["sample"]
+    differs = values["triton_differs"] > 0 and sample["triton_differs"] > 0
+    holds = differs == INTERPRETED and values["quantizer_matches"] and sample["quantizer_matches"]
+    where = "interpreted" if INTERPRETED else "native"
+    return holds, (
+        f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; "
+        f"quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}"
+    )

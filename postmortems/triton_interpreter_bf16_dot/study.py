@@ -1,0 +1,194 @@
+"""The study: tl.dot in bf16 under the interpreter against the fp32 product, the attention it feeds, the cost of
+the workaround, what compiled Triton does, the interpreter's source, and reproduce()."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from kernels import DEVICE, INTERPRETED, varlen_attention
+from kernels.interpreter import (
+    native_dots,
+    report,
+    run_interpreted,
+    single_block_attention,
+)
+from postmortems.triton_interpreter_bf16_dot.cases import BF16, CASES, FIXED, META, REPRODUCTION, TIMING_REPEATS, WORKAROUND
+from workbench import pack, probe
+from workbench.postmortem import (
+    Results,
+    gpu_records,
+)
+
+
+def _attention_row(impl: str, record) -> dict[str, Any]:
+    return {
+        "impl": impl,
+        "dtype": record.case.dtype,
+        "real_finite": record.real_finite,
+        "real_within_bound": record.real_within_bound,
+        "padding_exactly_zero": record.padding_exactly_zero,
+        "errors": {name: {"error": e.error, "bound": e.bound, "ratio": e.ratio} for name, e in record.errors.items()},
+    }
+
+
+def attention_study() -> list[dict[str, Any]]:
+    """A user's bf16 reproduction (no workaround) next to fp32/fp16, the workaround, and our
+    fixed kernel forward and backward, each probed against the fp64 oracle."""
+    rows = [_attention_row(REPRODUCTION, probe(single_block_attention, pack(case), backward=False)) for case in CASES]
+    bf16 = pack(BF16)
+    rows.append(_attention_row(WORKAROUND, probe(partial(single_block_attention, upcast=True), bf16, backward=False)))
+    rows.append(_attention_row(FIXED, probe(varlen_attention, bf16)))
+    return rows
+
+
+def forward_seconds(impl: Callable = varlen_attention, repeats: int = TIMING_REPEATS) -> dict[str, float]:
+    """Best-of-`repeats` forward time of `impl` per dtype, after one warm-up call.
+
+    Under the interpreter the clock is this process's CPU time: the interpreter is single-threaded
+    Python and numpy, and CPU time ignores other jobs on a shared CI machine. Natively it is wall
+    time with the GPU synchronised.
+    """
+    clock = time.process_time if INTERPRETED else time.perf_counter
+    seconds = {}
+    for case in CASES:
+        batch = pack(case, requires_grad=False)
+        batch.call(impl)
+        best = float("inf")
+        for _ in range(repeats):
+            if batch.device.type == "cuda":
+                torch.cuda.synchronize(batch.device)
+            start = clock()
+            batch.call(impl)
+            if batch.device.type == "cuda":
+                torch.cuda.synchronize(batch.device)
+            best = min(best, clock() - start)
+        seconds[case.dtype] = best
+    return seconds
+
+
+def study() -> dict[str, Any]:
+    """Everything this post-mortem measures, in this process's mode. JSON-ready."""
+    return {"detector": report(), "attention": attention_study(), "forward_seconds": forward_seconds()}
+
+
+def compiled() -> dict[str, dict[str, Any]]:
+    """The 16x16 dot kernel compiled for sm_90 with the upcast flag off and on (no GPU needed)."""
+    return {
+        "on" if flag else "off": asdict(native) | {"mma": list(native.mma), "operand_type": native.operand_type}
+        for flag, native in native_dots().items()
+    }
+
+
+def interpreter_source() -> dict[str, str]:
+    """The installed interpreter's bf16 storage rule and its `create_dot`, verbatim."""
+    from triton.runtime import interpreter
+
+    storage = [line for line in inspect.getsource(interpreter._get_np_dtype).splitlines() if "bfloat16" in line]
+    return {"storage": "\n".join(storage), "create_dot": inspect.getsource(interpreter.InterpreterBuilder.create_dot)}
+
+
+@dataclass
+class StudyResults(Results):
+    """What reproduce() measured, JSON-ready: the interpreter's study, the native one (None on a
+    CPU machine), the dot kernel compiled for sm_90, the installed interpreter's source of the bug,
+    and the GPU runs recorded under data/gpu/ (`gpu_records(META)`)."""
+
+    interpreter: dict[str, Any]
+    native: dict[str, Any] | None
+    compiled: dict[str, dict[str, Any]]
+    source: dict[str, str]
+    gpu: list[dict[str, Any]]
+
+
+def reproduce(device: str | torch.device | None = None) -> StudyResults:
+    """The interpreter's study (here, or in a child process when this one is native), the native
+    study when this process runs on a GPU, the native compilation of the dot kernel, the
+    interpreter's source, and the recorded GPU runs."""
+    device = DEVICE if device is None else torch.device(device).type
+    if device != DEVICE:
+        raise ValueError(
+            f"reproduce(device={device!r}) but kernels chose {DEVICE!r} at import; run "
+            f"`workbench repro {META.id} --device {device}` (or set WORKBENCH_DEVICE={device})."
+        )
+    here = study()
+    return StudyResults(
+        interpreter=here if INTERPRETED else run_interpreted(__name__),
+        native=None if INTERPRETED else here,
+        compiled=compiled(),
+        source=interpreter_source(),
+        gpu=gpu_records(META),
+    )
+
+
+def _runs(results: StudyResults) -> dict[str, dict[str, Any]]:
+    return {mode: run for mode, run in (("interpreter", results.interpreter), ("native", results.native)) if run is not None}
+
+
+def _recorded(record: dict[str, Any]) -> StudyResults:
+    """A GPU record's results as StudyResults (records written before `source` and `gpu` existed lack them)."""
+    r = record["results"]
+    return StudyResults(r["interpreter"], r["native"], r["compiled"], r.get("source", {}), [])
+
+
+def _interpreter_dot_source() -> str:
+    source = interpreter_source()
+    return source["storage"] + "\n\n" + source["create_dot"]
+
+
+def _workaround_source() -> str:
+    from kernels.varlen import attention_kernels
+
+    return inspect.getsource(getattr(attention_kernels._dot, "fn", attention_kernels._dot))
+
+
+def _upcast_decision_source() -> str:
+    from kernels.varlen import launch
+
+    deciders = [inspect.getsource(f) for name, f in vars(launch).items() if "upcast" in name.lower() and inspect.isfunction(f)]
+    passes = [line.strip() for line in inspect.getsource(launch).splitlines() if "DOT_UPCAST=" in line]
+    return "\n".join(deciders + ["# passed as:"] + passes)
+
+
+LISTINGS: dict[str, Callable[[], str]] = {
+    "interpreter create_dot": _interpreter_dot_source,  # the installed Triton's interpreter
+    "our _dot": _workaround_source,  # kernels/varlen/attention_kernels.py
+    "upcast decision": _upcast_decision_source,  # kernels/varlen/launch.py
+}
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Source code as it is now, printed verbatim: `listing(name)` in a notebook cell. A test
+    re-renders every listing a committed notebook shows and compares (tests/test_registry.py)."""
+
+    name: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+
+def listing(name: str) -> Listing:
+    """The current source of `name` (one of LISTINGS), read from the code itself."""
+    if name not in LISTINGS:
+        raise ValueError(f"listing({name!r}): give one of {sorted(LISTINGS)}.")
+    return Listing(name, LISTINGS[name]().rstrip("\n"))
+
+
+def _row(results: StudyResults, impl: str, dtype: str = "bfloat16") -> dict[str, Any]:
+    return next(r for r in results.interpreter["attention"] if r["impl"] == impl and r["dtype"] == dtype)
+
+
+if __name__ == "__main__":  # the child process of `run_interpreted`: the interpreter's study as JSON
+    json.dump(study(), sys.stdout)
