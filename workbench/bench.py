@@ -453,6 +453,10 @@ class Timing:
     peak_mb: float | None = None
     host_ms: float | None = None  # host time to issue one forward+backward (Python, dispatch, launches)
     error: str | None = None
+    # The fastest timed call beside the medians above: how much of a median is noise (records
+    # made before 2026-12-02 lack them).
+    forward_min_ms: float | None = None
+    forward_backward_min_ms: float | None = None
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float:
@@ -477,7 +481,7 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = MIN_ITERS, wind
                 o = run()
                 o.backward(grad)
 
-        forward_ms = time_call(run, warmup=warmup, iters=iters).median_ms
+        forward = time_call(run, warmup=warmup, iters=iters)
         # One untimed pass first, so that the baseline holds what persists across passes (the
         # inputs' .grad, allocated once) and nothing one-off (tile timing) lands in the peak:
         # the peak is then the pass's own working memory, comparable between implementations.
@@ -486,9 +490,15 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = MIN_ITERS, wind
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         timed = time_call(forward_backward, warmup=warmup, iters=iters)
-        fb_ms, host_ms = timed.median_ms, timed.host_ms
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        return Timing(forward_ms, fb_ms, peak, host_ms)
+        return Timing(
+            forward.median_ms,
+            timed.median_ms,
+            peak,
+            timed.host_ms,
+            forward_min_ms=forward.min_ms,
+            forward_backward_min_ms=timed.min_ms,
+        )
     except Exception as exc:  # a peer that cannot run a configuration is a result, not a crash
         return Timing(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
 
@@ -901,7 +911,7 @@ def rows_from_record(record: dict) -> list[Row]:
         Row(
             r["workload"],
             r["impl"],
-            Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms
+            Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms and the minima
             r["tflops_fwd"],
             r["tflops_fwd_bwd"],
             r["gbs_fwd"],
