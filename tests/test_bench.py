@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kernels import default_device
-from workbench.bench import Row, Timing, Workload, format_table, long_tailed_lengths, run_benchmark, workloads
+from workbench.bench import Row, Timing, Workload, long_tailed_lengths, run_benchmark, workloads
+from workbench.bench_report import format_table
 from workbench.layout import Case
 
 
@@ -73,7 +74,7 @@ def test_benchmark_without_cuda_says_so():
 
 
 def _record(tmp_path, rows):
-    from workbench.bench import to_record
+    from workbench.bench_report import to_record
     from workbench.records import write_record
 
     payload = to_record(rows, tiles=[{"kernel": "forward", "tile": "128x64 w8 s3"}])
@@ -81,7 +82,7 @@ def _record(tmp_path, rows):
 
 
 def test_records_round_trip_to_the_same_table(tmp_path):
-    from workbench.bench import records_table
+    from workbench.bench_report import records_table
     from workbench.records import load_records
 
     rows = [
@@ -106,7 +107,7 @@ def test_plot_has_one_bar_per_successful_run(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from workbench.bench import plot_records
+    from workbench.bench_report import plot_records
 
     rows = [
         Row("a", "ours", Timing(1.0, 2.0, 10.0), 100.0, 90.0, 500.0),
@@ -145,7 +146,7 @@ def test_compile_candidates_runs_forward_and_backward_pinned(monkeypatch):
 
 
 def test_targets_judge_the_worst_configuration():
-    from workbench.bench import format_targets, targets
+    from workbench.bench_report import format_targets, targets
 
     rows = [
         Row(
@@ -197,7 +198,7 @@ def test_targets_judge_the_worst_configuration():
 
 def test_kernel_times_attribute_a_class_to_its_first_workload():
     from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
-    from workbench.bench import kernel_times, to_record
+    from workbench.bench_report import kernel_times, to_record
 
     named = {w.name: w for w in workloads()}
     first, second = "16k long-tail (297 docs) d128 causal", next(n for n in named if n.startswith("16k short"))
@@ -217,7 +218,7 @@ def test_kernel_times_attribute_a_class_to_its_first_workload():
 
 
 def test_host_times_compare_our_host_time_with_the_gpu_time_and_varlen_attn():
-    from workbench.bench import format_host_times, host_times
+    from workbench.bench_report import format_host_times, host_times
 
     rows = [
         Row("short", "ours", Timing(0.3, 1.5, 10.0, host_ms=1.5)),
@@ -234,7 +235,7 @@ def test_host_times_compare_our_host_time_with_the_gpu_time_and_varlen_attn():
 
 
 def test_profile_record_lists_every_kernel_and_a_missing_one_says_how_to_get_it(tmp_path):
-    from workbench.bench import format_profile, load_profile
+    from workbench.bench_report import format_profile, load_profile
 
     profile = load_profile()
     assert profile["provenance"]["command"].startswith("ncu ")
@@ -249,7 +250,7 @@ def test_ratio_plot_has_one_bar_per_peer_and_workload_and_names_on_the_y_axis(tm
     import matplotlib
 
     matplotlib.use("Agg")
-    from workbench.bench import plot_ratios, ratios_by_workload
+    from workbench.bench_report import plot_ratios, ratios_by_workload
 
     ratios = {"torch varlen_attn": 1.4, "torch varlen_attn (fwd)": 1.5, "FlexAttention (compiled)": 0.9}
     rows = [
@@ -265,7 +266,7 @@ def test_ratio_plot_has_one_bar_per_peer_and_workload_and_names_on_the_y_axis(tm
 
 
 def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
-    from workbench.bench import merge_records, to_record
+    from workbench.bench_report import merge_records, to_record
     from workbench.records import write_record
 
     a = write_record(
@@ -300,7 +301,7 @@ def test_bench_refuses_fewer_than_20_timed_calls(capsys):
 
 
 def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
-    from workbench.bench import TIMINGS_HEADER, timings_table
+    from workbench.bench_report import TIMINGS_HEADER, timings_table
 
     rows = [Row(f"w{i}", "ours", Timing(1.0, 2.0, 10.0, 0.5), 100.0, 90.0, 500.0) for i in range(20)]
     rows.append(Row("w20", "SDPA dense (flash)", Timing(error="RuntimeError: no kernel")))

@@ -1,0 +1,453 @@
+"""What a benchmark run means: the contract's cost, the performance targets, kernel and host
+times, the tables, and the records read back, merged and plotted (the performance notebook).
+
+`workbench.bench` runs the benchmark and writes its record; this module only reads rows and
+records, so a CPU machine renders the committed GPU records with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.bench import Row, Timing, ratio, workloads
+from workbench.provenance import GPU_DATA
+from workbench.records import read_record
+
+
+def _our_rows(rows: list[Row]) -> dict[str, Row]:
+    return {r.workload: r for r in rows if r.impl == "ours" and not r.timing.error}
+
+
+def contract_costs(rows: list[Row]) -> dict[str, float]:
+    """Per padded workload: our forward+backward time over the same batch unpadded, minus 1."""
+    ours = _our_rows(rows)
+    costs = {}
+    for name, row in ours.items():
+        if "padded" in name:
+            unpadded = next((r for n, r in ours.items() if n != name and n.startswith(name.split(" padded")[0])), None)
+            if unpadded:
+                costs[name] = ratio(row.timing.forward_backward_ms, unpadded.timing.forward_backward_ms) - 1
+    return costs
+
+
+EQUAL_D128 = "8x2048 d128"  # the equal-length head-dim-128 workloads, causal and not
+VALIDATE_AT = "8x2048"  # where the cost of validate=True is judged
+# The ratio each must reach (FlashAttention-4's on d128 workloads only, where real models live).
+PEERS = {"torch varlen_attn": 1.3, "FlexAttention (compiled)": 1.0, "SDPA dense (cuDNN)": 0.8, "FlashAttention-4 varlen": 0.8}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 17's targets, judged on its worst case over the configurations it covers."""
+
+    name: str
+    measured: float
+    bound: float
+    at_least: bool  # met when measured >= bound (else measured <= bound)
+    worst_case: str
+
+    @property
+    def met(self) -> bool:
+        return self.measured >= self.bound if self.at_least else self.measured <= self.bound
+
+
+def _worst(name: str, values: dict[str, float], bound: float, at_least: bool) -> Target | None:
+    values = {k: v for k, v in values.items() if not math.isnan(v)}
+    if not values:
+        return None
+    where = (min if at_least else max)(values, key=lambda k: values[k])
+    return Target(name, values[where], bound, at_least, where)
+
+
+def _variant_ratio(rows: list[Row], variant: str, field_: str, prefix: str = "") -> dict[str, float]:
+    """Per workload (name starting with `prefix`): our `variant` row's `field_` over plain ours', minus 1."""
+    ours = _our_rows(rows)
+    found = {}
+    for r in rows:
+        if r.impl == variant and not r.timing.error and r.workload in ours and r.workload.startswith(prefix):
+            base = getattr(ours[r.workload].timing, field_)
+            value = getattr(r.timing, field_)
+            if base and value:
+                found[r.workload] = value / base - 1
+    return found
+
+
+def targets(rows: list[Row]) -> list[Target]:
+    """Issue 17's targets (bf16, ratios from one run), each with its worst configuration;
+    a target whose peers did not run is left out."""
+    ours = _our_rows(rows)
+    by_impl = {(r.workload, r.impl): r for r in rows if not r.timing.error}
+    equal = {w: r for w, r in ours.items() if w.startswith(EQUAL_D128)}
+    found = [
+        _worst(
+            f"forward+backward >= {bound}x {peer}, every workload it runs",
+            {w: r.ratios[peer] for w, r in ours.items() if peer in r.ratios},
+            bound,
+            True,
+        )
+        for peer, bound in PEERS.items()
+        if peer not in ("SDPA dense (cuDNN)", "FlashAttention-4 varlen")
+    ]
+    fa4 = "FlashAttention-4 varlen"
+    found.append(
+        _worst(
+            f"forward+backward >= {PEERS[fa4]}x {fa4}, every d128 workload it runs",
+            {w: r.ratios[fa4] for w, r in ours.items() if fa4 in r.ratios and " d128" in w},
+            PEERS[fa4],
+            True,
+        )
+    )
+    cudnn = "SDPA dense (cuDNN)"
+    found += [
+        _worst(
+            f"forward+backward >= {PEERS[cudnn]}x {cudnn}, d128 equal lengths",
+            {w: r.ratios[cudnn] for w, r in equal.items() if cudnn in r.ratios},
+            PEERS[cudnn],
+            True,
+        ),
+        _worst(
+            f"forward >= {PEERS[cudnn]}x {cudnn}, d128 equal lengths",
+            {w: r.ratios[cudnn + " (fwd)"] for w, r in equal.items() if cudnn + " (fwd)" in r.ratios},
+            PEERS[cudnn],
+            True,
+        ),
+        _worst(
+            "validate=True costs <= 5% over validate=False, forward, same metadata (8x2048)",
+            _variant_ratio(rows, "ours validate=True", "forward_ms", VALIDATE_AT),
+            0.05,
+            False,
+        ),
+        _worst(
+            "validate=True costs <= 5% over validate=False, forward+backward, same metadata (8x2048)",
+            _variant_ratio(rows, "ours validate=True", "forward_backward_ms", VALIDATE_AT),
+            0.05,
+            False,
+        ),
+        _worst(
+            "validate=True costs <= 5%, forward+backward, new metadata each call (8x2048)",
+            _variant_ratio(rows, "ours validate=True, new metadata", "forward_backward_ms", VALIDATE_AT),
+            0.05,
+            False,
+        ),
+        _worst(
+            "host time of one forward+backward <= torch varlen_attn's (ratio)",
+            {
+                w: ratio(r.timing.host_ms, by_impl[(w, "torch varlen_attn")].timing.host_ms)
+                for w, r in ours.items()
+                if (w, "torch varlen_attn") in by_impl and r.timing.host_ms and by_impl[(w, "torch varlen_attn")].timing.host_ms
+            },
+            1.0,
+            False,
+        ),
+        _worst(
+            "whole step captured in a CUDA graph: replay time over eager, forward+backward (benchmarked)",
+            {w: c + 1 for w, c in _variant_ratio(rows, "ours CUDA graph", "forward_backward_ms").items()},
+            1.0,
+            False,
+        ),
+        _worst(
+            "padded layout (align 64, tail 256) costs <= 5% over unpadded, forward+backward", contract_costs(rows), 0.05, False
+        ),
+        _worst(
+            "peak memory of forward+backward <= torch varlen_attn's (ratio)",
+            {
+                w: ratio(r.timing.peak_mb, by_impl[(w, "torch varlen_attn")].timing.peak_mb)
+                for w, r in ours.items()
+                if (w, "torch varlen_attn") in by_impl and by_impl[(w, "torch varlen_attn")].timing.peak_mb
+            },
+            1.0,
+            False,
+        ),
+    ]
+    return [t for t in found if t is not None]
+
+
+def kernel_times(record: dict) -> dict[str, dict[str, float]]:
+    """Per workload of the record, our attention kernels alone beside the op as the benchmark
+    timed it: the tuner's median of each chosen tile (one kernel, L2 flushed, from the record's
+    `tiles`) and the op's forward and forward+backward times. What the op adds on top is the
+    work lists, the padding fills, the delta pass, autograd's .grad accumulation and the host
+    dispatch where it cannot keep ahead of the GPU (short documents). A shape class is timed on
+    the first call that reaches it, so a later workload of the same class is left out."""
+    from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
+
+    # Records from before sliding windows lack the field: their classes had none.
+    tiles = {tuple(t.get(f, False) if f == "sliding" else t[f] for f in SHAPE_CLASS_FIELDS): t for t in record["tiles"]}
+    ours = _our_rows(rows_from_record(record))
+    found, timed = {}, set()
+    for w in workloads():  # the benchmark's order: a class is timed on its first workload only
+        if w.name not in ours:
+            continue
+        c = w.case
+        chosen = {}
+        for kernel, side in (("forward", "q"), ("dkdv", "k"), ("dq", "q")):
+            key = shape_class(
+                kernel,
+                c.torch_dtype,
+                c.heads,
+                c.head_dim,
+                c.total_rows(side),
+                c.batch,
+                c.causal,
+                c.heads // (c.kv_heads or c.heads),
+                w.sliding,
+            )
+            if key in tiles and key not in timed:
+                chosen[kernel] = tiles[key]["timings_ms"].get(tiles[key]["tile"], math.nan)
+            timed.add(key)
+        if len(chosen) == 3:
+            t = ours[w.name].timing
+            found[w.name] = {
+                "forward kernel": chosen["forward"],
+                "forward op": t.forward_ms,
+                "all kernels": sum(chosen.values()),
+                "forward+backward op": t.forward_backward_ms,
+            }
+    return found
+
+
+def format_kernel_times(times: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'workload':<44} {'fwd kernel':>10} {'fwd op':>7} {'kernels':>8} {'f+b op':>7} {'kernels/op':>10}"]
+    for name, t in times.items():
+        lines.append(
+            f"{name:<44} {t['forward kernel']:>10.3f} {t['forward op']:>7.3f} {t['all kernels']:>8.3f} "
+            f"{t['forward+backward op']:>7.3f} {t['all kernels'] / t['forward+backward op']:>10.0%}"
+        )
+    return "\n".join(lines)
+
+
+def host_times(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per workload, our host time to issue one forward+backward beside the GPU time per call
+    (back to back), and varlen_attn's host time where it ran. Host time at or above the GPU
+    time means the host, not the GPU, sets the pace: the kernels wait for their launches."""
+    peers = {r.workload: r for r in rows if r.impl == "torch varlen_attn" and not r.timing.error}
+    found = {}
+    for name, r in _our_rows(rows).items():
+        if r.timing.host_ms is None:
+            continue  # a record from before host times were measured
+        peer = peers.get(name)
+        found[name] = {
+            "host ms": r.timing.host_ms,
+            "f+b ms": r.timing.forward_backward_ms if r.timing.forward_backward_ms is not None else math.nan,
+            "varlen_attn host ms": peer.timing.host_ms if peer and peer.timing.host_ms else math.nan,
+        }
+    return found
+
+
+def format_host_times(times: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'workload':<44} {'host ms':>8} {'f+b ms':>7} {'host/GPU':>8} {'varlen_attn host ms':>20}"]
+    for name, t in times.items():
+        lines.append(
+            f"{name:<44} {t['host ms']:>8.3f} {t['f+b ms']:>7.3f} {t['host ms'] / t['f+b ms']:>8.0%} {t['varlen_attn host ms']:>20.3f}"
+        )
+    return "\n".join(lines)
+
+
+def load_profile(path: Path = GPU_DATA / "ncu-h200.json") -> dict[str, Any]:
+    """The committed Nsight Compute summary of our kernels and FlashAttention-2's (one workload)."""
+    return read_record(path, how="ncu (the committed data/gpu/ncu-h200.json names the command)")
+
+
+def format_profile(profile: dict[str, Any]) -> str:
+    """One line per kernel: time under the profiler, SM throughput, issue, occupancy and its limits."""
+    lines = [
+        f"{'kernel':<48} {'us':>7} {'SM %':>5} {'IPC':>5} {'regs':>4} {'smem KB':>7} {'occ %':>5} {'blocks/SM by regs, smem':>24}"
+    ]
+    for k in profile["kernels"]:
+        lines.append(
+            f"{k['kernel']:<48} {k['duration_us']:>7.0f} {k['sm_throughput_pct']:>5.1f} {k['ipc_active']:>5.2f} "
+            f"{k['registers_per_thread']:>4.0f} {k['shared_kb_per_block']:>7.1f} {k['theoretical_occupancy_pct']:>5.1f} "
+            f"{k['block_limit_registers']:>14.0f}, {k['block_limit_shared_mem']:.0f}"
+        )
+    return "\n".join(lines)
+
+
+def format_targets(found: list[Target]) -> str:
+    lines = [f"{'target':<76} {'worst':>7}  {'met':<4} worst case"]
+    for t in found:
+        lines.append(f"{t.name:<76} {t.measured:>7.3f}  {'yes' if t.met else 'NO':<4} {t.worst_case}")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+TIMINGS_HEADER = ("workload", "impl", "fwd ms", "f+b ms", "fwd TF/s", "f+b TF/s", "fwd GB/s", "peak MB", "host ms")
+
+
+def timings_table(rows: list[Row]):
+    """One line per (workload, implementation) measured: a `workbench.postmortem.Table` (text in a
+    terminal, an HTML table folded past its first rows on the site)."""
+    from workbench.postmortem import table
+
+    cells = []
+    for r in rows:
+        t = r.timing
+        if t.error:
+            cells.append((r.workload, r.impl, f"failed: {t.error}", *["-"] * 6))
+            continue
+        cells.append(
+            (
+                r.workload,
+                r.impl,
+                f"{t.forward_ms:.3f}",
+                f"{t.forward_backward_ms:.3f}",
+                f"{r.tflops_fwd:.1f}",
+                f"{r.tflops_fwd_bwd:.1f}",
+                f"{r.gbs_fwd:.0f}",
+                f"{t.peak_mb:.0f}",
+                _ms(t.host_ms),
+            )
+        )
+    return table(TIMINGS_HEADER, cells, fold=16)
+
+
+def format_table(rows: list[Row]) -> str:
+    """What `workbench bench` prints: the timings, the padding contract's cost, the ratios."""
+    lines = [str(timings_table(rows))]
+    for name, cost in contract_costs(rows).items():
+        lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
+    lines.append("")
+    lines.append("ratios (peer time / our time; > 1 means ours is faster), forward+backward and forward:")
+    for r in rows:
+        if r.impl == "ours" and r.ratios:
+            pairs = ", ".join(f"{k} {v:.2f}x" for k, v in r.ratios.items())
+            lines.append(f"  {r.workload}: {pairs}")
+    return "\n".join(lines)
+
+
+def to_record(rows: list[Row], tiles: list[dict] | None = None) -> dict:
+    """The record's payload (`write_record` adds the provenance); `tiles` is what the tuner chose
+    for our kernel (TUNER.report())."""
+    return {
+        "rows": [
+            {
+                "workload": r.workload,
+                "impl": r.impl,
+                **{k: v for k, v in vars(r.timing).items()},
+                "tflops_fwd": r.tflops_fwd,
+                "tflops_fwd_bwd": r.tflops_fwd_bwd,
+                "gbs_fwd": r.gbs_fwd,
+                "ratios": r.ratios,
+            }
+            for r in rows
+        ],
+        "tiles": tiles or [],
+    }
+
+
+def rows_from_record(record: dict) -> list[Row]:
+    """The rows of a record written by `to_record`, for `format_table` and the plots."""
+    timing_fields = set(Timing.__dataclass_fields__)
+    return [
+        Row(
+            r["workload"],
+            r["impl"],
+            Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms
+            r["tflops_fwd"],
+            r["tflops_fwd_bwd"],
+            r["gbs_fwd"],
+            dict(r["ratios"]),
+        )
+        for r in record["rows"]
+    ]
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One record from several runs of disjoint workloads (e.g. `--shapes` subsets): their rows
+    and tiles in order; provenance fields that differ are joined with " | ", in the same order."""
+    if not records:
+        raise ValueError("merge_records needs at least one record; load them with workbench.records.load_records('bench-*.json')")
+    seen = [r["workload"] for rec in records for r in {x["workload"]: x for x in rec["rows"]}.values()]
+    twice = sorted({w for w in seen if seen.count(w) > 1})
+    if twice:
+        raise ValueError(f"records overlap on workloads {twice}: merge runs of disjoint workloads, or keep the newer run only")
+    keys = list(dict.fromkeys(k for rec in records for k in rec["provenance"]))
+    provenance = {}
+    for k in keys:
+        values = list(dict.fromkeys(str(rec["provenance"].get(k, "-")) for rec in records))
+        provenance[k] = values[0] if len(values) == 1 else " | ".join(values)
+    return {
+        "provenance": provenance,
+        "rows": [r for rec in records for r in rec["rows"]],
+        "tiles": [t for rec in records for t in rec.get("tiles", [])],
+        "files": [rec.get("file", "?") for rec in records],
+    }
+
+
+def records_table(record: dict) -> str:
+    """The table `workbench bench` printed for this record, rebuilt from its rows."""
+    return format_table(rows_from_record(record))
+
+
+def plot_records(record: dict, ax=None):
+    """Forward+backward TFLOP/s per workload, one bar per implementation (failed runs omitted)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows_from_record(record) if r.tflops_fwd_bwd]
+    workloads_ = list(dict.fromkeys(r.workload for r in rows))
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(13, 6), layout="constrained")
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        values = {r.workload: r.tflops_fwd_bwd for r in rows if r.impl == impl}
+        xs = [j + i * width for j, w in enumerate(workloads_) if w in values]
+        ax.bar(xs, [values[w] for w in workloads_ if w in values], width, label=impl)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads_))])
+    # Slanted, anchored at their right end: long names stay clear of their neighbours.
+    ax.set_xticklabels(workloads_, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
+    ax.set_ylabel("forward+backward TFLOP/s")
+    p = record["provenance"]
+    ax.set_title(f"{p['device']}, torch {p['torch']}, triton {p['triton']} ({p['date']})", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def ratios_by_workload(record: dict) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per workload, {peer: (forward+backward ratio, forward ratio)} for the peers of `PEERS`
+    that ran (peer time / our time: > 1 means ours is faster)."""
+    found = {}
+    for r in rows_from_record(record):
+        if r.impl == "ours" and not r.timing.error:
+            found[r.workload] = {
+                peer: (r.ratios[peer], r.ratios.get(peer + " (fwd)", math.nan)) for peer in PEERS if peer in r.ratios
+            }
+    return found
+
+
+def plot_ratios(record: dict, axes=None):
+    """Our speed against each peer of `PEERS`, per workload: horizontal bars (workload names on
+    the y axis, never overlapping) of peer time / our time, forward+backward (left) and forward
+    (right), with each peer's target as a dashed line in its colour."""
+    import matplotlib.pyplot as plt
+
+    ratios = ratios_by_workload(record)
+    names = list(ratios)
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(names) + 1.8), sharey=True, layout="constrained")
+    height = 0.8 / len(PEERS)
+    colors = dict(zip(PEERS, ("tab:blue", "tab:orange", "tab:green", "tab:purple")))
+    for ax, which, title in zip(axes, (0, 1), ("forward+backward", "forward")):
+        for i, peer in enumerate(PEERS):
+            ys = [j + i * height for j, w in enumerate(names) if peer in ratios[w]]
+            xs = [ratios[w][peer][which] for w in names if peer in ratios[w]]
+            ax.barh(ys, xs, height, color=colors[peer], label=f"vs {peer} (target {PEERS[peer]}x)")
+            ax.axvline(PEERS[peer], color=colors[peer], linestyle="--", linewidth=1)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"{title}: peer time / our time (> 1: ours faster)")
+        ax.set_title(title, fontsize=9)
+    axes[0].set_yticks([j + 0.4 - height / 2 for j in range(len(names))])
+    axes[0].set_yticklabels(names, fontsize=7)
+    axes[0].invert_yaxis()
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].figure.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=len(PEERS))  # clear of the bars
+    p = record["provenance"]
+    axes[0].figure.suptitle(
+        f"Ratios per workload: {p['device']}, torch {p['torch']}, triton {p['triton']} ({p['date']})", fontsize=9
+    )
+    return axes
