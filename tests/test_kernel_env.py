@@ -4,10 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from workbench.execute import KERNEL_PROFILE, kernel_env
+# The GPU machines carry no Jupyter packages (the lab extra): there this file is skipped.
+nbformat = pytest.importorskip("nbformat", reason="the Jupyter packages (the lab extra) are not installed")
+
+from workbench.execute import KERNEL_PROFILE, kernel_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
