@@ -37,7 +37,6 @@ def test_gpu_checks_judge_probe_records(probes):
     # The checks demand a backward; CPU probes have none, so they must not pass as GPU evidence ...
     assert not pm._gpu_workarounds(as_results(probes))[0] and not pm._gpu_as_is(as_results(probes))[0]
     # ... and with the flag as a GPU run sets it, the same runs judge as the CPU claims do.
-    assert pm._gpu_bitwise(as_results(probes))[0]
     assert pm._gpu_as_is(as_results(probes, backward=True))[0]
     assert pm._gpu_workarounds(as_results(probes, backward=True))[0]
 
@@ -53,6 +52,36 @@ def test_gpu_checks_fail_on_a_raising_or_missing_probe(probes):
     assert not pm._gpu_as_is(as_results(probes, backward=True, runs=first))[0], "a case never run is not covered"
     with pytest.raises(LookupError, match="workbench repro flash-dmattn-flex-mask --device cuda"):
         pm._gpu_bitwise(types.SimpleNamespace(gpu=None))
+
+
+@pytest.fixture
+def h200():
+    """The committed H200 record: reproduce() re-run there (compiled, forward), its probes empty."""
+    from workbench.provenance import GPU_DATA
+    from workbench.records import read_record
+
+    path = GPU_DATA / "flash-dmattn-flex-mask-h200.json"
+    return {**read_record(path), "file": path.name}
+
+
+def test_gpu_study_checks_read_the_re_run_and_can_fail(h200):
+    import copy
+
+    from workbench.postmortem import NotRecorded
+
+    record = types.SimpleNamespace(gpu=h200)
+    assert pm._gpu_bitwise(record)[0] and pm._gpu_forward(record)[0]
+    changed = copy.deepcopy(h200)
+    changed["results"]["mask_effect"]["rows"][0]["identical to all-ones"] = False
+    changed["results"]["runs"][pm.IMPLS[1]]["fully-masked-rows"]["within"] = False
+    assert not pm._gpu_bitwise(types.SimpleNamespace(gpu=changed))[0]
+    assert not pm._gpu_forward(types.SimpleNamespace(gpu=changed))[0]
+    changed["results"]["device"] = "cpu"
+    with pytest.raises(NotRecorded, match="not made on a GPU"):
+        pm._gpu_bitwise(types.SimpleNamespace(gpu=changed))
+    if not h200["probes"]:  # a record without gpu_probes leaves the gradient claims unrecorded, not failed
+        with pytest.raises(NotRecorded, match="not yet measured on a GPU"):
+            pm._gpu_as_is(record)
 
 
 def test_budget_skips_and_says_so():

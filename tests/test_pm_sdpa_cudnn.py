@@ -102,3 +102,19 @@ def test_the_gpu_table_shows_a_probe_record():
     points = pm.probe_points(torch.device("cpu"), {"tiny": ((3, 4), (0, 2))})
     shown = str(pm.gpu_table({"probes": {"points": points}}))
     assert shown.count("\ntiny ") == len(points) and "FLASH_ATTENTION" in shown and "No viable backend" in shown
+
+
+def test_the_default_backend_claim_fails_when_a_call_ran_another_backend(results):
+    assert _verdict(results, "With no backend asked for").holds
+    changed = copy.deepcopy(results.default_backend)
+    changed[0]["settings"][0]["backward"] = "EFFICIENT_ATTENTION"
+    assert not _verdict(dataclasses.replace(results, default_backend=changed), "With no backend asked for").holds
+    assert not _verdict(dataclasses.replace(results, default_backend=[]), "With no backend asked for").holds
+
+
+def test_the_gpu_mechanism_claim_fails_when_minus_inf_leaves_a_row_non_zero(results):
+    assert _verdict(results, "On the H200, SDPA unpinned").holds
+    gpu = copy.deepcopy(results.gpu)
+    point = next(p for p in gpu["probes"]["points"] if p["mask"] == "float -inf")
+    point["keyless_out_max_abs"] = 0.5
+    assert not _verdict(dataclasses.replace(results, gpu=gpu), "On the H200, SDPA unpinned").holds

@@ -18,6 +18,7 @@ import functools
 import io
 import linecache
 import re
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -397,6 +398,31 @@ def battery_varlen_sliced(workaround: Callable) -> None:
 # -- the registry: every paste block of every page ------------------------------------------------
 
 
+def battery_load_with_varlen_contract(load_with_varlen_contract: Callable) -> None:
+    """real-client's one-line swap: a tiny Llama saved to a folder and loaded through the block runs our
+    kernel as its attention, and one step on a packed batch with TAIL rows gives finite gradients."""
+    transformers = pytest.importorskip("transformers")
+    from workbench import realclient as rc
+
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    with tempfile.TemporaryDirectory() as path:
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+        model = load_with_varlen_contract(path)
+    assert model.config._attn_implementation == "varlen_contract"
+    assert rc.SIZES["cpu"].tail > 0
+    loss = model(**rc.pack(rc.SIZES["cpu"])).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def _prints(expected: Callable[[str], bool]) -> Callable[[dict[str, Any]], None]:
     """A battery for a self-contained script: what it printed (namespace['printed']) passes `expected`."""
 
@@ -437,6 +463,7 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("torch-varlen-176793.html", "nonfinite_grads_with_nan_memory"): battery_nonfinite_grads_with_nan_memory,
     ("torch-varlen-176793.html", "varlen_attn_tail_as_sequence"): battery_varlen_tail_as_sequence,
     ("torch-varlen-176793.html", "varlen_attn_sliced"): battery_varlen_sliced,
+    ("real-client.html", "load_with_varlen_contract"): battery_load_with_varlen_contract,
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.

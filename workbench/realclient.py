@@ -488,11 +488,31 @@ def plot_layer_norms(report: Report, memory: str = MEMORIES[0], ax=None):
 
 
 def load_h200() -> Report | None:
-    """The H200 record of this check (`data/gpu/real-client-h200.json`), or None if none was recorded."""
+    """The H200 records of this check as one report, or None if none was recorded.
+
+    `data/gpu/real-client-h200.json` is the full run; a later `--backends NAME` run of the same model
+    and batch (`real-client-h200-<name>.json`, e.g. with FlashAttention-4 installed) fills in the rows
+    the full run could not run ("n/a"). Its provenance is kept beside the first one's, under
+    `provenance["added"]`, so that a page names both."""
     from workbench.records import load_records
 
-    records = load_records(RECORD)
-    return Report.from_record(records[0]) if records else None
+    records = load_records(RECORD.replace(".json", "*.json"))
+    if not records:
+        return None
+    full = next((r for r in records if r["file"] == RECORD), records[0])
+    report = Report.from_record(full)
+    added = []
+    for record in (r for r in records if r is not full):
+        more = Report.from_record(record)
+        if (more.size, more.reference_loss) != (report.size, report.reference_loss):
+            raise ValueError(
+                f"{record['file']} ran another model or batch than {full['file']}; record both with the same --size."
+            )
+        ran = {(r.backend, r.memory): r for r in more.runs if r.status != "n/a" and r.backend != BAR.name}
+        report.runs = [ran.get((r.backend, r.memory), r) if r.status == "n/a" else r for r in report.runs]
+        added.append({**record["provenance"], "file": record["file"], "backends": sorted({b for b, _ in ran})})
+    report.provenance = {**report.provenance, "file": full["file"], "added": added}  # type: ignore[dict-item]
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,14 +15,15 @@ transformers is not installed here, so `compile_friendly_flex_attention` (transf
 `_TransformersStandIn`; and every `torch.compile` it reaches (that one and upstream's
 `create_block_mask(_compile=True)`) runs under `torch.compiler.set_stance("force_eager")`, i.e.
 torch's eager FlexAttention, because inductor would build C++ for minutes. FlexAttention has no
-backward on CPU (torch raises), so CPU evidence is the forward; the gradients come from the H200
-record, and `gpu_probes` measures the workarounds' gradients on the next GPU run.
+backward on CPU (torch raises), so CPU evidence is the forward; the H200 records add the audit's
+gradients and the study re-run there (compiled, forward), and `gpu_probes`, which `workbench repro
+--record` calls, measures the workarounds' gradients on a GPU.
 
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
 
 from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META
-from postmortems.flash_dmattn_flex_mask.claims import _gpu_as_is, _gpu_bitwise, _gpu_workarounds, claims
+from postmortems.flash_dmattn_flex_mask.claims import _gpu_as_is, _gpu_bitwise, _gpu_forward, _gpu_workarounds, claims
 from postmortems.flash_dmattn_flex_mask.figures import (
     audit_table,
     cases_table,
@@ -31,7 +32,7 @@ from postmortems.flash_dmattn_flex_mask.figures import (
     weights_figure,
     workaround_table,
 )
-from postmortems.flash_dmattn_flex_mask.gpu import probe_all
+from postmortems.flash_dmattn_flex_mask.gpu import gpu_probes, probe_all
 from postmortems.flash_dmattn_flex_mask.study import reproduce, study_batch
 from postmortems.flash_dmattn_flex_mask.upstream import (
     listing,
@@ -51,10 +52,12 @@ __all__ = [
     "META",
     "_gpu_as_is",
     "_gpu_bitwise",
+    "_gpu_forward",
     "_gpu_workarounds",
     "audit_table",
     "cases_table",
     "claims",
+    "gpu_probes",
     "listing",
     "mask_effect_table",
     "probe_all",

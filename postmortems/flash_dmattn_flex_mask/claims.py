@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, IMPLS, META, STUDY
+from postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_COMMAND, IMPLS, META, STUDY
 from postmortems.flash_dmattn_flex_mask.study import Results, _predicted_rows
 from postmortems.flash_dmattn_flex_mask.upstream import SOURCE
 from workbench.postmortem import (
@@ -15,6 +15,7 @@ from workbench.postmortem import (
     UPSTREAM_CPU,
     UPSTREAM_GPU,
     Claims,
+    NotRecorded,
     recorded_probes,
 )
 from workbench.provenance import GPU_DATA
@@ -234,7 +235,24 @@ def _ours(r: Results):
 
 
 def _probes(r: Results) -> dict[str, Any]:
-    return recorded_probes(r.gpu, META)
+    """gpu_probes' measurements in the latest GPU record; a record without them (one made when
+    `workbench repro` found no gpu_probes to call) leaves these claims NOT RECORDED, with the command."""
+    probes = recorded_probes(r.gpu, META)
+    if not probes:
+        raise NotRecorded(
+            f"{(r.gpu or {}).get('file')} ({(r.gpu or {})['provenance']['date']}) re-ran the study on the GPU, forward "
+            f"only, and holds no gradients: not yet measured on a GPU; `{GPU_COMMAND}` records them"
+        )
+    return probes
+
+
+def _gpu_study(r: Results) -> dict[str, Any]:
+    """The results of `reproduce()` as the latest GPU record ran it on its GPU (compiled FlexAttention)."""
+    recorded_probes(r.gpu, META)  # NotRecorded, naming the command that makes one, when there is no record
+    record = r.gpu or {}
+    if record["results"]["device"] != "cuda":
+        raise NotRecorded(f"{record['file']} was not made on a GPU")
+    return record["results"]
 
 
 def _covered(runs: list[dict[str, Any]]) -> bool:
@@ -266,13 +284,36 @@ def _gpu_workarounds(r: Results) -> tuple[bool, str]:
 
 
 def _gpu_bitwise(r: Results) -> tuple[bool, str]:
-    rows = _probes(r)["mask_effect"]["rows"]
+    rows = _gpu_study(r)["mask_effect"]["rows"]
     same = sum(x["identical to all-ones"] for x in rows)
-    return len(rows) == 4 and same == 4, f"{same}/{len(rows)} masks give the all-ones output bit for bit"
+    p = (r.gpu or {})["provenance"]
+    return len(rows) == 4 and same == 4, (
+        f"{same}/{len(rows)} masks give the all-ones output bit for bit ({r.gpu and r.gpu['file']}: the study re-run on "
+        f"{p['device']}, torch {p['torch']}, {p['date']})"
+    )
+
+
+def _gpu_forward(r: Results) -> tuple[bool, str]:
+    runs = _gpu_study(r)["runs"]
+    as_is = runs[IMPLS[0]].values()
+    fixed = [x for impl in IMPLS[1:3] for x in runs[impl].values()]
+    holds = set(runs[IMPLS[0]]) == set(AUDITED) and all(set(runs[i]) == set(AUDITED) for i in IMPLS[1:3])
+    holds &= all(x["finite"] and not x["within"] for x in as_is) and all(x["finite"] and x["within"] for x in fixed)
+    return holds, (
+        f"as is: {sum(not x['within'] for x in as_is)}/{len(as_is)} cases over the bound (out "
+        f"{min(x['ratios']['out'] for x in as_is):.3g}-{max(x['ratios']['out'] for x in as_is):.3g}x PyTorch's error); "
+        f"(a) and (b): {sum(x['within'] for x in fixed)}/{len(fixed)} within (worst "
+        f"{max(x['ratios']['out'] for x in fixed):.2f}x)"
+    )
 
 
 GPU_CLAIMS = (
     ("on the GPU, compiled: attn_mask changes no bit of the output (the four masks)", _gpu_bitwise),
+    (
+        "on the GPU, compiled, forward: every audited case as is finite and over the bound; workarounds (a) and (b) "
+        "within it in every case",
+        _gpu_forward,
+    ),
     (
         "on the GPU, forward and backward, every audited case (fp16/bf16, seeds as the budget allowed): as is, finite and over the bound",
         _gpu_as_is,

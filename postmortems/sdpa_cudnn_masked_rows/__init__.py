@@ -4,7 +4,8 @@ Our own finding, from the H200 audit matrix (data/gpu/audit-sdpa-cudnn.json, tor
 boolean `attn_mask`, `scaled_dot_product_attention` under the cuDNN backend gives a REAL query row
 whose mask row is all False (a key sequence of length 0; causal bottom-right with len_q > len_k)
 a finite, non-zero output, and gradients flow from that row into keys it must not see; the math
-and memory-efficient backends give 0 there. No GPU was available while this page was written, so:
+and memory-efficient backends give 0 there. On that H200, SDPA runs cuDNN for masked calls when no
+backend is asked for (data/gpu/sdpa-default-backend-h200.json, `workbench.sdpa_dispatch`).
 
 * the cuDNN behaviour is shown from the committed H200 records, with their provenance;
 * the mechanism is studied on the CPU with a replica: the math backend given the *additive* mask
@@ -12,13 +13,13 @@ and memory-efficient backends give 0 there. No GPU was available while this page
   fully masked row then has every score shifted by the same constant, so softmax ignores the mask
   and the row attends to every key slot of its batch row. The replica reproduces the recorded
   cuDNN errors of out, dq, dk and dv in both failing cases to three digits;
-* `gpu_probes(device)` (torch only) records what the page still lacks: which backend SDPA picks
-  by default, the cuDNN output of fully masked rows against unmasked attention, gradients,
-  repeat-run determinism, and the workarounds, with
+* `gpu_probes(device)` (torch only) records on a GPU what the CPU cannot show: which backend SDPA
+  picks, the cuDNN output of fully masked rows against unmasked attention and under float masks of
+  -65504 and -inf, gradients, repeat-run determinism, and the workarounds' times, with
   `workbench repro sdpa-cudnn-masked-rows --device cuda --record data/gpu/sdpa-cudnn-masked-rows-h200.json`.
 """
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, FULLY, META, TENSORS, UNEQUAL
+from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CUDNN_FILL, FULLY, META, TENSORS, UNEQUAL
 from postmortems.sdpa_cudnn_masked_rows.claims import claims
 from postmortems.sdpa_cudnn_masked_rows.figures import error_table, gpu_table, mask_figure, row_error_figure, workaround_table
 from postmortems.sdpa_cudnn_masked_rows.gpu import gpu_probes, probe_points
@@ -34,6 +35,7 @@ from workbench.postmortem import table
 
 __all__ = [
     "CASES",
+    "CUDNN_FILL",
     "FULLY",
     "META",
     "TENSORS",

@@ -18,18 +18,24 @@ META = Meta(
     component="PyTorch / scaled_dot_product_attention, cuDNN backend, boolean attn_mask",
     category="training bug",
     impact="a real query row whose boolean mask row is all False (empty key sequence, causal with len_q > len_k) "
-    "gets attention over every key slot instead of 0, and its gradient reaches keys it must not see: silent, cuDNN only",
-    upstream_status="upstream unaware",
-    status_note="no report of this symptom found in the trackers, searched 2026-12-01; the finite mask fill behind it "
-    "was discussed in PR #140837 (2024) and PR #177868 (2026-03, for #177842); the H200 record on torch 2.11 still shows it",
-    our_verdict="found by our audit on an H200 (torch 2.11.0+cu130); the finite-fill mechanism reproduces the recorded "
-    "errors to three digits on the CPU; a GPU probe of the mechanism is written and not yet run",
+    "gets attention over every key slot instead of 0, and its gradient reaches keys it must not see: silent; on an "
+    "H200 with torch 2.11, SDPA runs cuDNN for masked calls by default, so no opt-in is needed to hit it",
+    upstream_status="fixed",
+    status_note="as of 2026-12-01: pytorch#177842 ('When using the cuDNN backend, custom masks become ineffective') is "
+    "fixed by PR #177868 ('Fix attn-mask conversion constant', opened 2026-03-19 against the fp16-min fill), which the "
+    "torch 2.12.0 release notes list under cuDNN bug fixes; we read the PR's description and the release notes, not "
+    "#177842's text, and have not run torch 2.12 or later, so that 2.12 gives these rows 0 is not established here; "
+    "torch 2.11 (recorded) is affected",
+    our_verdict="reproduced on an H200 (torch 2.11.0+cu130, cuDNN 9.19): SDPA picks cuDNN unasked; a float mask of "
+    "-65504 gives cuDNN's boolean-mask result bit for bit and -inf gives 0, confirming the finite-fill mechanism "
+    "that our CPU replica reproduces to three digits",
     detection="none at run time: outputs are finite; rows whose mask row is all False are non-zero, and differ from "
     "the math backend's output there (0)",
-    fix_type="workarounds today: zero the rows with no visible key after the call, keep the cuDNN backend off for masked "
-    "calls, or avoid such rows; ours: a varlen kernel that writes 0 there by contract",
+    fix_type="upgrade to torch 2.12 or later (upstream's fix; not run here); on 2.11: pass an additive float mask with "
+    "-inf, zero the rows with no visible key after the call, or keep the cuDNN backend off for masked calls; ours: a "
+    "varlen kernel that writes 0 there by contract",
     tags=("attention mask", "fully masked rows", "silent error", "audit finding"),
-    reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-sdpa-cudnn.json); no upstream report
+    reported="2026-03-19",  # pytorch#177842, filed on or before the day PR #177868 ("To fix #177842") was opened
     published="2026-12-01",
     links=(
         Link(
@@ -61,11 +67,20 @@ META = Meta(
             "closed; reviewers uneasy about the 'magic number'",
         ),
         Link(
-            "pytorch#177868: fix the cuDNN attn-mask conversion constant, for #177842",
+            "pytorch#177842: When using the cuDNN backend, custom masks become ineffective (title read; filed on or "
+            "before 2026-03-19)",
+            f"{PT}/issues/177842",
+        ),
+        Link(
+            "pytorch#177868: fix the cuDNN attn-mask conversion constant, 'To fix #177842'",
             f"{PT}/pull/177868",
             "2026-03-19",
             "PR",
-            "closed; whether it landed, and in which release, not established",
+            "merged: listed in the torch 2.12.0 release notes, Bug fixes, cuDNN",
+        ),
+        Link(
+            "PyTorch 2.12.0 release notes: '[cuDNN][SDPA] Fix attn-mask conversion constant (#177868)' under cuDNN fixes",
+            f"{PT}/releases/tag/v2.12.0",
         ),
         Link(
             "transformers#48163: cuDNN is already SDPA's default on Hopper with a new enough cuDNN (comment)",
@@ -97,7 +112,8 @@ META = Meta(
 
 # torch's boolean -> additive mask conversion for the cuDNN backend fills False with this finite value
 # (`convert_boolean_attn_mask_cudnn`, "workaround -inf issue with cuDNN"; -65504.0 in PR #140837's diff
-# context). The replica below feeds exactly that additive mask to the math backend.
+# context; on the H200, torch 2.11's cuDNN result with a float mask of this value equals the boolean
+# mask's bit for bit). The replica below feeds exactly that additive mask to the math backend.
 CUDNN_FILL = -65504.0
 
 # The two failing cases of the H200 record, exactly (the audit's Context: H=2, D=64, fp16, zero padding).

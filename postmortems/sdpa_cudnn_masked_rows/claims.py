@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CHECK_OF, FULLY, RECORD_TOLERANCE, TENSORS
+from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CHECK_OF, FULLY, META, RECORD_TOLERANCE, TENSORS
 from postmortems.sdpa_cudnn_masked_rows.study import (
     MaskedRowsResults,
     keyless_rows,
@@ -18,6 +18,7 @@ from workbench.postmortem import (
     UPSTREAM_CPU,
     UPSTREAM_GPU,
     Claims,
+    recorded_probes,
 )
 
 claims = Claims()
@@ -48,6 +49,56 @@ def _recorded(r: MaskedRowsResults):
     return ok and "H200" in r.provenance[
         "device"
     ], f"{'; '.join(parts)} ({r.provenance['date']}, commit {r.provenance['commit']})"
+
+
+@claims(
+    "With no backend asked for, SDPA ran cuDNN, forward and backward, for every masked call measured on the H200: "
+    "boolean and additive float masks, GQA, fp16 and bf16 (and is_causal without a mask too)",
+    evidence=UPSTREAM_GPU,
+)
+def _default_backend(r: MaskedRowsResults):
+    parts, ok = [], bool(r.default_backend)
+    for rec in r.default_backend:
+        settings = rec["settings"]
+        ran = {(s["forward"], s["backward"], s["dispatcher_choice"]) for s in settings}
+        masks = {s["mask"] for s in settings}
+        ok &= ran == {("CUDNN_ATTENTION",) * 3} and "H200" in rec.get("gpu", "")
+        ok &= {"bool", "float"} <= masks and any(s["kv_heads"] != s["heads"] for s in settings)
+        ok &= {"float16", "bfloat16"} <= {s["dtype"] for s in settings}
+        ok &= all(any("cudnn" in k for k in s["kernels"]) for s in settings)
+        p = rec["provenance"]
+        parts.append(
+            f"{rec['file']}: {len(settings)} calls ({' / '.join(s['name'] for s in settings)}), ran "
+            f"{' / '.join(sorted({s['forward'] for s in settings}))} (aten op and cuDNN kernels, forward and backward); "
+            f"{rec.get('gpu')}, torch {rec['torch']}, cuDNN {rec['cudnn']}, {p['date']}"
+        )
+    return ok, "; ".join(parts)
+
+
+@claims(
+    "On the H200, SDPA unpinned gives the keyless rows the pinned cuDNN output; an additive mask of -65504 reproduces "
+    "the boolean mask bit for bit, and one of -inf gives those rows 0 with every REAL-row error within 2x the "
+    "memory-efficient backend's",
+    evidence=UPSTREAM_GPU,
+)
+def _gpu_mechanism(r: MaskedRowsResults):
+    points = recorded_probes(r.gpu, META)["points"]
+    record = r.gpu or {}  # recorded_probes has raised NotRecorded when there is none
+    by = {(p["layout"], p["dtype"], p["backend"], p["mask"]): p for p in points}
+    ok, worst, n = True, 0.0, 0
+    for layout, dtype in sorted({(p["layout"], p["dtype"]) for p in points}):
+        default, cudnn = by[(layout, dtype, "default", "bool")], by[(layout, dtype, "CUDNN_ATTENTION", "bool")]
+        fill, inf = by[(layout, dtype, "CUDNN_ATTENTION", "float -65504")], by[(layout, dtype, "CUDNN_ATTENTION", "float -inf")]
+        eff = by[(layout, dtype, "EFFICIENT_ATTENTION", "bool")]
+        ok &= default["default_choice"] == "CUDNN_ATTENTION" and default["keyless_out_max_abs"] == cudnn["keyless_out_max_abs"]
+        ok &= cudnn["keyless_out_max_abs"] > 0.1 and fill["bitwise_equal_to_bool_mask"] is True
+        ok &= inf["keyless_out_max_abs"] == 0.0 and inf["keyless_dq_max_abs"] == 0.0
+        worst = max([worst] + [inf["real_errors"][t] / eff["real_errors"][t] for t in TENSORS])
+        n += 1
+    return ok and worst <= 2 and n > 0, (
+        f"{n} layout/dtype points ({record['file']}, {record['provenance']['date']}); -inf mask's worst REAL-row error "
+        f"/ memory-efficient's: {worst:.2f}"
+    )
 
 
 @claims(

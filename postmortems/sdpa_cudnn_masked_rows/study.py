@@ -22,7 +22,7 @@ from workbench.postmortem import (
 )
 from workbench.probes import ProbeRecord, grad_output
 from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from workbench.records import load_records, read_record
 from workbench.reference import reference_attention, visible_keys
 
 
@@ -149,6 +149,13 @@ def recorded_check(record: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
+def default_backend_records() -> list[dict[str, Any]]:
+    """data/gpu/sdpa-default-backend-*.json: which backend SDPA ran, by the profiler's aten ops, for
+    ordinary masked calls made with no `sdpa_kernel` context (`workbench.sdpa_dispatch`)."""
+    how = "python -m workbench.sdpa_dispatch --record data/gpu/sdpa-default-backend-<gpu>.json"
+    return load_records("sdpa-default-backend-*.json", how=how)
+
+
 def sanitizer_summary() -> dict[str, Any]:
     """The compute-sanitizer runs of the cuDNN row: tool -> errors, the watched layout, and where the
     printed initcheck reports point (the first host frame of ours in each report)."""
@@ -183,6 +190,7 @@ class MaskedRowsResults(Results):
     dropped: dict[str, int]  # workaround (c): keyless rows before and after dropping empty key sequences
     sanitizer: dict[str, Any]
     gpu: dict[str, Any] | None
+    default_backend: list[dict[str, Any]]  # the records of SDPA's unpinned dispatch, one per GPU
 
 
 def _oracle(case: Case, device=None) -> dict[str, torch.Tensor]:
@@ -307,6 +315,7 @@ def reproduce(device=None) -> MaskedRowsResults:
         dropped={"before": len(keyless_rows(FULLY)), "after": len(keyless_rows(without_empty_key_sequences(FULLY)))},
         sanitizer=sanitizer_summary(),
         gpu=gpu,
+        default_backend=default_backend_records(),
     )
 
 
