@@ -189,7 +189,7 @@ def test_claims_fail_when_facts_change():
 
 def test_every_claim_names_its_evidence_and_source_claims_their_commit():
     levels = dict(zip(pm.claims.statements, pm.claims.levels))
-    assert {e.kind for e in levels.values()} == {"source", "replica", "toy", "ours"}
+    assert {e.kind for e in levels.values()} == {"upstream-gpu", "source", "replica", "toy", "ours"}
     assert {e.at for e in levels.values() if e.kind == "source"} == {pm.TE_V2_12, pm.TE_MAIN}
     assert all(e.kind == "ours" for claim, e in levels.items() if "our kernel" in claim or "our all-gather" in claim)
 

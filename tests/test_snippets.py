@@ -395,6 +395,71 @@ def battery_varlen_sliced(workaround: Callable) -> None:
     _battery_varlen_workaround(workaround, "nan", out_padding="zero")
 
 
+# -- FlashAttention-4's unwritten padding rows: fa4-unwritten-padding ---------------------------------
+# FA4 runs on sm90/sm100 GPUs only; elsewhere the page's stand-in (the replica of the same
+# mechanism, called as FA4 is) answers `from flash_attn.cute import flash_attn_varlen_func`.
+
+
+@contextlib.contextmanager
+def _fa4_or_replica():
+    """`flash_attn.cute.flash_attn_varlen_func`: FA4 itself where it imports, else the page's replica."""
+    import types
+
+    from workbench.upstream import _standing_in
+
+    try:
+        import flash_attn.cute  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        yield
+        return
+    from postmortems.fa4_unwritten_padding import replica_flash_attn_varlen_func
+
+    package, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = replica_flash_attn_varlen_func
+    package.cute = cute
+    with _standing_in({"flash_attn": package, "flash_attn.cute": cute}):
+        yield
+
+
+def battery_fa4_unwritten_tail_rows(check: Callable) -> None:
+    """`check(q, k, v, cu_q, cu_k, max_q, max_k)` counts non-finite values in every TAIL row of
+    out, dq, dk, dv when the buffer has TAIL rows, and none without; deterministic mode left off."""
+    from workbench import Case, Fill, pack
+
+    for tail, hit in ((3, True), (0, False)):
+        case = Case((5, 0, 9), tail_q=tail, tail_k=tail, heads=2, head_dim=DIM, dtype="float16", fill=Fill.GARBAGE)
+        b = pack(case)
+        counts = check(b.q, b.k, b.v, b.cu_seqlens_q, b.cu_seqlens_k, b.max_seqlen_q, b.max_seqlen_k)
+        values = {"out": tail * 2 * DIM, "dq": tail * 2 * DIM, "dk": tail * 2 * DIM, "dv": tail * 2 * DIM}
+        assert counts == (values if hit else dict.fromkeys(values, 0)), f"{tail} TAIL rows: {counts}"
+    assert not torch.are_deterministic_algorithms_enabled(), "the check leaves deterministic mode off"
+
+
+def battery_fa4_padding_zeroed(workaround: Callable) -> None:
+    """The workaround with NaN and with garbage in the padding rows: padding rows of out, dq, dk, dv
+    exactly 0, REAL rows within the bound."""
+    _battery_varlen_workaround(workaround, "nan", out_padding="zero")
+    _battery_varlen_workaround(workaround, "garbage", out_padding="zero")
+
+
+@pytest.mark.slow
+def test_the_fa4_batteries_fail_a_bare_call_and_a_blind_check():
+    """No old text on this page: the batteries must fail FA4 called as is, and a check that sees nothing."""
+    with _fa4_or_replica():
+        from flash_attn.cute import flash_attn_varlen_func
+
+        def bare(q, k, v, cu_q, cu_k, max_q, max_k):
+            kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+            return flash_attn_varlen_func(q, k, v, **kwargs)[0]
+
+        with pytest.raises(AssertionError):
+            battery_fa4_padding_zeroed(bare)
+        with pytest.raises(AssertionError):
+            battery_fa4_unwritten_tail_rows(lambda *args: dict.fromkeys(("out", "dq", "dk", "dv"), 0))
+
+
 # -- the registry: every paste block of every page ------------------------------------------------
 
 
@@ -464,6 +529,8 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("torch-varlen-176793.html", "varlen_attn_tail_as_sequence"): battery_varlen_tail_as_sequence,
     ("torch-varlen-176793.html", "varlen_attn_sliced"): battery_varlen_sliced,
     ("real-client.html", "load_with_varlen_contract"): battery_load_with_varlen_contract,
+    ("fa4-unwritten-padding.html", "fa4_unwritten_tail_rows"): battery_fa4_unwritten_tail_rows,
+    ("fa4-unwritten-padding.html", "fa4_padding_zeroed"): battery_fa4_padding_zeroed,
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
@@ -473,7 +540,11 @@ UPSTREAM_PATCHES = {("flash-dmattn-flex-mask.html", "mask_mod")}
 NOT_YET_SELF_CONTAINED: dict[str, int] = {}
 # What a page's blocks import, resolved where this machine lacks it: flash-dmattn's Flex file as the
 # post-mortem runs it, and the replica for torch's CUDA-only varlen_attn (as on the page).
-PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, "torch-varlen-176793.html": _varlen_attn_replica}
+PAGE_CONTEXT = {
+    "flash-dmattn-flex-mask.html": _upstream_flex,
+    "torch-varlen-176793.html": _varlen_attn_replica,
+    "fa4-unwritten-padding.html": _fa4_or_replica,
+}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:

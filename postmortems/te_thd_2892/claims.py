@@ -12,9 +12,12 @@ from workbench.postmortem import (
     OURS,
     REPLICA,
     TOY,
+    UPSTREAM_GPU,
     Claims,
     source_at,
 )
+from workbench.provenance import GPU_DATA
+from workbench.records import read_record
 
 claims = Claims()
 
@@ -244,4 +247,33 @@ def _cast(r: TeResults):
     return holds, (
         f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; "
         f"quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}"
+    )
+
+
+@claims(
+    "On the H200, cuDNN's ragged SDPA (the kernel TE's THD path runs on Hopper; cudnn-frontend 1.32.0, bf16) given "
+    "TE's two boundaries, real cu_seqlens for the mask and cu_seqlens_padded for the memory offsets, keeps REAL rows "
+    "within the bound on layouts with GAP and TAIL rows, also with NaN, +-Inf or huge values in the padding; it leaves "
+    "the GAP and TAIL rows of out, dq, dk, dv unwritten, as the tail-blind backend above leaves its TAIL rows",
+    evidence=UPSTREAM_GPU,
+)
+def _cudnn_ragged(r: TeResults):
+    record = read_record(GPU_DATA / "audit-cudnn-ragged.json")
+    checks = {c["name"]: c for c in record["checks"]}
+    right = [name for name in ("real-accuracy", "padding-leak") if checks[name]["verdict"] == "pass"]
+    padded = all(case["padded_q"] and case["padded_k"] and case["tail_q"] for case in checks["padding-leak"]["cases"])
+    padded &= any(case["padded_q"] and case["tail_q"] for case in checks["real-accuracy"]["cases"])
+    unwritten = [
+        name
+        for name, region in (("gap-rows", "GAP"), ("tail-rows", "TAIL"))
+        if checks[name]["verdict"] == "FAIL"
+        and f"{region} rows" in checks[name]["evidence"]
+        and "REAL" not in checks[name]["evidence"]
+    ]
+    blind = r.training[TRAINING_RUNS[3]][0]  # the tail-blind replica in poisoned memory
+    holds = len(right) == 2 and padded and len(unwritten) == 2 and "H200" in record["provenance"]["device"]
+    holds &= math.isnan(blind.losses[-1])
+    return holds, (
+        f"passed: {', '.join(right)} ({checks['padding-leak']['evidence']}); unwritten padding: {', '.join(unwritten)} "
+        f"({record['versions'].get('nvidia-cudnn-frontend')}, {record['provenance']['date']})"
     )

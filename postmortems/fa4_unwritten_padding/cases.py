@@ -1,0 +1,89 @@
+"""What fa4-unwritten-padding studies: META, the layouts and the H200 records it reads."""
+
+from __future__ import annotations
+
+from workbench import Case, Fill
+from workbench.postmortem import Link, Meta
+
+FA = "https://github.com/Dao-AILab/flash-attention"
+
+META = Meta(
+    id="fa4-unwritten-padding",
+    title="FlashAttention-4 leaves padding rows of out and of dq, dk, dv unwritten: NaN gradients on packed batches with TAIL rows",
+    component="FlashAttention-4 (flash-attn-4 4.0.0b36) / flash_attn.cute.flash_attn_varlen_func",
+    category="training bug",
+    impact="rows past cu_seqlens[-1] (TAIL) and past seqused inside a slot (GAP) keep whatever memory held in out, dq, "
+    "dk and dv; through the QKV projection they reach the weight gradients: a real training step gets NaN or silently "
+    "wrong gradients",
+    upstream_status="upstream unaware",
+    status_note="no FA4 report of unwritten TAIL rows found in the trackers, searched 2026-12-01; for FA4's seqused "
+    "region PR #2167 (2026-01) notes that the kernel stores no zero there; for FA2/FA3, issue #1228 (open) and PR "
+    "#2324 (closed) report the same torch.empty gradients",
+    our_verdict="found by our audit on an H200 (flash-attn-4 4.0.0b36, torch 2.11.0+cu130) and confirmed by a real "
+    "transformers training step there; the mechanism (torch.empty, rows no program covers) reproduced on the CPU with "
+    "our replica; source read in the 4.0.0b36 wheel",
+    detection="none in the loss: it stays finite with memory as is; gradient norms of the layers below attention "
+    "explode or turn NaN, and NaN-poisoned memory makes every gradient NaN",
+    fix_type="workaround today: zero the padding rows of q, k, v and of out with torch.where around the call; "
+    "upstream: zero-initialised out/dq/dk/dv, or stores of 0 into rows no sequence covers",
+    tags=("FlashAttention-4", "uninitialised memory", "TAIL rows", "GAP rows", "NaN gradients", "audit finding"),
+    reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fa4.json); no upstream report
+    published="2026-12-01",
+    links=(
+        Link(
+            "flash-attention#1228: padding rows past cu_seqlens[-1] uninitialised, NaN/inf forward and backward (FA2)",
+            f"{FA}/issues/1228",
+            "2024-09-14",
+            "issue",
+            "open",
+        ),
+        Link(
+            "flash-attention#1990: FA3 varlen with seqused as padding between sequences: 'issues with the backward'",
+            f"{FA}/issues/1990",
+            "2025-11-06",
+            "issue",
+            "open",
+        ),
+        Link(
+            "flash-attention#2167: [Cute,Bwd,Sm100] fix seqused in varlen bwd; 'we currently don't store zero to the "
+            "unused region for seqused_{q,k}, so the tests fill zero for this region'",
+            f"{FA}/pull/2167",
+            "2026-01-10",
+            "PR",
+            "merged",
+        ),
+        Link(
+            "flash-attention#2324: FA2/FA3 gradients from torch.empty, an opt-in autograd function zeroes the padding",
+            f"{FA}/pull/2324",
+            "2026-03-10",
+            "PR",
+            "closed",
+        ),
+    ),
+)
+
+# The audit's tail-rows layout (q=[5, 3], 4 TAIL query rows, 3 TAIL key rows), at a head dim and
+# dtype the CPU replica runs quickly; garbage padding as the audit had it.
+TAIL = Case((5, 3), tail_q=4, tail_k=3, heads=2, head_dim=16, dtype="float16", fill=Fill.GARBAGE, seed=0)
+# The same with NaN in the padding rows of q, k, v: what the workaround must survive too.
+TAIL_NAN = TAIL.with_(fill=Fill.NAN)
+CASES = (TAIL, TAIL_NAN)
+
+AUDIT = "audit-fa4.json"
+REAL_CLIENT = "real-client-h200-fa4.json"
+# The audit checks whose FAILs are this mechanism (data/audit/judgements.toml), and the regions each names.
+CHECKS = {"tail-rows": ("TAIL",), "gap-rows": ("GAP",), "no-real-query": ("TAIL",), "sliding-window": ("GAP", "TAIL")}
+# The checks of the same record that FA4 passes: REAL rows are right, only padding rows are not.
+PASSING = ("real-accuracy", "empty-sequences", "custom-scale", "fully-masked-rows", "causal-unequal", "gqa")
+
+# The upstream source read: FA4's newest tag in the repository, fa4-v4.0.0.beta27. The 4.0.0b36 wheel
+# that ran on the H200 has the same four allocations (its flash_attn/cute/interface.py, lines 873 and 2594-2604).
+FA4_SOURCE = "Dao-AILab/flash-attention@0251105a2fb19d2957484b7f023cd8c115286ced"
+# flash_attn/cute/interface.py at FA4_SOURCE: _flash_attn_fwd (line 711) and _flash_attn_bwd (lines 2109-2117),
+# each when the caller passes no buffer (flash_attn_varlen_func passes none).
+UPSTREAM_ALLOCATIONS = {
+    "out": "out = torch.empty(*q_batch_seqlen_shape, num_head, head_dim_v, ...)",
+    "dq": "dq = torch.empty_like(q)",
+    "dk": "dk = torch.empty_like(k)",
+    "dv": "dv = torch.empty_like(v)",
+}

@@ -1,0 +1,75 @@
+"""Post-mortem fa4-unwritten-padding: the workaround's row mask, the FA4-shaped replica, and claims
+that fail when the records say otherwise."""
+
+import copy
+
+import pytest
+import torch
+
+from postmortems import fa4_unwritten_padding as pm
+from workbench import Region, region_labels
+
+
+@pytest.fixture(scope="module")
+def results():
+    return pm.reproduce()
+
+
+def _verdict(results, prefix: str):
+    return next(v for v in pm.claims.check(results) if v.claim.startswith(prefix))
+
+
+@pytest.mark.parametrize(
+    ("starts", "used", "rows"),
+    [
+        ([0, 4, 8, 13], [3, 2, 4], 15),  # the contract's example: GAP rows in every slot, 2 TAIL rows
+        ([0, 3, 3, 7], None, 9),  # an empty sequence, no seqused, TAIL rows
+        ([0, 5, 8], [0, 3], 8),  # a sequence that uses none of its slot
+    ],
+)
+def test_real_rows_is_the_contract_layout(starts, used, rows):
+    """FA4's layout (cu_seqlens = slot starts, seqused = real lengths) read as the contract's REAL rows."""
+    cu_padded = torch.tensor(starts, dtype=torch.int32)
+    lengths = cu_padded.diff() if used is None else torch.tensor(used, dtype=torch.int32)
+    cu_real = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    seqused = None if used is None else lengths
+    expected = region_labels(cu_real, cu_padded, rows) == Region.REAL
+    assert torch.equal(pm.real_rows(cu_padded, rows, seqused).flatten(), expected)
+
+
+def test_the_replica_takes_fa4s_call_and_refuses_what_it_cannot_show():
+    batch = pm.TAIL
+    from workbench import pack
+
+    b = pack(batch)
+    kwargs = dict(
+        cu_seqlens_q=b.cu_seqlens_q, cu_seqlens_k=b.cu_seqlens_k, max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k
+    )
+    out, lse = pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, **kwargs)
+    assert out.shape == b.q.shape and lse is None
+    with pytest.raises(ValueError, match="seqused"):
+        pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, **kwargs, seqused_q=b.cu_seqlens_q.diff())
+
+
+def test_every_claim_holds(results):
+    assert all(v.holds for v in pm.claims.check(results))
+
+
+def test_the_audit_claim_fails_when_a_real_row_goes_non_finite(results):
+    changed = copy.deepcopy(results)
+    tail = next(c for c in changed.audit["checks"] if c["name"] == "tail-rows")
+    tail["evidence"] += "; out: 4 non-finite values in 1 REAL rows"
+    assert not _verdict(changed, "On the H200").holds
+
+
+def test_the_training_claim_fails_when_fa4s_gradients_are_finite(results):
+    changed = copy.deepcopy(results)
+    for run in changed.real_client["runs"]:
+        run["nonfinite"] = 0
+    assert not _verdict(changed, "In a real transformers training step").holds
+
+
+def test_the_workaround_claim_fails_without_the_workaround(results):
+    changed = copy.deepcopy(results)
+    changed.workaround = {case: results.replica[pm.TAIL] for case in pm.CASES}
+    assert not _verdict(changed, "The workaround").holds
