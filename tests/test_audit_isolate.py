@@ -108,3 +108,13 @@ def test_a_callable_that_cannot_be_imported_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match="isolate=False"):
         audit(local, "contract", device="cpu", budget=0, checks=["gqa"], isolate=True)
+
+
+def test_cuda_children_are_spawned_not_forked():
+    """A forked child cannot use CUDA once its fork server has (seen on the H200): on CUDA every
+    child is spawned; on the CPU the fork server keeps replacements fast."""
+    spec = dict(target="workbench.audit.plain:plain_attention", adapter=None, adapter_name="contract", module="workbench")
+    assert Worker(Spec(**spec, device="cuda")).method == "spawn"
+    assert Worker(Spec(**spec, device="cpu")).method == (
+        "forkserver" if os.name == "posix" and os.uname().sysname == "Linux" else "spawn"
+    )

@@ -12,9 +12,11 @@ and runs task after task, and is replaced by a fresh one after a task that
 - ran past its time limit (its cell: "not run: timed out after N s").
 
 Reusing one child until it breaks costs one start-up (importing torch, triton and the target:
-seconds) per fault rather than per check. Children come from a fork server that has already
-imported the audit (`forkserver` on Linux, `spawn` elsewhere), so that a replacement starts in
-a fraction of a start-up (scripts/gpu_audit_matrix.py's docstring has the measured figures).
+seconds) per fault rather than per check. On the CPU, children come from a fork server that
+has already imported the audit (`forkserver` on Linux), so that a replacement starts in a
+fraction of a start-up (scripts/gpu_audit_matrix.py's docstring has the measured figures); on
+CUDA (and off Linux) each child is spawned afresh, since a forked child cannot use CUDA once
+the server has touched it.
 The parent never touches the device: only children do. Any device can be isolated, so the CPU
 tests exercise every path with planted faults.
 """
@@ -155,7 +157,11 @@ class Worker:
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
-        self.method = "forkserver" if sys.platform == "linux" else "spawn"
+        # On CUDA, spawn: on the H200 a forkserver child's first CUDA call raised "Cannot
+        # re-initialize CUDA in forked subprocess" (the preloaded imports had brought CUDA up in
+        # the server), inside a check rather than at start, where the fallback below looks.
+        cuda = spec.device.startswith("cuda")
+        self.method = "forkserver" if sys.platform == "linux" and not cuda else "spawn"
         self.process: Any = None
         self.conn: Any = None
         self.starts = 0  # children started: the first, then one per replacement
