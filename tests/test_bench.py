@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from kernels import default_device
-from workbench.bench import Row, Timing, Workload, long_tailed_lengths, run_benchmark, workloads
+from workbench.bench import (
+    MIN_ITERS,
+    Row,
+    Timing,
+    Workload,
+    long_tailed_lengths,
+    recorded_iters,
+    recorded_minima,
+    run_benchmark,
+    workloads,
+)
 from workbench.bench_report import format_table
 from workbench.layout import Case
 
@@ -310,3 +320,13 @@ def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
     assert shown.rows[0][2:] == ("1.000", "2.000", "100.0", "90.0", "500", "10", "0.500")
     assert shown.rows[-1][2] == "failed: RuntimeError: no kernel"
     assert "5 more rows" in shown._repr_html_()  # 16 shown, the rest behind the toggle
+
+
+def test_recorded_iters_and_minima_read_the_record():
+    record = {
+        "provenance": {"command": "python -m workbench.bench --iters 40 --record x.json"},
+        "rows": [{"forward_backward_min_ms": None}],
+    }
+    assert recorded_iters(record) == 40 and not recorded_minima(record)
+    record = {"provenance": {"command": "python -m workbench.bench --record x.json"}, "rows": [{"forward_backward_min_ms": 1.0}]}
+    assert recorded_iters(record) == MIN_ITERS and recorded_minima(record)

@@ -456,6 +456,18 @@ class Timing:
     forward_backward_min_ms: float | None = None
 
 
+def recorded_iters(record: dict) -> int:
+    """Timed calls per measurement in a bench record: its command's `--iters`, else the default
+    (`MIN_ITERS`) the command ran with. Each time in the record is the median of that many calls."""
+    words = record["provenance"].get("command", "").split()
+    return int(words[words.index("--iters") + 1]) if "--iters" in words else MIN_ITERS
+
+
+def recorded_minima(record: dict) -> bool:
+    """Whether the record keeps each measurement's fastest call beside its median (newer runs do)."""
+    return any(row.get("forward_backward_min_ms") is not None for row in record["rows"])
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float:
     """numerator / denominator, NaN when either was not measured (None) or the denominator is 0."""
     return numerator / denominator if numerator is not None and denominator else math.nan

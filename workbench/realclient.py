@@ -473,7 +473,8 @@ def plot_layer_norms(report: Report, memory: str = MEMORIES[0], ax=None):
     for r in report.runs:
         if r.memory != memory or r.status != "ran":
             continue
-        values = [v if math.isfinite(v) else float("nan") for v in r.layer_norms]
+        # A run with any non-finite gradient is listed, not drawn: its finite layers' norms mean nothing.
+        values = [v if r.finite and math.isfinite(v) else float("nan") for v in r.layer_norms]
         label = r.backend if r.finite else f"{r.backend} (non-finite: not drawn)"
         ax.plot(layers, values, marker="o", label=label)
     ax.plot(
