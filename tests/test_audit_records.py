@@ -79,7 +79,7 @@ def test_campaign_table_gives_each_malformed_call_its_outcome(record):
     lines = campaign_table(record).splitlines()
     assert len(lines) == len(rows) > 0
     for line, row in zip(lines, rows):
-        assert line.split()[0] == row["id"] and f"  {row['outcome']}" in line and line.endswith(row["evidence"])
+        assert line.split()[0] == row["id"] and f"  {row['outcome']}" in line and line.endswith(row["evidence"].rstrip())
 
 
 def test_campaign_table_is_empty_without_the_bad_input_check(records_copy):

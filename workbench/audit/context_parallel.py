@@ -39,7 +39,7 @@ from workbench.context_parallel import (
     shard_thd,
 )
 from workbench.layout import Case, Fill, PackedBatch, Region, pack
-from workbench.probe import grad_output
+from workbench.probes import grad_output
 from workbench.records import write_record
 from workbench.reference import reference_attention
 from workbench.strategies import LayoutSpace
