@@ -73,7 +73,9 @@ CUDA_ERRORS = ("CUDA error", "Triton Error [CUDA]", *CUDA_FAULTS)
 
 
 def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}" if str(exc).strip() else f"{type(exc).__name__} (no message)"
+    return (
+        f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}" if str(exc).strip() else f"{type(exc).__name__} (no message)"
+    )
 
 
 def classify_exception(exc: BaseException, case: Malformed, aliases: dict[str, str] | None = None) -> Outcome:
