@@ -78,6 +78,7 @@ def test_isolated_a_killed_process_or_a_hang_costs_one_cell():
     assert all(r.verdict is Verdict.PASS for r in hung.results if r.name != "no-real-query")
 
 
+@pytest.mark.slow
 def test_isolated_fuzzer_resumes_after_a_sticky_fault():
     # Layouts with no real query fault; the search goes on in a fresh child after each, so
     # every layout is tried and the faults are the only findings.

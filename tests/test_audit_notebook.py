@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from workbench.audit import adapt, audit
 from workbench.audit.fuzz import run_layout
@@ -40,6 +41,7 @@ def _output(nb) -> str:
     )
 
 
+@pytest.mark.slow
 def test_audit_notebook_executes_builds_and_passes_nbval(project, tmp_path):
     module = f"auditee_{uuid.uuid4().hex[:8]}"
     (project.root / f"{module}.py").write_text(TAIL_BUG)

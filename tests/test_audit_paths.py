@@ -185,6 +185,7 @@ def test_the_fsa_script_replays_the_first_call_the_gpu_audit_made():
     assert batch.cu_seqlens_q.tolist() == [0, 5, 8, 15] and batch.q.shape == (18, 2, 64)
 
 
+@pytest.mark.slow
 def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_16_byte_aligned(tmp_path):
     """Under the interpreter every tensor descriptor of the adapter's call is checked against Triton's
     rule (base 16-byte aligned, leading strides multiples of 16 bytes): the forward's are all aligned;

@@ -25,6 +25,7 @@ def test_every_command_is_wired():
         parser.parse_args(["repro", "x", "--device", "tpu"])
 
 
+@pytest.mark.slow
 def test_new_scaffolds_an_executed_postmortem(scaffolded, capsys):
     pm = scaffolded.get("scaffold-demo")
     assert pm.meta.title == "A scaffolded post-mortem"

@@ -98,6 +98,7 @@ def test_wrong_shard_size_is_a_clear_error(one_rank_group):
         context_parallel_attention(batch.q, batch.k[:6], batch.v, batch.cu_seqlens_q, batch.cu_seqlens_q_padded)
 
 
+@pytest.mark.slow
 def test_check_passes_on_two_ranks():
     result = context_parallel_check(fuzzed=1)
     assert result.verdict is Verdict.PASS, result.evidence
@@ -135,6 +136,7 @@ def nan_merge(*args, **kwargs):
         return context_parallel_attention(*args, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("impl", "check"), [(forgets_tail, "tail-rows"), (nan_merge, "gap-rows")])
 def test_planted_bug_fails(impl, check):
     _, ((_, findings),) = judge([cp_case(PLANTED_CASE, 2)], impl=impl)

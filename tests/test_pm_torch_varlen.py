@@ -148,6 +148,7 @@ def test_proposed_check_rejects_trailing_rows_and_host_reads_break_compile():
     }
 
 
+@pytest.mark.slow
 def test_upstream_probes_run_on_any_torch_style_function_and_are_json():
     tiny = TINY.with_(tail_q=0, tail_k=0)
     data = pm.upstream_probes(
@@ -177,6 +178,7 @@ def test_budget_batches_have_the_trailing_rows_asked_for():
         assert batch.tokens.numel() - int(batch.cu_seqlens[-1]) == 5
 
 
+@pytest.mark.slow
 def test_gpu_claims_read_a_record_of_probes():
     from types import SimpleNamespace
 

@@ -167,6 +167,7 @@ def test_for_site_drops_live_widgets_and_the_header_cell(scaffolded):
     ]
 
 
+@pytest.mark.slow
 def test_failures_name_notebook_and_cell_and_keep_the_old_site(project, tmp_path):
     out = tmp_path / "site" / "_build"
     # A cell that raises on purpose says so with the tag nbclient and nbval share.
@@ -192,6 +193,7 @@ def test_failures_name_notebook_and_cell_and_keep_the_old_site(project, tmp_path
     assert [p.name for p in out.parent.iterdir()] == ["_build"], "no staging directory is left behind"
 
 
+@pytest.mark.slow
 def test_failing_claim_is_named_in_execute_and_render_modes(project, tmp_path):
     module_path, notebook_path = scaffold_variant(project, "planted-bug", PLANTED_BUG)
     with pytest.raises(
@@ -235,6 +237,7 @@ def _nbval(project, notebook):
     return run.returncode, re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # nbval colours its report
 
 
+@pytest.mark.slow
 def test_scaffold_passes_nbval_untouched(scaffolded):
     notebook = scaffolded.get("scaffold-demo").notebook
     status, report = _nbval(scaffolded, notebook)
@@ -243,6 +246,7 @@ def test_scaffold_passes_nbval_untouched(scaffolded):
     assert re.search(rf"\b{code_cells} passed", report), report
 
 
+@pytest.mark.slow
 def test_nbval_fails_naming_the_claim_that_no_longer_holds(project):
     """Committed while its claims held; then the code regresses; nbval names the claim."""
     module_path, notebook_path = scaffold_variant(project, "regresses", FAST_FIX)
