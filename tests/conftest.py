@@ -183,9 +183,17 @@ def gpu_skip_reason() -> str | None:
     return None
 
 
+# Session fixtures that execute every notebook (a minute on 2 cores): a test needing them is slow.
+EXECUTED_SITE_FIXTURES = {"built_site", "scaffolded"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip themselves where there is no native CUDA: no test needs its own
-    skipif for it."""
+    """Tests that need the executed site are marked `slow` (`make test-fast` skips them); tests
+    marked `gpu` skip themselves where there is no native CUDA: no test needs its own skipif."""
+    for item in items:
+        if EXECUTED_SITE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     reason = gpu_skip_reason()
     if reason is None:
         return
