@@ -85,6 +85,8 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
     assert not complete({**slow, "checks": [*whole["checks"][:-1], _lost("determinism")]})
     hung = {"name": "determinism", "verdict": "n/a", "evidence": "not run: timed out after 150 s (the check's time limit)"}
     assert complete({**slow, "checks": [*whole["checks"][:-1], hung]}), "a check past its time limit is an answer"
+    checks_only = {**whole, "fuzz": None, "budget": 0}  # `--budget 0`: the fuzzer is left to another run
+    assert cell(checks_only, "fuzzer") == ("not run", "fuzzing not asked (--budget 0)") and not complete(checks_only)
 
 
 def _lost(name: str) -> dict[str, str]:

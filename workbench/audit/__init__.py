@@ -69,6 +69,7 @@ class AuditReport:
     fuzz: FuzzResult | None
     seconds: float
     forward_only: str = ""  # why the backward did not run on this device ("" when it did)
+    budget: int = 0  # layouts the fuzzer was asked for (0: checks only)
 
     def result(self, name: str) -> CheckResult:
         for r in self.results:
@@ -149,6 +150,7 @@ class AuditReport:
             "seconds": round(self.seconds, 2),
             "validation": self.validation,
             "forward_only": self.forward_only,
+            "budget": self.budget,
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
             "versions": package_versions(),
@@ -278,6 +280,7 @@ def audit(
         fuzzed,
         time.perf_counter() - start,
         forward_only=impl.lacks.get("backward", ""),
+        budget=budget,
     )
 
 

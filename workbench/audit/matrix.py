@@ -131,6 +131,8 @@ def cell(record: dict[str, Any], column: str) -> tuple[str, str]:
             lost = next((c["evidence"] for c in record["checks"] if c["evidence"].startswith("not run:")), None)
             if lost or any("misaligned address" in c["evidence"] or "illegal memory" in c["evidence"] for c in record["checks"]):
                 return "not run", lost or "a CUDA fault lost the context before the fuzzer"
+            if record.get("budget") == 0:  # a checks-only run (--budget 0) leaves the fuzzer to another
+                return "not run", "fuzzing not asked (--budget 0)"
             return "n/a", "the fuzzer did not run (nothing applicable)"
         found = sorted({f["check"] for f in fuzzed["failures"]})
         summary = f"{fuzzed['tried']} layouts, {fuzzed['failing_layouts']} failing" + (f": {', '.join(found)}" if found else "")
