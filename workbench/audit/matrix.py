@@ -131,7 +131,8 @@ def cell(record: dict[str, Any], column: str) -> tuple[str, str]:
             lost = next((c["evidence"] for c in record["checks"] if c["evidence"].startswith("not run:")), None)
             if lost or any("misaligned address" in c["evidence"] or "illegal memory" in c["evidence"] for c in record["checks"]):
                 return "not run", lost or "a CUDA fault lost the context before the fuzzer"
-            if record.get("budget") == 0:  # a checks-only run (--budget 0) leaves the fuzzer to another
+            # A checks-only run (--budget 0) of a path that can run leaves the fuzzer to another run.
+            if record.get("budget") == 0 and any(c["verdict"] != "n/a" for c in record["checks"]):
                 return "not run", "fuzzing not asked (--budget 0)"
             return "n/a", "the fuzzer did not run (nothing applicable)"
         found = sorted({f["check"] for f in fuzzed["failures"]})
