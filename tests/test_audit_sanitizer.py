@@ -1,14 +1,16 @@
 """compute-sanitizer's text output parsed (workbench.audit.sanitizer), on logs saved from H200 runs
-(data/gpu/logs/sanitizer-*.log) and a racecheck hazard report in the tool's documented format."""
+(kept under tests/data/sanitizer/: data/gpu/logs/ holds the latest run of each row, which a re-run
+replaces) and a racecheck hazard report in the tool's documented format."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from workbench.audit.sanitizer import load_sanitizer, parse, row_summary, status
+from workbench.audit.sanitizer import API_RETURN_CODE, load_sanitizer, parse, row_summary, status
 from workbench.provenance import GPU_DATA
 
-LOGS = GPU_DATA / "logs"
+LOGS = Path(__file__).parent / "data" / "sanitizer"
 DONE = "sdpa-cudnn: q=[37, 0, 100, 64] H=4/2 D=64 bfloat16 causal forward+backward in 21.0 s"
 RACE = """========= COMPUTE-SANITIZER
 ========= Error: Race reported between Write access at 0x1a0 in race.cu:12:sumKernel(int*, int*)
@@ -19,7 +21,7 @@ RACE = """========= COMPUTE-SANITIZER
 
 
 def _log(name: str) -> str:
-    return (LOGS / f"sanitizer-{name}.log").read_text()
+    return (LOGS / f"{name}.log").read_text()
 
 
 def test_a_device_error_gives_the_summary_count_its_kind_and_first_frame():
@@ -59,12 +61,21 @@ def test_racecheck_counts_hazard_errors():
 
 
 def test_a_row_is_clean_only_when_every_tool_counts():
-    ours = load_sanitizer()["ours"]
-    assert row_summary(ours)[0::2] == ("clean", 0) and set(ours) == {"initcheck", "memcheck", "racecheck"}
-    nested = load_sanitizer()["sdpa-nested"]  # memcheck clean, initcheck timed out
-    verdict, evidence, _ = row_summary(nested)
+    done = "ours: ... forward+backward in 8.2 s"
+    clean = {tool: parse(_log("ours-racecheck"), tool, done).to_dict() for tool in ("initcheck", "memcheck", "racecheck")}
+    assert row_summary(clean)[0::2] == ("clean", 0)
+    timed_out = {**clean, "initcheck": {"tool": "initcheck", "errors": None, "why": "timed out after 240 s"}}
+    verdict, evidence, _ = row_summary(timed_out)
     assert verdict == "not run" and "initcheck: not run: timed out after 240 s" in evidence
     assert row_summary({}) == ("not run", "no compute-sanitizer record", None)
+
+
+def test_api_return_codes_are_not_memory_errors():
+    run = parse(_log("cudnn-ragged-memcheck"), "memcheck", "cudnn-ragged: ... forward+backward in 30.1 s")
+    assert run.errors == 34 and run.completed and all(kind.startswith(API_RETURN_CODE) for kind in run.kinds)
+    errors, line = status(run.to_dict())
+    assert errors is None and line.startswith("34 reports, the printed ones CUDA API return codes, not memory errors")
+    assert row_summary({"memcheck": run.to_dict()})[0] == "not run"  # the matrix script runs it again
 
 
 def test_a_per_row_record_takes_precedence_over_the_earlier_single_record(tmp_path):

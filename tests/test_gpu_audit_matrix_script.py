@@ -9,7 +9,10 @@ import shutil
 
 import pytest
 
-from workbench.provenance import GPU_DATA, REPO
+from workbench.provenance import REPO
+
+# Records as they stood before a rerun (data/gpu/ holds the latest, which the next GPU call replaces).
+FROZEN = REPO / "tests" / "data" / "audit-records"
 
 
 @pytest.fixture
@@ -18,7 +21,7 @@ def script(tmp_path, monkeypatch):
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for path in GPU_DATA.glob("audit-*.json"):
+    for path in FROZEN.glob("audit-*.json"):
         shutil.copy(path, tmp_path)
     monkeypatch.setattr(module, "DATA", tmp_path)
     return module
