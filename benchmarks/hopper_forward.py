@@ -69,7 +69,7 @@ class Result:
     ratios: dict[str, float] = field(default_factory=dict)
 
 
-def _forward_tile(workload: Workload, batch):
+def _default_tile(workload: Workload, batch):
     """The forward tile the tuner chose for the default config on this batch (its first candidate if untimed)."""
     c = workload.case
     key = shape_class(
@@ -122,7 +122,7 @@ def run(quick: bool, iters: int, compile_jobs: int) -> list[Result]:
         batch = pack(workload.case, device=device)
         with torch.no_grad():
             _ours(batch, workload.window)()  # the tuner picks the default's forward tile here
-        tile = _forward_tile(workload, batch)
+        tile = _default_tile(workload, batch)
         rows: dict[str, Result] = {}
         for name, config in VARIANTS.items():
             row = rows[name] = Result(workload.name, name, str(config), tile=str(tile))

@@ -339,19 +339,18 @@ def forward_config(config: ForwardConfig):
         _forward_config = saved
 
 
-_allocator_set = False
-
-
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _ensure_descriptor_allocator() -> None:
-    """Device-side descriptors live in global scratch that Triton asks an allocator for: set once."""
-    global _allocator_set
-    if not _allocator_set and not INTERPRETED:
+    """Device-side descriptors live in global scratch that Triton asks an allocator for. Triton
+    keeps it in a ContextVar (triton/runtime/_allocation.py), so one set in the main thread is
+    unset in another: set ours wherever none is, and never replace a caller's."""
+    from triton.runtime import _allocation
+
+    if not INTERPRETED and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_descriptor_scratch)
-        _allocator_set = True
 
 
 def check_descriptor_alignment(*named: tuple[str, torch.Tensor]) -> None:
