@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from kernels import default_device
-from kernels.varlen.launch import ForwardConfig, check_descriptor_alignment, forward_config, longest_first
+from kernels.varlen.launch import (
+    ForwardConfig,
+    Tile,
+    check_descriptor_alignment,
+    forward_config,
+    longest_first,
+    warp_specialize_fails,
+)
 from tests.test_kernel_varlen import assert_contract, fast_only
 from workbench import Case
 
@@ -70,6 +77,14 @@ def test_longest_first_orders_work_items_by_keys_visited():
     # Causal costs: item 0 (seq 0) 16 keys, 1 and 2 (seq 1) 32 and 64, 3 (seq 2) 32; 4 and 5 surplus.
     assert order == [2, 1, 3, 0, 4, 5]
     assert longest_first(starts, 3, 6, cu, cu, 32, causal=False).tolist() == [1, 2, 3, 0, 4, 5]
+
+
+def test_warp_specialize_is_kept_off_four_warp_tiles_on_hopper_only():
+    ws, w4, w8 = ForwardConfig(warp_specialize=True), Tile(64, 64, 4, 3), Tile(128, 64, 8, 3)
+    assert warp_specialize_fails(ws, w4, (9, 0))
+    assert not warp_specialize_fails(ws, w8, (9, 0))
+    assert not warp_specialize_fails(ws, w4, (10, 0)) and not warp_specialize_fails(ws, w4, None)
+    assert not warp_specialize_fails(ForwardConfig(descriptors=True), w4, (9, 0))
 
 
 @pytest.mark.slow

@@ -308,7 +308,8 @@ class ForwardConfig:
       triton/backends/nvidia/compiler.py:274), but compiled for sm_90 on the CPU
       (`kernels.varlen.tiles.compile_tile`, 128x64 w8 s3, d128 bf16) the loop gets no partitions:
       no `ttg.warp_specialize` op, no `setmaxnreg`, the registers and shared memory of the
-      default, with or without descriptors. The interpreter ignores it.
+      default, with or without descriptors; at 4 warps the pass fails (`warp_specialize_fails`),
+      so those tiles are dropped or refused. The interpreter ignores it.
     - `persistent`: about one program per SM, walking (query block, head) tiles longest first
       (at 128x64 w8 s3 d128 bf16 it spills 8 bytes on sm_90: the tuner's clean-tile rule applies).
     """
@@ -363,6 +364,14 @@ def check_descriptor_alignment(*named: tuple[str, torch.Tensor]) -> None:
                 f"rows of >= 16 bytes (got data_ptr % 16 = {x.data_ptr() % 16}, strides {tuple(x.stride())}, "
                 f"{x.element_size()}-byte elements): pass a contiguous tensor or leave descriptors off"
             )
+
+
+def warp_specialize_fails(config: ForwardConfig, tile: Tile, capability: tuple[int, int] | None) -> bool:
+    """Triton 3.6's Hopper warp-specialization pass (`NVGPUWarpSpecialization`) fails on this
+    kernel's key loop at 4 warps: compiled for sm_90 on the CPU, 64x64 and 128x64 tiles, causal
+    or not, 2 or 3 stages, all end in `PassManager::run failed`; at 8 warps it compiles and
+    leaves the loop unpartitioned. `capability` None: the interpreter, which ignores the flag."""
+    return config.warp_specialize and capability is not None and capability[0] == 9 and tile.num_warps < 8
 
 
 def _persistent_programs(device: torch.device, n_items: int) -> int:
@@ -464,8 +473,17 @@ def attention_forward(
     if config.descriptors:
         check_descriptor_alignment(("q", q), ("k", k), ("v", v), ("out", out))
         _ensure_descriptor_allocator()
+    capability = None if INTERPRETED else torch.cuda.get_device_capability(q.device)
+    candidates = tuple(
+        t for t in candidate_tiles("forward", head_dim, q.dtype) if not warp_specialize_fails(config, t, capability)
+    )
 
     def launch(tile: Tile):
+        if warp_specialize_fails(config, tile, capability):
+            raise ValueError(
+                f"ForwardConfig(warp_specialize=True) with tile {tile}: Triton 3.6's Hopper warp-specialization pass "
+                "fails on this kernel at 4 warps on sm_90; pin a tile of 8 warps or leave warp_specialize off"
+            )
         starts, grid = rows.blocks(tile.block_m)
         if config.persistent:
             order = longest_first(starts, rows.n_seqs, grid, cu_seqlens_q, cu_seqlens_k, tile.block_m, window.right >= 0)
@@ -516,7 +534,7 @@ def attention_forward(
     key = _shape_class("forward", q, total_q, rows.n_seqs, window, group)
     TUNER.launch(
         key if config == DEFAULT_FORWARD else (*key, str(config)),  # each variant tunes its own tile
-        candidate_tiles("forward", head_dim, q.dtype),
+        candidates,
         launch,
         total_q * heads,
     )
