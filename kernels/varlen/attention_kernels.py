@@ -85,13 +85,12 @@ def _last_at_or_below(boundaries, x, n_segments, n_steps):
 
 
 @triton.jit
-def _work_item(block_starts, n_seqs, n_search_steps, REVERSE: tl.constexpr):
-    """(sequence, block of it) of this program; sequence == n_seqs for a surplus program.
+def _work_item(pid, block_starts, n_seqs, n_search_steps, REVERSE: tl.constexpr):
+    """(sequence, block of it) of work item `pid`; sequence == n_seqs for a surplus item.
 
     REVERSE hands a sequence's blocks out last first: under a causal mask the last query
     blocks see the most keys, and starting the longest work first shortens the final wave.
     """
-    pid = tl.program_id(0)
     seq = _last_at_or_below(block_starts, pid, n_seqs, n_search_steps)
     first = tl.load(block_starts + seq)
     block = pid - first
@@ -258,6 +257,7 @@ def _forward_step(
     stride_vt,
     dims,
     rows,
+    col_start,
     cols,
     len_k,
     offset,
@@ -268,9 +268,15 @@ def _forward_step(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
 ):
-    """One key block of the online softmax."""
-    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+    """One key block of the online softmax. With DESCRIPTORS, K and V are tensor descriptors
+    over this sequence's keys: rows past len_k come back zero-filled, as the masked loads do."""
+    if DESCRIPTORS:
+        k = K.load([col_start, 0])
+        v = V.load([col_start, 0])
+    else:
+        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
     qk = _dot(q, tl.trans(k), DOT_UPCAST)
     if MASKED:
         qk = tl.where(
@@ -320,13 +326,16 @@ def _forward_blocks(
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     """Online softmax over key blocks of one sequence (K, V at its first row): [first_lo, hi),
-    or with TWO_RANGES n_blocks of them, n_first from first_lo then on from second_lo."""
+    or with TWO_RANGES n_blocks of them, n_first from first_lo then on from second_lo.
+    WARP_SPECIALIZE asks Triton to split the loop into producer and consumer warps."""
     offs = tl.arange(0, BLOCK_N)
     if TWO_RANGES:
-        for i in range(0, n_blocks):
-            cols = _block_start(i, first_lo, n_first, second_lo, BLOCK_N) + offs
+        for i in tl.range(0, n_blocks, warp_specialize=WARP_SPECIALIZE):
+            col_start = _block_start(i, first_lo, n_first, second_lo, BLOCK_N)
             acc, l_i, m_i = _forward_step(
                 acc,
                 l_i,
@@ -338,30 +347,7 @@ def _forward_blocks(
                 stride_vt,
                 dims,
                 rows,
-                cols,
-                len_k,
-                offset,
-                left,
-                right,
-                qk_scale,
-                MASKED,
-                WINDOW_LEFT,
-                WINDOW_RIGHT,
-                DOT_UPCAST,
-            )
-    else:
-        for col_start in range(first_lo, hi, BLOCK_N):
-            acc, l_i, m_i = _forward_step(
-                acc,
-                l_i,
-                m_i,
-                q,
-                K,
-                V,
-                stride_kt,
-                stride_vt,
-                dims,
-                rows,
+                col_start,
                 col_start + offs,
                 len_k,
                 offset,
@@ -372,12 +358,51 @@ def _forward_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                DESCRIPTORS,
+            )
+    else:
+        for col_start in tl.range(first_lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            acc, l_i, m_i = _forward_step(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K,
+                V,
+                stride_kt,
+                stride_vt,
+                dims,
+                rows,
+                col_start,
+                col_start + offs,
+                len_k,
+                offset,
+                left,
+                right,
+                qk_scale,
+                MASKED,
+                WINDOW_LEFT,
+                WINDOW_RIGHT,
+                DOT_UPCAST,
+                DESCRIPTORS,
             )
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
-def attention_forward_kernel(
+@triton.jit
+def _rows_descriptor(base, start, length, stride_t, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A descriptor over one sequence's rows of one head, [length, HEAD_DIM] from row `start`:
+    TMA zero-fills loads past `length` and drops stores there, so the next sequence and the
+    padding are never touched. A length of 0 becomes 1: no block of such a sequence is ever
+    loaded or stored (its key loops are empty, and it owns no query block), and TMA needs a
+    non-empty extent."""
+    return tl.make_tensor_descriptor(
+        base + start * stride_t, shape=[tl.maximum(length, 1), HEAD_DIM], strides=[stride_t, 1], block_shape=[BLOCK, HEAD_DIM]
+    )
+
+
+@triton.jit
+def _forward_tile(
     Q,
     K,
     V,
@@ -387,9 +412,9 @@ def attention_forward_kernel(
     cu_k,
     cu_q_padded,
     cu_k_padded,
-    block_starts,
-    n_seqs,
-    n_search_steps,
+    seq,
+    block,
+    head,
     qk_scale,
     window_left,
     window_right,
@@ -409,21 +434,29 @@ def attention_forward_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
-    """One block of BLOCK_M query rows of one sequence and one head: online softmax over keys."""
-    head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
-    if seq == n_seqs:
-        return
+    """Block `block` of BLOCK_M query rows of sequence `seq` and head `head`: online softmax over keys."""
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
     k_start, len_k = _sequence(cu_k, cu_k_padded, seq)
     row_start = block * BLOCK_M
     rows = row_start + tl.arange(0, BLOCK_M)
     row_ok = rows < len_q
     dims = tl.arange(0, HEAD_DIM)
-    q = _load_rows(Q + head * stride_qh, q_start, rows, row_ok, stride_qt, dims)
-    K += (head // GROUP) * stride_kh + k_start * stride_kt
-    V += (head // GROUP) * stride_vh + k_start * stride_vt
+    Q += head * stride_qh
+    Out += head * stride_oh
+    K += (head // GROUP) * stride_kh
+    V += (head // GROUP) * stride_vh
+    if DESCRIPTORS:
+        q_desc = _rows_descriptor(Q, q_start, len_q, stride_qt, BLOCK_M, HEAD_DIM)
+        q = q_desc.load([row_start, 0])
+        K = _rows_descriptor(K, k_start, len_k, stride_kt, BLOCK_N, HEAD_DIM)
+        V = _rows_descriptor(V, k_start, len_k, stride_vt, BLOCK_N, HEAD_DIM)
+    else:
+        q = _load_rows(Q, q_start, rows, row_ok, stride_qt, dims)
+        K += k_start * stride_kt
+        V += k_start * stride_vt
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -465,6 +498,8 @@ def attention_forward_kernel(
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
+        DESCRIPTORS=DESCRIPTORS,
+        WARP_SPECIALIZE=WARP_SPECIALIZE,
     )
     acc, l_i, m_i = _forward_blocks(
         acc,
@@ -493,15 +528,87 @@ def attention_forward_kernel(
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
+        DESCRIPTORS=DESCRIPTORS,
+        WARP_SPECIALIZE=WARP_SPECIALIZE,
     )
 
     # Rows with no visible key have l = 0 and acc = 0: output 0 and lse = -inf, no 0/0.
     has_key = l_i > 0.0
-    out = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    out = (acc / tl.where(has_key, l_i, 1.0)[:, None]).to(Out.dtype.element_ty)
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
-    out_ptrs = Out + head * stride_oh + (q_start + rows)[:, None] * stride_ot + dims[None, :]
-    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if DESCRIPTORS:
+        _rows_descriptor(Out, q_start, len_q, stride_ot, BLOCK_M, HEAD_DIM).store([row_start, 0], out)
+    else:
+        tl.store(Out + (q_start + rows)[:, None] * stride_ot + dims[None, :], out, mask=row_ok[:, None])
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "n_items", "window_left", "window_right"])
+def attention_forward_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    cu_q,
+    cu_k,
+    cu_q_padded,
+    cu_k_padded,
+    block_starts,
+    order,
+    n_items,
+    n_seqs,
+    n_search_steps,
+    qk_scale,
+    window_left,
+    window_right,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    N_HEADS: tl.constexpr,
+):
+    """Query blocks x heads. One program per (block, head) on a (blocks, heads) grid, or with
+    PERSISTENT a 1-D grid of about one program per SM, each walking tiles
+    program_id, program_id + num_programs, ... of `n_items` = blocks x heads: tile t is head
+    t % N_HEADS of work item order[t // N_HEADS], `order` listing the work items longest first
+    (`longest_first` in the launcher), so the longest tiles start first and the short ones fill
+    the last wave. Without PERSISTENT `order` and `n_items` are unread."""
+    if PERSISTENT:
+        for t in range(tl.program_id(0), n_items, tl.num_programs(0)):
+            item = tl.load(order + t // N_HEADS)
+            seq, block = _work_item(item, block_starts, n_seqs, n_search_steps, REVERSE=False)
+            if seq < n_seqs:
+                _forward_tile(
+                    Q, K, V, Out, Lse, cu_q, cu_k, cu_q_padded, cu_k_padded, seq, block, t % N_HEADS,
+                    qk_scale, window_left, window_right, stride_qt, stride_qh, stride_kt, stride_kh,
+                    stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, GROUP, WINDOW_LEFT,
+                    WINDOW_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, DOT_UPCAST, DESCRIPTORS, WARP_SPECIALIZE,
+                )  # fmt: skip
+    else:
+        seq, block = _work_item(tl.program_id(0), block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
+        if seq < n_seqs:
+            _forward_tile(
+                Q, K, V, Out, Lse, cu_q, cu_k, cu_q_padded, cu_k_padded, seq, block, tl.program_id(1),
+                qk_scale, window_left, window_right, stride_qt, stride_qh, stride_kt, stride_kh,
+                stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, GROUP, WINDOW_LEFT,
+                WINDOW_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, DOT_UPCAST, DESCRIPTORS, WARP_SPECIALIZE,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -701,7 +808,7 @@ def attention_backward_dkdv_kernel(
     that P^T and dS^T feed the dots without a register transpose.
     """
     kv_head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=False)
+    seq, block = _work_item(tl.program_id(0), block_starts, n_seqs, n_search_steps, REVERSE=False)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
@@ -977,7 +1084,7 @@ def attention_backward_dq_kernel(
     is not read: dlse = 0.
     """
     head = tl.program_id(1)
-    seq, block = _work_item(block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
+    seq, block = _work_item(tl.program_id(0), block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
     if seq == n_seqs:
         return
     q_start, len_q = _sequence(cu_q, cu_q_padded, seq)

@@ -22,7 +22,7 @@ import torch
 
 from kernels._compat import INTERPRETED
 from kernels.interpreter import _run_module
-from kernels.varlen.launch import NATIVE_TILES, Tile
+from kernels.varlen.launch import DEFAULT_FORWARD, NATIVE_TILES, ForwardConfig, Tile
 
 HOPPER = 90
 SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -44,7 +44,7 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
         elif name[0].isupper():
             signature[name] = "*fp32" if name in _FP32_POINTERS else "*" + _TRITON_TYPES[dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name.startswith("cu_") or name == "block_starts":
+        elif name.startswith("cu_") or name in ("block_starts", "order"):
             signature[name] = "*i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
@@ -57,8 +57,17 @@ def _signature(fn, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
 MASKS = {"none": (False, False), "causal": (False, True), "sliding": (True, True)}  # (WINDOW_LEFT, WINDOW_RIGHT)
 
 
-def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, mask: str, arch: int = HOPPER) -> dict:
-    """Compiles one kernel with one tile and mask (a key of MASKS) for CUDA `arch`; returns its resource use."""
+def compile_tile(
+    kernel: str,
+    tile: Tile,
+    head_dim: int,
+    dtype: torch.dtype,
+    mask: str,
+    arch: int = HOPPER,
+    config: ForwardConfig = DEFAULT_FORWARD,
+) -> dict:
+    """Compiles one kernel with one tile and mask (a key of MASKS) for CUDA `arch`, the forward
+    kernel with `config`'s switches; returns its resource use."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource, make_backend
@@ -81,6 +90,16 @@ def compile_tile(kernel: str, tile: Tile, head_dim: int, dtype: torch.dtype, mas
         "HEAD_DIM": head_dim,
         "DOT_UPCAST": False,
         **({"HAS_DLSE": False} if kernel == "dq" else {}),
+        **(
+            {
+                "DESCRIPTORS": config.descriptors,
+                "WARP_SPECIALIZE": config.warp_specialize,
+                "PERSISTENT": config.persistent,
+                "N_HEADS": 16,
+            }
+            if kernel == "forward"
+            else {}
+        ),
     }
     signature, attrs = _signature(fn, dtype, constexprs)
     target = GPUTarget("cuda", arch, 32)
