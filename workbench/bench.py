@@ -3,6 +3,7 @@
 Every configuration is timed in one process with CUDA events after warm-up, calls back to back
 (no host sync between them, as in training), for: our kernel (validate=False; also with
 validate=True, and the whole forward+backward step captured in a CUDA graph and replayed);
+FlashAttention-4 alone and behind our contract wrapper (`backend="fa4"`), where it is installed;
 torch `varlen_attn` (FlashAttention-2); SDPA on the dense padded batch (default backend, and
 the cuDNN and flash backends forced where they accept the call), only where the batch is
 near-equal-length (dense padding of a long-tailed mix would time mostly padding); FlexAttention
