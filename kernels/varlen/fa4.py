@@ -7,9 +7,11 @@ only what the contract needs beyond them, and nothing on a batch without padding
   its `seqused_*` how many of their rows are real, so every padded layout of the contract is
   said as it is (a sequence's real rows start its slot in both);
 - what FA4 reads: its tiles run past a sequence's last real row into whatever follows (GAP and
-  TAIL rows included; 4.0.0b36 offsets q, k, v and dO by `cute.domain_offset` without a
-  sequence bound, `seqlen_info.py`, `flash_fwd_sm90.py`, `flash_bwd_sm90.py`) and give those
-  rows zero weight, which NaN or inf there turns into NaN on REAL rows. On a side that has
+  TAIL rows included) and give those rows zero weight, which NaN or inf there turns into NaN on
+  REAL rows. Upstream source (flash_attn/cute, the same in the 4.0.0b36 wheel and at commit
+  0251105a, tag fa4-v4.0.0.beta27): `SeqlenInfoQK.offset_batch_Q/K` (seqlen_info.py) move the
+  start of q, k, v and dO by `cute.domain_offset` and keep the whole tensor's extent, which is
+  how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles. On a side that has
   padding rows FA4 therefore gets a copy of q (or of k and v) and of dO with those rows zeroed;
   whether a side has any (`cu_seqlens[-1]` short of its row count) is read from the device once
   per new metadata (`_RealRows`), so the layers of one step and unpadded batches pay nothing;
