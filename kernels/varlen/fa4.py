@@ -11,8 +11,9 @@ only what the contract needs beyond them, and nothing on a batch without padding
   REAL rows. Upstream source (flash_attn/cute, the same in the 4.0.0b36 wheel and at commit
   0251105a, tag fa4-v4.0.0.beta27): `SeqlenInfoQK.offset_batch_Q/K` (seqlen_info.py) move the
   start of q, k, v and dO by `cute.domain_offset` and keep the whole tensor's extent, which is
-  how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles. On a side that has
-  padding rows FA4 therefore gets a copy of q (or of k and v) and of dO with those rows zeroed;
+  how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles. On a
+  side that has padding rows FA4 therefore gets a copy of q (or of k and v) and of dO with those
+  rows zeroed;
   whether a side has any (`cu_seqlens[-1]` short of its row count) is read from the device once
   per new metadata (`_RealRows`), so the layers of one step and unpadded batches pay nothing;
 - `out` and `lse`: FA4 leaves GAP and TAIL rows as it found them (`torch.empty`): one launch of
