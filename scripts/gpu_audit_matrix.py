@@ -78,6 +78,7 @@ RACECHECK = {
     "torch-varlen": "FlashAttention-2's backward accumulates dq with atomic adds (Dao-AILab/flash-attention#414)",
     "sdpa-flash": "FlashAttention-2's backward accumulates dq with atomic adds (Dao-AILab/flash-attention#414)",
     "fa4": "FlashAttention-4's backward accumulates dQ in fp32 with atomic adds (dQaccum, flash_attn/cute)",
+    "ours-fa4": "FlashAttention-4 behind our wrapper: its backward accumulates dQ with atomic adds",
 }
 
 

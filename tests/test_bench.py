@@ -7,6 +7,7 @@ import torch
 
 from kernels import default_device
 from workbench.bench import (
+    GUARDED_FA4,
     MIN_ITERS,
     Row,
     Timing,
@@ -186,6 +187,9 @@ def test_targets_judge_the_worst_configuration():
         Row("8x2048 d128", "ours validate=True", Timing(1.03, 2.2, 300.0)),
         Row("8x2048 d128", "ours CUDA graph", Timing(0.9, 1.8, 300.0)),
         Row("16k long-tail d128", "ours validate=True", Timing(2.0, 4.0, 300.0)),  # not at 8x2048: not judged
+        Row("8x2048 d128", "FlashAttention-4 varlen", Timing(0.5, 1.0, 300.0)),
+        Row("8x2048 d128", GUARDED_FA4, Timing(0.51, 1.04, 300.0)),
+        Row("16k long-tail d128", GUARDED_FA4, Timing(0.7, 1.5, 300.0)),  # FA4 alone did not run: not judged
     ]
     found = {t.name: t for t in targets(rows)}
     varlen = found["forward+backward >= 1.3x torch varlen_attn, every workload it runs"]
@@ -200,6 +204,8 @@ def test_targets_judge_the_worst_configuration():
     assert graph.measured == pytest.approx(0.9) and graph.met
     padded = next(t for n, t in found.items() if n.startswith("padded layout"))
     assert padded.met and abs(padded.measured - 0.01) < 1e-12
+    guarded = next(t for n, t in found.items() if n.startswith("forward+backward of FA4 behind our wrapper"))
+    assert (guarded.worst_case, guarded.met) == ("8x2048 d128", True) and guarded.measured == pytest.approx(1 / 1.04)
     peak = next(t for n, t in found.items() if n.startswith("peak memory"))
     assert peak.measured == 1.25 and peak.worst_case == "16k long-tail d128"
     assert not any(n.startswith("forward+backward >= 1.0x FlexAttention") for n in found), "FlexAttention did not run"

@@ -5,8 +5,10 @@ The stand-in answers as FA4 is documented to (`flash_attn.cute.flash_attn_varlen
 cu_seqlens where sequences start in memory, seqused their real rows, None an unbounded
 window side, lse (H, T_q) without a gradient) from the float64 oracle, and leaves what FA4 may
 leave: NaN on every padding row of out and of the gradients, garbage on lse's padding rows,
-+inf (FlashAttention's convention) on rows that see no key. The wrapper must hand back the
-contract regardless.
++inf (FlashAttention's convention) on rows that see no key. It also reads what FA4's tiles
+read, pessimistically: every padding row of q, k, v and dO enters every REAL row of out and of
+the gradients with weight 0, so NaN or inf there makes them NaN, as on the H200
+(data/gpu/audit-fa4.json, padding-leak). The wrapper must hand back the contract regardless.
 """
 
 from __future__ import annotations
@@ -42,6 +44,27 @@ class _GarbageGradients(torch.autograd.Function):
         )
 
 
+class _ReadsPadding(torch.autograd.Function):
+    """out unchanged on finite padding; 0 x (every padding row of q, k, v, and of dO in the
+    backward) added to every REAL row of out and of dq, dk, dv: FA4's tiles multiplying the
+    rows past a sequence's end by zero weights."""
+
+    @staticmethod
+    def forward(ctx, out, q, k, v, q_padding, k_padding):
+        ctx.save_for_backward(q_padding, k_padding)
+        ctx.shapes = (q.shape, k.shape, v.shape)
+        ctx.read = 0 * (q[q_padding].float().sum() + k[k_padding].float().sum() + v[k_padding].float().sum())
+        return out + ctx.read.to(out.dtype) * (~q_padding)[:, None, None]
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q_padding, k_padding = ctx.saved_tensors
+        read = ctx.read + 0 * d_out[q_padding].float().sum()
+        paddings = (q_padding, k_padding, k_padding)
+        on_real = [(read * (~padding)[:, None, None]).expand(shape) for padding, shape in zip(paddings, ctx.shapes)]
+        return d_out, *on_real, None, None
+
+
 def _padding(cu_starts: torch.Tensor, seqused: torch.Tensor | None, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(real boundaries, padding-row mask) of FA4's (cu_seqlens, seqused) description."""
     real = cu_starts if seqused is None else torch.nn.functional.pad(seqused.cumsum(0), (1, 0)).to(torch.int32)
@@ -73,7 +96,14 @@ class FakeFA4:
         return_lse,
     ):
         self.calls.append(
-            dict(cu_seqlens_q=cu_seqlens_q, seqused_q=seqused_q, seqused_k=seqused_k, window_size=window_size, causal=causal)
+            dict(
+                cu_seqlens_q=cu_seqlens_q,
+                seqused_q=seqused_q,
+                seqused_k=seqused_k,
+                window_size=window_size,
+                causal=causal,
+                data_ptrs=[t.data_ptr() for t in (q, k, v)],
+            )
         )
         real_q, q_padding = _padding(cu_seqlens_q, seqused_q, q.shape[0])
         real_k, k_padding = _padding(cu_seqlens_k, seqused_k, k.shape[0])
@@ -93,7 +123,8 @@ class FakeFA4:
             scale=softmax_scale,
             return_lse=True,
         )
-        out = out.to(q.dtype).masked_fill(q_padding[:, None, None], float("nan"))
+        out = _ReadsPadding.apply(out.to(q.dtype), q, k, v, q_padding, k_padding)
+        out = out.masked_fill(q_padding[:, None, None], float("nan"))
         lse = lse.detach().float()
         lse = torch.where(lse == float("-inf"), float("inf"), lse).masked_fill(q_padding[None, :], GARBAGE)
         return out, lse
@@ -149,6 +180,49 @@ def test_fa4_gets_the_layout_as_padded_starts_and_real_lengths(fake_fa4):
     seqused = fake_fa4.calls[1]["seqused_q"]
     lengths = (causal.cu_seqlens_q[1:] - causal.cu_seqlens_q[:-1]).tolist()
     assert (seqused is None or seqused.tolist() == lengths) and fake_fa4.calls[1]["causal"]
+
+
+def test_the_guarded_path_passes_the_audit_on_the_stand_in(fake_fa4):
+    """`workbench audit kernels:varlen_attention_fa4`, every check and a few fuzzed layouts, on
+    the CPU: what the H200 audit of the real FA4 behind the wrapper must also find."""
+    import dataclasses
+
+    import kernels
+    from workbench.audit import ADAPTERS, adapt, audit
+
+    adapter = ADAPTERS["ours-fa4"]
+    anywhere = dataclasses.replace(  # the adapter less its CUDA-only limit: the stand-in runs on the CPU
+        adapter, lacks=lambda fn, device: {k: v for k, v in adapter.lacks_for(fn, device).items() if k != "run"}
+    )
+    report = audit(adapt(kernels.varlen_attention_fa4, anywhere, "cpu"), budget=8)
+    assert report.passed and report.validation == "validates", report.table()
+    assert report.fuzz is not None and report.fuzz.tried == 8 and not report.fuzz.failures
+    assert {r.verdict.value for r in report.results} == {"pass", "validates"}, report.table()
+    assert fake_fa4.calls and {len(c["data_ptrs"]) for c in fake_fa4.calls} == {3}
+
+
+def test_fa4_reads_copies_only_of_a_side_with_padding_rows(fake_fa4):
+    """A side with padding rows goes to FA4 as a copy with them zeroed; a side without any (no
+    GAP, no TAIL rows) as the caller's own tensors: an unpadded batch pays for no copy."""
+    padded_q = pack(Case((5, 3), seqlens_k=(4, 6), tail_q=2, heads=2, head_dim=64, dtype="bfloat16"))
+    padded_q.call(varlen_attention, backend="fa4")
+    q, k, v = fake_fa4.calls[0]["data_ptrs"]
+    assert q != padded_q.q.data_ptr() and (k, v) == (padded_q.k.data_ptr(), padded_q.v.data_ptr())
+    unpadded = pack(CAUSAL.with_(align=None, tail_q=0))
+    unpadded.call(varlen_attention, backend="fa4", causal=True)
+    assert fake_fa4.calls[1]["data_ptrs"] == [t.data_ptr() for t in (unpadded.q, unpadded.k, unpadded.v)]
+
+
+def test_the_real_row_counts_are_read_once_per_metadata():
+    """One device->host read for new metadata; the same tensors, unmodified, are not read again."""
+    real_rows = fa4._RealRows()
+    cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    assert real_rows(cu_q, cu_k) == (5, 9)
+    cu_q.data[-1] = 4  # bypasses the version counter: unseen, so the count was remembered, not read
+    assert real_rows(cu_q, cu_k) == (5, 9)
+    cu_q[-1] = 4  # an in-place write: read again
+    assert real_rows(cu_q, cu_k) == (4, 9)
+    assert real_rows(cu_q.clone(), cu_k) == (4, 9)
 
 
 def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4):

@@ -3,6 +3,7 @@
 Every configuration is timed in one process with CUDA events after warm-up, calls back to back
 (no host sync between them, as in training), for: our kernel (validate=False; also with
 validate=True, and the whole forward+backward step captured in a CUDA graph and replayed);
+FlashAttention-4 alone and behind our contract wrapper (`backend="fa4"`), where it is installed;
 torch `varlen_attn` (FlashAttention-2); SDPA on the dense padded batch (default backend, and
 the cuDNN and flash backends forced where they accept the call), only where the batch is
 near-equal-length (dense padding of a long-tailed mix would time mostly padding); FlexAttention
@@ -248,6 +249,22 @@ def _ours_validated_fresh(batch, window):
     return run
 
 
+GUARDED_FA4 = "ours backend=fa4 (FA4 + wrapper)"
+
+
+def _ours_fa4(batch, window):
+    """FlashAttention-4 behind our contract wrapper (`backend="fa4"`, validate=True on the
+    metadata every call reuses), where FA4 is installed and can run the call: padded workloads
+    included, where the wrapper hands FA4 zeroed copies of the sides with padding rows."""
+    from kernels import varlen_attention
+    from kernels.varlen.fa4 import unsupported
+
+    metadata = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded)
+    if unsupported(batch.q, batch.k, batch.v, metadata, return_lse=False, validate=True):
+        return None
+    return lambda: batch.call(varlen_attention, validate=True, window_size=window, backend="fa4")
+
+
 def grad_like(out: torch.Tensor) -> torch.Tensor:
     """A fixed random gradient for `out`, drawn on the CPU: the CUDA generator is never touched,
     so a CUDA graph capture that fails (and leaves that generator in capture state) cannot make
@@ -439,6 +456,7 @@ IMPLEMENTATIONS: dict[str, Callable] = {
     "SDPA dense (auto)": _sdpa(None),
     "ours validate=True": _ours_validated,
     "ours validate=True, new metadata": _ours_validated_fresh,
+    GUARDED_FA4: _ours_fa4,
     "ours CUDA graph": _ours_graphed,  # last: a capture is the one run that could disturb the process
 }
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.bench import Row, Timing, ratio, workloads
+from workbench.bench import GUARDED_FA4, Row, Timing, ratio, workloads
 from workbench.provenance import GPU_DATA
 from workbench.records import read_record
 
@@ -37,6 +37,7 @@ EQUAL_D128 = "8x2048 d128"  # the equal-length head-dim-128 workloads, causal an
 VALIDATE_AT = "8x2048"  # where the cost of validate=True is judged
 # The ratio each must reach (FlashAttention-4's on d128 workloads only, where real models live).
 PEERS = {"torch varlen_attn": 1.3, "FlexAttention (compiled)": 1.0, "SDPA dense (cuDNN)": 0.8, "FlashAttention-4 varlen": 0.8}
+GUARDED_FA4_BOUND = 0.95  # FA4 behind our wrapper, against FA4 alone on the same batch
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,16 @@ def targets(rows: list[Row]) -> list[Target]:
             },
             1.0,
             False,
+        ),
+        _worst(
+            f"forward+backward of FA4 behind our wrapper >= {GUARDED_FA4_BOUND}x {fa4} alone, every workload both run",
+            {
+                w: ratio(by_impl[(w, fa4)].timing.forward_backward_ms, r.timing.forward_backward_ms)
+                for (w, impl), r in by_impl.items()
+                if impl == GUARDED_FA4 and (w, fa4) in by_impl
+            },
+            GUARDED_FA4_BOUND,
+            True,
         ),
         _worst(
             "whole step captured in a CUDA graph: replay time over eager, forward+backward (benchmarked)",

@@ -1,16 +1,25 @@
 """FlashAttention-4 behind the padding contract: `varlen_attention(..., backend="fa4")`.
 
 FA4 (`flash-attn-4`, CuTe DSL, Hopper and Blackwell) computes the REAL rows; this wrapper adds
-only what the contract needs beyond them, each a write of the padding rows alone:
+only what the contract needs beyond them, and nothing on a batch without padding rows:
 
 - layout: FA4's `cu_seqlens_*` are where sequences start in memory (our padded boundaries) and
   its `seqused_*` how many of their rows are real, so every padded layout of the contract is
   said as it is (a sequence's real rows start its slot in both);
+- what FA4 reads: its tiles run past a sequence's last real row into whatever follows (GAP and
+  TAIL rows included) and give those rows zero weight, which NaN or inf there turns into NaN on
+  REAL rows. Upstream source (flash_attn/cute, the same in the 4.0.0b36 wheel and at commit
+  0251105a, tag fa4-v4.0.0.beta27): `SeqlenInfoQK.offset_batch_Q/K` (seqlen_info.py) move the
+  start of q, k, v and dO by `cute.domain_offset` and keep the whole tensor's extent, which is
+  how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles. On a
+  side that has padding rows FA4 therefore gets a copy of q (or of k and v) and of dO with those
+  rows zeroed;
+  whether a side has any (`cu_seqlens[-1]` short of its row count) is read from the device once
+  per new metadata (`_RealRows`), so the layers of one step and unpadded batches pay nothing;
 - `out` and `lse`: FA4 leaves GAP and TAIL rows as it found them (`torch.empty`): one launch of
   `fill_padding_rows` writes 0 and -inf there; a returned lse says -inf (not FA's +inf) on rows
   that see no key, in a copy, since FA4's backward reads its own;
-- gradients: an identity on q, k, v before FA4 whose backward writes 0 into the padding rows
-  of dq, dk and dv (one launch), whatever FA4 left there.
+- gradients: FA4's dq, dk, dv get 0 on their padding rows (one launch), whatever it left there.
 
 Everything else (rows that see no key, windows, GQA, bottom-right causal alignment) is FA4's
 own; the H200 audit checks the wrapped function against the whole contract. What FA4 cannot
@@ -21,6 +30,7 @@ the reason, under backend="fa4".
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -75,21 +85,74 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, 
     return None
 
 
-class _ZeroPaddingGradients(torch.autograd.Function):
-    """q, k, v unchanged; their gradients come back exactly 0 on padding rows."""
+class _RealRows:
+    """How many rows of q and of k are real (cu_seqlens_q[-1], cu_seqlens_k[-1]) for the last
+    metadata seen: one device->host read per new pair of tensors, none while the same ones,
+    unmodified, come again (the layers of one step)."""
+
+    def __init__(self) -> None:
+        self.refs: tuple = ()
+        self.versions: tuple = ()
+        self.rows: tuple[int, int] = (0, 0)
+
+    def __call__(self, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> tuple[int, int]:
+        pair = (cu_seqlens_q, cu_seqlens_k)
+        versions = tuple(t._version for t in pair)
+        if not (self.refs and all(ref() is t for ref, t in zip(self.refs, pair)) and self.versions == versions):
+            self.rows = tuple(torch.stack([t[-1].to(torch.int64) for t in pair]).tolist())
+            self.refs, self.versions = tuple(weakref.ref(t) for t in pair), versions
+        return self.rows
+
+
+_REAL_ROWS = _RealRows()
+
+
+class _PaddingZeroed(torch.autograd.Function):
+    """What FA4 reads: q, k, v with their padding rows zeroed (in copies, on a side that has
+    any); their gradients come back exactly 0 on padding rows."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded):
-        ctx.save_for_backward(cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        return q.view_as(q), k.view_as(k), v.view_as(v)
+    def forward(ctx, q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded, padded_q, padded_k):
+        ctx.save_for_backward(cu_q, cu_k, cu_q_padded, cu_k_padded)
+        ctx.padded = (padded_q, padded_k, padded_k)
+        copy = torch.contiguous_format
+        inputs = [t.clone(memory_format=copy) if padded else t.view_as(t) for t, padded in zip((q, k, v), ctx.padded)]
+        _zero_padding_rows(inputs, _sides(cu_q, cu_k, cu_q_padded, cu_k_padded), ctx.padded)
+        return tuple(inputs)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
-        cu_q, cu_k, cu_q_padded, cu_k_padded = ctx.saved_tensors
         grads = [None if g is None else g.contiguous() for g in (dq, dk, dv)]
-        sides = ((cu_q, cu_q_padded), (cu_k, cu_k_padded), (cu_k, cu_k_padded))
-        fill_padding_rows(*(Padding(g.view(g.shape[0], -1), 0.0, *side) for g, side in zip(grads, sides) if g is not None))
-        return (*grads, None, None, None, None)
+        _zero_padding_rows(grads, _sides(*ctx.saved_tensors), ctx.padded)  # FA4's own gradients: fresh tensors
+        return (*grads, None, None, None, None, None, None)
+
+
+class _OutputGradZeroed(torch.autograd.Function):
+    """out unchanged; the gradient FA4's backward reads (dO) gets 0 on padding rows, in a copy:
+    out is 0 there whatever q, k, v hold, so no gradient flows from those rows."""
+
+    @staticmethod
+    def forward(ctx, out, cu_q, cu_q_padded):
+        ctx.save_for_backward(cu_q, cu_q_padded)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        d_out = d_out.clone(memory_format=torch.contiguous_format)  # never the caller's tensor
+        _zero_padding_rows([d_out], [ctx.saved_tensors], [True])
+        return d_out, None, None
+
+
+def _sides(cu_q, cu_k, cu_q_padded, cu_k_padded) -> tuple:
+    """The (real, padded) boundaries of q, k and v's rows."""
+    return ((cu_q, cu_q_padded), (cu_k, cu_k_padded), (cu_k, cu_k_padded))
+
+
+def _zero_padding_rows(tensors, sides, padded) -> None:
+    """0 on the padding rows of each (T, H, D) tensor whose side has padding rows: one launch."""
+    fill_padding_rows(
+        *(Padding(t.view(t.shape[0], -1), 0.0, *side) for t, side, p in zip(tensors, sides, padded) if p and t is not None)
+    )
 
 
 def _real_lengths(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> torch.Tensor | None:
@@ -117,7 +180,9 @@ def fa4_attention(
     fa4 = load()
     assert fa4 is not None, "unsupported() rules this out"
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    q_, k_, v_ = _ZeroPaddingGradients.apply(q, k, v, *metadata)
+    real_q, real_k = _REAL_ROWS(cu_seqlens_q, cu_seqlens_k)
+    padded_q, padded_k = real_q != q.shape[0], real_k != k.shape[0]
+    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, padded_q, padded_k)
     out, lse = fa4(
         q_,
         k_,
@@ -133,10 +198,13 @@ def fa4_attention(
         window_size=(None if window_left < 0 else window_left, None if window_right < 0 else window_right),
         return_lse=return_lse,
     )
-    # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
-    targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
     if return_lse:
         lse = torch.where(lse == float("inf"), float("-inf"), lse)  # a copy: FA4's backward reads its own
-        targets.append(Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded))
-    fill_padding_rows(*targets)
+    if padded_q:
+        # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
+        targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
+        if return_lse:
+            targets.append(Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded))
+        fill_padding_rows(*targets)
+        out = _OutputGradZeroed.apply(out, cu_seqlens_q, cu_seqlens_q_padded)
     return out, (lse if return_lse else None)

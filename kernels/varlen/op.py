@@ -302,9 +302,9 @@ def varlen_attention(
             (the optional extra ``fa4``) with the contract kept by a thin wrapper
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
             "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default
-            until the wrapper passes the audit on a GPU: FA4 reads padded key/value rows and
-            multiplies their zero weights by them, so NaN there reaches REAL rows
-            (data/gpu/audit-fa4.json, padding-leak), which the wrapper does not yet prevent. FA4 runs a
+            until the wrapper passes the audit on a GPU; the wrapper hands FA4 copies of q, k, v
+            and dO with their padding rows zeroed on a side that has any, since FA4's tiles read
+            rows past a sequence's end (docs/contract.md, Backends). FA4 runs a
             call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
             boundaries, with ``validate=True`` (FA4 bounds its work by max_seqlen) and no
             gradient through lse (``return_lse=True`` while q, k or v require grad). Every

@@ -195,6 +195,13 @@ def _default_dtype(impl: Adapted) -> str:
     return preferred if preferred in declared else declared[0]
 
 
+def _default_head_dim(impl: Adapted) -> int:
+    # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
+    preferred = 64 if impl.device.type == "cuda" else 32
+    declared = impl.adapter.head_dims
+    return preferred if not declared or preferred in declared else min(declared)
+
+
 def audit(
     fn: Callable | str | Adapted,
     adapter: str | Adapter | None = None,
@@ -226,8 +233,7 @@ def audit(
     if unknown:
         raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
     names = [n for n in names if n not in skip]
-    # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
-    ctx = Context(impl, dtype or _default_dtype(impl), head_dim=64 if impl.device.type == "cuda" else 32)
+    ctx = Context(impl, dtype or _default_dtype(impl), head_dim=_default_head_dim(impl))
     if budget is None:
         budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
     if isolate is None:

@@ -84,7 +84,7 @@ def _allowed(profile: Profile, impl: Adapted) -> tuple[tuple[str, ...], tuple[in
     )
     dims = (
         tuple(d for d in profile.head_dims if impl.adapter.head_dims is None or d in impl.adapter.head_dims)
-        or profile.head_dims[:1]
+        or (impl.adapter.head_dims or profile.head_dims)[:1]
     )
     return dtypes, dims
 

@@ -31,6 +31,7 @@ ROW_PACKAGE = {
     "fsa-dense-varlen": "flash-sparse-attn",
     "fsa-sparse-varlen": "flash-sparse-attn",
     "fa4": "flash-attn-4",
+    "ours-fa4": "flash-attn-4",
     "cudnn-ragged": "nvidia-cudnn-frontend",
 }
 CORRECTNESS = [name for name in CHECKS if name != "input-validation"]

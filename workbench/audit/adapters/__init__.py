@@ -19,6 +19,7 @@ its parameter names (`varlen`: cu_seqlens_q or cu_q, max_seqlen_q or max_q, soft
 scale, causal or is_causal, window_size, *_padded, seqused_*). Which adapter `detect` picks:
 
     ours            kernels.varlen_attention (its declared dtypes and head dims)
+    ours-fa4        kernels.varlen_attention_fa4, the guarded FlashAttention-4 path (CUDA only; fp16/bf16, d64/d128)
     torch-varlen    torch.nn.attention.varlen.varlen_attn (CUDA only; 2.10's is_causal, 2.11's window_size)
     flash-attn      FlashAttention 2/3's flash_attn_varlen_func (CUDA only)
     fa4             FlashAttention-4's flash_attn.cute.flash_attn_varlen_func (CUDA only; seqused_* for GAP rows)
@@ -62,6 +63,7 @@ from workbench.audit.adapters.padded import SDPA_BACKENDS, bshd_mask
 # The audit matrix: (row name, target, adapter), every path above plus ours and torch's.
 MATRIX = (
     ("ours", "kernels:varlen_attention", "ours"),
+    ("ours-fa4", "kernels:varlen_attention_fa4", "ours-fa4"),
     ("torch-varlen", "torch.nn.attention.varlen:varlen_attn", "torch-varlen"),
     ("flex-document", "torch.nn.attention.flex_attention:flex_attention", "flex-document"),
     *((name, "torch.nn.functional:scaled_dot_product_attention", name) for name in SDPA_BACKENDS),

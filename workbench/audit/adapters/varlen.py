@@ -337,6 +337,32 @@ register_varlen(
 )
 
 
+def _is_ours_fa4(fn: Callable) -> bool:
+    import kernels
+
+    return fn is kernels.varlen_attention_fa4
+
+
+def _fa4_path_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
+    from kernels.varlen.fa4 import load
+
+    lacks = cuda_only("the guarded FlashAttention-4 path (sm90/sm100)", device)
+    if load() is None:
+        lacks["run"] = "flash-attn-4 is not installed: pip install 'varlen-postmortem-workbench[fa4]'"
+    return lacks
+
+
+register_varlen(
+    "ours-fa4",
+    detect=_is_ours_fa4,
+    lacks=_fa4_path_lacks,
+    dtypes=("float16", "bfloat16"),
+    head_dims=(64, 128),
+    doc='kernels.varlen_attention_fa4: varlen_attention(backend="fa4"), FlashAttention-4 behind our wrapper, '
+    'in the dtypes and head dims it takes (any other call runs on the Triton kernel under backend="auto").',
+)
+
+
 def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     names = infer(fn).names
     lacks = {**cuda_only("torch varlen_attn (FlashAttention-2 kernels)", device)}
