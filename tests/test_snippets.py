@@ -31,7 +31,7 @@ import torch
 from workbench.bounds import error_check
 from workbench.pasteblocks import block_digest, paste_blocks
 from workbench.provenance import GPU_DATA, REPO
-from workbench.records import write_record
+from workbench.records import read_record, write_record
 
 
 def _name(block: str) -> str:
@@ -653,6 +653,23 @@ def test_paste_block_passes_its_battery(published_site, block_runs, page, name):
             run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
             raise
     run["verdict"] = "passed"
+
+
+def test_gpu_page_blocks_ran_as_shown_on_a_gpu(published_site):
+    """Every block the CUDA-only pages show today ran, exactly as shown, against the library itself
+    (not a replica) natively on a GPU, and passed its battery: GPU_BLOCKS_RECORD names each run
+    block by the sha256 of its text, so a block edited since (or a new one) fails here until
+    GPU_BLOCKS_COMMAND runs again, and a missing record fails too (never a skip)."""
+    record = read_record(GPU_BLOCKS_RECORD, how=f"{GPU_BLOCKS_COMMAND} (the site built with `workbench build --no-execute`)")
+    assert record["provenance"]["mode"] == "native", f"{GPU_BLOCKS_RECORD.name}: not a native GPU run"
+    runs = {(run["page"], run["block"], run["sha256"]): run for run in record["blocks"]}
+    shown = [(page, name, block) for page, name, block in _blocks(published_site) if page in GPU_PAGES]
+    assert {page for page, _, _ in shown} == set(GPU_PAGES), "a GPU page shows no block any more"
+    for page, name, block in shown:
+        run = runs.get((page, name, block_digest(block)))
+        assert run is not None, f"{page}: block {name!r} as shown today never ran on a GPU: run `{GPU_BLOCKS_COMMAND}`"
+        assert not run["stand_in"], f"{page}: block {name!r} ran against a replica, not the library"
+        assert run["verdict"] == "passed", f"{page}: block {name!r} failed its battery on the GPU: {run.get('error')}"
 
 
 # The texts the pages showed before issue 21, each run the way a reader would have used it.
