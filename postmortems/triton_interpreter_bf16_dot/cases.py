@@ -31,6 +31,7 @@ META = Meta(
     "or run natively; ours applies the upcast when a runtime detector sees the bug",
     tags=("triton", "interpreter", "bfloat16"),
     reported="2026-09-04",
+    report=f"{TRITON}/issues/11584",
     published="2026-11-29",
     revised="2026-12-01",
     links=(
