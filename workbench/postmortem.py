@@ -163,7 +163,9 @@ class Meta:
     title: str
     component: str  # the upstream software and the piece of it, e.g. "PyTorch / varlen_attn"
     category: str  # one of CATEGORIES: does it damage training, or mislead the tools?
-    impact: str  # one line for the index: what breaks and how badly
+    # One line for the index: what breaks and how badly. Each {figure} in it is filled in by the
+    # module's impact_figures() from the committed records (a figure is never typed).
+    impact: str
     upstream_status: str  # one of STATUSES, detailed in `status_note`
     status_note: str
     our_verdict: str  # what we verified of the report, e.g. "mechanism confirmed; the proposed fix is wrong"

@@ -102,7 +102,7 @@ class Page:
             "page": self.file,
             "verdict": overall_verdict(self.verdicts),
             "category": meta.category,
-            "impact": meta.impact,
+            "impact": self.postmortem.impact,
             "our_verdict": meta.our_verdict,
             # The strongest evidence about upstream that a claim reached ("ours": only our kernel was run).
             "evidence": best.label if best else Evidence("ours").label,
