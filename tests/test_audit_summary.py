@@ -43,3 +43,37 @@ def test_a_new_fail_moves_a_row_from_use_to_broken():
 
 def test_rows_without_an_answer_are_named():
     assert "`sdpa-nested` did not run" in summary(load_matrix())
+
+
+def _standalone() -> dict:
+    from workbench.audit.records import load_audit_records
+
+    records = {record["file"]: record for record in load_audit_records()}
+    return {
+        "torch `varlen_attn`": {**records["audit-torch-varlen-earlier.json"], "row": "torch-varlen"},
+        "our kernel": {**records["audit-kernels.json"], "row": "ours"},
+    }
+
+
+def test_standalone_audits_group_tail_only_fails_with_the_tail_mechanism():
+    """The earlier varlen_attn audit's empty-sequences FAIL has TAIL values only: it joins tail-rows."""
+    from workbench.audit.summary import audits_summary
+
+    text = audits_summary(_standalone())
+    broken = _line(text, "* **Broken:**")
+    assert "every failing value of tail-rows, empty-sequences, fuzzer: tail-rows lies there" in broken
+    assert "documented upstream as intended: determinism" in broken
+    assert "our kernel: every check passes; the fuzzer tried 5,000 layouts" in _line(text, "* **Not broken:**")
+    assert _line(text, "* **Use:**") == "* **Use:** our kernel as is; torch `varlen_attn` with its TAIL rows zeroed."
+
+
+def test_a_silent_fail_outside_tail_rows_withdraws_the_recommendation():
+    from workbench.audit.summary import audits_summary
+
+    subjects = copy.deepcopy(_standalone())
+    checks = subjects["torch `varlen_attn`"]["checks"]
+    real = next(c for c in checks if c["name"] == "real-accuracy")
+    real.update(verdict="FAIL", evidence="q=[5] H=2 D=64 float16 (zeros padding): out: max |x| 3 in 5 REAL rows")
+    text = audits_summary(subjects)
+    assert "silently wrong in real-accuracy" in _line(text, "* **Broken:**")
+    assert _line(text, "* **Use:**") == "* **Use:** our kernel as is."

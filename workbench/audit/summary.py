@@ -71,3 +71,55 @@ def summary(records: list[dict[str, Any]]) -> str:
     if not_run or unchecked:
         lines.append(f"\nNot in these lines: {'; '.join(not_run + unchecked)}; their cells below say why.")
     return "\n".join(lines)
+
+
+# Checks whose FAIL is loud (an exception, or the input-validation grade), not a silent wrong value.
+LOUD = ("bad-input", "fuzz:raises-on-valid-layout")
+
+
+def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
+    """Markdown: the same three lines for standalone audits ({label: record with its matrix `row`},
+    judged as the matrix's cells are): a FAIL whose every failing value lies in TAIL rows counts as
+    the TAIL mechanism (`workbench.audit.regrade.tail_only`), whatever check found it."""
+    from workbench.audit.regrade import tail_only
+
+    broken: list[str] = []
+    clean: list[str] = []
+    use: list[str] = []
+    for label, record in subjects.items():
+        found = failures([record])[record["row"]]
+        evidence = {check: text for _, check, text in fails([record])}
+        fuzz = record.get("fuzz") or {}
+        if not found:
+            clean.append(f"{label}: every check passes; the fuzzer tried {fuzz.get('tried', 0):,} layouts, none failing")
+            use.insert(0, f"{label} as is")
+            continue
+        bad = found.get("broken", [])
+        tail = [c for c in bad if tail_only(evidence[c])]
+        loud = [c for c in bad if c in LOUD]
+        other = [c for c in bad if c not in tail and c not in loud]
+        said = []
+        if tail:
+            pages = "".join(f" ([{p}]({p}.html))" for p in _pages(record["row"], bad))
+            said.append(
+                f"TAIL rows (past `cu_seqlens[-1]`) of its output and gradients unwritten: every failing value of "
+                f"{_named(tail)} lies there{pages}"
+            )
+        if other:
+            said.append(f"silently wrong in {_named(other)}")
+        if loud:
+            said.append(f"loud failures (an exception, or no clear error for malformed input): {_named(loud)}")
+        if found.get("documented"):
+            said.append(f"documented upstream as intended: {_named(found['documented'])}")
+        broken.append(f"{label}: " + "; ".join(said))
+        if tail and not other:
+            use.append(f"{label} with its TAIL rows zeroed")
+    lines = [f"* **Broken:** {'. '.join(broken) or 'nothing'}."]
+    if clean:
+        lines.append(f"* **Not broken:** {'. '.join(clean)}.")
+    lines.append(f"* **Use:** {'; '.join(use) or 'none of these'}.")
+    return "\n".join(lines)
+
+
+def _named(checks: list[str]) -> str:
+    return ", ".join(c.replace("fuzz:", "fuzzer: ") for c in checks)
