@@ -170,6 +170,15 @@ def scaffolded(built_site):
     return built_site[0]
 
 
+# -- options ---------------------------------------------------------------------------------
+def pytest_addoption(parser):
+    parser.addoption(
+        "--snippet-record",
+        metavar="FILE",
+        help="test_snippets: write each paste block run (sha256 of its text, verdict) with provenance to FILE",
+    )
+
+
 # -- markers ---------------------------------------------------------------------------------
 def gpu_skip_reason() -> str | None:
     """Why `gpu` tests cannot run here (None when they can): they need the kernels compiled

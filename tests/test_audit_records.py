@@ -167,3 +167,4 @@ def test_tail_only_reads_the_regions_a_finding_names():
     assert not tail_only(case + "out: 256 non-finite values in 2 TAIL rows; dk: 3 non-finite values in 1 GAP rows")
     assert not tail_only(case + "dq: error 0.3 > bound 0.01 (30x PyTorch's own error)")
     assert not tail_only("raised RuntimeError: CUDA error: invalid argument")
+    assert tail_only("dk: 64 non-finite values in 1 TAIL rows; dv: 64 non-finite values in 1 TAIL rows")  # a fuzzer's

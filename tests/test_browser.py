@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from workbench.execute import kernel_env
+from workbench.pasteblocks import paste_blocks
 from workbench.registry import Registry
-from workbench.site import build, paste_blocks
+from workbench.site import build
 
 pytestmark = pytest.mark.browser
 

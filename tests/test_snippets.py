@@ -1,7 +1,7 @@
 """Every block a page invites a reader to paste, executed as the page shows it.
 
 The blocks come from the built pages (`published_site`: the committed notebooks rendered as
-`workbench build --no-execute` does), extracted by `workbench.site.paste_blocks`, and each runs
+`workbench build --no-execute` does), extracted by `workbench.pasteblocks.paste_blocks`, and each runs
 verbatim against the inputs real users have: boolean and float masks, masks that differ across
 heads, a non-zero `attn_bias`, grouped K/V, empty sequences. A check must flag exactly the runs
 the upstream kernel breaks, judged by running that kernel; a workaround must keep REAL rows
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import io
 import linecache
+import os
 import re
+import shlex
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +29,9 @@ import pytest
 import torch
 
 from workbench.bounds import error_check
-from workbench.site import paste_blocks
+from workbench.pasteblocks import block_digest, paste_blocks
+from workbench.provenance import GPU_DATA, REPO
+from workbench.records import read_record, write_record
 
 
 def _name(block: str) -> str:
@@ -321,16 +326,21 @@ def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
 # on the page; on a GPU the same tests run the page's texts against torch's own varlen_attn.
 
 
+def _native_cuda() -> bool:
+    import kernels
+
+    return torch.cuda.is_available() and not kernels.INTERPRETED
+
+
 @contextlib.contextmanager
 def _varlen_attn_replica():
     """`from torch.nn.attention.varlen import varlen_attn` giving the replica where torch's own
-    cannot run (no native CUDA); on a GPU, torch's varlen_attn itself."""
+    cannot run (no native CUDA); on a GPU, torch's varlen_attn itself. Yields whether it is
+    torch's own."""
     import torch.nn.attention.varlen as varlen
 
-    import kernels
-
-    if torch.cuda.is_available() and not kernels.INTERPRETED:
-        yield
+    if _native_cuda():
+        yield True
         return
 
     from kernels.replicas.torch_varlen import replica_varlen_attn
@@ -338,9 +348,31 @@ def _varlen_attn_replica():
     saved = varlen.varlen_attn
     varlen.varlen_attn = replica_varlen_attn  # type: ignore[assignment]
     try:
-        yield
+        yield False
     finally:
         varlen.varlen_attn = saved  # type: ignore[assignment]
+
+
+def _token_budget_lm(batch: Any) -> tuple[Any, Any]:
+    """The page's tiny packed LM as a varlen_attn user with a padded token budget runs it (real
+    boundaries only), and `batch` where the model is: on a GPU torch's own varlen_attn in bf16 on
+    CUDA, elsewhere the replica in fp32 on the CPU."""
+    from postmortems import torch_varlen_176793 as pm
+
+    if not _native_cuda():
+        return pm.TinyLM(pm.TRAIN_CONFIG, pm.token_budget_attention), batch
+    from torch.nn.attention.varlen import varlen_attn
+
+    from workbench.audit import adapt
+
+    varlen = adapt(varlen_attn, "torch-varlen", device="cuda")
+
+    def attention(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, **padded_layout):
+        return varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal)
+
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    on_cuda = dataclasses.replace(batch, **{n: t.cuda() for n, t in fields.items() if isinstance(t, torch.Tensor)})
+    return pm.TinyLM(pm.TRAIN_CONFIG, attention).to("cuda", torch.bfloat16), on_cuda
 
 
 def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
@@ -349,7 +381,7 @@ def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
     from postmortems import torch_varlen_176793 as pm
 
     for pad, hit in ((3, True), (0, False)):
-        model, batch = pm.TinyLM(pm.TRAIN_CONFIG, pm.token_budget_attention), pm.budget_batches(pad=pad, steps=1)[0][0]
+        model, batch = _token_budget_lm(pm.budget_batches(pad=pad, steps=1)[0][0])
         named = check(model, lambda model=model, batch=batch: model.loss(batch).backward())
         assert bool(named) == hit, f"{pad} TAIL rows: {named}"
     assert not torch.are_deterministic_algorithms_enabled(), "the check leaves deterministic mode off"
@@ -358,14 +390,14 @@ def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
 VARLEN_LAYOUTS = {"TAIL rows": ((5, 9), 3), "an empty sequence and TAIL rows": ((5, 0, 9), 4)}
 
 
-def _battery_varlen_workaround(workaround: Callable, fill: str, out_padding: str) -> None:
+def _battery_varlen_workaround(workaround: Callable, fill: str, out_padding: str, head_dim: int = DIM) -> None:
     """Under NaN-poisoned memory, padding rows of q, k, v holding `fill`, a loss that ignores the
     padding: REAL rows within the bound of the fp64 answer, padding rows of dq, dk, dv exactly 0, and
     of out `out_padding` ("zero", or "finite" where the page says the rows hold an attention of their own)."""
     from workbench import Case, pack, poisoned_memory, reference_attention
 
     for name, (lengths, tail) in VARLEN_LAYOUTS.items():
-        case = Case(seqlens_q=lengths, tail_q=tail, tail_k=tail, heads=2, head_dim=DIM, dtype="float16", fill=fill)
+        case = Case(seqlens_q=lengths, tail_q=tail, tail_k=tail, heads=2, head_dim=head_dim, dtype="float16", fill=fill)
         batch = pack(case)
         leaves = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
         args = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k)
@@ -398,11 +430,15 @@ def battery_varlen_sliced(workaround: Callable) -> None:
 # -- FlashAttention-4's unwritten padding rows: fa4-unwritten-padding ---------------------------------
 # FA4 runs on sm90/sm100 GPUs only; elsewhere the page's stand-in (the replica of the same
 # mechanism, called as FA4 is) answers `from flash_attn.cute import flash_attn_varlen_func`.
+# Head dim 64, so that the same batteries run FA4 itself: its interface lists head dims 64, 96 and 128
+# (flash_attn/cute/interface.py), and its H200 audit (data/gpu/audit-fa4.json) ran at 64.
+FA4_DIM = 64
 
 
 @contextlib.contextmanager
 def _fa4_or_replica():
-    """`flash_attn.cute.flash_attn_varlen_func`: FA4 itself where it imports, else the page's replica."""
+    """`flash_attn.cute.flash_attn_varlen_func`: FA4 itself where it imports, else the page's
+    replica. Yields whether it is FA4 itself."""
     import types
 
     from workbench.upstream import _standing_in
@@ -412,7 +448,7 @@ def _fa4_or_replica():
     except ImportError:
         pass
     else:
-        yield
+        yield True
         return
     from postmortems.fa4_unwritten_padding import replica_flash_attn_varlen_func
 
@@ -420,7 +456,7 @@ def _fa4_or_replica():
     cute.flash_attn_varlen_func = replica_flash_attn_varlen_func
     package.cute = cute
     with _standing_in({"flash_attn": package, "flash_attn.cute": cute}):
-        yield
+        yield False
 
 
 def battery_fa4_unwritten_tail_rows(check: Callable) -> None:
@@ -429,10 +465,10 @@ def battery_fa4_unwritten_tail_rows(check: Callable) -> None:
     from workbench import Case, Fill, pack
 
     for tail, hit in ((3, True), (0, False)):
-        case = Case((5, 0, 9), tail_q=tail, tail_k=tail, heads=2, head_dim=DIM, dtype="float16", fill=Fill.GARBAGE)
+        case = Case((5, 0, 9), tail_q=tail, tail_k=tail, heads=2, head_dim=FA4_DIM, dtype="float16", fill=Fill.GARBAGE)
         b = pack(case)
         counts = check(b.q, b.k, b.v, b.cu_seqlens_q, b.cu_seqlens_k, b.max_seqlen_q, b.max_seqlen_k)
-        values = {"out": tail * 2 * DIM, "dq": tail * 2 * DIM, "dk": tail * 2 * DIM, "dv": tail * 2 * DIM}
+        values = dict.fromkeys(("out", "dq", "dk", "dv"), tail * 2 * FA4_DIM)
         assert counts == (values if hit else dict.fromkeys(values, 0)), f"{tail} TAIL rows: {counts}"
     assert not torch.are_deterministic_algorithms_enabled(), "the check leaves deterministic mode off"
 
@@ -440,8 +476,8 @@ def battery_fa4_unwritten_tail_rows(check: Callable) -> None:
 def battery_fa4_padding_zeroed(workaround: Callable) -> None:
     """The workaround with NaN and with garbage in the padding rows: padding rows of out, dq, dk, dv
     exactly 0, REAL rows within the bound."""
-    _battery_varlen_workaround(workaround, "nan", out_padding="zero")
-    _battery_varlen_workaround(workaround, "garbage", out_padding="zero")
+    _battery_varlen_workaround(workaround, "nan", out_padding="zero", head_dim=FA4_DIM)
+    _battery_varlen_workaround(workaround, "garbage", out_padding="zero", head_dim=FA4_DIM)
 
 
 @pytest.mark.slow
@@ -538,13 +574,18 @@ UPSTREAM_PATCHES = {("flash-dmattn-flex-mask.html", "mask_mod")}
 # Pages whose blocks are not all self-contained yet, with their number of blocks, listed so that
 # no new block escapes the batteries unnoticed (none today).
 NOT_YET_SELF_CONTAINED: dict[str, int] = {}
+# Pages whose blocks call a CUDA-only library, each with what resolves it (the library itself on a
+# GPU, else the page's replica). On an H200, GPU_BLOCKS_COMMAND runs their blocks as shown against
+# the library and records each block's sha256 and verdict in GPU_BLOCKS_RECORD.
+GPU_PAGES = {"torch-varlen-176793.html": _varlen_attn_replica, "fa4-unwritten-padding.html": _fa4_or_replica}
+GPU_BLOCKS_RECORD = GPU_DATA / "paste-blocks-h200.json"
+GPU_BLOCKS_COMMAND = (
+    "WORKBENCH_PUBLISHED_SITE=site/_build python -m pytest tests/test_snippets.py -k 'torch-varlen or fa4' "
+    f"-p no:cacheprovider --snippet-record {GPU_BLOCKS_RECORD.relative_to(REPO)}"
+)
 # What a page's blocks import, resolved where this machine lacks it: flash-dmattn's Flex file as the
-# post-mortem runs it, and the replica for torch's CUDA-only varlen_attn (as on the page).
-PAGE_CONTEXT = {
-    "flash-dmattn-flex-mask.html": _upstream_flex,
-    "torch-varlen-176793.html": _varlen_attn_replica,
-    "fa4-unwritten-padding.html": _fa4_or_replica,
-}
+# post-mortem runs it, and the CUDA-only libraries above.
+PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, **GPU_PAGES}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:
@@ -565,19 +606,70 @@ def test_every_paste_block_has_a_battery(published_site):
     assert {(p, n) for p, n, _ in blocks} >= set(BATTERIES), "a battery whose block is no longer on its page"
 
 
+def _library_versions() -> dict[str, str | None]:
+    """The versions of the CUDA-only libraries the GPU pages' blocks call (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions: dict[str, str | None] = {"torch": torch.__version__}
+    try:
+        versions["flash-attn-4"] = version("flash-attn-4")
+    except PackageNotFoundError:
+        versions["flash-attn-4"] = None
+    return versions
+
+
+@pytest.fixture(scope="session")
+def block_runs(request):
+    """Each block run by this session: page, block, sha256 of its text, verdict, and whether a replica
+    stood in for the library; with `--snippet-record FILE`, written there (with provenance) at the end."""
+    runs: list[dict[str, Any]] = []
+    yield runs
+    path = request.config.getoption("snippet_record")
+    if path:
+        site = os.environ.get("WORKBENCH_PUBLISHED_SITE")
+        command = shlex.join(["python", "-m", "pytest", *request.config.invocation_params.args])
+        command = f"WORKBENCH_PUBLISHED_SITE={shlex.quote(site)} {command}" if site else command
+        write_record(path, {"libraries": _library_versions(), "blocks": runs}, command=command)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page, name", sorted(BATTERIES))
-def test_paste_block_passes_its_battery(published_site, page, name):
+def test_paste_block_passes_its_battery(published_site, block_runs, page, name):
     """The block exactly as the page shows it, run in a fresh namespace, then its battery."""
     block = next(b for p, n, b in _blocks(published_site) if (p, n) == (page, name))
-    with PAGE_CONTEXT.get(page, contextlib.nullcontext)():
-        if name == "script":
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                namespace = _run(block)
-            BATTERIES[page, name](namespace | {"printed": printed.getvalue()})
-        else:
-            BATTERIES[page, name](_run(block)[name])
+    run: dict[str, Any] = {"page": page, "block": name, "sha256": block_digest(block), "verdict": "failed"}
+    block_runs.append(run)
+    with PAGE_CONTEXT.get(page, contextlib.nullcontext)() as itself:
+        run["stand_in"] = itself is False
+        try:
+            if name == "script":
+                printed = io.StringIO()
+                with contextlib.redirect_stdout(printed):
+                    namespace = _run(block)
+                BATTERIES[page, name](namespace | {"printed": printed.getvalue()})
+            else:
+                BATTERIES[page, name](_run(block)[name])
+        except Exception as exc:
+            run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            raise
+    run["verdict"] = "passed"
+
+
+def test_gpu_page_blocks_ran_as_shown_on_a_gpu(published_site):
+    """Every block the CUDA-only pages show today ran, exactly as shown, against the library itself
+    (not a replica) natively on a GPU, and passed its battery: GPU_BLOCKS_RECORD names each run
+    block by the sha256 of its text, so a block edited since (or a new one) fails here until
+    GPU_BLOCKS_COMMAND runs again, and a missing record fails too (never a skip)."""
+    record = read_record(GPU_BLOCKS_RECORD, how=f"{GPU_BLOCKS_COMMAND} (the site built with `workbench build --no-execute`)")
+    assert record["provenance"]["mode"] == "native", f"{GPU_BLOCKS_RECORD.name}: not a native GPU run"
+    runs = {(run["page"], run["block"], run["sha256"]): run for run in record["blocks"]}
+    shown = [(page, name, block) for page, name, block in _blocks(published_site) if page in GPU_PAGES]
+    assert {page for page, _, _ in shown} == set(GPU_PAGES), "a GPU page shows no block any more"
+    for page, name, block in shown:
+        run = runs.get((page, name, block_digest(block)))
+        assert run is not None, f"{page}: block {name!r} as shown today never ran on a GPU: run `{GPU_BLOCKS_COMMAND}`"
+        assert not run["stand_in"], f"{page}: block {name!r} ran against a replica, not the library"
+        assert run["verdict"] == "passed", f"{page}: block {name!r} failed its battery on the GPU: {run.get('error')}"
 
 
 # The texts the pages showed before issue 21, each run the way a reader would have used it.

@@ -137,6 +137,11 @@ class Link:
 
     KINDS = ("", "issue", "PR", "commit", "release", "docs", "thread")
 
+    @property
+    def name(self) -> str:
+        """The label up to its first colon, e.g. "pytorch#176793"."""
+        return self.label.split(":")[0]
+
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
             raise ValueError(f"Link.kind = {self.kind!r} must be one of {self.KINDS}.")
@@ -158,18 +163,21 @@ class Meta:
     title: str
     component: str  # the upstream software and the piece of it, e.g. "PyTorch / varlen_attn"
     category: str  # one of CATEGORIES: does it damage training, or mislead the tools?
-    impact: str  # one line for the index: what breaks and how badly
+    # One line for the index: what breaks and how badly. Each {figure} in it is filled in by the
+    # module's impact_figures() from the committed records (a figure is never typed).
+    impact: str
     upstream_status: str  # one of STATUSES, detailed in `status_note`
     status_note: str
     our_verdict: str  # what we verified of the report, e.g. "mechanism confirmed; the proposed fix is wrong"
     detection: str  # how the bug shows itself to a user
     fix_type: str  # what kind of fix upstream tried and what we propose
     tags: tuple[str, ...]
-    reported: str  # ISO date of the upstream report itself
+    reported: str  # ISO date of the upstream report itself (`report`); without one, the date we found the bug
     published: str  # ISO date this post-mortem first appeared
     revised: str = ""  # ISO date of its last factual revision
     links: tuple[Link, ...] = ()
     seed: str = ""  # file name of the seed claim in shared/seeds, if any
+    report: str = ""  # url of the upstream report (one of `links`); empty: nobody reported it upstream
 
     def __post_init__(self) -> None:
         if self.upstream_status not in STATUSES:
@@ -184,6 +192,10 @@ class Meta:
             raise ValueError(
                 f"Meta dates out of order: reported {self.reported}, published {self.published}, revised {self.revised}."
             )
+        if self.report and self.report not in {link.url for link in self.links}:
+            raise ValueError(f"Meta.report = {self.report!r} must be the url of one of Meta.links (the report's own link).")
+        if self.report and self.upstream_status == "upstream unaware":
+            raise ValueError("Meta: upstream_status 'upstream unaware' with a report; give the status the report got.")
         for link in self.links:
             if link.date and _iso(link.date, "link date") > latest:
                 raise ValueError(
@@ -196,9 +208,22 @@ class Meta:
         """The dated links, oldest first: the upstream-status section's rows."""
         return sorted((link for link in self.links if link.date), key=lambda link: link.date)
 
+    def origin(self) -> tuple[str, Link | None]:
+        """How the bug came to light, for the header: ("reported <date> in", the report's link), or
+        ("found by our audit, <date>", None) where nobody reported it upstream. "Reported" comes
+        with its link only (a scaffold that names no report yet says "reported <date>")."""
+        report = next((link for link in self.links if link.url == self.report), None)
+        if report is not None:
+            return f"reported {self.reported} in", report
+        if self.upstream_status == "upstream unaware":
+            return f"found by our audit, {self.reported}", None
+        return f"reported {self.reported}", None
+
     def header_markdown(self) -> str:
         """The notebook's header cell (the site renders the same facts from META)."""
         revised = f" · revised {self.revised}" if self.revised else ""
+        text, report = self.origin()
+        origin = text[0].upper() + text[1:] + (f" [{report.name}]({report.url})" if report else "")
         return "\n".join(
             [
                 f"# {self.title}",
@@ -207,7 +232,7 @@ class Meta:
                 "",
                 f"Upstream: **{self.upstream_status}** ({self.status_note}) · Our verdict: **{self.our_verdict}**",
                 "",
-                f"Reported {self.reported} · Published {self.published}{revised} · Tags: {', '.join(self.tags)}",
+                f"{origin} · Published {self.published}{revised} · Tags: {', '.join(self.tags)}",
             ]
         )
 

@@ -9,6 +9,10 @@ imports post-mortem modules for the CLI and the site (the rule: `workbench` neve
 A notebook under `notebooks/` whose name is not a post-mortem id (the instruments demo) is a
 plain notebook: it is executed, tested and published, but has no META, claims or verdict.
 
+A figure in an impact line (`META.impact`, the index's one line) is a `{name}` field, filled in by
+the module's `impact_figures()` from the committed records (`PostMortem.impact`), so the index
+never types a number the records could contradict.
+
 Notebook conventions, checked by `check_notebook` so that a broken convention fails CI:
 
 * the first cell is a code cell tagged `wb-header` that imports the post-mortem module and
@@ -32,6 +36,7 @@ import json
 import keyword
 import pkgutil
 import shutil
+import string
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -86,8 +91,27 @@ class PostMortem:
     def claims(self):  # workbench.postmortem.Claims
         return self.module.claims
 
+    @property
+    def impact(self) -> str:
+        """META.impact with its {figures} filled in by the module's `impact_figures()`, which
+        computes them from the committed records: an index figure is never typed."""
+        names = impact_fields(self.meta.impact)
+        if not names:
+            return self.meta.impact
+        figures = self.module.impact_figures()
+        if set(figures) != set(names):
+            raise RegistryError(
+                f"post-mortem {self.id!r}: META.impact names {sorted(names)}, impact_figures() gives {sorted(figures)}."
+            )
+        return self.meta.impact.format_map(figures)
+
     def reproduce(self, device: str | None = None) -> Any:
         return self.module.reproduce(device=device)
+
+
+def impact_fields(impact: str) -> list[str]:
+    """The {figures} an impact line names (str.format fields)."""
+    return [name for _, name, _, _ in string.Formatter().parse(impact) if name]
 
 
 def validate_module(module: ModuleType) -> None:
@@ -115,6 +139,11 @@ def validate_module(module: ModuleType) -> None:
     claims = getattr(module, "claims", None)
     if not isinstance(claims, Claims) or not len(claims):
         raise RegistryError(f"{where}: claims must be a workbench.postmortem.Claims with at least one registered claim.")
+    if impact_fields(meta.impact) and not callable(getattr(module, "impact_figures", None)):
+        raise RegistryError(
+            f"{where}: META.impact names {impact_fields(meta.impact)}; define impact_figures() returning each, "
+            "computed from the committed records."
+        )
 
 
 def _source(cell) -> str:

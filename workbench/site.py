@@ -46,6 +46,7 @@ import nbformat
 
 from workbench.errors import BuildError
 from workbench.execute import describe_error, execute_all, first_error
+from workbench.pasteblocks import TAG as _TAG
 from workbench.postmortem import READER_SECTIONS, Evidence
 from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
 
@@ -101,7 +102,7 @@ class Page:
             "page": self.file,
             "verdict": overall_verdict(self.verdicts),
             "category": meta.category,
-            "impact": meta.impact,
+            "impact": self.postmortem.impact,
             "our_verdict": meta.our_verdict,
             # The strongest evidence about upstream that a claim reached ("ours": only our kernel was run).
             "evidence": best.label if best else Evidence("ours").label,
@@ -241,7 +242,6 @@ def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> s
 
 
 _H2 = re.compile(r"<h2\b[^>]*>(.*?)</h2>", re.DOTALL)
-_TAG = re.compile(r"<[^>]+>")
 _TABLE = re.compile(r"<table\b[^>]*>(.*?)</table>", re.DOTALL)
 _ROW = re.compile(r"<tr\b[^>]*>(.*?)</tr>", re.DOTALL)
 _CELL = re.compile(r"<t([dh])\b[^>]*>(.*?)</t\1>", re.DOTALL)
@@ -250,17 +250,6 @@ CLAIMS_HEADER = ("verdict", "level", "claim", "evidence")
 
 def _text(fragment: str) -> str:
     return html.unescape(_TAG.sub("", fragment)).replace("\u00b6", "").strip()
-
-
-# What a page invites a reader to paste: a code cell tagged `wb-show-code` (shown unfolded, see
-# the template) and a fenced ```python block of the prose (nbconvert renders it as a bare
-# `highlight` div; executed cells are `highlight hl-ipython3`).
-_PASTE = re.compile(r'<details class="wb-code" open[^>]*>.*?<pre>(.*?)</pre>|<div class="highlight"><pre>(.*?)</pre>', re.DOTALL)
-
-
-def paste_blocks(page: str) -> list[str]:
-    """The code blocks a built page offers for copying, as a reader's clipboard gets them."""
-    return [html.unescape(_TAG.sub("", a or b)) for a, b in _PASTE.findall(page)]
 
 
 def page_problems(text: str) -> list[str]:

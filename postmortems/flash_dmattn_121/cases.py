@@ -33,6 +33,7 @@ META = Meta(
     fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); workarounds: pad lengths to a multiple of 64, pad on the right or let padding rows see themselves",
     tags=("attention mask", "padding", "ragged length", "NaN", "unsound fix"),
     reported="2025-08-24",
+    report="https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
     published="2026-11-29",
     revised="2026-12-01",
     links=(

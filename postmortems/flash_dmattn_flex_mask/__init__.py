@@ -33,7 +33,7 @@ from postmortems.flash_dmattn_flex_mask.figures import (
     workaround_table,
 )
 from postmortems.flash_dmattn_flex_mask.gpu import gpu_probes, probe_all
-from postmortems.flash_dmattn_flex_mask.study import reproduce, study_batch
+from postmortems.flash_dmattn_flex_mask.study import impact_figures, reproduce, study_batch
 from postmortems.flash_dmattn_flex_mask.upstream import (
     listing,
     source_facts,
@@ -58,6 +58,7 @@ __all__ = [
     "cases_table",
     "claims",
     "gpu_probes",
+    "impact_figures",
     "listing",
     "mask_effect_table",
     "probe_all",

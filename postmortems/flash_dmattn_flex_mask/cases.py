@@ -19,7 +19,7 @@ META = Meta(
     category="training bug",
     impact=(
         "flash-dmattn <= 1.2.2 flex_dmattn_func: any padding, document or top-k attn_mask is dropped; "
-        "finite outputs and gradients about 20 to 1,200 times PyTorch's own error on the H200, no warning"
+        "finite outputs and gradients {h200_error_ratios} times PyTorch's own error on the H200, no warning"
     ),
     upstream_status="upstream unaware",
     status_note=(

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_COMMAND, IMPLS, META, STUDY
-from postmortems.flash_dmattn_flex_mask.study import Results, _predicted_rows
+from postmortems.flash_dmattn_flex_mask.study import Results, _predicted_rows, gpu_error_range
 from postmortems.flash_dmattn_flex_mask.upstream import SOURCE
 from workbench.postmortem import (
     OURS,
@@ -151,8 +151,7 @@ def _gpu_record(r: Results):
     )
     fuzz = r.audit["fuzz"]
     holds = holds and 2 * fuzz["failing_layouts"] > fuzz["tried"]
-    lo = min(min(v["ratios"].values()) for v in wrong.values())
-    hi = max(max(v["ratios"].values()) for v in wrong.values())
+    lo, hi = gpu_error_range(r.recorded)
     prov = r.audit["provenance"]
     return holds, (
         f"{r.audit['file']} ({prov['device']}, torch {prov['torch']}, {prov['date']}): {len(wrong)} failing checks, "

@@ -295,6 +295,24 @@ def recorded_ratios(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def gpu_error_range(recorded: dict[str, dict[str, Any]]) -> tuple[float, float]:
+    """The smallest and largest error, in multiples of PyTorch's own (out, dq, dk, dv), of the H200
+    audit's failing checks (`recorded_ratios`), padding-leak apart (NaN there, no ratio)."""
+    ratios = [r for check, found in recorded.items() if check != "padding-leak" for r in found["ratios"].values()]
+    return min(ratios), max(ratios)
+
+
+def impact_figures() -> dict[str, str]:
+    """The index's figure, from the committed H200 audit: its range of error ratios."""
+    low, high = gpu_error_range(recorded_ratios(audit_record()))
+    return {"h200_error_ratios": f"{_three_digits(low)} to {_three_digits(high)}"}
+
+
+def _three_digits(x: float) -> str:
+    """22.7, 1,170: three significant digits, thousands separated."""
+    return f"{float(f'{x:.3g}'):,g}"
+
+
 @dataclass
 class Results(PostmortemResults):
     device: str

@@ -36,6 +36,7 @@ META = Meta(
     "varlen kernel that writes 0 there by contract",
     tags=("attention mask", "fully masked rows", "silent error", "audit finding"),
     reported="2026-03-19",  # pytorch#177842, filed on or before the day PR #177868 ("To fix #177842") was opened
+    report=f"{PT}/issues/177842",
     published="2026-12-01",
     links=(
         Link(

@@ -42,6 +42,7 @@ META = Meta(
     fix_type="pass real cu_seqlens with cu_seqlens_padded; keep padding rows zero before FP8 quantization; zero tail rows",
     tags=("thd", "cu_seqlens_padded", "fp8", "training"),
     reported="2026-04-16",
+    report=ISSUE,
     published="2026-11-29",
     revised="2026-12-01",
     links=(

@@ -27,6 +27,7 @@ META = Meta(
     # The issue's own opening date, as recorded by NeuralDBG's tracking file for it (BUG-002):
     # "OPEN, since 2026-03-07"; flash-attention#2324 (same mechanism, by varlen_attn's author) follows on 03-10.
     reported="2026-03-07",
+    report="https://github.com/pytorch/pytorch/issues/176793",
     published="2026-11-29",
     revised="2026-12-01",
     links=(

@@ -34,7 +34,7 @@ from postmortems.triton_interpreter_bf16_dot.figures import (
     plot_dot_errors,
     workaround_table,
 )
-from postmortems.triton_interpreter_bf16_dot.study import _recorded, listing, reproduce
+from postmortems.triton_interpreter_bf16_dot.study import _recorded, impact_figures, listing, reproduce
 
 __all__ = [
     "CASES",
@@ -53,6 +53,7 @@ __all__ = [
     "gpu_table",
     "listing",
     "plot_dot_errors",
+    "impact_figures",
     "reproduce",
     "workaround_table",
 ]

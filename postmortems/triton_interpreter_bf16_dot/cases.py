@@ -20,8 +20,8 @@ META = Meta(
     title="The Triton CPU interpreter multiplies raw bfloat16 bits in tl.dot",
     component="Triton / CPU interpreter (TRITON_INTERPRET=1), tl.dot",
     category="tooling bug",
-    impact="CPU runs (TRITON_INTERPRET=1) of any Triton kernel with a bf16 tl.dot return finite results ~1e9 too large, "
-    "without an error; compiled GPU runs are correct",
+    impact="CPU runs (TRITON_INTERPRET=1) of any Triton kernel with a bf16 tl.dot return finite results whose relative "
+    "error is {bf16_relative_error}, and raise nothing; compiled GPU runs are correct",
     upstream_status="closed (not fixed)",
     status_note='#11584 closed; its fix, PR #11585, closed unmerged ("No, we just don\'t support it yet"); '
     "the debugging guide documents bf16 as unsupported in the interpreter",
@@ -31,6 +31,7 @@ META = Meta(
     "or run natively; ours applies the upcast when a runtime detector sees the bug",
     tags=("triton", "interpreter", "bfloat16"),
     reported="2026-09-04",
+    report=f"{TRITON}/issues/11584",
     published="2026-11-29",
     revised="2026-12-01",
     links=(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from postmortems.triton_interpreter_bf16_dot.cases import FIXED, META, REPRODUCTION, SOURCE_READ, WORKAROUND
-from postmortems.triton_interpreter_bf16_dot.study import _row
+from postmortems.triton_interpreter_bf16_dot.study import _decade, _row
 from workbench.postmortem import (
     OURS,
     UPSTREAM_CPU,
@@ -15,11 +13,6 @@ from workbench.postmortem import (
 )
 
 claims = Claims()
-
-
-def _decade(x: float) -> str:
-    """An order of magnitude ('~1e+9'): evidence that reads the same on any CPU's rounding."""
-    return f"~1e{round(math.log10(x)):+d}" if x > 0 else "0"
 
 
 @claims(

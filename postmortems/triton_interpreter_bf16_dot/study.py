@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -21,11 +22,21 @@ from kernels.interpreter import (
     run_interpreted,
     single_block_attention,
 )
-from postmortems.triton_interpreter_bf16_dot.cases import BF16, CASES, FIXED, META, REPRODUCTION, TIMING_REPEATS, WORKAROUND
+from postmortems.triton_interpreter_bf16_dot.cases import (
+    BF16,
+    CASES,
+    FIXED,
+    META,
+    RECORD_COMMAND,
+    REPRODUCTION,
+    TIMING_REPEATS,
+    WORKAROUND,
+)
 from workbench import pack, probe
 from workbench.postmortem import (
     Results,
     gpu_records,
+    latest_gpu_record,
 )
 
 
@@ -73,6 +84,20 @@ def forward_seconds(impl: Callable = varlen_attention, repeats: int = TIMING_REP
             best = min(best, clock() - start)
         seconds[case.dtype] = best
     return seconds
+
+
+def _decade(x: float) -> str:
+    """An order of magnitude ('~1e+9'): evidence that reads the same on any CPU's rounding."""
+    return f"~1e{round(math.log10(x)):+d}" if x > 0 else "0"
+
+
+def impact_figures() -> dict[str, str]:
+    """The index's figure, from the committed H200 record (its interpreter run): the relative
+    error of a bf16 tl.dot, to its order of magnitude."""
+    record = latest_gpu_record(META)
+    if record is None:
+        raise FileNotFoundError(f"no data/gpu/{META.id}-*.json: record one with `{RECORD_COMMAND}`")
+    return {"bf16_relative_error": _decade(record["results"]["interpreter"]["detector"]["checks"]["bfloat16"]["relative"])}
 
 
 def study() -> dict[str, Any]:

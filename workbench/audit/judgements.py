@@ -34,6 +34,7 @@ class Judgement:
     text: str
     links: tuple[Link, ...] = ()  # upstream reports of the cell, then the mechanism's documentation
     postmortem: str | None = None
+    nan_padding: bool = False  # the FAIL needs non-finite values planted in the padding (zeroed padding avoids it)
 
     @property
     def known(self) -> bool:
@@ -69,7 +70,9 @@ def parse(data: dict[str, Any], source: str = "judgements") -> dict[tuple[str, s
             for check in entry["checks"]:
                 if (row, check) in judged:
                     raise ValueError(f"{source}: {row} / {check} is judged twice (cells entry {i} and an earlier one).")
-                judged[(row, check)] = Judgement(mechanism["kind"], name, text, links, entry.get("postmortem"))
+                judged[(row, check)] = Judgement(
+                    mechanism["kind"], name, text, links, entry.get("postmortem"), mechanism.get("nan_padding", False)
+                )
     return judged
 
 

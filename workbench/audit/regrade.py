@@ -56,9 +56,10 @@ def regrade_campaign(record: dict[str, Any], aliases: dict[str, str] | None = No
 
 
 def tail_only(evidence: str) -> bool:
-    """Whether a recorded FAIL's evidence ('<case> (<fill> padding): out: ... in 2 TAIL rows; ...')
-    names TAIL rows and nothing else."""
-    _, _, findings = evidence.partition("padding): ")
+    """Whether a recorded FAIL's evidence ('<case> (<fill> padding): out: ... in 2 TAIL rows; ...', or
+    a fuzzer failure's, without the case) names TAIL rows and nothing else."""
+    _, case, findings = evidence.partition("padding): ")
+    findings = findings if case else evidence
     parts = [part.strip() for part in findings.split(";") if part.strip()]
     return bool(parts) and all(_REGION_PART.match(part) and part.endswith("TAIL rows") for part in parts)
 

@@ -1,0 +1,79 @@
+"""The audit matrix's three lines are computed from the committed records and their judgements:
+a row moves between them when its record changes, and no row is both broken and recommended."""
+
+from __future__ import annotations
+
+import copy
+
+from workbench.audit.judgements import judgements
+from workbench.audit.matrix import fails, load_matrix
+from workbench.audit.summary import failures, summary
+
+
+def _line(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_each_judged_fail_lands_on_its_line():
+    records = load_matrix()
+    found, judged = failures(records), judgements()
+    for row, check, _ in fails(records):
+        j = judged[(row, check)]
+        kind = "nan-padding" if j.nan_padding else "broken" if j.kind == "upstream" else j.kind
+        assert check in found[row][kind], (row, check)
+    text = summary(records)
+    broken, nan, use = _line(text, "* **Broken**"), _line(text, "* **NaN planted"), _line(text, "* **Use:**")
+    assert "`torch-varlen` (tail-rows" in broken and "[torch-varlen-176793](torch-varlen-176793.html)" in broken
+    assert "`sdpa-math` (padding-leak" in nan and "`sdpa-math`" not in broken
+    assert use.startswith("* **Use:** `ours` as is;") and "`sdpa-math`" in use
+    assert "Documented upstream as intended: `sdpa-cudnn` (determinism)" in broken
+    for row, kinds in found.items():
+        assert not (kinds.keys() - {"nan-padding"} and f"`{row}`" in use), f"{row} is recommended with FAILs: {kinds}"
+
+
+def test_a_new_fail_moves_a_row_from_use_to_broken():
+    """An unjudged FAIL counts as broken: our kernel failing tail-rows leaves the Use line."""
+    records = copy.deepcopy(load_matrix())
+    ours = next(r for r in records if r["row"] == "ours")
+    next(c for c in ours["checks"] if c["name"] == "tail-rows")["verdict"] = "FAIL"
+    text = summary(records)
+    assert "`ours` (tail-rows)" in _line(text, "* **Broken**")
+    assert "`ours`" not in _line(text, "* **Use:**")
+
+
+def test_rows_without_an_answer_are_named():
+    assert "`sdpa-nested` did not run" in summary(load_matrix())
+
+
+def _standalone() -> dict:
+    from workbench.audit.records import load_audit_records
+
+    records = {record["file"]: record for record in load_audit_records()}
+    return {
+        "torch `varlen_attn`": {**records["audit-torch-varlen-earlier.json"], "row": "torch-varlen"},
+        "our kernel": {**records["audit-kernels.json"], "row": "ours"},
+    }
+
+
+def test_standalone_audits_group_tail_only_fails_with_the_tail_mechanism():
+    """The earlier varlen_attn audit's empty-sequences FAIL has TAIL values only: it joins tail-rows."""
+    from workbench.audit.summary import audits_summary
+
+    text = audits_summary(_standalone())
+    broken = _line(text, "* **Broken:**")
+    assert "every failing value of tail-rows, empty-sequences, fuzzer: tail-rows lies there" in broken
+    assert "documented upstream as intended: determinism" in broken
+    assert "our kernel: every check passes; the fuzzer tried 5,000 layouts" in _line(text, "* **Not broken:**")
+    assert _line(text, "* **Use:**") == "* **Use:** our kernel as is; torch `varlen_attn` with its TAIL rows zeroed."
+
+
+def test_a_silent_fail_outside_tail_rows_withdraws_the_recommendation():
+    from workbench.audit.summary import audits_summary
+
+    subjects = copy.deepcopy(_standalone())
+    checks = subjects["torch `varlen_attn`"]["checks"]
+    real = next(c for c in checks if c["name"] == "real-accuracy")
+    real.update(verdict="FAIL", evidence="q=[5] H=2 D=64 float16 (zeros padding): out: max |x| 3 in 5 REAL rows")
+    text = audits_summary(subjects)
+    assert "silently wrong in real-accuracy" in _line(text, "* **Broken:**")
+    assert _line(text, "* **Use:**") == "* **Use:** our kernel as is."

@@ -1,0 +1,125 @@
+"""The audit matrix in three lines, computed from the records and their judgements
+(data/audit/judgements.toml): what is broken where, where NaN in the padding reaches real rows,
+and what to use. The audit-matrix page opens with it; nothing in it is typed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.audit.judgements import judgements
+from workbench.audit.matrix import fails, grid, ran
+
+# How a FAIL counts: an upstream bug whatever the padding holds ("broken", also where no judgement
+# says otherwise), one that needs non-finite values planted in the padding, behaviour upstream
+# documents as intended, or a consequence of our adapter.
+KINDS = ("broken", "nan-padding", "documented", "wrapper")
+SHOWN = 3  # failing checks named per row; the grid below has every one
+
+
+def failures(records: list[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """{row: {kind: [failing checks, 'fuzz:<check>' for the fuzzer's]}} for every row that ran."""
+    judged = judgements()
+    found: dict[str, dict[str, list[str]]] = {record["row"]: {} for record in records if ran(record)}
+    for row, check, _ in fails(records):
+        j = judged.get((row, check))
+        kind = "broken" if j is None or j.kind == "upstream" and not j.nan_padding else "nan-padding" if j.nan_padding else j.kind
+        found[row].setdefault(kind, []).append(check)
+    return found
+
+
+def _pages(row: str, checks: list[str]) -> list[str]:
+    judged = judgements()
+    return sorted({j.postmortem for c in checks if (j := judged.get((row, c))) and j.postmortem})
+
+
+def _rows(found: dict[str, dict[str, list[str]]], kind: str, pages: bool = False) -> str:
+    """'`row` (check, check; [page](page.html)); ...' for each row with FAILs of `kind`."""
+    parts = []
+    for row, kinds in found.items():
+        if kind in kinds:
+            checks = [c.replace("fuzz:", "fuzzer: ") for c in kinds[kind]]
+            shown = ", ".join(checks[:SHOWN]) + (f" and {len(checks) - SHOWN} more" if len(checks) > SHOWN else "")
+            linked = [f"[{p}]({p}.html)" for p in _pages(row, kinds[kind])] if pages else []
+            parts.append(f"`{row}` ({'; '.join([shown, *linked])})")
+    return "; ".join(parts)
+
+
+def summary(records: list[dict[str, Any]]) -> str:
+    """Markdown: three bullets (broken, NaN in the padding, use), then the rows that did not run."""
+    found = failures(records)
+    passed = {row for row, cells in grid(records).items() if "pass" in cells.values()}
+    as_is = [row for row in found if row in passed and not found[row]]
+    zeroed = [row for row in found if row in passed and set(found[row]) == {"nan-padding"}]
+    broken = _rows(found, "broken", pages=True) or "nothing"
+    documented, ours = _rows(found, "documented"), _rows(found, "wrapper")
+    lines = [
+        f"* **Broken** (whatever the padding holds): {broken}."
+        + (f" Documented upstream as intended: {documented}." if documented else "")
+        + (f" From our adapter's choice, not upstream's code: {ours}." if ours else ""),
+        "* **NaN planted in the padding reaches outputs** (0 x NaN; zero-filled padding avoids it): "
+        + (_rows(found, "nan-padding") or "nowhere")
+        + ".",
+        "* **Use:** "
+        + "; ".join(
+            [f"{', '.join(f'`{r}`' for r in as_is)} as is"] * bool(as_is)
+            + [f"{', '.join(f'`{r}`' for r in zeroed)} with zero-filled padding"] * bool(zeroed)
+        )
+        + ".",
+    ]
+    not_run = [f"`{record['row']}` did not run" for record in records if not ran(record)]
+    unchecked = [f"`{row}` could not be checked (every cell n/a)" for row in found if row not in passed and not found[row]]
+    if not_run or unchecked:
+        lines.append(f"\nNot in these lines: {'; '.join(not_run + unchecked)}; their cells below say why.")
+    return "\n".join(lines)
+
+
+# Checks whose FAIL is loud (an exception, or the input-validation grade), not a silent wrong value.
+LOUD = ("bad-input", "fuzz:raises-on-valid-layout")
+
+
+def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
+    """Markdown: the same three lines for standalone audits ({label: record with its matrix `row`},
+    judged as the matrix's cells are): a FAIL whose every failing value lies in TAIL rows counts as
+    the TAIL mechanism (`workbench.audit.regrade.tail_only`), whatever check found it."""
+    from workbench.audit.regrade import tail_only
+
+    broken: list[str] = []
+    clean: list[str] = []
+    use: list[str] = []
+    for label, record in subjects.items():
+        found = failures([record])[record["row"]]
+        evidence = {check: text for _, check, text in fails([record])}
+        fuzz = record.get("fuzz") or {}
+        if not found:
+            clean.append(f"{label}: every check passes; the fuzzer tried {fuzz.get('tried', 0):,} layouts, none failing")
+            use.insert(0, f"{label} as is")
+            continue
+        bad = found.get("broken", [])
+        tail = [c for c in bad if tail_only(evidence[c])]
+        loud = [c for c in bad if c in LOUD]
+        other = [c for c in bad if c not in tail and c not in loud]
+        said = []
+        if tail:
+            pages = "".join(f" ([{p}]({p}.html))" for p in _pages(record["row"], bad))
+            said.append(
+                f"TAIL rows (past `cu_seqlens[-1]`) of its output and gradients unwritten: every failing value of "
+                f"{_named(tail)} lies there{pages}"
+            )
+        if other:
+            said.append(f"silently wrong in {_named(other)}")
+        if loud:
+            said.append(f"loud failures (an exception, or no clear error for malformed input): {_named(loud)}")
+        if found.get("documented"):
+            said.append(f"documented upstream as intended: {_named(found['documented'])}")
+        broken.append(f"{label}: " + "; ".join(said))
+        if tail and not other:
+            use.append(f"{label} with its TAIL rows zeroed")
+    lines = [f"* **Broken:** {'. '.join(broken) or 'nothing'}."]
+    if clean:
+        lines.append(f"* **Not broken:** {'. '.join(clean)}.")
+    lines.append(f"* **Use:** {'; '.join(use) or 'none of these'}.")
+    return "\n".join(lines)
+
+
+def _named(checks: list[str]) -> str:
+    return ", ".join(c.replace("fuzz:", "fuzzer: ") for c in checks)
