@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
@@ -171,3 +172,36 @@ def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
     record = read_record(path)
     assert record["check"]["verdict"] == "pass" and record["padding_rule"]["rows_on_no_rank"] == 6
     assert record["provenance"]["command"] == f"python -m workbench.audit.context_parallel --cp-size 2 --record {path}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--cp-size", "1"], {}, "--cp-size 1: context parallelism splits sequences over at least 2 ranks"),
+        (["--fuzzed", "-1"], {}, "--fuzzed -1: the number of fuzzed layouts is 0 or more"),
+        (["--record", "."], {}, r"--record \. is a folder; name the JSON file"),
+        ([], {"LOCAL_RANK": "0"}, "not under torchrun: it spawns its --cp-size ranks itself"),
+    ],
+)
+def test_main_argument_errors(argv, env, message, monkeypatch, capsys):
+    """Bad arguments exit 2 with the argument and the fix, before any rank starts."""
+    from workbench.audit import context_parallel as audit_cp
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(audit_cp, "context_parallel_check", lambda **kwargs: pytest.fail("ran despite the bad argument"))
+    with pytest.raises(SystemExit) as exit_:
+        audit_cp.main(argv)
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_main_refuses_more_ranks_than_gpus(monkeypatch, capsys):
+    """On a GPU machine each rank needs a GPU of its own: no silent fall-back to gloo."""
+    from workbench.audit import context_parallel as audit_cp
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit):
+        audit_cp.main(["--cp-size", "2"])
+    assert "--cp-size 2: cp_size = 2 needs 2 GPUs for NCCL, and this machine has 1" in capsys.readouterr().err

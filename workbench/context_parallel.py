@@ -44,10 +44,14 @@ class LayoutError(ValueError):
     """A packed layout that cannot be split into equal zig-zag chunks."""
 
 
-def check_cp_layout(cu_seqlens_padded: torch.Tensor, cp_size: int) -> None:
-    """Every padded sequence length must be a multiple of 2 x cp_size (equal zig-zag chunks)."""
+def _check_cp_size(cp_size: int) -> None:
     if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
         raise ValueError(f"cp_size = {cp_size!r} must be a positive int (the ranks of the context-parallel group).")
+
+
+def check_cp_layout(cu_seqlens_padded: torch.Tensor, cp_size: int) -> None:
+    """Every padded sequence length must be a multiple of 2 x cp_size (equal zig-zag chunks)."""
+    _check_cp_size(cp_size)
     lengths = cu_seqlens_padded.diff().tolist()
     bad = [i for i, n in enumerate(lengths) if n % (2 * cp_size)]
     if bad:
@@ -338,6 +342,19 @@ def _worker(rank: int, cp_size: int, port: int, workdir: str, backend: str, time
     torch.save(results, Path(workdir) / f"rank{rank}.pt")
 
 
+def cp_backend(cp_size: int) -> str:
+    """The backend `cp_size` ranks use here: NCCL with one GPU each, or gloo on a CPU-only machine
+    (the Triton interpreter); a GPU machine with fewer GPUs than ranks is an error, not a gloo run."""
+    _check_cp_size(cp_size)
+    backend = _backend(cp_size)
+    if backend == "gloo" and torch.cuda.is_available():
+        raise ValueError(
+            f"cp_size = {cp_size} needs {cp_size} GPUs for NCCL, and this machine has {torch.cuda.device_count()}: "
+            f"run with cp_size <= {torch.cuda.device_count()}, or on a CPU-only machine (gloo, Triton interpreter)."
+        )
+    return backend
+
+
 def run_context_parallel(
     batches: Sequence[tuple[PackedBatch, torch.Tensor]],
     *,
@@ -354,12 +371,7 @@ def run_context_parallel(
     ranks are spawned). Ranks use NCCL with one GPU each when there are `cp_size` GPUs, gloo on
     CPU (the Triton interpreter) otherwise.
     """
-    backend = _backend(cp_size)
-    if backend == "gloo" and torch.cuda.is_available():
-        raise ValueError(
-            f"cp_size = {cp_size} needs {cp_size} GPUs for NCCL, and this machine has {torch.cuda.device_count()}: "
-            f"run with cp_size <= {torch.cuda.device_count()}, or on a CPU-only machine (gloo, Triton interpreter)."
-        )
+    backend = cp_backend(cp_size)
     with tempfile.TemporaryDirectory(prefix="wb-cp-") as workdir:
         jobs = [_job(batch, d_out) for batch, d_out in batches]
         torch.save({"batches": jobs, "impl": impl, "validate": validate, "device": "cpu"}, Path(workdir) / "job.pt")

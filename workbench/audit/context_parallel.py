@@ -12,19 +12,25 @@ padding rule adds included. Layouts are the audit's (`Case`), fixed ones and fuz
     result = context_parallel_check()                  # our implementation, 2 ranks: a CheckResult
     study = padding_rule_study()                        # the 2 x cp_size rule kept and broken
 
-`python -m workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and writes
-a record (`workbench.records`), NCCL when there are that many GPUs.
+`python -m workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and the
+study and writes a record (`workbench.records`). It spawns its ranks itself (not under torchrun):
+NCCL with one GPU each where there are that many GPUs (NVLink multicast off unless
+NCCL_NVLS_ENABLE says otherwise), gloo on a CPU-only machine; on the two H200s:
+
+    NCCL_NVLS_ENABLE=0 python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/context-parallel-h200x2.json
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -35,6 +41,7 @@ from workbench.context_parallel import (
     RankResult,
     check_cp_layout,
     context_parallel_attention,
+    cp_backend,
     run_context_parallel,
     shard_thd,
 )
@@ -227,6 +234,26 @@ def padding_rule_study(cp_size: int = 2, timeout_s: float = 300.0) -> PaddingRul
     return PaddingRuleStudy(cp_size, backend, kept, broken, tuple(kept_findings), refusal, tuple(unchecked), lost)
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """Why the command cannot run as asked on this machine, or None."""
+    if "LOCAL_RANK" in os.environ:  # set by torchrun in every process it starts
+        return (
+            "run it as `python -m workbench.audit.context_parallel`, not under torchrun: it spawns its --cp-size "
+            "ranks itself (NCCL, one GPU each, when there are that many GPUs; gloo on a CPU-only machine)"
+        )
+    if args.cp_size < 2:
+        return f"--cp-size {args.cp_size}: context parallelism splits sequences over at least 2 ranks; pass --cp-size 2"
+    try:
+        cp_backend(args.cp_size)
+    except ValueError as exc:
+        return f"--cp-size {args.cp_size}: {exc}"
+    if args.fuzzed < 0:
+        return f"--fuzzed {args.fuzzed}: the number of fuzzed layouts is 0 or more"
+    if args.record and Path(args.record).is_dir():
+        return f"--record {args.record} is a folder; name the JSON file, e.g. data/gpu/context-parallel-h200x2.json"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.audit.context_parallel", description=__doc__.split("\n")[0])
     parser.add_argument("--cp-size", type=int, default=2, help="ranks (NCCL when this many GPUs exist, gloo on CPU otherwise)")
@@ -235,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--record", help="write the result and the padding-rule study as a record (JSON) here")
     args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:
+        parser.error(problem)  # exit 2, before any rank starts
     result = context_parallel_check(cp_size=args.cp_size, fuzzed=args.fuzzed, seed=args.seed, dtype=args.dtype, head_dim=64)
     study = padding_rule_study(args.cp_size)
     print(f"{result.name}: {result.verdict.value} ({result.seconds:.1f} s): {result.evidence}")
