@@ -25,8 +25,10 @@ sliding window. Every rank passes the *global* boundary vectors.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -355,12 +357,29 @@ def cp_backend(cp_size: int) -> str:
     return backend
 
 
+@contextlib.contextmanager
+def _children_interpreted() -> Iterator[None]:
+    """Processes spawned inside compute on the CPU through the Triton interpreter: `kernels`
+    reads these variables when a child imports it (this process keeps its own choice)."""
+    saved = {name: os.environ.get(name) for name in ("WORKBENCH_DEVICE", "TRITON_INTERPRET")}
+    os.environ.update(WORKBENCH_DEVICE="cpu", TRITON_INTERPRET="1")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run_context_parallel(
     batches: Sequence[tuple[PackedBatch, torch.Tensor]],
     *,
     cp_size: int = 2,
     impl: Callable = context_parallel_attention,
     validate: bool = True,
+    on_cpu: bool = False,
     timeout_s: float = TIMEOUT_S,
 ) -> tuple[str, list[list[RankResult]]]:
     """Runs `impl` context-parallel over `cp_size` spawned processes on each (batch, dO) pair:
@@ -369,12 +388,14 @@ def run_context_parallel(
 
     `impl` has `context_parallel_attention`'s signature and must be importable by name (the
     ranks are spawned). Ranks use NCCL with one GPU each when there are `cp_size` GPUs, gloo on
-    CPU (the Triton interpreter) otherwise.
+    CPU (the Triton interpreter) on a CPU-only machine (`cp_backend`); `on_cpu=True` runs them
+    on gloo and the interpreter on any machine (a study whose answer must not depend on it).
     """
-    backend = cp_backend(cp_size)
+    backend = "gloo" if on_cpu else cp_backend(cp_size)
     with tempfile.TemporaryDirectory(prefix="wb-cp-") as workdir:
         jobs = [_job(batch, d_out) for batch, d_out in batches]
         torch.save({"batches": jobs, "impl": impl, "validate": validate, "device": "cpu"}, Path(workdir) / "job.pt")
-        _spawn(_worker, (cp_size, _free_port(), workdir, backend, timeout_s), cp_size, timeout_s)
+        with _children_interpreted() if on_cpu else contextlib.nullcontext():
+            _spawn(_worker, (cp_size, _free_port(), workdir, backend, timeout_s), cp_size, timeout_s)
         per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(cp_size)]
     return backend, [[rank[i] for rank in per_rank] for i in range(len(batches))]

@@ -205,9 +205,20 @@ class Check:
     doc: str
     run: Callable[[Context], CheckResult]
 
+    @property
+    def distributed(self) -> bool:
+        """Whether the check spawns the ranks of a context-parallel attention; every other check
+        calls the function in this process."""
+        return "context-parallel" in self.needs
+
+    def suits(self, impl: Adapted) -> bool:
+        """Whether the check is one an audit of `impl` runs by default: the context-parallel check
+        for a context-parallel attention (which lacks "one-process"), every other check otherwise."""
+        return self.distributed == ("one-process" in impl.lacks)
+
     def __call__(self, ctx: Context) -> CheckResult:
         start = time.perf_counter()
-        why = ctx.impl.why_not(*self.needs)
+        why = ctx.impl.why_not(*self.needs if self.distributed else ("one-process", *self.needs))
         if why:
             result = CheckResult(self.name, Verdict.NA, why)
         else:

@@ -12,12 +12,17 @@ padding rule adds included. Layouts are the audit's (`Case`), fixed ones and fuz
     result = context_parallel_check()                  # our implementation, 2 ranks: a CheckResult
     study = padding_rule_study()                        # the 2 x cp_size rule kept and broken
 
+The check is registered with the audit's (`workbench.audit.checks.CHECKS`): `workbench audit
+mypkg.attn:my_cp_attention` runs it on a function with `context_parallel_attention`'s call (the
+`context-parallel` adapter recognises one by its cu_seqlens, cu_seqlens_padded and group
+parameters), and it is n/a for any single-process attention.
+
 `python -m workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and the
 study and writes a record (`workbench.records`). It spawns its ranks itself (not under torchrun):
 NCCL with one GPU each where there are that many GPUs (NVLink multicast off unless
-NCCL_NVLS_ENABLE says otherwise), gloo on a CPU-only machine; on the two H200s:
+NCCL_NVLS_ENABLE says otherwise), gloo on a CPU-only machine; on two H200s, `GPU_COMMAND`:
 
-    NCCL_NVLS_ENABLE=0 python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/context-parallel-h200x2.json
+    python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/context-parallel-h200x2.json
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from workbench.audit.checks import CheckResult, Finding, Verdict
+from workbench.audit.adapters.context_parallel import CP_SIZE
+from workbench.audit.checks import CheckResult, Context, Finding, Verdict, check
 from workbench.bounds import error_check
 from workbench.context_parallel import (
     LayoutError,
@@ -52,6 +58,9 @@ from workbench.reference import reference_attention
 from workbench.strategies import LayoutSpace
 
 NAME = "context-parallel"
+# The run on two GPUs over NCCL, recorded under data/gpu/ (workbench.records) by:
+GPU_RECORD = "context-parallel-h200x2.json"
+GPU_COMMAND = f"python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/{GPU_RECORD}"
 DOC = (
     "each rank's shard of out, dq, dk, dv under zig-zag context parallelism equals the single-device oracle's: "
     "REAL rows within the bound, GAP and TAIL rows (the 2 x cp_size padding included) exactly 0"
@@ -177,6 +186,13 @@ def context_parallel_check(
     return CheckResult(NAME, Verdict.PASS, evidence, tuple(cases), seconds=seconds)
 
 
+@check(NAME, DOC, needs=("context-parallel",))
+def _context_parallel(ctx: Context) -> CheckResult:
+    """The audit's entry: the target itself (importable: the ranks are spawned) on CP_SIZE ranks,
+    in the audit's dtype and head dim."""
+    return context_parallel_check(ctx.impl.fn, cp_size=CP_SIZE, dtype=ctx.dtype, head_dim=ctx.head_dim)
+
+
 # -- te-thd-2892's rule: each sequence padded to a multiple of 2 x cp_size ----------------------
 
 
@@ -197,6 +213,11 @@ class PaddingRuleStudy:
     def rule_needed(self) -> bool:
         return not self.kept_findings and bool(self.unchecked_findings)
 
+    @property
+    def lost_tensors(self) -> list[str]:
+        """The tensors whose REAL rows the unchecked run got wrong on some rank (out, dq, dk, dv)."""
+        return sorted({f.evidence.split(": ")[1] for f in self.unchecked_findings if f.check == "real-accuracy"})
+
     def summary(self) -> dict:
         return {
             "cp_size": self.cp_size,
@@ -207,13 +228,15 @@ class PaddingRuleStudy:
             "refusal": self.refusal,
             "unchecked_findings": [str(f) for f in self.unchecked_findings],
             "rows_on_no_rank": self.rows_on_no_rank,
+            "lost_tensors": self.lost_tensors,
         }
 
 
-def padding_rule_study(cp_size: int = 2, timeout_s: float = 300.0) -> PaddingRuleStudy:
+def padding_rule_study(cp_size: int = 2, *, on_cpu: bool = False, timeout_s: float = 300.0) -> PaddingRuleStudy:
     """The same sequences padded to a multiple of 2 x cp_size (TE's THD CP requirement) and
     packed without it: ours keeps the contract on the first; refuses the second with the fix;
-    and, told not to check, drops the rows past the last whole chunk of every sequence."""
+    and, told not to check, drops the rows past the last whole chunk of every sequence.
+    `on_cpu`: gloo ranks through the Triton interpreter on any machine (`run_context_parallel`)."""
     broken = Case((7, 5, 10), causal=True, head_dim=16, fill=Fill.NAN)
     kept = cp_case(broken, cp_size)
     batch = pack(broken, "cpu")
@@ -224,7 +247,7 @@ def padding_rule_study(cp_size: int = 2, timeout_s: float = 300.0) -> PaddingRul
         refusal = str(exc)
     # One spawn for both: on a layout that keeps the rule, the unchecked path is the checked one.
     pairs = [(b, grad_output(b)) for b in (pack(kept, "cpu"), batch)]
-    backend, results = run_context_parallel(pairs, cp_size=cp_size, validate=False, timeout_s=timeout_s)
+    backend, results = run_context_parallel(pairs, cp_size=cp_size, validate=False, on_cpu=on_cpu, timeout_s=timeout_s)
     kept_findings, unchecked = (
         [f for r in ranks for f in rank_findings(b, Oracle.of(b, d_out), r, cp_size, validate=checked)]
         for (b, d_out), ranks, checked in zip(pairs, results, (True, False))
