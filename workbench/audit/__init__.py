@@ -56,9 +56,6 @@ from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
 from workbench.audit.isolate import Spec, Worker, sticky
 from workbench.audit.records import format_campaign, format_verdicts
 
-# Registers the context-parallel check (it builds on the checks' types, so it comes after them).
-from workbench.audit import context_parallel as _context_parallel  # noqa: F401  isort: skip
-
 DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
 
 

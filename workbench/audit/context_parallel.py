@@ -12,7 +12,8 @@ padding rule adds included. Layouts are the audit's (`Case`), fixed ones and fuz
     result = context_parallel_check()                  # our implementation, 2 ranks: a CheckResult
     study = padding_rule_study()                        # the 2 x cp_size rule kept and broken
 
-The check is registered with the audit's (`workbench.audit.checks.CHECKS`): `workbench audit
+The check is registered with the audit's (`workbench.audit.checks.CHECKS`, which imports this
+module when the check runs): `workbench audit
 mypkg.attn:my_cp_attention` runs it on a function with `context_parallel_attention`'s call (the
 `context-parallel` adapter recognises one by its cu_seqlens, cu_seqlens_padded and group
 parameters), and it is n/a for any single-process attention.
@@ -39,8 +40,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.audit.adapters.context_parallel import CP_SIZE
-from workbench.audit.checks import CheckResult, Context, Finding, Verdict, check
+from workbench.audit.checks import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
 from workbench.bounds import error_check
 from workbench.context_parallel import (
     LayoutError,
@@ -57,14 +57,10 @@ from workbench.records import write_record
 from workbench.reference import reference_attention
 from workbench.strategies import LayoutSpace
 
-NAME = "context-parallel"
+NAME = CONTEXT_PARALLEL
 # The run on two GPUs over NCCL, recorded under data/gpu/ (workbench.records) by:
 GPU_RECORD = "context-parallel-h200x2.json"
 GPU_COMMAND = f"python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/{GPU_RECORD}"
-DOC = (
-    "each rank's shard of out, dq, dk, dv under zig-zag context parallelism equals the single-device oracle's: "
-    "REAL rows within the bound, GAP and TAIL rows (the 2 x cp_size padding included) exactly 0"
-)
 TENSORS = ("out", "dq", "dk", "dv")
 # What CP self-attention cannot take from a fuzzed layout: q and k share one layout, no windows.
 FUZZ_SPACE = LayoutSpace(max_batch=3, longest=10, without=frozenset({"unequal", "window"}))
@@ -184,13 +180,6 @@ def context_parallel_check(
         f"{', '.join(TENSORS)} within the bound, GAP and TAIL rows exactly 0 (poisoned memory)"
     )
     return CheckResult(NAME, Verdict.PASS, evidence, tuple(cases), seconds=seconds)
-
-
-@check(NAME, DOC, needs=("context-parallel",))
-def _context_parallel(ctx: Context) -> CheckResult:
-    """The audit's entry: the target itself (importable: the ranks are spawned) on CP_SIZE ranks,
-    in the audit's dtype and head dim."""
-    return context_parallel_check(ctx.impl.fn, cp_size=CP_SIZE, dtype=ctx.dtype, head_dim=ctx.head_dim)
 
 
 # -- te-thd-2892's rule: each sequence padded to a multiple of 2 x cp_size ----------------------
