@@ -11,7 +11,7 @@ from workbench.audit import CHECKS, audit
 @pytest.mark.slow
 def test_our_kernel_passes_every_check():
     report = audit(kernels.varlen_attention, budget=0)
-    assert report.adapter == "ours" and [r.name for r in report.results] == list(CHECKS)
+    assert report.adapter == "ours" and [r.name for r in report.results] == [n for n, c in CHECKS.items() if not c.distributed]
     assert report.passed, report.table()
     assert (
         report.result("input-validation").evidence == "34/34 clear errors" and report.validation == "validates"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
@@ -137,21 +138,47 @@ def nan_merge(*args, **kwargs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("impl", "check"), [(forgets_tail, "tail-rows"), (nan_merge, "gap-rows")])
-def test_planted_bug_fails(impl, check):
-    _, ((_, findings),) = judge([cp_case(PLANTED_CASE, 2)], impl=impl)
-    assert check in {f.check for f in findings}, findings
+def test_planted_nan_merge_fails():
+    """(forgets_tail goes through `workbench audit`: test_workbench_audit_fails_a_planted_cp_bug.)"""
+    _, ((_, findings),) = judge([cp_case(PLANTED_CASE, 2)], impl=nan_merge)
+    assert "gap-rows" in {f.check for f in findings}, findings
     assert any("non-finite" in f.evidence for f in findings)
 
 
 @pytest.mark.slow
 def test_padding_rule_study():
-    study = padding_rule_study()
+    study = padding_rule_study(on_cpu=True)  # as te-thd-2892 runs it
     assert study.rule_needed and study.rows_on_no_rank == 6
     assert study.refusal.startswith("sequence 0 has 7 rows") and "Pad each sequence to a multiple of 4" in study.refusal
     # Causal and the dropped rows last in each sequence: what the held queries see is intact,
     # what the dropped queries gave the keys is lost.
-    assert {f.evidence.split(": ")[1] for f in study.unchecked_findings} == {"dk", "dv"}
+    assert {f.evidence.split(": ")[1] for f in study.unchecked_findings} == {"dk", "dv"} == set(study.lost_tensors)
+
+
+def test_on_cpu_ranks_interpret_on_a_gpu_machine(monkeypatch):
+    """With fewer GPUs than ranks, a run needs on_cpu=True: its ranks then import kernels with the
+    Triton interpreter on the CPU (over gloo); this process keeps its environment."""
+    import os
+
+    from workbench import context_parallel as cp
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    batch = pack(cp_case(PLANTED_CASE, 2), "cpu")
+    with pytest.raises(ValueError, match="cp_size = 2 needs 2 GPUs for NCCL, and this machine has 1"):
+        cp.run_context_parallel([(batch, batch.q)])
+    seen = {}
+
+    def spawn(fn, args, world_size, timeout_s):
+        seen.update(backend=args[3], device=os.environ.get("WORKBENCH_DEVICE"), interpret=os.environ.get("TRITON_INTERPRET"))
+        raise RuntimeError("spawned")
+
+    monkeypatch.setattr(cp, "_spawn", spawn)
+    before = {name: os.environ.get(name) for name in ("WORKBENCH_DEVICE", "TRITON_INTERPRET")}
+    with pytest.raises(RuntimeError, match="spawned"):
+        cp.run_context_parallel([(batch, batch.q)], on_cpu=True)
+    assert seen == {"backend": "gloo", "device": "cpu", "interpret": "1"}
+    assert {name: os.environ.get(name) for name in before} == before
 
 
 def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
@@ -162,12 +189,100 @@ def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
 
     check = CheckResult(audit_cp.NAME, Verdict.PASS, "evidence")
     study = audit_cp.PaddingRuleStudy(
-        2, "gloo", PLANTED_CASE, PLANTED_CASE, (), "refused", (audit_cp.Finding("real-accuracy", "dk"),), 6
+        2,
+        "gloo",
+        PLANTED_CASE,
+        PLANTED_CASE,
+        (),
+        "refused",
+        (audit_cp.Finding("real-accuracy", "rank 0 of 2: dk: error 1 > bound 0.1"),),
+        6,
     )
     monkeypatch.setattr(audit_cp, "context_parallel_check", lambda **kwargs: check)
-    monkeypatch.setattr(audit_cp, "padding_rule_study", lambda cp_size: study)
+    monkeypatch.setattr(audit_cp, "padding_rule_study", lambda cp_size, **kwargs: study)
     path = tmp_path / "cp.json"
     assert audit_cp.main(["--cp-size", "2", "--record", str(path)]) == 0
     record = read_record(path)
     assert record["check"]["verdict"] == "pass" and record["padding_rule"]["rows_on_no_rank"] == 6
     assert record["provenance"]["command"] == f"python -m workbench.audit.context_parallel --cp-size 2 --record {path}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--cp-size", "1"], {}, "--cp-size 1: context parallelism splits sequences over at least 2 ranks"),
+        (["--fuzzed", "-1"], {}, "--fuzzed -1: the number of fuzzed layouts is 0 or more"),
+        (["--record", "."], {}, r"--record \. is a folder; name the JSON file"),
+        ([], {"LOCAL_RANK": "0"}, "not under torchrun: it spawns its --cp-size ranks itself"),
+    ],
+)
+def test_main_argument_errors(argv, env, message, monkeypatch, capsys):
+    """Bad arguments exit 2 with the argument and the fix, before any rank starts."""
+    from workbench.audit import context_parallel as audit_cp
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(audit_cp, "context_parallel_check", lambda **kwargs: pytest.fail("ran despite the bad argument"))
+    with pytest.raises(SystemExit) as exit_:
+        audit_cp.main(argv)
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_main_refuses_more_ranks_than_gpus(monkeypatch, capsys):
+    """On a GPU machine each rank needs a GPU of its own: no silent fall-back to gloo."""
+    from workbench.audit import context_parallel as audit_cp
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit):
+        audit_cp.main(["--cp-size", "2"])
+    assert "--cp-size 2: cp_size = 2 needs 2 GPUs for NCCL, and this machine has 1" in capsys.readouterr().err
+
+
+# -- the audit's entry: `workbench audit` runs the check on a context-parallel target ----------
+
+CP_TARGET = "workbench.context_parallel:context_parallel_attention"
+
+
+def test_audit_calls_a_cp_target_only_through_its_check():
+    """A context-parallel attention is recognised by its call and gets the context-parallel check
+    by default, a single-process one every other check. Asked for anyway, the single-process
+    checks and the fuzzer are n/a for a CP attention (never called in one process), and the
+    context-parallel check is n/a for a single-process one; the matrix (single-process rows)
+    has no column for it."""
+    from workbench.audit import CHECKS, adapt, audit
+    from workbench.audit.matrix import CORRECTNESS
+    from workbench.audit.plain import plain_attention
+
+    cp, plain = adapt(CP_TARGET), adapt(plain_attention, "contract")
+    assert cp.adapter.name == "context-parallel"
+    assert [n for n, c in CHECKS.items() if c.suits(cp)] == ["context-parallel"]
+    assert [n for n, c in CHECKS.items() if c.suits(plain)] == [n for n in CHECKS if n != "context-parallel"]
+    report = audit(cp, budget=20, checks=[n for n in CHECKS if n != "context-parallel"])
+    assert report.fuzz is None and {r.verdict for r in report.results} == {Verdict.NA}
+    assert "runs on the ranks of a process group" in report.results[0].evidence
+    refused = audit(plain, budget=0, checks=["context-parallel"]).result("context-parallel")
+    assert refused.verdict is Verdict.NA and "plain_attention is a single-process attention" in refused.evidence
+    assert "context-parallel" not in CORRECTNESS
+
+    def local_cp_attention(q, k, v, cu_seqlens, cu_seqlens_padded, *, causal=False, validate=True, group=None):
+        return context_parallel_attention(q, k, v, cu_seqlens, cu_seqlens_padded, causal=causal, validate=validate)
+
+    unimportable = audit(local_cp_attention, budget=0).result("context-parallel")
+    assert unimportable.verdict is Verdict.NA and "not importable as 'module:function'" in unimportable.evidence
+
+
+@pytest.mark.slow
+def test_workbench_audit_fails_a_planted_cp_bug(capsys):
+    """`workbench audit` on a CP attention that leaves TAIL rows unwritten: exit 1, the check's FAIL
+    names the rank and the rows."""
+    from workbench.cli import main
+
+    target = f"{forgets_tail.__module__}:forgets_tail"
+    assert main(["audit", target, "--adapter", "context-parallel", "--checks", "context-parallel"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(
+        r"context-parallel +FAIL +gloo, 2 ranks, .*tail-rows: rank 1 of 2: \w+: \d+ non-finite values in \d+ TAIL rows", out
+    )
+    assert "FAILED: context-parallel" in out

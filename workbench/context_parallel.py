@@ -25,8 +25,10 @@ sliding window. Every rank passes the *global* boundary vectors.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,10 +46,14 @@ class LayoutError(ValueError):
     """A packed layout that cannot be split into equal zig-zag chunks."""
 
 
-def check_cp_layout(cu_seqlens_padded: torch.Tensor, cp_size: int) -> None:
-    """Every padded sequence length must be a multiple of 2 x cp_size (equal zig-zag chunks)."""
+def _check_cp_size(cp_size: int) -> None:
     if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
         raise ValueError(f"cp_size = {cp_size!r} must be a positive int (the ranks of the context-parallel group).")
+
+
+def check_cp_layout(cu_seqlens_padded: torch.Tensor, cp_size: int) -> None:
+    """Every padded sequence length must be a multiple of 2 x cp_size (equal zig-zag chunks)."""
+    _check_cp_size(cp_size)
     lengths = cu_seqlens_padded.diff().tolist()
     bad = [i for i, n in enumerate(lengths) if n % (2 * cp_size)]
     if bad:
@@ -338,12 +344,42 @@ def _worker(rank: int, cp_size: int, port: int, workdir: str, backend: str, time
     torch.save(results, Path(workdir) / f"rank{rank}.pt")
 
 
+def cp_backend(cp_size: int) -> str:
+    """The backend `cp_size` ranks use here: NCCL with one GPU each, or gloo on a CPU-only machine
+    (the Triton interpreter); a GPU machine with fewer GPUs than ranks is an error, not a gloo run."""
+    _check_cp_size(cp_size)
+    backend = _backend(cp_size)
+    if backend == "gloo" and torch.cuda.is_available():
+        raise ValueError(
+            f"cp_size = {cp_size} needs {cp_size} GPUs for NCCL, and this machine has {torch.cuda.device_count()}: "
+            f"run with cp_size <= {torch.cuda.device_count()}, or on a CPU-only machine (gloo, Triton interpreter)."
+        )
+    return backend
+
+
+@contextlib.contextmanager
+def _children_interpreted() -> Iterator[None]:
+    """Processes spawned inside compute on the CPU through the Triton interpreter: `kernels`
+    reads these variables when a child imports it (this process keeps its own choice)."""
+    saved = {name: os.environ.get(name) for name in ("WORKBENCH_DEVICE", "TRITON_INTERPRET")}
+    os.environ.update(WORKBENCH_DEVICE="cpu", TRITON_INTERPRET="1")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run_context_parallel(
     batches: Sequence[tuple[PackedBatch, torch.Tensor]],
     *,
     cp_size: int = 2,
     impl: Callable = context_parallel_attention,
     validate: bool = True,
+    on_cpu: bool = False,
     timeout_s: float = TIMEOUT_S,
 ) -> tuple[str, list[list[RankResult]]]:
     """Runs `impl` context-parallel over `cp_size` spawned processes on each (batch, dO) pair:
@@ -352,17 +388,14 @@ def run_context_parallel(
 
     `impl` has `context_parallel_attention`'s signature and must be importable by name (the
     ranks are spawned). Ranks use NCCL with one GPU each when there are `cp_size` GPUs, gloo on
-    CPU (the Triton interpreter) otherwise.
+    CPU (the Triton interpreter) on a CPU-only machine (`cp_backend`); `on_cpu=True` runs them
+    on gloo and the interpreter on any machine (a study whose answer must not depend on it).
     """
-    backend = _backend(cp_size)
-    if backend == "gloo" and torch.cuda.is_available():
-        raise ValueError(
-            f"cp_size = {cp_size} needs {cp_size} GPUs for NCCL, and this machine has {torch.cuda.device_count()}: "
-            f"run with cp_size <= {torch.cuda.device_count()}, or on a CPU-only machine (gloo, Triton interpreter)."
-        )
+    backend = "gloo" if on_cpu else cp_backend(cp_size)
     with tempfile.TemporaryDirectory(prefix="wb-cp-") as workdir:
         jobs = [_job(batch, d_out) for batch, d_out in batches]
         torch.save({"batches": jobs, "impl": impl, "validate": validate, "device": "cpu"}, Path(workdir) / "job.pt")
-        _spawn(_worker, (cp_size, _free_port(), workdir, backend, timeout_s), cp_size, timeout_s)
+        with _children_interpreted() if on_cpu else contextlib.nullcontext():
+            _spawn(_worker, (cp_size, _free_port(), workdir, backend, timeout_s), cp_size, timeout_s)
         per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(cp_size)]
     return backend, [[rank[i] for rank in per_rank] for i in range(len(batches))]

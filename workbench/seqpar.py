@@ -175,6 +175,9 @@ def process_group(rank: int, world_size: int, port: int, backend: str, timeout_s
     torch.set_num_threads(1)  # the parent's single-process run uses one thread too: same kernels, same bits
     where = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device(device)
     if backend == "nccl":
+        # NVLink multicast (NVLS) off unless set otherwise: a few ranks gain nothing from it, and on
+        # shared multi-GPU hosts a program using it can take every GPU of the host out of service.
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         torch.cuda.set_device(where)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:

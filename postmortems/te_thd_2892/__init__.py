@@ -5,7 +5,8 @@ TransformerEngine needs compiled CUDA extensions that cannot be built here (nor 
 image), so nothing on this page runs TE itself. Every claim says what produced its evidence:
 a reading of TE's source at a named commit, our replica of a mechanism (the contract as one
 masked matmul, `workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model
-(`workbench.tinylm`), or our own kernel (`kernels.varlen_attention`).
+(`workbench.tinylm`), or our own kernel (`kernels.varlen_attention`, also under our context-parallel
+attention, `workbench.context_parallel`).
 
 The study, one function per part:
 
@@ -18,8 +19,9 @@ The study, one function per part:
 4. `tail_blind` / `zero_tail`: a backend that never writes the rows after `cu_seqlens[-1]`, and
    the workaround of zeroing them;
 5. `auto_detect_table`: TE's `pad_between_seqs` auto-detect, transcribed from two commits;
-6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), `te_recipe` (TE's THD padding test
-   on our kernel), `cast_study` (the Triton interpreter's e4m3 cast).
+6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), the 2 x cp_size padding rule of
+   context parallelism (`workbench.audit.context_parallel.padding_rule_study`, `cp_rule_table`),
+   `te_recipe` (TE's THD padding test on our kernel), `cast_study` (the Triton interpreter's e4m3 cast).
 
 `reproduce()` runs them all and returns `TeResults`; `claims` checks them.
 """
@@ -40,6 +42,7 @@ from postmortems.te_thd_2892.claims import claims
 from postmortems.te_thd_2892.figures import (
     auto_detect_table,
     cast_table,
+    cp_rule_table,
     fp8_table,
     plot_contract,
     plot_fp8,
@@ -99,6 +102,7 @@ __all__ = [
     "bidirectional_seeds",
     "cast_study",
     "cast_table",
+    "cp_rule_table",
     "claims",
     "contract_error",
     "fp8_study",

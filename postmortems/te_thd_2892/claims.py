@@ -8,16 +8,19 @@ from kernels import INTERPRETED
 from postmortems.te_thd_2892.cases import HEALTH_FRACTIONS, HEALTH_STEPS, TE_MAIN, TE_V2_12, TRAINING_RUNS, WORKAROUND_FRACTION
 from postmortems.te_thd_2892.study import TeResults
 from postmortems.te_thd_2892.training import qkv_norm_ratio
+from workbench.audit.context_parallel import GPU_COMMAND as CP_GPU_COMMAND
+from workbench.audit.context_parallel import GPU_RECORD as CP_GPU_RECORD
 from workbench.postmortem import (
     OURS,
     REPLICA,
     TOY,
     UPSTREAM_GPU,
     Claims,
+    NotRecorded,
     source_at,
 )
 from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from workbench.records import load_records, read_record
 
 claims = Claims()
 
@@ -232,6 +235,59 @@ def _seqpar_real(r: TeResults):
     )
     return clear and raw.out is None, (
         f"{checked.rows} real rows vs {study.layout_rows} in the layout; unchecked, torch says: {raw.error.split(':', 1)[0] if raw.error else 'nothing'}"
+    )
+
+
+@claims(
+    "context parallelism's zig-zag split (each sequence cut into 2 x cp_size equal chunks, rank r holding chunks r and "
+    "2 x cp_size - 1 - r), on 2 processes: a sequence whose padded length is not a multiple of 2 x cp_size has no "
+    "equal chunks; cut into floor-sized ones, its last rows are on no rank, and under a causal mask the gradients "
+    "those queries send to earlier keys (dk, dv) are lost while out and dq of the rows held stay right",
+    evidence=REPLICA,
+)
+def _cp_rule_broken(r: TeResults):
+    study = r.cp_rule
+    holds = study.rows_on_no_rank > 0 and study.lost_tensors == ["dk", "dv"]
+    return holds, (
+        f"{study.backend}, {study.cp_size} ranks, real and padded lengths {list(study.broken.seqlens_q)}: "
+        f"{study.rows_on_no_rank} rows on no rank; REAL rows off the bound in {', '.join(study.lost_tensors) or 'nothing'}"
+    )
+
+
+@claims(
+    "our context-parallel attention (our kernel on each block, partial results merged by log-sum-exp) on 2 processes, "
+    "every sequence padded to a multiple of 2 x cp_size: on every rank REAL rows of out, dq, dk, dv within the bound "
+    "and the padding rows the rule adds exactly 0 (NaN inputs there, poisoned memory); a layout without the rule is "
+    "refused, naming the sequence and the fix",
+    evidence=OURS,
+)
+def _cp_rule_kept(r: TeResults):
+    study = r.cp_rule
+    refused = "not a multiple of 2 x cp_size" in study.refusal and "Pad each sequence" in study.refusal
+    holds = not study.kept_findings and refused
+    return holds, (
+        f"{study.backend}: real {list(study.kept.seqlens_q)} padded to {list(study.kept.padded_lengths('q'))}: "
+        f"{len(study.kept_findings)} findings; without the rule: {study.refusal.split(':')[0]}"
+    )
+
+
+@claims(
+    "the same on two H200s over NCCL: the audit's context-parallel check passes on every rank (fixed and fuzzed "
+    "layouts, bf16) and the 2 x cp_size study gives the answers above",
+    evidence=OURS,
+)
+def _cp_rule_nccl(r: TeResults):
+    found = load_records(CP_GPU_RECORD)
+    if not found:
+        raise NotRecorded(f"no record of our context-parallel attention on two GPUs: record one with `{CP_GPU_COMMAND}`")
+    record = found[-1]
+    check, study = record["check"], record["padding_rule"]
+    holds = check["verdict"] == "pass" and check["evidence"].startswith("nccl, 2 ranks") and study["backend"] == "nccl"
+    holds &= not study["kept_findings"] and study["lost_tensors"] == r.cp_rule.lost_tensors
+    holds &= study["rows_on_no_rank"] == r.cp_rule.rows_on_no_rank and "H200" in record["provenance"]["device"]
+    return holds, (
+        f"{check['verdict']}: {check['evidence'].split(':')[0]}; without the rule: {study['rows_on_no_rank']} rows on no rank, "
+        f"{', '.join(study['lost_tensors'])} lost ({record['provenance']['date']})"
     )
 
 

@@ -131,6 +131,33 @@ def seqpar_table(results: TeResults):
     return table(("all-gather sized from", "size check", "rows", "output", "== one process", "error"), rows)
 
 
+def cp_rule_table(results: TeResults):
+    """The 2 x cp_size rule kept and broken: the layouts, our check's answer, and what the ranks got
+    (the broken layout run with the check off)."""
+    study = results.cp_rule
+
+    def found(findings) -> str:
+        if not findings:
+            return "none: REAL rows within the bound, padding rows exactly 0"
+        ranks = {f.evidence.split(": ")[0] for f in findings}
+        tensors = sorted({f.evidence.split(": ")[1] for f in findings})
+        return f"{', '.join(tensors)} off the bound on {len(ranks)} of {study.cp_size} ranks"
+
+    multiple = 2 * study.cp_size
+    rows = [
+        ("kept", study.kept, "accepted", 0, found(study.kept_findings)),
+        ("broken", study.broken, "refused (the message above)", study.rows_on_no_rank, found(study.unchecked_findings)),
+    ]
+    return table(
+        ("rule", "real lengths", "padded lengths", "our check", "rows on no rank", "the ranks' out, dq, dk, dv (check off)"),
+        [
+            (rule, str(list(c.seqlens_q)), str(list(c.padded_lengths("q"))), check, str(n), what)
+            for rule, c, check, n, what in rows
+        ],
+        title=f"{study.backend}, {study.cp_size} ranks: every padded length a multiple of 2 x cp_size = {multiple}, or not",
+    )
+
+
 def rope_table(results: TeResults):
     rows = [
         (str(s.index), str(s.length), str(s.offset), s.kind, _ratio(s.check), _within(s.check)) for s in results.rope.sequences

@@ -25,6 +25,7 @@ from postmortems.te_thd_2892.mechanism import (
     workaround_sweep,
 )
 from postmortems.te_thd_2892.training import SeedRun, bidirectional_seeds, health_runs, train_three_ways
+from workbench.audit.context_parallel import PaddingRuleStudy, padding_rule_study
 from workbench.bounds import ErrorCheck
 from workbench.health import GradientHealth
 from workbench.layout import Case, Fill, pack
@@ -54,6 +55,7 @@ class TeResults(Results):
     fp8_zero_scales_equal: bool  # zero padding: scales over all rows == scales over real rows
     cast: dict
     seqpar: SeqParStudy
+    cp_rule: PaddingRuleStudy  # the 2 x cp_size padding rule, kept and broken, on our context-parallel attention
     rope: RopeStudy
 
 
@@ -85,5 +87,7 @@ def reproduce(device=None) -> TeResults:
         fp8_zero_scales_equal=fp8_zero_padding_scales_equal(device=device),
         cast=cast_study(device),
         seqpar=seqpar_study(device),
+        # gloo ranks on the CPU on any machine: the rule is about the layout, not the device
+        cp_rule=padding_rule_study(on_cpu=True),
         rope=rope_study(device=device),
     )

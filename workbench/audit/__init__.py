@@ -218,7 +218,9 @@ def audit(
     check_timeout: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> AuditReport:
-    """Runs the checks (all, or `checks` by name) and the fuzzer (`budget` layouts; 0: none).
+    """Runs the checks (those that suit the function, or `checks` by name) and the fuzzer (`budget`
+    layouts; 0: none). A context-parallel attention gets the context-parallel check, any other
+    function every other check (`Check.suits`); one asked for by name that does not suit is n/a.
 
     `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer's
     search, `workers` runs it in that many processes (see `workbench.audit.fuzz.fuzz`).
@@ -228,7 +230,7 @@ def audit(
     """
     start = time.perf_counter()
     impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
-    names = list(CHECKS) if checks is None else list(checks)
+    names = [n for n, c in CHECKS.items() if c.suits(impl)] if checks is None else list(checks)
     unknown = [n for n in [*names, *skip] if n not in CHECKS]
     if unknown:
         raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
@@ -267,7 +269,7 @@ def audit(
             if name not in late:
                 run(name)
         fuzzed = None
-        if budget and not impl.why_not() and not lost:
+        if budget and not impl.why_not("one-process") and not lost:
             fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers, isolate=isolate)
             if "CUDA context lost" in fuzzed.stopped_early:
                 lost = "the fuzzer"

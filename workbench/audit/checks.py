@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
+from workbench.audit.adapters.context_parallel import CP_SIZE
 from workbench.audit.campaign import run_campaign, summarize
 from workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
 from workbench.layout import Case, Fill, Region, pack
@@ -205,9 +206,20 @@ class Check:
     doc: str
     run: Callable[[Context], CheckResult]
 
+    @property
+    def distributed(self) -> bool:
+        """Whether the check spawns the ranks of a context-parallel attention; every other check
+        calls the function in this process."""
+        return CONTEXT_PARALLEL in self.needs
+
+    def suits(self, impl: Adapted) -> bool:
+        """Whether the check is one an audit of `impl` runs by default: the context-parallel check
+        for a context-parallel attention (which lacks "one-process"), every other check otherwise."""
+        return self.distributed == ("one-process" in impl.lacks)
+
     def __call__(self, ctx: Context) -> CheckResult:
         start = time.perf_counter()
-        why = ctx.impl.why_not(*self.needs)
+        why = ctx.impl.why_not(*self.needs if self.distributed else ("one-process", *self.needs))
         if why:
             result = CheckResult(self.name, Verdict.NA, why)
         else:
@@ -411,6 +423,25 @@ def _determinism(ctx: Context) -> CheckResult:
     if differ:
         return CheckResult("", Verdict.FAIL, f"{case.label()}: " + "; ".join(differ), (case,), records=(first, second))
     return CheckResult("", Verdict.PASS, f"{case.label()}: identical", (case,), records=(first, second))
+
+
+CONTEXT_PARALLEL = "context-parallel"  # the check, and the feature only a context-parallel attention has
+
+
+@check(
+    CONTEXT_PARALLEL,
+    "each rank's shard of out, dq, dk, dv under zig-zag context parallelism equals the single-device oracle's: "
+    "REAL rows within the bound, GAP and TAIL rows (the 2 x cp_size padding included) exactly 0",
+    needs=(CONTEXT_PARALLEL,),
+)
+def _context_parallel(ctx: Context) -> CheckResult:
+    """The target itself (importable: its ranks are spawned) on CP_SIZE ranks, in the audit's
+    dtype and head dim, against the single-device oracle."""
+    # Imported here: it builds on this module, and it runs as a script (python -m), which an
+    # import when the audit package loads would run a second time.
+    from workbench.audit.context_parallel import context_parallel_check
+
+    return context_parallel_check(ctx.impl.fn, cp_size=CP_SIZE, dtype=ctx.dtype, head_dim=ctx.head_dim)
 
 
 @check(

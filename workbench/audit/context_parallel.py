@@ -12,29 +12,42 @@ padding rule adds included. Layouts are the audit's (`Case`), fixed ones and fuz
     result = context_parallel_check()                  # our implementation, 2 ranks: a CheckResult
     study = padding_rule_study()                        # the 2 x cp_size rule kept and broken
 
-`python -m workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and writes
-a record (`workbench.records`), NCCL when there are that many GPUs.
+The check is registered with the audit's (`workbench.audit.checks.CHECKS`, which imports this
+module when the check runs): `workbench audit
+mypkg.attn:my_cp_attention` runs it on a function with `context_parallel_attention`'s call (the
+`context-parallel` adapter recognises one by its cu_seqlens, cu_seqlens_padded and group
+parameters), and it is n/a for any single-process attention.
+
+`python -m workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and the
+study and writes a record (`workbench.records`). It spawns its ranks itself (not under torchrun):
+NCCL with one GPU each where there are that many GPUs (NVLink multicast off unless
+NCCL_NVLS_ENABLE says otherwise), gloo on a CPU-only machine; on two H200s, `GPU_COMMAND`:
+
+    python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/context-parallel-h200x2.json
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from workbench.audit.checks import CheckResult, Finding, Verdict
+from workbench.audit.checks import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
 from workbench.bounds import error_check
 from workbench.context_parallel import (
     LayoutError,
     RankResult,
     check_cp_layout,
     context_parallel_attention,
+    cp_backend,
     run_context_parallel,
     shard_thd,
 )
@@ -44,11 +57,10 @@ from workbench.records import write_record
 from workbench.reference import reference_attention
 from workbench.strategies import LayoutSpace
 
-NAME = "context-parallel"
-DOC = (
-    "each rank's shard of out, dq, dk, dv under zig-zag context parallelism equals the single-device oracle's: "
-    "REAL rows within the bound, GAP and TAIL rows (the 2 x cp_size padding included) exactly 0"
-)
+NAME = CONTEXT_PARALLEL
+# The run on two GPUs over NCCL, recorded under data/gpu/ (workbench.records) by:
+GPU_RECORD = "context-parallel-h200x2.json"
+GPU_COMMAND = f"python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/{GPU_RECORD}"
 TENSORS = ("out", "dq", "dk", "dv")
 # What CP self-attention cannot take from a fuzzed layout: q and k share one layout, no windows.
 FUZZ_SPACE = LayoutSpace(max_batch=3, longest=10, without=frozenset({"unequal", "window"}))
@@ -190,6 +202,11 @@ class PaddingRuleStudy:
     def rule_needed(self) -> bool:
         return not self.kept_findings and bool(self.unchecked_findings)
 
+    @property
+    def lost_tensors(self) -> list[str]:
+        """The tensors whose REAL rows the unchecked run got wrong on some rank (out, dq, dk, dv)."""
+        return sorted({f.evidence.split(": ")[1] for f in self.unchecked_findings if f.check == "real-accuracy"})
+
     def summary(self) -> dict:
         return {
             "cp_size": self.cp_size,
@@ -200,13 +217,15 @@ class PaddingRuleStudy:
             "refusal": self.refusal,
             "unchecked_findings": [str(f) for f in self.unchecked_findings],
             "rows_on_no_rank": self.rows_on_no_rank,
+            "lost_tensors": self.lost_tensors,
         }
 
 
-def padding_rule_study(cp_size: int = 2, timeout_s: float = 300.0) -> PaddingRuleStudy:
+def padding_rule_study(cp_size: int = 2, *, on_cpu: bool = False, timeout_s: float = 300.0) -> PaddingRuleStudy:
     """The same sequences padded to a multiple of 2 x cp_size (TE's THD CP requirement) and
     packed without it: ours keeps the contract on the first; refuses the second with the fix;
-    and, told not to check, drops the rows past the last whole chunk of every sequence."""
+    and, told not to check, drops the rows past the last whole chunk of every sequence.
+    `on_cpu`: gloo ranks through the Triton interpreter on any machine (`run_context_parallel`)."""
     broken = Case((7, 5, 10), causal=True, head_dim=16, fill=Fill.NAN)
     kept = cp_case(broken, cp_size)
     batch = pack(broken, "cpu")
@@ -217,7 +236,7 @@ def padding_rule_study(cp_size: int = 2, timeout_s: float = 300.0) -> PaddingRul
         refusal = str(exc)
     # One spawn for both: on a layout that keeps the rule, the unchecked path is the checked one.
     pairs = [(b, grad_output(b)) for b in (pack(kept, "cpu"), batch)]
-    backend, results = run_context_parallel(pairs, cp_size=cp_size, validate=False, timeout_s=timeout_s)
+    backend, results = run_context_parallel(pairs, cp_size=cp_size, validate=False, on_cpu=on_cpu, timeout_s=timeout_s)
     kept_findings, unchecked = (
         [f for r in ranks for f in rank_findings(b, Oracle.of(b, d_out), r, cp_size, validate=checked)]
         for (b, d_out), ranks, checked in zip(pairs, results, (True, False))
@@ -225,6 +244,26 @@ def padding_rule_study(cp_size: int = 2, timeout_s: float = 300.0) -> PaddingRul
     multiple = 2 * cp_size
     lost = sum(n - (n // multiple) * multiple for n in broken.seqlens_q)
     return PaddingRuleStudy(cp_size, backend, kept, broken, tuple(kept_findings), refusal, tuple(unchecked), lost)
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """Why the command cannot run as asked on this machine, or None."""
+    if "LOCAL_RANK" in os.environ:  # set by torchrun in every process it starts
+        return (
+            "run it as `python -m workbench.audit.context_parallel`, not under torchrun: it spawns its --cp-size "
+            "ranks itself (NCCL, one GPU each, when there are that many GPUs; gloo on a CPU-only machine)"
+        )
+    if args.cp_size < 2:
+        return f"--cp-size {args.cp_size}: context parallelism splits sequences over at least 2 ranks; pass --cp-size 2"
+    try:
+        cp_backend(args.cp_size)
+    except ValueError as exc:
+        return f"--cp-size {args.cp_size}: {exc}"
+    if args.fuzzed < 0:
+        return f"--fuzzed {args.fuzzed}: the number of fuzzed layouts is 0 or more"
+    if args.record and Path(args.record).is_dir():
+        return f"--record {args.record} is a folder; name the JSON file, e.g. data/gpu/context-parallel-h200x2.json"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--record", help="write the result and the padding-rule study as a record (JSON) here")
     args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:
+        parser.error(problem)  # exit 2, before any rank starts
     result = context_parallel_check(cp_size=args.cp_size, fuzzed=args.fuzzed, seed=args.seed, dtype=args.dtype, head_dim=64)
     study = padding_rule_study(args.cp_size)
     print(f"{result.name}: {result.verdict.value} ({result.seconds:.1f} s): {result.evidence}")

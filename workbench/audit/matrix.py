@@ -34,7 +34,9 @@ ROW_PACKAGE = {
     "ours-fa4": "flash-attn-4",
     "cudnn-ragged": "nvidia-cudnn-frontend",
 }
-CORRECTNESS = [name for name in CHECKS if name != "input-validation"]
+# The matrix's rows are single-process paths, on which the context-parallel check is n/a by
+# construction: it is no column here (its record is data/gpu/context-parallel-*.json).
+CORRECTNESS = [name for name, check in CHECKS.items() if name != "input-validation" and not check.distributed]
 COLUMNS = [*CORRECTNESS, "fuzzer", "input-validation", "sanitizer"]  # every column a matrix can have
 RECORD_COMMAND = "python scripts/gpu_audit_matrix.py"
 # A row's fuzzer is done at FUZZ_LAYOUTS layouts, or after FUZZ_SECONDS of fuzzing (the search,

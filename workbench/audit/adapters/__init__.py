@@ -29,6 +29,7 @@ scale, causal or is_causal, window_size, *_padded, seqused_*). Which adapter `de
     te-thd          TransformerEngine-style THD: qkv_format="thd", cu_seqlens_q/kv(_padded) (`te`)
     flex-document   FlexAttention with a document mask (`flex`)
     dmattn          flash-dmattn's Triton and Flex functions (`padded`)
+    context-parallel  a context-parallel attention: each rank's zig-zag shards (`context_parallel`)
 
 and never guessed (one target, several backends or choices; pass --adapter): bshd, sdpa-math,
 sdpa-efficient, sdpa-flash, sdpa-cudnn, sdpa-nested, dmattn-nobias.
@@ -37,13 +38,14 @@ Registering your own takes a few lines (`REGISTER_EXAMPLE`): a function that wra
 contract's shape, and what it lacks (a dict, or a function of (fn, device) returning one).
 
 Features an adapter can lack (`FEATURES`): padded, tail, gqa, causal, unequal, scale, metadata,
-window, backward, and `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
+window, backward, one-process (a context-parallel attention), context-parallel (any other), and
+`run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
 """
 
 from __future__ import annotations
 
 # Registration order is detection order: the library adapters before `contract`, which takes any varlen function.
-from workbench.audit.adapters import flex, nested, te, varlen  # noqa: F401
+from workbench.audit.adapters import context_parallel, flex, nested, te, varlen  # noqa: F401
 from workbench.audit.adapters.base import (
     ADAPTERS,
     FEATURES,

@@ -28,6 +28,8 @@ FEATURES = {
     "scale": "a custom softmax scale",
     "metadata": "the function receives cu_seqlens/max_seqlen itself (the bad-input campaign feeds it malformed ones)",
     "window": "a sliding or local window: window_size=(left, right), FlashAttention's semantics, bottom-right aligned",
+    "one-process": "the function computes in one process (a context-parallel attention needs the ranks of a process group)",
+    "context-parallel": "a context-parallel attention (context_parallel_attention's call on each rank of a process group)",
 }
 
 Lacks = Mapping[str, str]  # feature -> why the function cannot express it
@@ -248,6 +250,11 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
         # Windows are opt-in: an adapter (or a contract-shaped function) written without them is
         # never handed one, so the window check is n/a for it and the fuzzer draws none.
         lacks["window"] = f"{name} through adapter {chosen.name!r} takes no window_size keyword: no window can be passed"
+    if "one-process" not in lacks:  # it computes in one process: the context-parallel check is not for it
+        lacks["context-parallel"] = (
+            f"{name} is a single-process attention; the context-parallel check audits a context-parallel one "
+            "(the call of workbench.context_parallel:context_parallel_attention)"
+        )
     return Adapted(fn, chosen, device, impl, name, target, lacks, aliases)
 
 
