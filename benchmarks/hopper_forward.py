@@ -28,6 +28,7 @@ from kernels import varlen_attention
 from kernels.varlen.launch import DEFAULT_FORWARD, TUNER, ForwardConfig, candidate_tiles, forward_config, shape_class
 from workbench.bench import Workload, _fa4, measure, precompile, ratio, workloads
 from workbench.bounds import error_check
+from workbench.hopper_report import CURRENT, FA4
 from workbench.layout import Case, Fill, Region, pack
 from workbench.records import write_record
 from workbench.timing import MIN_ITERS
@@ -35,13 +36,12 @@ from workbench.timing import MIN_ITERS
 # `workbench.bench` names; the log-uniform mix's name ends with its document count.
 WORKLOADS = ("8x2048 d128", "8x2048 d128 causal", "32k log-uniform 32-8192", "4x16384 d128 causal")
 VARIANTS = {
-    "current": DEFAULT_FORWARD,
+    CURRENT: DEFAULT_FORWARD,
     "descriptors": ForwardConfig(descriptors=True),
     "warp_specialize": ForwardConfig(warp_specialize=True),
     "persistent": ForwardConfig(persistent=True),
     "all three": ForwardConfig(descriptors=True, warp_specialize=True, persistent=True),
 }
-FA4 = "FlashAttention-4 varlen"
 TAIL = 64  # poisoned rows past the last sequence in the check
 
 
@@ -155,7 +155,7 @@ def _copy_timing(row: Result, timing) -> None:
 
 def _ratios(rows: dict[str, Result]) -> None:
     """Per variant: its time / FA4's (below 1: faster than FA4) and current / its time (above 1: the switch pays)."""
-    fa4, current = rows.get(FA4), rows["current"]
+    fa4, current = rows.get(FA4), rows[CURRENT]
     for name, row in rows.items():
         if name == FA4 or row.forward_ms is None:
             continue

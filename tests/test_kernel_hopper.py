@@ -90,6 +90,7 @@ def test_warp_specialize_is_kept_off_four_warp_tiles_on_hopper_only():
 @pytest.mark.slow
 def test_benchmark_quick_run_checks_every_variant(tmp_path):
     """`python -m benchmarks.hopper_forward --quick`: every variant checked on the CPU, none timed."""
+    from workbench.hopper_report import hopper_rows, refusals
     from workbench.records import read_record
 
     record = tmp_path / "quick.json"
@@ -100,3 +101,5 @@ def test_benchmark_quick_run_checks_every_variant(tmp_path):
     assert [r["variant"] for r in rows] == ["current", "descriptors", "warp_specialize", "persistent", "all three"]
     assert all(r["check"] == "ok" and r["error"] is None and r["forward_ms"] is None for r in rows), rows
     assert "check ok (not timed)" in done.stdout
+    read_back = hopper_rows(read_record(record))  # as the performance page reads the GPU's record
+    assert len(read_back) == len(rows) and not refusals(read_back)
