@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_COMMAND, IMPLS, META, STUDY
-from postmortems.flash_dmattn_flex_mask.study import Results, _predicted_rows, gpu_error_range
+from postmortems.flash_dmattn_flex_mask.study import PADDING_SET, Results, _predicted_rows, gpu_error_range
 from postmortems.flash_dmattn_flex_mask.upstream import SOURCE
 from workbench.postmortem import (
     OURS,
@@ -136,12 +136,12 @@ def _matches_gpu(r: Results):
 
 
 @claims(
-    "on the H200 (fp16/bf16, compiled): every failing check but padding-leak is finite and wrong in out, dq, dk and dv, "
-    "20-1200x PyTorch's own error; most fuzzed layouts fail",
+    "on the H200 (fp16/bf16, compiled): every failing check on zero or random padding is finite and wrong in out, dq, "
+    "dk and dv, 20-1200x PyTorch's own error; most fuzzed layouts fail",
     evidence=UPSTREAM_GPU,
 )
 def _gpu_record(r: Results):
-    wrong = {k: v for k, v in r.recorded.items() if k != "padding-leak"}
+    wrong = {k: v for k, v in r.recorded.items() if k not in PADDING_SET}
     holds = all(
         not v["nonfinite"]
         and set(v["ratios"]) == {"out", "dq", "dk", "dv"}
@@ -157,6 +157,19 @@ def _gpu_record(r: Results):
         f"{r.audit['file']} ({prov['device']}, torch {prov['torch']}, {prov['date']}): {len(wrong)} failing checks, "
         f"ratios {lo:.3g}-{hi:.3g}x, none non-finite; fuzzer {fuzz['failing_layouts']}/{fuzz['tried']} layouts failing"
     )
+
+
+@claims(
+    "sliding-window on the H200 (the window given as attn_mask, huge garbage values in the padding): the ignored mask lets "
+    "the garbage in, so out is off by over 1200x PyTorch's own error or turns non-finite",
+    evidence=UPSTREAM_GPU,
+)
+def _gpu_window(r: Results):
+    window = r.recorded.get("sliding-window")
+    if window is None:
+        return False, f"{r.audit['file']}: no sliding-window FAIL recorded"
+    holds = window["nonfinite"] or window["ratios"].get("out", 0) > 1200
+    return holds, window["evidence"]
 
 
 @claims(
