@@ -22,6 +22,7 @@ def main(row: str) -> int:
     from workbench.audit import adapt
     from workbench.audit.adapters import MATRIX
     from workbench.audit.checks import Context
+    from workbench.audit.sanitizer import NOT_APPLICABLE
     from workbench.layout import Fill, pack
     from workbench.probes import probe
 
@@ -32,7 +33,7 @@ def main(row: str) -> int:
     impl = adapt(rows[row][0], rows[row][1], "cuda")
     why = impl.why_not()
     if why:
-        print(f"{row}: not applicable: {why}")
+        print(f"{row}: {NOT_APPLICABLE}: {why}")
         return 3
     ctx = Context(impl, "bfloat16", head_dim=64)
     unequal = "unequal" not in impl.lacks

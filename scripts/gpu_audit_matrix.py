@@ -62,7 +62,7 @@ from workbench.audit.matrix import (  # noqa: E402
     fuzz_budget,
     ran,
 )
-from workbench.audit.sanitizer import ToolRun, parse, status  # noqa: E402
+from workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, parse, status  # noqa: E402
 from workbench.records import load_records, write_record  # noqa: E402
 
 DATA = ROOT / "data" / "gpu"
@@ -194,7 +194,7 @@ def run_sanitizer(row: str, tool: str, timeout: int) -> ToolRun:
     except subprocess.TimeoutExpired:
         return ToolRun(tool, None, why=f"timed out after {timeout} s")
     if done.returncode == 3:  # audit_sanitize.py: the row cannot express the watched layout
-        return ToolRun(tool, None, why=_tail(done.stdout, 1)[0] if done.stdout.strip() else "not applicable")
+        return ToolRun(tool, None, why=_tail(done.stdout, 1)[0] if done.stdout.strip() else NOT_APPLICABLE)
     return parse(log.read_text(errors="replace") if log.exists() else "", tool, done.stdout + done.stderr)
 
 
@@ -206,7 +206,7 @@ def tools(row: str) -> tuple[str, ...]:
 
 def _counted(run: dict[str, Any]) -> bool:
     """A run that needs no repeat: its count stands, or the row cannot express the layout."""
-    return status(run)[0] is not None or "not applicable" in run.get("why", "")
+    return status(run)[0] is not None or NOT_APPLICABLE in run.get("why", "")
 
 
 def sanitize_row(row: str, deadline: float, force: bool) -> dict[str, dict[str, Any]]:

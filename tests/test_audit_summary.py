@@ -83,3 +83,47 @@ def test_a_silent_fail_outside_tail_rows_withdraws_the_recommendation():
     text = audits_summary(subjects)
     assert "silently wrong in real-accuracy" in _line(text, "* **Broken:**")
     assert _line(text, "* **Use:**") == "* **Use:** our kernel as is."
+
+
+def test_incomplete_rows_say_why_from_the_committed_records():
+    from workbench.audit.matrix import complete
+    from workbench.audit.summary import incomplete
+
+    records = load_matrix()
+    found = incomplete(records)
+    for record in records:
+        assert (record["row"] in found) >= (not complete(record)), record["row"]
+    assert "ours" not in found and "flex-document" not in found
+    assert "sdpa-flash" not in found  # compute-sanitizer cannot express its layout: n/a, not missing
+    assert found["torch-varlen"] == ["fuzzer: fuzzing not asked (--budget 0)"]
+    # Its killed log is of an earlier phase than its checks-only record: not the latest run.
+    assert not any("killed" in why for why in found["sdpa-nested"])
+    assert "compute-sanitizer initcheck: not run: timed out after 240 s" in found["sdpa-nested"]
+    fsa = found["fsa-dense-varlen"]
+    assert fsa[0].startswith("the latest run's checks killed at the call's deadline after ")
+    assert any(
+        why.startswith("tail-rows, gap-rows") and why.endswith("the CUDA context was lost at check real-accuracy") for why in fsa
+    )
+
+
+def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):
+    from workbench.audit.summary import incomplete
+
+    ours = copy.deepcopy(next(r for r in load_matrix() if r["row"] == "ours"))
+    assert incomplete([ours], tmp_path) == {}
+    ours["fuzz"]["tried"] = 10
+    next(c for c in ours["checks"] if c["name"] == "gqa")["evidence"] = "not run: the CUDA context was lost at check tail-rows"
+    ours["sanitizer"]["memcheck"] = {"tool": "memcheck", "errors": None, "why": "timed out after 240 s"}
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "audit-ours-fuzz.log").write_text("real-accuracy: pass (1.0 s)\n\nkilled after 42 s\n")
+    assert incomplete([ours], tmp_path)["ours"] == [
+        "the latest run's fuzzer killed at the call's deadline after 42 s (the record is an earlier run's)",
+        "gqa: the CUDA context was lost at check tail-rows",
+        "fuzzer: 10 layouts, short of both budgets",
+        "compute-sanitizer memcheck: not run: timed out after 240 s",
+    ]
+    never = {"row": "fa4", "ran": False, "output": ["ImportError: no module named flash_attn"], "sanitizer": {}}
+    assert incomplete([never], tmp_path)["fa4"] == [
+        "did not run: ImportError: no module named flash_attn",
+        "compute-sanitizer: no record",
+    ]

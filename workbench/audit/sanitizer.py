@@ -41,6 +41,8 @@ _NOT_REPORTS = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "Targ
 # which the summary counts too; a library probing for optional driver symbols makes many. Runs
 # pass --report-api-errors no, so that the count is device memory errors alone.
 API_RETURN_CODE = "Program hit CUDA_ERROR_"
+# scripts/audit_sanitize.py's line (exit 3) for a row that cannot express the watched layout: no run is missing.
+NOT_APPLICABLE = "not applicable"
 
 
 @dataclass
@@ -173,4 +175,4 @@ def _reparsed(directory: Path, row: str, tool: str, run: dict[str, Any]) -> dict
     return parse(log.read_text(errors="replace"), tool, "\n".join(run.get("program") or [])).to_dict()
 
 
-__all__ = ["API_RETURN_CODE", "TOOLS", "ToolRun", "load_sanitizer", "parse", "row_summary", "status", "table"]
+__all__ = ["API_RETURN_CODE", "NOT_APPLICABLE", "TOOLS", "ToolRun", "load_sanitizer", "parse", "row_summary", "status", "table"]

@@ -4,10 +4,15 @@ and what to use. The audit-matrix page opens with it; nothing in it is typed."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+from workbench.audit.checks import TIMED_OUT
 from workbench.audit.judgements import judgements
-from workbench.audit.matrix import fails, grid, ran
+from workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, ran
+from workbench.audit.sanitizer import NOT_APPLICABLE, status
+from workbench.provenance import GPU_DATA
 
 # How a FAIL counts: an upstream bug whatever the padding holds ("broken", also where no judgement
 # says otherwise), one that needs non-finite values planted in the padding, behaviour upstream
@@ -123,3 +128,60 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
 
 def _named(checks: list[str]) -> str:
     return ", ".join(c.replace("fuzz:", "fuzzer: ") for c in checks)
+
+
+KILLED = re.compile(r"^killed after (\d+) s$")  # scripts/gpu_audit_matrix.py's last log line for a run past its deadline
+# A row's runs by phase, in the order scripts/gpu_audit_matrix.py takes them (a slow row moves from one
+# run of everything to a checks run, then a fuzz run), each with its log's suffix and what it runs.
+PHASES = (("", "checks and fuzzer"), ("-checks", "checks"), ("-fuzz", "fuzzer"))
+
+
+def _phase(record: dict[str, Any]) -> int:
+    """The phase of the run that wrote the record: a fuzz run merges its fuzzer into the checks' record."""
+    return 2 if "fuzz_provenance" in record else 1 if record.get("budget") == 0 else 0
+
+
+def _killed(record: dict[str, Any], directory: Path) -> str | None:
+    """Why the row's latest run left no record: its log, of the record's phase or a later one (each
+    run rewrites its phase's log, and a killed run writes no record), ends in 'killed after N s'."""
+    for suffix, what in PHASES[_phase(record) if ran(record) else 0 :]:
+        log = directory / "logs" / f"audit-{record['row']}{suffix}.log"
+        lines = log.read_text(errors="replace").split("\n") if log.exists() else []
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        if match := KILLED.match(last):
+            return f"the latest run's {what} killed at the call's deadline after {match[1]} s (the record is an earlier run's)"
+    return None
+
+
+def incomplete(records: list[dict[str, Any]], directory: Path = GPU_DATA) -> dict[str, list[str]]:
+    """{row: [why, ...]} for each row whose record is not whole (`workbench.audit.matrix.complete`)
+    or whose compute-sanitizer runs do not all count: a latest run killed at its deadline, the
+    cells left "not run" grouped by their reason (context lost at a check, fuzzing not asked), a
+    fuzzer short of its budget, and each sanitizer tool that did not run through (or has no record).
+    A tool that cannot express the watched layout is n/a, not missing."""
+    found: dict[str, list[str]] = {}
+    for record in records:
+        row, why = record["row"], []
+        if killed := _killed(record, directory):
+            why.append(killed)
+        if not ran(record):
+            why.append(f"did not run: {cell(record, 'fuzzer')[1]}")
+        else:
+            left: dict[str, list[str]] = {}
+            for column in [*CORRECTNESS, "fuzzer", "input-validation"]:
+                verdict, evidence = cell(record, column)
+                if verdict == "not run" and TIMED_OUT not in evidence:
+                    left.setdefault(evidence.removeprefix("not run: "), []).append(column)
+            why += [f"{', '.join(columns)}: {reason}" for reason, columns in left.items()]
+            if record.get("fuzz") and not fuzz_budget(record):
+                why.append(f"fuzzer: {record['fuzz']['tried']} layouts, short of both budgets")
+        runs = record.get("sanitizer") or {}
+        if not runs:
+            why.append("compute-sanitizer: no record")
+        for tool, run in runs.items():
+            counted, line = status(run)
+            if counted is None and NOT_APPLICABLE not in (run.get("why") or ""):
+                why.append(f"compute-sanitizer {tool}: {line}")
+        if why:
+            found[row] = why
+    return found
