@@ -39,8 +39,10 @@ def test_no_impact_line_types_a_figure():
 def test_flex_mask_impact_is_the_h200_audits_range():
     """Read here from the record's evidence strings, apart from the post-mortem's own parser."""
     record = json.loads((GPU_DATA / "audit-dmattn-flex.json").read_text())
-    evidence = [c["evidence"] for c in record["checks"] if c["verdict"] == "FAIL" and c["name"] != "padding-leak"]
-    evidence += [f["evidence"] for f in record["fuzz"]["failures"] if f["check"] != "padding-leak"]
+    # NaN or garbage in the padding sets those two checks' errors (the post-mortem reports them apart).
+    padding_set = ("padding-leak", "sliding-window")
+    evidence = [c["evidence"] for c in record["checks"] if c["verdict"] == "FAIL" and c["name"] not in padding_set]
+    evidence += [f["evidence"] for f in record["fuzz"]["failures"] if f["check"] not in padding_set]
     ratios = [float(x) for text in evidence for x in re.findall(r"\(([\d.e+]+)x PyTorch's own error\)", text)]
     impact = Registry().get("flash-dmattn-flex-mask").impact
     assert f"gradients {min(ratios):.3g} to {float(f'{max(ratios):.3g}'):,g} times PyTorch's own error" in impact, impact

@@ -231,7 +231,8 @@ def test_every_committed_postmortem_is_well_formed(pm_id):
     check_notebook(pm)
     verdicts = recorded_verdicts(pm, nbformat.read(pm.notebook, as_version=4))
     assert [v.claim for v in verdicts] == pm.claims.statements
-    assert all(v.holds for v in verdicts), claims_table(verdicts)
+    # A claim on a GPU record nobody could make yet reads NOT RECORDED (with its command); none FAILS.
+    assert not any(v.failed for v in verdicts), claims_table(verdicts)
 
 
 _LISTING_CALL = re.compile(r"""^\s*(?:\w+\.)?listing\(\s*["']([^"']+)["']\s*\)\s*$""", re.MULTILINE)
