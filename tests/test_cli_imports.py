@@ -99,6 +99,7 @@ def test_help_and_list_import_neither_torch_nor_jupyter(project):
     assert [r["torch"] for r in report] == [False, False], "torch imported by --help or list"
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_info_needs_no_jupyter_package(project):
     (info,) = run_commands(project, [["info"]], block=True)
     assert info["rc"] == 0 and info["jupyter"] == []

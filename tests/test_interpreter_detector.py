@@ -90,6 +90,7 @@ def test_detector_runs_once():
     assert (after.hits, after.misses) == (before.hits + 1, before.misses)
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_native_mode_answers_false_without_launching_anything():
     # On a machine without a GPU a native launch raises ("0 active drivers"), so a clean False
     # proves that the native answer is decided without running a kernel.
@@ -100,6 +101,7 @@ def test_native_mode_answers_false_without_launching_anything():
     assert child.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_interpreter_report_in_a_child_process():
     report = run_interpreted("kernels.interpreter")
     assert report["interpreted"] is True and report["device"] == "cpu"
