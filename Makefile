@@ -29,9 +29,10 @@ test: lint
 	bash scripts/system-deps.sh
 	$(PY) -m pytest -n 2 --dist loadscope tests notebooks $(NBVAL) || [ $$? -eq 5 ]
 
-# The edit loop: unit and kernel tests without the `slow` ones, the notebooks and the browser.
+# The edit loop: unit and kernel tests without the `slow` ones, the notebooks and the browser
+# (no notebook, so no nbval: its import alone costs seconds of CPU before the workers start).
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadscope -m "not slow and not browser" tests || [ $$? -eq 5 ]
+	$(PY) -m pytest -p no:nbval -n 2 --dist loadscope -m "not slow and not browser" tests || [ $$? -eq 5 ]
 
 # Executes every notebook afresh and renders site/_build/ (open site/_build/index.html).
 site: $(STAMP)

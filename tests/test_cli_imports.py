@@ -78,7 +78,10 @@ GPU_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("block", [True, False], ids=["jupyter-blocked", "jupyter-installed"])
+# Blocked is the GPU image; installed (a fresh interpreter running the same commands again) runs in the full suite.
+@pytest.mark.parametrize(
+    "block", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["jupyter-blocked", "jupyter-installed"]
+)
 def test_audit_bench_repro_need_no_jupyter_package(project, block):
     scaffold_variant(project, "fast-fix", FAST_FIX)
     report = run_commands(project, GPU_COMMANDS, block=block)
@@ -96,6 +99,7 @@ def test_help_and_list_import_neither_torch_nor_jupyter(project):
     assert [r["torch"] for r in report] == [False, False], "torch imported by --help or list"
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_info_needs_no_jupyter_package(project):
     (info,) = run_commands(project, [["info"]], block=True)
     assert info["rc"] == 0 and info["jupyter"] == []

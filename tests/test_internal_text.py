@@ -58,6 +58,7 @@ def test_reader_wording_passes():
     assert not internal_notes("Not yet measured on a GPU. CPU debugging sessions, a padded token budget, budget=20.")
 
 
+@pytest.mark.slow  # renders every page (seconds); the rules themselves are checked above, in the fast loop
 def test_no_page_carries_internal_notes(published_site):
     found = [
         f"{page.name}: {note}"

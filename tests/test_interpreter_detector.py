@@ -90,6 +90,7 @@ def test_detector_runs_once():
     assert (after.hits, after.misses) == (before.hits + 1, before.misses)
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_native_mode_answers_false_without_launching_anything():
     # On a machine without a GPU a native launch raises ("0 active drivers"), so a clean False
     # proves that the native answer is decided without running a kernel.
@@ -100,6 +101,7 @@ def test_native_mode_answers_false_without_launching_anything():
     assert child.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_interpreter_report_in_a_child_process():
     report = run_interpreted("kernels.interpreter")
     assert report["interpreted"] is True and report["device"] == "cpu"
@@ -111,6 +113,9 @@ def test_interpreter_report_in_a_child_process():
         assert report["bit_pattern_gap"] == 0.0
 
 
+# A native child process compiles the dot kernel; in the fast loop the post-mortem's compile claim
+# (tests/test_pm_interpreter.py) checks the same two kernels, here each field is checked.
+@pytest.mark.slow
 def test_native_compilation_drops_the_upcast_branch():
     off, on = native_dots()[False], native_dots()[True]
     # Flag off: bf16 goes straight to the tensor cores, no conversion in the IR.

@@ -24,6 +24,9 @@ def run_pytest(tmp_path, source: str, *args: str, conftest: bool = True) -> str:
             "pytest",
             "-p",
             "no:cacheprovider",
+            # nbval's import (nbformat's schema checkers) costs a child pytest seconds of CPU; no notebook here
+            "-p",
+            "no:nbval",
             "-rs",
             "-c",
             str(ROOT / "pyproject.toml"),

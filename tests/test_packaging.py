@@ -36,6 +36,7 @@ def test_lock_pins_every_requirement_within_its_range():
     assert "download.pytorch.org/whl/cpu" in lock.LOCK.read_text(), "the lock names where the CPU torch comes from"
 
 
+@pytest.mark.slow  # builds a wheel from a copy of the sources in a child process; the full suite runs it
 def test_wheel_metadata(tmp_path):
     # Built from a copy: an in-tree build leaves build/ and an .egg-info beside the sources.
     source = tmp_path / "source"

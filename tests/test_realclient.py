@@ -194,6 +194,7 @@ def test_right_padded_batch_matches_sdpa():
     torch.testing.assert_close(logits[hf.NAME][real], logits["sdpa"][real], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_kernels_stay_interpreted_when_records_are_imported_first():
     """workbench.records (through provenance) must not import triton before kernels picks the interpreter."""
     code = (

@@ -40,6 +40,7 @@ def packed_layer():
         return model.blocks[0], model.embed(batch.tokens), batch
 
 
+@pytest.mark.slow  # two gloo ranks spawned three times; the one-rank tests below keep the sizing clauses fast
 def test_two_ranks_padded_sizing_is_exact_and_real_sizing_fails_clearly():
     block, x, batch = packed_layer()
     device = default_device()

@@ -35,6 +35,7 @@ def test_case_axes_build_cases_and_probe_records_become_rows():
     assert record["nonfinite_tail"] == 0 and record["ok"]
 
 
+@pytest.mark.slow  # three spawned workers, each importing torch: seconds of CPU for the fast loop
 def test_workers_run_in_other_processes_and_survive_a_dying_worker():
     result = sweep(divide, numerator=[3], denominator=[1, 0, 3], workers=2, progress=False)
     assert [r["ok"] for r in result] == [True, False, True]

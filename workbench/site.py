@@ -29,6 +29,7 @@ manifest's provenance).
 
 from __future__ import annotations
 
+import functools
 import html
 import itertools
 import json
@@ -192,7 +193,10 @@ def external_resources(text: str) -> list[str]:
     return sorted({next(g for g in m.groups() if g) for m in _EXTERNAL.finditer(text)})
 
 
+@functools.cache
 def _exporter(site_dir: Path):
+    """One exporter per template directory, reused for every page: a new one compiles its Jinja
+    templates again (a fifth of a site's rendering time). Jinja reloads a template whose file changed."""
     from nbconvert import HTMLExporter
     from traitlets.config import Config
 

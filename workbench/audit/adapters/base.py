@@ -7,6 +7,7 @@ The features an adapter can lack are `FEATURES`; a check that needs one the func
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from workbench.adapter_example import REGISTER_EXAMPLE
+from workbench.layout import Fill
 
 FEATURES = {
     "run": "the function runs on this device",
@@ -295,6 +297,63 @@ def _target_of(fn: Callable) -> str | None:
         return f"{module}:{qualname}" if load(f"{module}:{qualname}") is fn else None
     except ValueError:
         return None
+
+
+# -- the contract's call -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContractCall:
+    """One call in the contract's shape (`kernels.varlen_attention`'s), its arguments by name: what
+    the body of a `contract_shaped` wrapper receives. The first seven are positional."""
+
+    q: Any
+    k: Any
+    v: Any
+    cu_seqlens_q: Any
+    cu_seqlens_k: Any
+    max_seqlen_q: Any
+    max_seqlen_k: Any
+    cu_seqlens_q_padded: Any = None
+    cu_seqlens_k_padded: Any = None
+    causal: Any = False
+    scale: Any = None
+    window_size: Any = (-1, -1)
+    padding_fill: Fill | str = Fill.ZEROS  # the case's fill for the padded batch an adapter builds (`fill_kwargs`)
+
+
+_POSITIONAL = 7
+# Keywords a wrapper takes only when it says so: one that does not name window_size is never
+# handed a window (`adapt`), one that does not name padding_fill builds no padded batch.
+OPTIONAL_KEYWORDS = ("window_size", "padding_fill")
+
+
+def contract_signature(takes: tuple[str, ...] = ()) -> inspect.Signature:
+    """The contract's signature: (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+    cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None), plus the
+    `OPTIONAL_KEYWORDS` named in `takes`."""
+    unknown = set(takes) - set(OPTIONAL_KEYWORDS)
+    if unknown:
+        raise ValueError(
+            f"takes = {sorted(unknown)}: a contract-shaped call takes only {list(OPTIONAL_KEYWORDS)} besides the contract's."
+        )
+    fields = [f for f in dataclasses.fields(ContractCall) if f.name not in OPTIONAL_KEYWORDS or f.name in takes]
+    return inspect.Signature(
+        [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for f in fields[:_POSITIONAL]]
+        + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default) for f in fields[_POSITIONAL:]]
+    )
+
+
+def contract_shaped(body: Callable[[ContractCall], Any], takes: tuple[str, ...] = ()) -> Callable:
+    """`body(ContractCall)` behind the contract's signature (`contract_signature(takes)`): arguments
+    are bound as a function of that signature binds them, a wrong call a TypeError."""
+    signature = contract_signature(takes)
+
+    def call(*args, **kwargs):
+        return body(ContractCall(**signature.bind(*args, **kwargs).arguments))
+
+    call.__signature__ = signature  # type: ignore[attr-defined]  # what adapt() and inspect read
+    return call
 
 
 # -- shared pieces ------------------------------------------------------------------------

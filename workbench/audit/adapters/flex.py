@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.audit.adapters.base import first, register_adapter
+from workbench.audit.adapters.base import ContractCall, contract_shaped, first, register_adapter
 
 _COMPILED: dict[Callable, Callable] = {}
 
@@ -71,33 +71,21 @@ def _flex_document(fn: Callable) -> Callable:
     T is padded with zero rows to a power-of-two bucket (>= 128) so compiled kernels and block
     masks are reused; padding rows are passed as given (not zeroed); enable_gqa when H_kv < H."""
 
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-    ):
+    def body(c: ContractCall):
         from torch.nn.attention.flex_attention import create_block_mask
 
+        q, k, v = c.q, c.k, c.v
         rows_q, rows_k = q.shape[0], k.shape[0]
         bucket = _bucket(max(rows_q, rows_k))
-        doc_q, pos_q, len_q = _doc_ids(cu_seqlens_q, cu_seqlens_q_padded, rows_q, bucket, q.device)
-        doc_k, pos_k, len_k = _doc_ids(cu_seqlens_k, cu_seqlens_k_padded, rows_k, bucket, q.device)
+        doc_q, pos_q, len_q = _doc_ids(c.cu_seqlens_q, c.cu_seqlens_q_padded, rows_q, bucket, q.device)
+        doc_k, pos_k, len_k = _doc_ids(c.cu_seqlens_k, c.cu_seqlens_k_padded, rows_k, bucket, q.device)
         # Per query row, the last key position it may see (bottom-right causal per document),
         # computed here: indexing a per-document table by doc_q inside mask_mod would read
         # table[-1] for padding rows, which wraps in eager PyTorch but is an out-of-bounds read
         # in the compiled kernel (compute-sanitizer memcheck caught exactly that in an earlier run).
         shift = (len_k - len_q)[doc_q.clamp(min=0).long()]
         limit_q = pos_q + shift
-        is_causal = torch.tensor(bool(causal), device=q.device)
+        is_causal = torch.tensor(bool(c.causal), device=q.device)
 
         def mask_mod(b, h, qi, ki):
             same = (doc_q[qi] == doc_k[ki]) & (doc_q[qi] >= 0)
@@ -114,9 +102,9 @@ def _flex_document(fn: Callable) -> Callable:
             to_flex(k, rows_k),
             to_flex(v, rows_k),
             block_mask=block_mask,
-            scale=scale,
+            scale=c.scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
         return first(out)[0].transpose(0, 1)[:rows_q]
 
-    return call
+    return contract_shaped(body)

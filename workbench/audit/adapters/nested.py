@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.audit.adapters.base import AdapterRefused, register_adapter
+from workbench.audit.adapters.base import AdapterRefused, ContractCall, contract_shaped, register_adapter
 from workbench.audit.adapters.padded import GATHERED
 from workbench.layout import pad_thd
 
@@ -35,28 +35,15 @@ def _sdpa_nested(fn: Callable) -> Callable:
     is_causal=True (equal lengths only: see lacks); "No viable backend" is a refusal (n/a); the
     output's values are scattered back to THD (padding rows 0)."""
 
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-    ):
+    def body(c: ContractCall):
         from workbench.layout import real_rows
 
         # One offsets tensor per distinct boundary vector: NJTs sharing it share their ragged
         # dimension, as a user's q, k, v from one packed batch do (separate offsets would be
         # "broadcast" NJTs, which the fused kernels refuse).
-        offsets_q = cu_seqlens_q.to(torch.int64)
-        same = cu_seqlens_k is cu_seqlens_q or torch.equal(cu_seqlens_k, cu_seqlens_q)
-        offsets_k = offsets_q if same else cu_seqlens_k.to(torch.int64)
+        offsets_q = c.cu_seqlens_q.to(torch.int64)
+        same = c.cu_seqlens_k is c.cu_seqlens_q or torch.equal(c.cu_seqlens_k, c.cu_seqlens_q)
+        offsets_k = offsets_q if same else c.cu_seqlens_k.to(torch.int64)
 
         def jagged(x, cu, cu_padded, offsets):
             values = x.index_select(0, real_rows(cu, cu if cu_padded is None else cu_padded))
@@ -64,19 +51,18 @@ def _sdpa_nested(fn: Callable) -> Callable:
 
         try:
             out = fn(
-                jagged(q, cu_seqlens_q, cu_seqlens_q_padded, offsets_q),
-                jagged(k, cu_seqlens_k, cu_seqlens_k_padded, offsets_k),
-                jagged(v, cu_seqlens_k, cu_seqlens_k_padded, offsets_k),
-                is_causal=bool(causal),
-                scale=scale,
+                jagged(c.q, c.cu_seqlens_q, c.cu_seqlens_q_padded, offsets_q),
+                jagged(c.k, c.cu_seqlens_k, c.cu_seqlens_k_padded, offsets_k),
+                jagged(c.v, c.cu_seqlens_k, c.cu_seqlens_k_padded, offsets_k),
+                is_causal=bool(c.causal),
+                scale=c.scale,
             )
         except RuntimeError as exc:
             if "No viable backend" in str(exc):  # e.g. is_causal on CPU: no kernel takes the call
                 raise AdapterRefused(f"jagged SDPA refused this call: {str(exc).splitlines()[0]}") from exc
             raise
         flat = out.transpose(1, 2).values()
-        return pad_thd(
-            flat, cu_seqlens_q, cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded, total_rows=q.shape[0]
-        )
+        padded = c.cu_seqlens_q if c.cu_seqlens_q_padded is None else c.cu_seqlens_q_padded
+        return pad_thd(flat, c.cu_seqlens_q, padded, total_rows=c.q.shape[0])
 
-    return call
+    return contract_shaped(body)

@@ -22,7 +22,15 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters.base import AdapterRefused, cuda_only, first, params, register_adapter
+from workbench.audit.adapters.base import (
+    AdapterRefused,
+    ContractCall,
+    contract_shaped,
+    cuda_only,
+    first,
+    params,
+    register_adapter,
+)
 from workbench.layout import Fill, bshd_to_thd, pad_thd, thd_to_bshd
 
 GATHERED = (
@@ -37,9 +45,14 @@ def fill_kwargs(case) -> dict[str, Any]:
     return {"padding_fill": case.fill}
 
 
-def padded_batch(q, k, v, cu_q, cu_k, padded_q, padded_k, fill):
-    """THD -> (B, S, H, D) q, k, v padded to the longest real sequence (at least 1) with `fill`, and
-    the (B, S_q) real-query mask; keeps autograd.
+# The keywords of a padded-batch wrapper besides the contract's: the case's fill and the window (inside the mask).
+TAKES = ("window_size", "padding_fill")
+
+
+def padded_batch(c: ContractCall):
+    """THD -> (B, S, H, D) q, k, v padded to the longest real sequence (at least 1) with the call's
+    `padding_fill`, the (B, S_q) real-query mask, and the (B, S_q, S_k) attention mask
+    (`padded_mask`); keeps autograd.
 
     The longest real sequence, not max_seqlen: the function never sees max_seqlen, so a batch a
     user builds from the real lengths is the one to audit (a larger max_seqlen would only add
@@ -48,13 +61,13 @@ def padded_batch(q, k, v, cu_q, cu_k, padded_q, padded_k, fill):
 
     def padded(x, cu, cu_padded):
         x4, real = thd_to_bshd(x, cu, cu_padded, max(cu.diff().tolist() + [1]))
-        filler = Fill(fill).values(x4.shape, x4.dtype, generator).to(x4.device)
+        filler = Fill(c.padding_fill).values(x4.shape, x4.dtype, generator).to(x4.device)
         return torch.where(real[:, :, None, None], x4, filler), real
 
-    q4, real_q = padded(q, cu_q, padded_q)
-    k4, _ = padded(k, cu_k, padded_k)
-    v4, _ = padded(v, cu_k, padded_k)
-    return q4, k4, v4, real_q
+    q4, real_q = padded(c.q, c.cu_seqlens_q, c.cu_seqlens_q_padded)
+    k4, _ = padded(c.k, c.cu_seqlens_k, c.cu_seqlens_k_padded)
+    v4, _ = padded(c.v, c.cu_seqlens_k, c.cu_seqlens_k_padded)
+    return q4, k4, v4, real_q, padded_mask(c.cu_seqlens_q, c.cu_seqlens_k, q4, k4, c.causal, c.window_size)
 
 
 def padded_mask(cu_q, cu_k, q4, k4, causal, window_size):
@@ -63,10 +76,11 @@ def padded_mask(cu_q, cu_k, q4, k4, causal, window_size):
     return bshd_mask(cu_q.diff().tolist(), cu_k.diff().tolist(), q4.shape[1], k4.shape[1], causal, q4.device, window_size)
 
 
-def back_to_thd(out4, real_q, q, cu_q, padded_q):
-    """The padded batch's output, real rows scattered back to q's THD layout (padding rows 0)."""
+def back_to_thd(out4, real_q, c: ContractCall):
+    """The padded batch's output, real rows scattered back to the call's THD layout (padding rows 0)."""
     flat, _, _ = bshd_to_thd(out4, real_q)
-    return pad_thd(flat, cu_q, cu_q if padded_q is None else padded_q, total_rows=q.shape[0])
+    padded_q = c.cu_seqlens_q if c.cu_seqlens_q_padded is None else c.cu_seqlens_q_padded
+    return pad_thd(flat, c.cu_seqlens_q, padded_q, total_rows=c.q.shape[0])
 
 
 def bshd_mask(
@@ -118,34 +132,16 @@ def _bshd(fn: Callable) -> Callable:
     """
     takes_scale = "scale" in params(fn)
 
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-        padding_fill: Fill | str = Fill.ZEROS,
-        window_size=(-1, -1),
-    ):
-        q4, k4, v4, real_q = padded_batch(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, padding_fill
-        )
-        mask = padded_mask(cu_seqlens_q, cu_seqlens_k, q4, k4, causal, window_size)
+    def body(c: ContractCall):
+        q4, k4, v4, real_q, mask = padded_batch(c)
         kwargs = {}
-        if scale is not None:
+        if c.scale is not None:
             if not takes_scale:
                 raise AdapterRefused("this BSHD function takes no scale keyword.")
-            kwargs["scale"] = scale
-        return back_to_thd(first(fn(q4, k4, v4, mask, **kwargs)), real_q, q, cu_seqlens_q, cu_seqlens_q_padded)
+            kwargs["scale"] = c.scale
+        return back_to_thd(first(fn(q4, k4, v4, mask, **kwargs)), real_q, c)
 
-    return call
+    return contract_shaped(body, TAKES)
 
 
 # -- SDPA on padded batches, one adapter per backend ------------------------------------------
@@ -178,29 +174,11 @@ def _sdpa_lacks(backend: str) -> Callable[[Callable, torch.device], dict[str, st
 def _make_sdpa(name: str, backend: str) -> None:
     @register_adapter(name, lacks=_sdpa_lacks(backend), case_kwargs=fill_kwargs, calls=(3, ("attn_mask", "scale")))
     def wrap(fn: Callable) -> Callable:
-        def call(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            *,
-            cu_seqlens_q_padded=None,
-            cu_seqlens_k_padded=None,
-            causal=False,
-            scale=None,
-            padding_fill: Fill | str = Fill.ZEROS,
-            window_size=(-1, -1),
-        ):
+        def body(c: ContractCall):
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            q4, k4, v4, real_q = padded_batch(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, padding_fill
-            )
-            mask = padded_mask(cu_seqlens_q, cu_seqlens_k, q4, k4, causal, window_size)
-            kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+            q4, k4, v4, real_q, mask = padded_batch(c)
+            kwargs = {"enable_gqa": True} if c.q.shape[1] != c.k.shape[1] else {}
             try:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
                     out4 = fn(
@@ -208,16 +186,16 @@ def _make_sdpa(name: str, backend: str) -> None:
                         k4.transpose(1, 2),
                         v4.transpose(1, 2),
                         attn_mask=mask[:, None],
-                        scale=scale,
+                        scale=c.scale,
                         **kwargs,
                     ).transpose(1, 2)
             except RuntimeError as exc:
                 if "No available kernel" in str(exc):  # the backend cannot take this call: not its bug
                     raise AdapterRefused(f"SDPA backend {backend} refused this call: {str(exc).splitlines()[0]}") from exc
                 raise
-            return back_to_thd(out4, real_q, q, cu_seqlens_q, cu_seqlens_q_padded)
+            return back_to_thd(out4, real_q, c)
 
-        return call
+        return contract_shaped(body, TAKES)
 
     wrap.__doc__ = (
         f"scaled_dot_product_attention under sdpa_kernel({backend}) on a padded batch. Decisions: q, k, v padded "
@@ -260,32 +238,14 @@ def _make_dmattn(name: str, zero_bias: bool) -> None:
         head_dims=(16, 32, 64, 128),
     )
     def wrap(fn: Callable) -> Callable:
-        def call(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            *,
-            cu_seqlens_q_padded=None,
-            cu_seqlens_k_padded=None,
-            causal=False,
-            scale=None,
-            padding_fill: Fill | str = Fill.ZEROS,
-            window_size=(-1, -1),
-        ):
-            q4, k4, v4, real_q = padded_batch(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, padding_fill
-            )
-            mask = padded_mask(cu_seqlens_q, cu_seqlens_k, q4, k4, causal, window_size)
-            mask = mask[:, None].expand(-1, q.shape[1], -1, -1).to(q.dtype).contiguous()
+        def body(c: ContractCall):
+            q4, k4, v4, real_q, mask = padded_batch(c)
+            mask = mask[:, None].expand(-1, c.q.shape[1], -1, -1).to(c.q.dtype).contiguous()
             bias = torch.zeros_like(mask) if zero_bias else None
-            out4 = first(fn(q4, k4, v4, attn_mask=mask, attn_bias=bias, is_causal=False, softmax_scale=scale))
-            return back_to_thd(out4, real_q, q, cu_seqlens_q, cu_seqlens_q_padded)
+            out4 = first(fn(q4, k4, v4, attn_mask=mask, attn_bias=bias, is_causal=False, softmax_scale=c.scale))
+            return back_to_thd(out4, real_q, c)
 
-        return call
+        return contract_shaped(body, TAKES)
 
     wrap.__doc__ = (
         "flash-dmattn's triton_dmattn_func / flex_dmattn_func(query, key, value, attn_mask, attn_bias, is_causal, softmax_scale). "

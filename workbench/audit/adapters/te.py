@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters.base import AdapterRefused, first, params, register_adapter
+from workbench.audit.adapters.base import AdapterRefused, ContractCall, contract_shaped, first, params, register_adapter
 
 
 def _te_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
@@ -49,42 +49,29 @@ def _te_thd(fn: Callable) -> Callable:
     """TransformerEngine-style THD call: qkv_format="thd", cu_seqlens_q/kv(_padded), attn_mask_type."""
     takes_scale = "softmax_scale" in params(fn)
 
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-    ):
+    def body(c: ContractCall):
         kwargs: dict[str, Any] = {}
-        if scale is not None:
+        if c.scale is not None:
             if not takes_scale:
                 raise AdapterRefused("this TE-style function takes no softmax_scale per call.")
-            kwargs["softmax_scale"] = scale
+            kwargs["softmax_scale"] = c.scale
         out = fn(
-            q,
-            k,
-            v,
+            c.q,
+            c.k,
+            c.v,
             qkv_format="thd",
-            cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_kv=cu_seqlens_k,
-            cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_kv_padded=cu_seqlens_k_padded,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_k,
+            cu_seqlens_q=c.cu_seqlens_q,
+            cu_seqlens_kv=c.cu_seqlens_k,
+            cu_seqlens_q_padded=c.cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=c.cu_seqlens_k_padded,
+            max_seqlen_q=c.max_seqlen_q,
+            max_seqlen_kv=c.max_seqlen_k,
             # TE's "padding_causal" is top-left aligned; the contract's causal is bottom-right.
-            attn_mask_type="padding_causal_bottom_right" if causal else "padding",
+            attn_mask_type="padding_causal_bottom_right" if c.causal else "padding",
             **kwargs,
         )
         out = first(out)
         # TE returns THD output flattened to (tokens, heads * head_dim).
-        return out.view(q.shape) if isinstance(out, torch.Tensor) and out.dim() == 2 else out
+        return out.view(c.q.shape) if isinstance(out, torch.Tensor) and out.dim() == 2 else out
 
-    return call
+    return contract_shaped(body)

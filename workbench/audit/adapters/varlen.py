@@ -36,7 +36,15 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters.base import AdapterRefused, cuda_only, first, heads_differ, register_adapter
+from workbench.audit.adapters.base import (
+    AdapterRefused,
+    ContractCall,
+    contract_shaped,
+    cuda_only,
+    first,
+    heads_differ,
+    register_adapter,
+)
 
 ROLES: dict[str, tuple[str, ...]] = {
     "cu_seqlens_q": ("cu_seqlens_q", "cu_q", "cu_seq_q"),
@@ -248,36 +256,23 @@ def _signature(fn: Callable, adapter: str) -> VarlenSignature:
 def _wrap(fn: Callable, adapter: str) -> Callable:
     signature = _signature(fn, adapter)
 
-    def call(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        *,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_k_padded=None,
-        causal=False,
-        scale=None,
-        window_size=(-1, -1),
-    ):
+    def body(c: ContractCall):
         args, keywords = signature.arguments(
-            q,
-            k,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            cu_seqlens_q_padded,
-            cu_seqlens_k_padded,
-            causal,
-            scale,
-            window_size,
+            c.q,
+            c.k,
+            c.cu_seqlens_q,
+            c.cu_seqlens_k,
+            c.max_seqlen_q,
+            c.max_seqlen_k,
+            c.cu_seqlens_q_padded,
+            c.cu_seqlens_k_padded,
+            c.causal,
+            c.scale,
+            c.window_size,
         )
-        return first(fn(q, k, v, *args, **keywords))
+        return first(fn(c.q, c.k, c.v, *args, **keywords))
 
+    call = contract_shaped(body, takes=("window_size",))
     call.signature = signature  # type: ignore[attr-defined]  # the snippet spells the same call
     return call
 
