@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kernels import varlen_attention
-from kernels.varlen.launch import DEFAULT_FORWARD, TUNER, ForwardConfig, candidate_tiles, forward_config, shape_class
+from kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig, forward_config
+from kernels.varlen.launch import TUNER, candidate_tiles, shape_class
 from workbench.bench import Workload, _fa4, measure, precompile, ratio, workloads
 from workbench.bounds import error_check
 from workbench.hopper_report import CURRENT, FA4

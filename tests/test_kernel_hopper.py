@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from kernels import default_device
-from kernels.varlen.launch import (
+from kernels.varlen.hopper import (
     ForwardConfig,
-    Tile,
     check_descriptor_alignment,
     forward_config,
     longest_first,
     warp_specialize_fails,
 )
+from kernels.varlen.launch import Tile
 from tests.test_kernel_varlen import assert_contract, fast_only
 from workbench import Case
 

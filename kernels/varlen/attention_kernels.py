@@ -587,7 +587,7 @@ def attention_forward_kernel(
     PERSISTENT a 1-D grid of about one program per SM, each walking tiles
     program_id, program_id + num_programs, ... of `n_items` = blocks x heads: tile t is head
     t % N_HEADS of work item order[t // N_HEADS], `order` listing the work items longest first
-    (`longest_first` in the launcher), so the longest tiles start first and the short ones fill
+    (`longest_first` in kernels/varlen/hopper.py), so the longest tiles start first and the short ones fill
     the last wave. Without PERSISTENT `order` and `n_items` are unread."""
     if PERSISTENT:
         for t in range(tl.program_id(0), n_items, tl.num_programs(0)):

@@ -22,7 +22,8 @@ import torch
 
 from kernels._compat import INTERPRETED
 from kernels.interpreter import _run_module
-from kernels.varlen.launch import DEFAULT_FORWARD, NATIVE_TILES, ForwardConfig, Tile
+from kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
+from kernels.varlen.launch import NATIVE_TILES, Tile
 
 HOPPER = 90
 SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
