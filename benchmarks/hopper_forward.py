@@ -27,12 +27,13 @@ import torch
 from kernels import varlen_attention
 from kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig, forward_config
 from kernels.varlen.launch import TUNER, candidate_tiles, shape_class
-from workbench.bench import Workload, _fa4, measure, precompile, ratio, workloads
+from workbench.bench import _fa4, measure, precompile, ratio
 from workbench.bounds import error_check
 from workbench.hopper_report import CURRENT, FA4
 from workbench.layout import Case, Fill, Region, pack
 from workbench.records import write_record
 from workbench.timing import MIN_ITERS
+from workbench.workloads import Workload, workloads
 
 # `workbench.bench` names; the log-uniform mix's name ends with its document count.
 WORKLOADS = ("8x2048 d128", "8x2048 d128 causal", "32k log-uniform 32-8192", "4x16384 d128 causal")

@@ -11,15 +11,13 @@ from workbench.bench import (
     MIN_ITERS,
     Row,
     Timing,
-    Workload,
-    long_tailed_lengths,
     recorded_iters,
     recorded_minima,
     run_benchmark,
-    workloads,
 )
 from workbench.bench_report import format_table
 from workbench.layout import Case
+from workbench.workloads import Workload, long_tailed_lengths, workloads
 
 
 def test_flops_count_real_work_per_document():
@@ -56,7 +54,7 @@ def test_issue_configurations_are_present():
 
 
 def test_sliding_window_flops_count_the_visible_pairs():
-    from workbench.bench import visible_pairs
+    from workbench.workloads import visible_pairs
 
     assert visible_pairs(5, 5, (-1, 0)) == 15
     assert visible_pairs(5, 5, (1, 0)) == 9  # 1 + 2 + 2 + 2 + 2

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.bench import GUARDED_FA4, Row, Timing, ratio, workloads
+from workbench.bench import GUARDED_FA4, Row, Timing, ratio
 from workbench.provenance import GPU_DATA
 from workbench.records import read_record
+from workbench.workloads import workloads
 
 
 def _our_rows(rows: list[Row]) -> dict[str, Row]:
