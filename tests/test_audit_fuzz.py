@@ -103,6 +103,7 @@ def test_fp32_one_key_gradient_is_within_the_floored_bound():
     assert record.real_within_bound, record.errors
 
 
+@pytest.mark.slow  # three worker processes, each importing the audit: ~7 s; the fast loop fuzzes in one
 def test_workers_split_the_same_layouts_and_find_the_same_failures():
     impl = adapt("workbench:reference_attention")
     one, two = fuzz(impl, 12, seed=5), fuzz(impl, 12, seed=5, workers=2)
