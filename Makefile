@@ -31,8 +31,9 @@ test: lint
 
 # The edit loop: unit and kernel tests without the `slow` ones, the notebooks and the browser
 # (no notebook, so no nbval: its import alone costs seconds of CPU before the workers start).
+# worksteal: an idle worker takes tests from a busy one, so one heavy module ends no run alone.
 test-fast: $(STAMP)
-	$(PY) -m pytest -p no:nbval -n 2 --dist loadscope -m "not slow and not browser" tests || [ $$? -eq 5 ]
+	$(PY) -m pytest -p no:nbval -n 2 --dist worksteal -m "not slow and not browser" tests || [ $$? -eq 5 ]
 
 # Executes every notebook afresh and renders site/_build/ (open site/_build/index.html).
 site: $(STAMP)

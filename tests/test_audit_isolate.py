@@ -90,6 +90,7 @@ def test_isolated_fuzzer_resumes_after_a_sticky_fault():
     assert sum(failure.case.real_lengths("q")) == 0 and FAULT in failure.evidence
 
 
+@pytest.mark.slow  # a child killed and a fresh one started: ~4 s; the sticky-fault test keeps isolation in the fast loop
 def test_a_worker_restarts_after_its_child_dies():
     from workbench.audit import adapt
     from workbench.audit.fuzz import run_layout

@@ -70,6 +70,7 @@ def test_gpu_tests_skip_themselves_and_the_fast_loop_deselects_slow(tmp_path):
     assert '-m "not slow' in fast
 
 
+@pytest.mark.slow  # a child pytest that must hang until its timeout: ~4 s
 def test_a_hung_test_times_out(tmp_path):
     report = run_pytest(tmp_path, "import time\n\ndef test_hangs():\n    time.sleep(60)\n", "--timeout", "2", conftest=False)
     assert "1 failed" in report and "Timeout" in report, report
