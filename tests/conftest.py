@@ -192,16 +192,18 @@ def gpu_skip_reason() -> str | None:
     return None
 
 
-# Session fixtures that execute every notebook (a minute on 2 cores): a test needing them is slow.
-EXECUTED_SITE_FIXTURES = {"built_site", "scaffolded"}
+# Session fixtures that build a site: every notebook executed (a minute on 2 cores), or every page
+# rendered from the committed notebooks (~10 s of one worker). A test needing one reads pages,
+# not code in the edit loop: it is slow, and the full suite runs it.
+SITE_FIXTURES = {"built_site", "scaffolded", "published_site"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
-    """Tests that need the executed site are marked `slow` (`make test-fast` skips them); tests
+    """Tests that need a built site are marked `slow` (`make test-fast` skips them); tests
     marked `gpu` skip themselves where there is no native CUDA: no test needs its own skipif."""
     for item in items:
-        if EXECUTED_SITE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if SITE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
     reason = gpu_skip_reason()
     if reason is None:
