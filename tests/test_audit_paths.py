@@ -76,6 +76,7 @@ def test_flex_document_mask_matches_the_oracle_forward(case):
     assert impl.why_not() is None and not impl.backward and "no backward on CPU" in impl.lacks["backward"]
 
 
+@pytest.mark.slow  # a whole audit of compiled FlexAttention on the CPU: ~5 s
 def test_flex_document_is_audited_forward_only_on_the_cpu():
     """FlexAttention has no CPU backward: the CPU audit compares out alone, says so, and still finds
     the H200 record's padding-leak (0 x NaN from NaN-filled padding)."""

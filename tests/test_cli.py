@@ -160,6 +160,7 @@ def test_list_without_postmortems_says_how_to_start(project, capsys):
     assert "workbench new" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # executes a notebook end to end: ~4 s
 def test_execute_saves_notebooks_with_outputs(project, capsys):
     plain_notebook(project.notebooks_dir / "notes.ipynb", "print(6 * 7)")
     assert cli.main(["execute", "notes"]) == 0

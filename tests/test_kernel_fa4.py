@@ -182,6 +182,7 @@ def test_fa4_gets_the_layout_as_padded_starts_and_real_lengths(fake_fa4):
     assert (seqused is None or seqused.tolist() == lengths) and fake_fa4.calls[1]["causal"]
 
 
+@pytest.mark.slow  # every check and 8 fuzzed layouts; the fast loop keeps the contract tests above
 @pytest.mark.skipif(
     not INTERPRETED,
     reason="its Triton fallback runs on CPU tensors under the interpreter only; "
