@@ -301,8 +301,9 @@ def varlen_attention(
         backend: which kernel computes the call. "triton": ours. "fa4": FlashAttention-4
             (the optional extra ``fa4``) with the contract kept by a thin wrapper
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
-            "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default
-            until the wrapper passes the audit on a GPU; the wrapper hands FA4 copies of q, k, v
+            "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default: the
+            wrapper keeps the contract (its H200 audit passes) but its copies make it slower
+            than ours on batches with TAIL rows; the wrapper hands FA4 copies of q, k, v
             and dO with their padding rows zeroed on a side that has any, since FA4's tiles read
             rows past a sequence's end (docs/contract.md, Backends). FA4 runs a
             call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
