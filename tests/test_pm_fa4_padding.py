@@ -15,10 +15,6 @@ def results():
     return pm.reproduce()
 
 
-def _verdict(results, prefix: str):
-    return next(v for v in pm.claims.check(results) if v.claim.startswith(prefix))
-
-
 @pytest.mark.parametrize(
     ("starts", "used", "rows"),
     [
@@ -59,17 +55,24 @@ def test_the_audit_claim_fails_when_a_real_row_goes_non_finite(results):
     changed = copy.deepcopy(results)
     tail = next(c for c in changed.audit["checks"] if c["name"] == "tail-rows")
     tail["evidence"] += "; out: 4 non-finite values in 1 REAL rows"
-    assert not _verdict(changed, "On the H200").holds
+    assert not pm.claims.verdict(changed, "On the H200").holds
 
 
 def test_the_training_claim_fails_when_fa4s_gradients_are_finite(results):
     changed = copy.deepcopy(results)
     for run in changed.real_client["runs"]:
         run["nonfinite"] = 0
-    assert not _verdict(changed, "In a real transformers training step").holds
+    assert not pm.claims.verdict(changed, "In a real transformers training step").holds
 
 
 def test_the_workaround_claim_fails_without_the_workaround(results):
     changed = copy.deepcopy(results)
     changed.workaround = {case: results.replica[pm.TAIL] for case in pm.CASES}
-    assert not _verdict(changed, "The workaround").holds
+    assert not pm.claims.verdict(changed, "The workaround").holds
+
+
+def test_a_claim_is_named_by_one_unambiguous_prefix(results):
+    with pytest.raises(KeyError, match=r"[2-9] claims start with"):
+        pm.claims.verdict(results, "")
+    with pytest.raises(KeyError, match="0 claims start with"):
+        pm.claims.verdict(results, "no claim says this")

@@ -17,10 +17,6 @@ def results():
     return pm.reproduce()
 
 
-def _verdict(results, prefix: str):
-    return next(v for v in pm.claims.check(results) if v.claim.startswith(prefix))
-
-
 @pytest.mark.parametrize(
     ("lengths_q", "lengths_k", "causal", "keyless"),
     [
@@ -72,14 +68,14 @@ def test_the_replica_claim_fails_when_the_record_disagrees(results):
     label = pm.FULLY.label()
     error, bound, ratio = changed[label]["sdpa-cudnn"]["errors"]["dv"]
     changed[label]["sdpa-cudnn"]["errors"]["dv"] = (error * 1.1, bound, ratio)
-    verdict = _verdict(dataclasses.replace(results, recorded=changed), "SDPA given the additive mask")
+    verdict = pm.claims.verdict(dataclasses.replace(results, recorded=changed), "SDPA given the additive mask")
     assert not verdict.holds
 
 
 def test_the_math_claim_fails_when_a_keyless_row_is_not_zero(results):
     mechanism = copy.deepcopy(results.mechanism)
     mechanism[pm.UNEQUAL.label()]["math_max_abs"] = 1e-3
-    assert not _verdict(dataclasses.replace(results, mechanism=mechanism), "torch's math backend").holds
+    assert not pm.claims.verdict(dataclasses.replace(results, mechanism=mechanism), "torch's math backend").holds
 
 
 def test_the_audit_matrix_links_the_cudnn_cells_to_this_page():
@@ -105,16 +101,16 @@ def test_the_gpu_table_shows_a_probe_record():
 
 
 def test_the_default_backend_claim_fails_when_a_call_ran_another_backend(results):
-    assert _verdict(results, "With no backend asked for").holds
+    assert pm.claims.verdict(results, "With no backend asked for").holds
     changed = copy.deepcopy(results.default_backend)
     changed[0]["settings"][0]["backward"] = "EFFICIENT_ATTENTION"
-    assert not _verdict(dataclasses.replace(results, default_backend=changed), "With no backend asked for").holds
-    assert not _verdict(dataclasses.replace(results, default_backend=[]), "With no backend asked for").holds
+    assert not pm.claims.verdict(dataclasses.replace(results, default_backend=changed), "With no backend asked for").holds
+    assert not pm.claims.verdict(dataclasses.replace(results, default_backend=[]), "With no backend asked for").holds
 
 
 def test_the_gpu_mechanism_claim_fails_when_minus_inf_leaves_a_row_non_zero(results):
-    assert _verdict(results, "On the H200, SDPA unpinned").holds
+    assert pm.claims.verdict(results, "On the H200, SDPA unpinned").holds
     gpu = copy.deepcopy(results.gpu)
     point = next(p for p in gpu["probes"]["points"] if p["mask"] == "float -inf")
     point["keyless_out_max_abs"] = 0.5
-    assert not _verdict(dataclasses.replace(results, gpu=gpu), "On the H200, SDPA unpinned").holds
+    assert not pm.claims.verdict(dataclasses.replace(results, gpu=gpu), "On the H200, SDPA unpinned").holds

@@ -401,6 +401,17 @@ class ClaimFailed(AssertionError):
     """Raised by `Claims.report` when a claim no longer holds; names every failing claim."""
 
 
+def _evaluate(statement: str, level: Evidence, check: Callable[[Any], tuple[bool, str]], results: Any) -> ClaimVerdict:
+    unrecorded = False
+    try:
+        holds, evidence = check(results)
+    except NotRecorded as exc:  # shown as NOT RECORDED, with the command that records it
+        holds, evidence, unrecorded = False, str(exc), True
+    except Exception as exc:  # a broken check must show up as a failed claim, not vanish
+        holds, evidence = False, f"check raised {type(exc).__name__}: {exc}"
+    return ClaimVerdict(statement, bool(holds), evidence, level, unrecorded)
+
+
 @dataclass
 class Claims:
     """An ordered set of named claims about a post-mortem's results, each with its evidence level."""
@@ -435,17 +446,14 @@ class Claims:
 
     def check(self, results: Any) -> list[ClaimVerdict]:
         """Evaluates every claim; a check that raises is a claim that does not hold."""
-        verdicts = []
-        for statement, level, check in self._checks:
-            unrecorded = False
-            try:
-                holds, evidence = check(results)
-            except NotRecorded as exc:  # shown as NOT RECORDED, with the command that records it
-                holds, evidence, unrecorded = False, str(exc), True
-            except Exception as exc:  # a broken check must show up as a failed claim, not vanish
-                holds, evidence = False, f"check raised {type(exc).__name__}: {exc}"
-            verdicts.append(ClaimVerdict(statement, bool(holds), evidence, level, unrecorded))
-        return verdicts
+        return [_evaluate(statement, level, check, results) for statement, level, check in self._checks]
+
+    def verdict(self, results: Any, prefix: str) -> ClaimVerdict:
+        """The one claim whose statement starts with `prefix`, evaluated alone."""
+        found = [c for c in self._checks if c[0].startswith(prefix)]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} claims start with {prefix!r}; the statements are {self.statements}")
+        return _evaluate(*found[0], results)
 
     def report(self, results: Any) -> list[ClaimVerdict]:
         """Shows the verdict table (text for nbval and terminals, HTML and the verdicts as output
