@@ -7,8 +7,8 @@ directly (no padding, so it needs no wrapping), our wrapper on the same batch (v
 the same metadata: remembered after the first call, as in the layers of one step), our wrapper
 on new metadata tensors every call (the device check of each new batch), and the Triton kernel.
 The last workload has TAIL rows (a batch padded to a fixed size): there the wrapper hands FA4
-zeroed copies of q, k, v and dO, which bare FA4 (reading the TAIL rows into its last tiles) does
-not pay for. Calls are queued without a sync and timed by CUDA events, median of 5 runs; the
+views of q, k, v that end at the last real row and appends the TAIL rows to out (0); bare FA4
+reads the TAIL rows into its last tiles. Calls are queued without a sync and timed by CUDA events, median of 5 runs; the
 target is the wrapper within 5% of bare FA4 (ratio >= 0.95).
 """
 

@@ -103,6 +103,7 @@ class FakeFA4:
                 window_size=window_size,
                 causal=causal,
                 data_ptrs=[t.data_ptr() for t in (q, k, v)],
+                rows=[t.shape[0] for t in (q, k, v)],
             )
         )
         real_q, q_padding = _padding(cu_seqlens_q, seqused_q, q.shape[0])
@@ -151,10 +152,14 @@ PADDED = Case(
     dtype="bfloat16",
 )
 CAUSAL = Case((9, 3), seqlens_k=(4, 6), align=4, tail_q=1, heads=4, kv_heads=2, head_dim=64, causal=True, dtype="float16")
+# TAIL rows only (a batch padded to a fixed size): FA4 gets views that end at the last real row.
+TAIL = Case((6, 0, 9), seqlens_k=(7, 2, 5), tail_q=3, tail_k=4, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
 
 
 @pytest.mark.parametrize(
-    "case, window", [(PADDED, (-1, -1)), (CAUSAL, (-1, -1)), (PADDED, (2, 1))], ids=["padded", "causal-gqa", "window"]
+    "case, window",
+    [(PADDED, (-1, -1)), (CAUSAL, (-1, -1)), (PADDED, (2, 1)), (TAIL, (-1, -1)), (TAIL.with_(causal=True), (3, 0))],
+    ids=["padded", "causal-gqa", "window", "tail-only", "tail-only-causal-window"],
 )
 def test_the_fa4_wrapper_keeps_the_contract(fake_fa4, case, window):
     """Real rows (and their gradients) within bound of the oracle, every padding row exactly 0,
@@ -207,37 +212,42 @@ def test_the_guarded_path_passes_the_audit_on_the_stand_in(fake_fa4):
     assert fake_fa4.calls and {len(c["data_ptrs"]) for c in fake_fa4.calls} == {3}
 
 
-def test_fa4_reads_copies_only_of_a_side_with_padding_rows(fake_fa4):
-    """A side with padding rows goes to FA4 as a copy with them zeroed; a side without any (no
-    GAP, no TAIL rows) as the caller's own tensors: an unpadded batch pays for no copy."""
-    padded_q = pack(Case((5, 3), seqlens_k=(4, 6), tail_q=2, heads=2, head_dim=64, dtype="bfloat16"))
-    padded_q.call(varlen_attention, backend="fa4")
-    q, k, v = fake_fa4.calls[0]["data_ptrs"]
-    assert q != padded_q.q.data_ptr() and (k, v) == (padded_q.k.data_ptr(), padded_q.v.data_ptr())
-    unpadded = pack(CAUSAL.with_(align=None, tail_q=0))
-    unpadded.call(varlen_attention, backend="fa4", causal=True)
-    assert fake_fa4.calls[1]["data_ptrs"] == [t.data_ptr() for t in (unpadded.q, unpadded.k, unpadded.v)]
+def test_fa4_reads_copies_only_of_a_side_with_gap_rows(fake_fa4):
+    """A side with padding between sequences (GAP rows) goes to FA4 as a copy with them zeroed;
+    a side whose padding is TAIL rows only as a view of the caller's tensor that ends at its last
+    real row; a side without padding as the caller's own tensor: only GAP rows cost a copy."""
+    tail_q = pack(Case((5, 3), seqlens_k=(4, 6), tail_q=2, heads=2, head_dim=64, dtype="bfloat16"))
+    tail_q.call(varlen_attention, backend="fa4")
+    call = fake_fa4.calls[0]
+    assert call["data_ptrs"] == [t.data_ptr() for t in (tail_q.q, tail_q.k, tail_q.v)]
+    assert call["rows"] == [8, 10, 10]  # q's 2 TAIL rows left out
+    gap_k = pack(Case((5, 3), seqlens_k=(4, 6), padded_k=(6, 6), heads=2, head_dim=64, dtype="bfloat16"))
+    gap_k.call(varlen_attention, backend="fa4")
+    q, k, v = fake_fa4.calls[1]["data_ptrs"]
+    assert q == gap_k.q.data_ptr() and k != gap_k.k.data_ptr() and v != gap_k.v.data_ptr()
 
 
-def test_the_real_row_counts_are_read_once_per_metadata():
+def test_the_layout_is_read_once_per_metadata():
     """One device->host read for new metadata; the same tensors, unmodified, are not read again."""
-    real_rows = fa4._RealRows()
+    layout = fa4._Layout()
     cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
-    assert real_rows(cu_q, cu_k) == (5, 9)
+    padded_k = torch.tensor([0, 6, 11], dtype=torch.int32)
+    assert layout(cu_q, cu_k, cu_q, padded_k) == (5, 9, False, True)
     cu_q.data[-1] = 4  # bypasses the version counter: unseen, so the count was remembered, not read
-    assert real_rows(cu_q, cu_k) == (5, 9)
+    assert layout(cu_q, cu_k, cu_q, padded_k) == (5, 9, False, True)
     cu_q[-1] = 4  # an in-place write: read again
-    assert real_rows(cu_q, cu_k) == (4, 9)
-    assert real_rows(cu_q.clone(), cu_k) == (4, 9)
+    assert layout(cu_q, cu_k, cu_q, padded_k) == (4, 9, False, True)
+    assert layout(cu_q.clone(), cu_k, cu_q, cu_k) == (4, 9, False, False)
 
 
-def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4):
-    batch = pack(PADDED)
+@pytest.mark.parametrize("case", [PADDED, TAIL], ids=["padded", "tail-only"])
+def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4, case):
+    batch = pack(case)
     with torch.no_grad():  # a differentiable lse runs on the Triton kernel
         _, lse = batch.call(varlen_attention, backend="fa4", return_lse=True)
         _, expected = batch.call(reference_attention, return_lse=True)
     assert fake_fa4.calls
-    keyless = expected == float("-inf")  # padding rows and the rows of sequence 2, whose key side is empty
+    keyless = expected == float("-inf")  # padding rows (and in PADDED the rows of sequence 2: no key)
     assert keyless.any() and torch.equal(lse == float("-inf"), keyless)
     torch.testing.assert_close(lse[~keyless].double(), expected[~keyless], atol=1e-2, rtol=1e-2)
 

@@ -119,7 +119,7 @@ GUARDED_FA4 = "ours backend=fa4 (FA4 + wrapper)"
 def _ours_fa4(batch, window):
     """FlashAttention-4 behind our contract wrapper (`backend="fa4"`, validate=True on the
     metadata every call reuses), where FA4 is installed and can run the call: padded workloads
-    included, where the wrapper hands FA4 zeroed copies of the sides with padding rows."""
+    included (views that end at the last real row for TAIL rows, zeroed copies for GAP rows)."""
     from kernels import varlen_attention
     from kernels.varlen.fa4 import unsupported
 

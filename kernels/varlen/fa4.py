@@ -11,15 +11,18 @@ only what the contract needs beyond them, and nothing on a batch without padding
   REAL rows. Upstream source (flash_attn/cute, the same in the 4.0.0b36 wheel and at commit
   0251105a, tag fa4-v4.0.0.beta27): `SeqlenInfoQK.offset_batch_Q/K` (seqlen_info.py) move the
   start of q, k, v and dO by `cute.domain_offset` and keep the whole tensor's extent, which is
-  how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles. On a
-  side that has padding rows FA4 therefore gets a copy of q (or of k and v) and of dO with those
-  rows zeroed;
-  whether a side has any (`cu_seqlens[-1]` short of its row count) is read from the device once
-  per new metadata (`_RealRows`), so the layers of one step and unpadded batches pay nothing;
-- `out` and `lse`: FA4 leaves GAP and TAIL rows as it found them (`torch.empty`): one launch of
-  `fill_padding_rows` writes 0 and -inf there; a returned lse says -inf (not FA's +inf) on rows
+  how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles, while
+  a tile past the tensor's end is zero-filled by TMA. So a side whose only padding is TAIL rows
+  (after `cu_seqlens[-1]`, none between sequences) reaches FA4 as a view that ends at its last
+  real row, with no copy; a side with GAP rows reaches it as a copy of q (or of k and v) and of
+  dO with its padding rows zeroed. Which side has which (`_Layout`) is read from the device
+  once per new metadata, so the layers of one step and unpadded batches pay nothing;
+- `out` and `lse`: after a TAIL-only side FA4 returns the real rows only, and 0 and -inf are
+  appended; with GAP rows FA4 leaves them as it found them (`torch.empty`) and one launch of
+  `fill_padding_rows` writes 0 and -inf there. A returned lse says -inf (not FA's +inf) on rows
   that see no key, in a copy, since FA4's backward reads its own;
-- gradients: FA4's dq, dk, dv get 0 on their padding rows (one launch), whatever it left there.
+- gradients: 0 on the padding rows, whatever FA4 left there (the views' gradients are 0
+  beyond them; one launch on a side with GAP rows).
 
 Everything else (rows that see no key, windows, GQA, bottom-right causal alignment) is FA4's
 own; the H200 audit checks the wrapped function against the whole contract. What FA4 cannot
@@ -85,31 +88,35 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, 
     return None
 
 
-class _RealRows:
-    """How many rows of q and of k are real (cu_seqlens_q[-1], cu_seqlens_k[-1]) for the last
-    metadata seen: one device->host read per new pair of tensors, none while the same ones,
-    unmodified, come again (the layers of one step)."""
+class _Layout:
+    """For the last metadata seen, per side: how many rows are real (`cu_seqlens[-1]`) and whether
+    any padding lies between sequences (GAP rows: padded boundaries that differ from the real
+    ones). One device->host read per new metadata, none while the same tensors, unmodified,
+    come again (the layers of one step)."""
 
     def __init__(self) -> None:
         self.refs: tuple = ()
         self.versions: tuple = ()
-        self.rows: tuple[int, int] = (0, 0)
+        self.read: tuple[int, int, bool, bool] = (0, 0, False, False)
 
-    def __call__(self, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> tuple[int, int]:
-        pair = (cu_seqlens_q, cu_seqlens_k)
-        versions = tuple(t._version for t in pair)
-        if not (self.refs and all(ref() is t for ref, t in zip(self.refs, pair)) and self.versions == versions):
-            self.rows = tuple(torch.stack([t[-1].to(torch.int64) for t in pair]).tolist())
-            self.refs, self.versions = tuple(weakref.ref(t) for t in pair), versions
-        return self.rows
+    def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded) -> tuple[int, int, bool, bool]:
+        """(real rows of q, real rows of k, q has GAP rows, k has GAP rows)."""
+        metadata = (cu_q, cu_k, cu_q_padded, cu_k_padded)
+        versions = tuple(t._version for t in metadata)
+        if not (self.refs and all(ref() is t for ref, t in zip(self.refs, metadata)) and self.versions == versions):
+            gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
+            rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
+            self.read = (rows_q, rows_k, bool(gap_q), bool(gap_k))
+            self.refs, self.versions = tuple(weakref.ref(t) for t in metadata), versions
+        return self.read
 
 
-_REAL_ROWS = _RealRows()
+_LAYOUT = _Layout()
 
 
 class _PaddingZeroed(torch.autograd.Function):
-    """What FA4 reads: q, k, v with their padding rows zeroed (in copies, on a side that has
-    any); their gradients come back exactly 0 on padding rows."""
+    """What FA4 reads on a side with GAP rows: q (or k and v) with its padding rows zeroed, in a
+    copy; their gradients come back exactly 0 on padding rows."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded, padded_q, padded_k):
@@ -180,9 +187,18 @@ def fa4_attention(
     fa4 = load()
     assert fa4 is not None, "unsupported() rules this out"
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    real_q, real_k = _REAL_ROWS(cu_seqlens_q, cu_seqlens_k)
-    padded_q, padded_k = real_q != q.shape[0], real_k != k.shape[0]
-    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, padded_q, padded_k)
+    real_q, real_k, gap_q, gap_k = _LAYOUT(*metadata)
+    rows_q = q.shape[0]
+    # A TAIL-only side: a view ending at its last real row (TMA zero-fills past it; no copy).
+    # (A side with no real row at all keeps its zeroed copy: FA4 gets no empty tensor.)
+    tail_q = not gap_q and 0 < real_q < rows_q
+    tail_k = not gap_k and 0 < real_k < k.shape[0]
+    gap_q, gap_k = gap_q or (real_q == 0 < rows_q), gap_k or (real_k == 0 < k.shape[0])
+    if tail_q:
+        q = q[:real_q]
+    if tail_k:
+        k, v = k[:real_k], v[:real_k]
+    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)
     out, lse = fa4(
         q_,
         k_,
@@ -200,7 +216,11 @@ def fa4_attention(
     )
     if return_lse:
         lse = torch.where(lse == float("inf"), float("-inf"), lse)  # a copy: FA4's backward reads its own
-    if padded_q:
+    if tail_q:  # the TAIL rows, appended: out 0 (no gradient flows back from them), lse -inf
+        out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, rows_q - real_q))
+        if return_lse:
+            lse = torch.nn.functional.pad(lse, (0, rows_q - real_q), value=float("-inf"))
+    elif gap_q:
         # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
         targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
         if return_lse:

@@ -303,9 +303,10 @@ def varlen_attention(
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
             "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default: the
             wrapper keeps the contract (its H200 audit passes) but its copies make it slower
-            than ours on batches with TAIL rows; the wrapper hands FA4 copies of q, k, v
-            and dO with their padding rows zeroed on a side that has any, since FA4's tiles read
-            rows past a sequence's end (docs/contract.md, Backends). FA4 runs a
+            than ours on batches with TAIL rows. Since FA4's tiles read rows past a
+            sequence's end, the wrapper hands FA4 views that end at the last real row on a
+            side with TAIL rows only, and copies with the padding rows zeroed on a side with
+            GAP rows (docs/contract.md, Backends). FA4 runs a
             call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
             boundaries, with ``validate=True`` (FA4 bounds its work by max_seqlen) and no
             gradient through lse (``return_lse=True`` while q, k or v require grad). Every
