@@ -326,6 +326,40 @@ def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
     assert "5 more rows" in shown._repr_html_()  # 16 shown, the rest behind the toggle
 
 
+def test_timings_table_shows_the_fastest_call_beside_the_median():
+    from workbench.bench_report import timings_table
+
+    timed = Timing(1.0, 2.0, 10.0, 0.5, forward_min_ms=0.9, forward_backward_min_ms=1.8)
+    shown = timings_table([Row("w", "ours", timed, 100.0, 90.0, 500.0)])
+    assert shown.rows[0][2:4] == ("1.000 (0.900)", "2.000 (1.800)")
+
+
+def test_fastest_calls_judge_the_ratios_on_each_fastest_call():
+    """Times become the fastest calls (the median where none was kept) and the peers' ratios are
+    recomputed from them: a median the machine inflated no longer decides a verdict."""
+    from workbench.bench_report import fastest_calls
+
+    rows = [
+        Row("w", "ours", Timing(1.0, 4.0, forward_min_ms=0.5, forward_backward_min_ms=2.0), ratios={"peer": 0.75}),
+        Row("w", "peer", Timing(1.5, 3.0, forward_min_ms=1.0, forward_backward_min_ms=2.5)),
+        Row("w", "old peer", Timing(2.0, 6.0)),  # a record without minima
+    ]
+    ours, peer, old = fastest_calls(rows)
+    assert (ours.timing.forward_ms, ours.timing.forward_backward_ms, peer.timing.forward_backward_ms) == (0.5, 2.0, 2.5)
+    assert ours.ratios == {"peer": 1.25, "peer (fwd)": 2.0, "old peer": 3.0, "old peer (fwd)": 4.0}
+    assert rows[0].ratios == {"peer": 0.75} and rows[0].timing.forward_ms == 1.0  # the medians' rows untouched
+
+
+def test_format_targets_shows_the_verdict_on_the_fastest_calls_beside_the_medians():
+    from workbench.bench_report import Target, format_targets
+
+    median = [Target("speed >= 1x peer", 0.8, 1.0, True, "w")]
+    fastest = [Target("speed >= 1x peer", 1.1, 1.0, True, "v")]
+    line = format_targets(median, fastest).splitlines()[1]
+    assert line.split()[-5:] == ["0.800", "NO", "1.100", "yes", "w"]
+    assert format_targets(median).splitlines()[1].split()[-3:] == ["0.800", "NO", "w"]
+
+
 def test_recorded_iters_and_minima_read_the_record():
     record = {
         "provenance": {"command": "python -m workbench.bench --iters 40 --record x.json"},
@@ -334,3 +368,30 @@ def test_recorded_iters_and_minima_read_the_record():
     assert recorded_iters(record) == 40 and not recorded_minima(record)
     record = {"provenance": {"command": "python -m workbench.bench --record x.json"}, "rows": [{"forward_backward_min_ms": 1.0}]}
     assert recorded_iters(record) == MIN_ITERS and recorded_minima(record)
+
+
+def test_speed_table_pairs_ours_with_the_peer_median_and_fastest_across_merged_runs():
+    """Two runs of disjoint workloads, as the committed records are: one line per workload both
+    ran, times as "median (min)" and the speed-up on the medians and on the fastest calls."""
+    from workbench.bench import set_peer_ratios
+    from workbench.bench_report import speed_table, to_record
+
+    def run(workload: str, ours: Timing, peer: Timing, device: str = "NVIDIA H200") -> dict:
+        rows = {"ours": Row(workload, "ours", ours, 1.0, 1.0, 1.0), "peer": Row(workload, "peer", peer, 1.0, 1.0, 1.0)}
+        set_peer_ratios(rows)
+        return {**to_record(list(rows.values())), "provenance": {"device": device}}
+
+    records = [
+        run(
+            "a",
+            Timing(1.0, 2.0, forward_min_ms=1.0, forward_backward_min_ms=1.5),
+            Timing(1.0, 3.0, forward_min_ms=1.0, forward_backward_min_ms=3.0),
+        ),
+        run("b", Timing(1.0, 4.0), Timing(1.0, 2.0)),  # a run that kept no fastest call
+    ]
+    shown = speed_table("peer", records)
+    assert shown.rows == (
+        ("a", "3.000 (3.000)", "2.000 (1.500)", "1.50x (2.00x)"),
+        ("b", "2.000", "4.000", "0.50x (0.50x)"),
+    )
+    assert shown.header[1] == "peer f+b ms median (min)" and "NVIDIA H200" in str(shown.title)

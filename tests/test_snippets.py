@@ -579,14 +579,6 @@ NOT_YET_SELF_CONTAINED: dict[str, int] = {}
 # the library and records each block's sha256 and verdict in GPU_BLOCKS_RECORD.
 GPU_PAGES = {"torch-varlen-176793.html": _varlen_attn_replica, "fa4-unwritten-padding.html": _fa4_or_replica}
 GPU_BLOCKS_RECORD = GPU_DATA / "paste-blocks-h200.json"
-# Blocks whose recorded GPU run failed in this file's harness, not in the block: each with the
-# error it must have recorded. The next GPU_BLOCKS_COMMAND run replaces the record; a passing run
-# then fails the test below until its entry here is removed.
-GPU_HARNESS_FAILED = {
-    ("torch-varlen-176793.html", "nonfinite_grads_with_nan_memory"): (
-        "TypeError: _token_budget_lm.<locals>.attention() missing 4 required positional arguments"
-    ),
-}
 GPU_BLOCKS_COMMAND = (
     "WORKBENCH_PUBLISHED_SITE=site/_build python -m pytest tests/test_snippets.py -k 'torch-varlen or fa4' "
     f"-p no:cacheprovider --snippet-record {GPU_BLOCKS_RECORD.relative_to(REPO)}"
@@ -677,12 +669,6 @@ def test_gpu_page_blocks_ran_as_shown_on_a_gpu(published_site):
         run = runs.get((page, name, block_digest(block)))
         assert run is not None, f"{page}: block {name!r} as shown today never ran on a GPU: run `{GPU_BLOCKS_COMMAND}`"
         assert not run["stand_in"], f"{page}: block {name!r} ran against a replica, not the library"
-        harness = GPU_HARNESS_FAILED.get((page, name))
-        if harness is not None:
-            assert run["verdict"] == "failed" and str(run.get("error")).startswith(harness), (
-                f"{page}: block {name!r} ran again on the GPU ({run['verdict']}): drop it from GPU_HARNESS_FAILED"
-            )
-            continue
         assert run["verdict"] == "passed", f"{page}: block {name!r} failed its battery on the GPU: {run.get('error')}"
 
 

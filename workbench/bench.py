@@ -463,13 +463,19 @@ def _measure_workload(workload: Workload, names: list[str], warmup: int, iters: 
             row.tflops_fwd_bwd = workload.flops(True) / timing.forward_backward_ms / 1e9
         results[name] = row
         torch.cuda.empty_cache()
+    set_peer_ratios(results)
+    return results
+
+
+def set_peer_ratios(results: dict[str, Row]) -> None:
+    """Our row of one workload gets each peer's time over ours, forward+backward and forward."""
     ours = results.get("ours")
     if ours and ours.timing.forward_ms:
+        ours.ratios = {}
         for name, row in results.items():
             if not name.startswith("ours") and row.timing.forward_ms:
                 ours.ratios[name] = ratio(row.timing.forward_backward_ms, ours.timing.forward_backward_ms)
                 ours.ratios[name + " (fwd)"] = ratio(row.timing.forward_ms, ours.timing.forward_ms)
-    return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,12 +7,13 @@ records, so a CPU machine renders the committed GPU records with it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.bench import GUARDED_FA4, Row, Timing, ratio
+from workbench.bench import GUARDED_FA4, Row, Timing, ratio, set_peer_ratios
 from workbench.provenance import GPU_DATA
 from workbench.records import read_record
 from workbench.workloads import workloads
@@ -77,6 +78,59 @@ def _variant_ratio(rows: list[Row], variant: str, field_: str, prefix: str = "")
     return found
 
 
+def _guarded_over_fa4(rows: list[Row]) -> dict[str, float]:
+    """Per workload where both ran: FA4's forward+backward time over FA4 behind our wrapper's."""
+    by_impl = {(r.workload, r.impl): r for r in rows if not r.timing.error}
+    fa4 = "FlashAttention-4 varlen"
+    return {
+        w: ratio(by_impl[(w, fa4)].timing.forward_backward_ms, r.timing.forward_backward_ms)
+        for (w, impl), r in by_impl.items()
+        if impl == GUARDED_FA4 and (w, fa4) in by_impl
+    }
+
+
+def guarded_fa4_ratios(rows: list[Row]) -> dict[str, tuple[float, float]]:
+    """Per workload where both ran: FA4's time over FA4 behind our wrapper's, forward+backward,
+    (on the medians, on the fastest calls); >= 0.95 is the wrapper within 5%."""
+    fastest = _guarded_over_fa4(fastest_calls(rows))
+    return {w: (median, fastest[w]) for w, median in _guarded_over_fa4(rows).items()}
+
+
+VALIDATION_VARIANTS = {"same": "ours validate=True", "new": "ours validate=True, new metadata"}
+
+
+def validation_costs(rows: list[Row]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per 8x2048 workload: the extra time of validate=True over validate=False on our kernel,
+    same and new metadata, forward and forward+backward: {"same fwd": (median, fastest), ...}."""
+    fastest = fastest_calls(rows)
+    costs: dict[str, dict[str, tuple[float, float]]] = {}
+    for kind, variant in VALIDATION_VARIANTS.items():
+        for label, field_ in (("fwd", "forward_ms"), ("f+b", "forward_backward_ms")):
+            fast = _variant_ratio(fastest, variant, field_, VALIDATE_AT)
+            for w, median in _variant_ratio(rows, variant, field_, VALIDATE_AT).items():
+                costs.setdefault(w, {})[f"{kind} {label}"] = (median, fast[w])
+    return costs
+
+
+@dataclass(frozen=True)
+class WrapperLog:
+    """What `python benchmarks/fa4_wrapper.py` printed on the GPU: its text and, per workload,
+    FA4 bare's time over the wrapper's (same metadata)."""
+
+    text: str
+    ratios: dict[str, float]
+
+
+def fa4_wrapper_log(path: Path = GPU_DATA / "logs" / "fa4-wrapper-h200.log") -> WrapperLog:
+    """The committed log of `benchmarks/fa4_wrapper.py` (a table; no record), its warnings dropped."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no log of `python benchmarks/fa4_wrapper.py`; run it on a GPU with flash-attn-4")
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith((" ", "/"))]
+    start = next(i for i, line in enumerate(lines) if line.startswith("workload"))
+    ratios = {line[:26].strip(): float(line.split()[-1]) for line in lines[start + 1 :]}
+    return WrapperLog("\n".join(lines), ratios)
+
+
 def targets(rows: list[Row]) -> list[Target]:
     """Issue 17's targets (bf16, ratios from one run), each with its worst configuration;
     a target whose peers did not run is left out."""
@@ -118,19 +172,19 @@ def targets(rows: list[Row]) -> list[Target]:
         ),
         _worst(
             "validate=True costs <= 5% over validate=False, forward, same metadata (8x2048)",
-            _variant_ratio(rows, "ours validate=True", "forward_ms", VALIDATE_AT),
+            _variant_ratio(rows, VALIDATION_VARIANTS["same"], "forward_ms", VALIDATE_AT),
             0.05,
             False,
         ),
         _worst(
             "validate=True costs <= 5% over validate=False, forward+backward, same metadata (8x2048)",
-            _variant_ratio(rows, "ours validate=True", "forward_backward_ms", VALIDATE_AT),
+            _variant_ratio(rows, VALIDATION_VARIANTS["same"], "forward_backward_ms", VALIDATE_AT),
             0.05,
             False,
         ),
         _worst(
             "validate=True costs <= 5%, forward+backward, new metadata each call (8x2048)",
-            _variant_ratio(rows, "ours validate=True, new metadata", "forward_backward_ms", VALIDATE_AT),
+            _variant_ratio(rows, VALIDATION_VARIANTS["new"], "forward_backward_ms", VALIDATE_AT),
             0.05,
             False,
         ),
@@ -146,11 +200,7 @@ def targets(rows: list[Row]) -> list[Target]:
         ),
         _worst(
             f"forward+backward of FA4 behind our wrapper >= {GUARDED_FA4_BOUND}x {fa4} alone, every workload both run",
-            {
-                w: ratio(by_impl[(w, fa4)].timing.forward_backward_ms, r.timing.forward_backward_ms)
-                for (w, impl), r in by_impl.items()
-                if impl == GUARDED_FA4 and (w, fa4) in by_impl
-            },
+            _guarded_over_fa4(rows),
             GUARDED_FA4_BOUND,
             True,
         ),
@@ -277,10 +327,18 @@ def format_profile(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_targets(found: list[Target]) -> str:
-    lines = [f"{'target':<76} {'worst':>7}  {'met':<4} worst case"]
+def format_targets(found: list[Target], fastest: list[Target] | None = None) -> str:
+    """One line per target: its worst ratio on the medians, whether it is met, where; with
+    `fastest` (the same targets judged on `fastest_calls`), that verdict beside it."""
+    judged = {t.name: t for t in fastest or ()}
+    extra = f" {'fastest':>7}  {'met':<4}" if fastest is not None else ""
+    lines = [f"{'target':<76} {'median':>7}  {'met':<4}{extra} worst case (median)"]
     for t in found:
-        lines.append(f"{t.name:<76} {t.measured:>7.3f}  {'yes' if t.met else 'NO':<4} {t.worst_case}")
+        line = f"{t.name:<76} {t.measured:>7.3f}  {'yes' if t.met else 'NO':<4}"
+        if fastest is not None:
+            f = judged.get(t.name)
+            line += f" {f.measured:>7.3f}  {'yes' if f.met else 'NO':<4}" if f else f" {'-':>7}  {'-':<4}"
+        lines.append(f"{line} {t.worst_case}")
     return "\n".join(lines)
 
 
@@ -288,7 +346,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-TIMINGS_HEADER = ("workload", "impl", "fwd ms", "f+b ms", "fwd TF/s", "f+b TF/s", "fwd GB/s", "peak MB", "host ms")
+TIMINGS_HEADER = (
+    "workload",
+    "impl",
+    "fwd ms median (min)",
+    "f+b ms median (min)",
+    "fwd TF/s",
+    "f+b TF/s",
+    "fwd GB/s",
+    "peak MB",
+    "host ms",
+)
+
+
+def ms_with_fastest(median: float | None, fastest: float | None) -> str:
+    """A median time in ms with the fastest timed call in brackets, where the record kept one."""
+    return "-" if median is None else f"{median:.3f}" if fastest is None else f"{median:.3f} ({fastest:.3f})"
 
 
 def timings_table(rows: list[Row]):
@@ -306,8 +379,8 @@ def timings_table(rows: list[Row]):
             (
                 r.workload,
                 r.impl,
-                f"{t.forward_ms:.3f}",
-                f"{t.forward_backward_ms:.3f}",
+                ms_with_fastest(t.forward_ms, t.forward_min_ms),
+                ms_with_fastest(t.forward_backward_ms, t.forward_backward_min_ms),
                 f"{r.tflops_fwd:.1f}",
                 f"{r.tflops_fwd_bwd:.1f}",
                 f"{r.gbs_fwd:.0f}",
@@ -367,6 +440,50 @@ def rows_from_record(record: dict) -> list[Row]:
         )
         for r in record["rows"]
     ]
+
+
+def fastest_calls(rows: list[Row]) -> list[Row]:
+    """The rows with each time replaced by its fastest timed call (the median where a record kept
+    none) and the peers' ratios recomputed from those: the targets judged on these and on the
+    medians bound how much of a verdict is the machine's noise."""
+    fastest = [
+        dataclasses.replace(
+            r,
+            timing=dataclasses.replace(
+                r.timing,
+                forward_ms=r.timing.forward_min_ms or r.timing.forward_ms,
+                forward_backward_ms=r.timing.forward_backward_min_ms or r.timing.forward_backward_ms,
+            ),
+            ratios={},
+        )
+        for r in rows
+    ]
+    for workload in dict.fromkeys(r.workload for r in fastest):
+        set_peer_ratios({r.impl: r for r in fastest if r.workload == workload})
+    return fastest
+
+
+def speed_table(peer: str, records: list[dict] | None = None):
+    """Our kernel's forward+backward time beside `peer`'s, per workload both ran in the committed
+    benchmark (every data/gpu/bench-*.json, merged): the median with the fastest call in brackets,
+    and the speed-up (> 1: ours is faster) on the medians and on the fastest calls."""
+    from workbench.bench import RECORD_COMMAND
+    from workbench.postmortem import table
+    from workbench.records import load_records
+
+    record = merge_records(records or load_records("bench-*.json", how=RECORD_COMMAND))
+    rows = rows_from_record(record)
+    by = {(r.workload, r.impl): r for r in rows if not r.timing.error}
+    fastest = {r.workload: r for r in fastest_calls(rows) if r.impl == "ours"}
+    cells = []
+    for (workload, impl), ours in by.items():
+        theirs = by.get((workload, peer))
+        if impl != "ours" or theirs is None:
+            continue
+        times = [ms_with_fastest(t.timing.forward_backward_ms, t.timing.forward_backward_min_ms) for t in (theirs, ours)]
+        cells.append((workload, *times, f"{ours.ratios[peer]:.2f}x ({fastest[workload].ratios[peer]:.2f}x)"))
+    header = ("workload", f"{peer} f+b ms median (min)", "ours f+b ms median (min)", "speed-up median (min)")
+    return table(header, cells, title=f"on {record['provenance'].get('device', '?')}")
 
 
 def merge_records(records: list[dict]) -> dict:

@@ -109,10 +109,8 @@ def tile_warps(tile: str) -> int:
 def switch_table(rows: list[SwitchRow]):
     """One line per (workload, variant): median (fastest) forward and forward+backward ms, and the
     speed-ups over the shipped kernel and over FA4 (a `workbench.postmortem.Table`)."""
+    from workbench.bench_report import ms_with_fastest
     from workbench.postmortem import table
-
-    def ms(median: float | None, fastest: float | None) -> str:
-        return "-" if median is None else f"{median:.3f} ({fastest:.3f})" if fastest is not None else f"{median:.3f}"
 
     def times(values: dict[str, float], workload: str) -> str:
         return f"{values[workload]:.2f}x" if workload in values else "-"
@@ -130,8 +128,8 @@ def switch_table(rows: list[SwitchRow]):
                 r.workload,
                 r.variant,
                 r.tile or "-",
-                ms(r.forward_ms, r.forward_min_ms),
-                ms(r.forward_backward_ms, r.forward_backward_min_ms),
+                ms_with_fastest(r.forward_ms, r.forward_min_ms),
+                ms_with_fastest(r.forward_backward_ms, r.forward_backward_min_ms),
                 *(
                     times(ratios[(r.variant, what, over)], r.workload)
                     for over in (CURRENT, FA4)

@@ -303,7 +303,7 @@ def varlen_attention(
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
             "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default: the
             wrapper keeps the contract (its H200 audit passes) but its copies make it slower
-            than ours on batches with TAIL rows. Since FA4's tiles read rows past a
+            than ours on batches with GAP rows. Since FA4's tiles read rows past a
             sequence's end, the wrapper hands FA4 views that end at the last real row on a
             side with TAIL rows only, and copies with the padding rows zeroed on a side with
             GAP rows (docs/contract.md, Backends). FA4 runs a

@@ -14,7 +14,7 @@ from kernels.replicas.torch_varlen import replica_varlen_attn
 from postmortems.torch_varlen_176793.cases import CASES, META, STUDY
 from postmortems.torch_varlen_176793.claims import claims, register_gpu_claims
 from postmortems.torch_varlen_176793.figures import capture_table, gpu_points_table, gpu_workaround_table
-from postmortems.torch_varlen_176793.gpu import fixed_kernel_speed, gpu_probes, upstream_probes
+from postmortems.torch_varlen_176793.gpu import gpu_probes, upstream_probes
 from postmortems.torch_varlen_176793.mechanism import (
     _masked_grad_out,
     corrected_repro,
@@ -61,7 +61,6 @@ __all__ = [
     "claims",
     "compile_fullgraph",
     "corrected_repro",
-    "fixed_kernel_speed",
     "fixed_torch_style",
     "gpu_points_table",
     "gpu_probes",

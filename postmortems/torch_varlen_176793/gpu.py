@@ -31,25 +31,7 @@ from postmortems.torch_varlen_176793.workarounds import (
     workarounds,
 )
 from workbench import Case, Region, pack, poisoned_memory, probe
-from workbench.postmortem import table
 from workbench.timing import time_call
-
-
-def fixed_kernel_speed():
-    """Our fixed kernel's forward+backward time beside torch varlen_attn's, per workload of the
-    committed H200 benchmark (data/gpu/bench-*.json): speed-up > 1 means ours is faster."""
-    from workbench.records import load_records
-
-    rows = []
-    for record in load_records("bench-*.json", how="python -m workbench.bench --record data/gpu/bench-h200.json"):
-        by = {(r["workload"], r["impl"]): r for r in record["rows"]}
-        for (workload, impl), r in by.items():
-            theirs = by.get((workload, "torch varlen_attn"))
-            if impl == "ours" and theirs and not r["error"] and not theirs["error"]:
-                speedup = theirs["forward_backward_ms"] / r["forward_backward_ms"]
-                rows.append((workload, theirs["forward_backward_ms"], r["forward_backward_ms"], speedup))
-        device = record["provenance"].get("device", "?")
-    return table(("workload", "varlen_attn fwd+bwd ms", "fixed kernel fwd+bwd ms", "speed-up"), rows, title=f"on {device}")
 
 
 def _probe_data(record) -> dict[str, Any]:
