@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import random
 import time
 
@@ -135,3 +136,36 @@ def test_a_window_bug_is_shrunk_and_reproduced_in_plain_torch(capsys):
     exec(compile(right, "<snippet>", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.count("damaged REAL rows [], padding rows not 0 []") == 4, printed
+
+
+@pytest.mark.slow  # a worker process importing the audit, then 32 layouts and shrinking in it: ~10 s
+def test_progress_reports_the_layouts_so_far_with_failures_as_drawn(monkeypatch):
+    """What a caller killed at its deadline keeps: every PROGRESS_SECONDS (0 here: every chunk)
+    the layouts tried so far, each check's first failure as drawn, marked partial; once more
+    when the search ends, before shrinking (which a kill may cut)."""
+    fuzz_module = importlib.import_module("workbench.audit.fuzz")  # the package exports the function by that name
+
+    monkeypatch.setattr(fuzz_module, "PROGRESS_SECONDS", 0)
+    heard: list = []
+    result = fuzz(
+        adapt("test_audit:tail_unwritten", "contract"), 2 * fuzz_module.CHUNK, seed=3, isolate=True, progress=heard.append
+    )
+    assert [p.tried for p in heard] == [fuzz_module.CHUNK, 2 * fuzz_module.CHUNK, result.tried]
+    assert heard[-1].partial.startswith("search ended, shrinking under way") and heard[0].partial.startswith("search under way")
+    first = {f.check: f for f in heard[-1].failures}["tail-rows"]
+    assert first.case == first.original and first.shrink_probes == 0  # as drawn
+    assert {f.check for f in result.failures} == set(first.check for first in heard[-1].failures)
+    assert not result.partial and result.to_dict()["search_seconds"] <= result.seconds
+    assert "partial" in heard[0].to_dict() and "partial" not in result.to_dict()
+
+
+def test_shrinking_stops_at_its_stop_time():
+    """With a time limit the fuzzer ends within time_limit + SHRINK_SECONDS + PROBE_GRACE: past
+    `stop_at`, neither the greedy pass nor the pass that drops unneeded sequences probes."""
+    from workbench.audit.fuzz import shrink
+    from workbench.layout import Case, Fill
+
+    impl = adapt(tail_unwritten, "contract")
+    case = Case((3, 0), seqlens_k=(3, 0), tail_q=2, heads=1, head_dim=16, fill=Fill.ZEROS)
+    finding = next(f for f in run_layout(impl, case) if f.check == "tail-rows")
+    assert shrink(impl, case, finding, PROFILES["tiny"], stop_at=time.time() - 1) == (case, finding, 0)

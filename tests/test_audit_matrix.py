@@ -79,9 +79,12 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
     assert not complete(whole) and fuzz_budget(whole) is None  # 3 layouts fuzzed
     fuzzed = {**whole["fuzz"], "tried": 1000}
     assert complete({**whole, "fuzz": fuzzed}) and fuzz_budget({**whole, "fuzz": fuzzed}) == "1000 layouts"
-    slow = {**whole, "fuzz": {**whole["fuzz"], "tried": 400, "seconds": 480.0}, "fuzz_time_limit": 420}
-    assert complete(slow) and fuzz_budget(slow) == "480 s of fuzzing (420 s search, then shrinking; 1.2 s a layout)"
-    assert not complete({**slow, "fuzz_time_limit": 300}), "a time budget short of 8 minutes is not complete"
+    slow = {**whole, "fuzz": {**whole["fuzz"], "tried": 400, "seconds": 480.0, "search_seconds": 420.3}}
+    assert complete(slow) and fuzz_budget(slow) == "480 s of fuzzing (420 s search, then shrinking; 1.1 s a layout)"
+    short = {**slow, "fuzz": {**slow["fuzz"], "search_seconds": 300.0}}
+    assert not complete(short), "a search short of FUZZ_SEARCH (a lower time limit, or cut at a deadline) is not complete"
+    cut = {**slow, "fuzz": {**slow["fuzz"], "partial": "search ended, shrinking under way: its failures as drawn, not shrunk"}}
+    assert complete(cut), "a search that ran its time is the budget met, though a kill cut its shrinking"
     assert not complete({**slow, "checks": [*whole["checks"][:-1], _lost("determinism")]})
     hung = {"name": "determinism", "verdict": "n/a", "evidence": "not run: timed out after 150 s (the check's time limit)"}
     assert complete({**slow, "checks": [*whole["checks"][:-1], hung]}), "a check past its time limit is an answer"

@@ -94,6 +94,18 @@ def test_a_record_prints_exactly_like_the_report_it_was_recorded_from():
     assert campaign_table(record) == report.campaign_table()
 
 
+def test_a_run_hands_over_its_report_after_each_check_marked_partial_until_it_ends():
+    """What `workbench audit --record` writes as it goes, so that a run killed at a deadline keeps
+    the checks it finished."""
+    heard: list = []
+    report = audit(tail_unwritten, "contract", budget=2, checks=["tail-rows", "custom-scale"], checkpoint=heard.append)
+    assert [[r.name for r in h.results] for h in heard] == [["tail-rows"], ["tail-rows", "custom-scale"]]
+    assert heard[0].partial == "checks not run yet: custom-scale; fuzzer not run yet"
+    assert heard[1].partial == "fuzzer not run yet" and heard[1].fuzz is None
+    assert json.loads(json.dumps(heard[0].to_dict()))["partial"] == heard[0].partial
+    assert not report.partial and "partial" not in report.to_dict() and report.fuzz and report.fuzz.tried == 2
+
+
 def test_fuzz_summary_reports_the_recorded_counts(records_copy):
     for record in load_audit_records(records_copy):
         fuzzed = record["fuzz"]

@@ -4,6 +4,8 @@ a row moves between them when its record changes, and no row is both broken and 
 from __future__ import annotations
 
 import copy
+import shutil
+from pathlib import Path
 
 from workbench.audit.judgements import judgements
 from workbench.audit.matrix import fails, load_matrix
@@ -85,25 +87,38 @@ def test_a_silent_fail_outside_tail_rows_withdraws_the_recommendation():
     assert _line(text, "* **Use:**") == "* **Use:** our kernel as is."
 
 
-def test_incomplete_rows_say_why_from_the_committed_records():
+def test_incomplete_rows_say_why_from_h200_records(tmp_path):
+    """On a frozen copy of rows of the H200 matrix as they stood on 2026-12-01 (records, sanitizer
+    runs, the logs of runs killed at a call's deadline)."""
     from workbench.audit.matrix import complete
     from workbench.audit.summary import incomplete
 
-    records = load_matrix()
-    found = incomplete(records)
+    snapshot = Path(__file__).parent / "data" / "audit-matrix-snapshot"
+    records = load_matrix(snapshot)
+    found = incomplete(records, snapshot)
     for record in records:
         assert (record["row"] in found) >= (not complete(record)), record["row"]
-    assert "ours" not in found and "flex-document" not in found
+    assert "ours" not in found and "torch-varlen" not in found
     assert "sdpa-flash" not in found  # compute-sanitizer cannot express its layout: n/a, not missing
-    assert "torch-varlen" not in found  # its fuzzer phase, merged into its checks' record
-    # Its fuzzer phase, killed at the deadline, ran after its checks-only record: the latest run.
-    assert found["sdpa-nested"][0].startswith("the latest run's fuzzer killed at the call's deadline after ")
-    assert "compute-sanitizer initcheck: not run: timed out after 240 s" in found["sdpa-nested"]
+    # Its checks-only record, then a fuzz-only run killed at its deadline that recorded nothing.
+    assert found["sdpa-nested"] == [
+        "the latest run's fuzzer killed at the call's deadline after 524 s (the record is an earlier run's)",
+        "fuzzer: fuzzing not asked (--budget 0)",
+        "compute-sanitizer initcheck: not run: timed out after 240 s",
+    ]
     fsa = found["fsa-dense-varlen"]
     assert fsa[0].startswith("the latest run's checks killed at the call's deadline after ")
     assert any(
         why.startswith("tail-rows, gap-rows") and why.endswith("the CUDA context was lost at check real-accuracy") for why in fsa
     )
+    # A killed run that recorded what it finished says so on a last line: no longer a lost run;
+    # a killed part of a checks run that recorded nothing is one.
+    shutil.copytree(snapshot, tmp_path / "gpu")
+    log = tmp_path / "gpu" / "logs" / "audit-fsa-dense-varlen-checks.log"
+    log.write_text(log.read_text() + "recorded what it finished before the kill (checks not run yet: gqa)\n")
+    assert not any("killed" in why for why in incomplete(records, tmp_path / "gpu")["fsa-dense-varlen"])
+    (log.parent / "audit-fsa-dense-varlen-checks-2.log").write_text("gqa: pass (3.0 s)\n\nkilled after 520 s\n")
+    assert "killed at the call's deadline after 520 s" in incomplete(records, tmp_path / "gpu")["fsa-dense-varlen"][0]
 
 
 def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):

@@ -433,7 +433,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--campaign", action="store_true", help="also print each malformed call of the bad-input campaign (the record keeps them)"
     )
     audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
-    audit.add_argument("--record", metavar="FILE", help="write the report with provenance as JSON")
+    audit.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write the report with provenance as JSON (after each check too, marked partial until the end)",
+    )
     audit.set_defaults(func=_audit)
 
     bench = commands.add_parser(

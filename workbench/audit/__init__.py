@@ -70,6 +70,7 @@ class AuditReport:
     seconds: float
     forward_only: str = ""  # why the backward did not run on this device ("" when it did)
     budget: int = 0  # layouts the fuzzer was asked for (0: checks only)
+    partial: str = ""  # a report of a run still under way: what it had not run yet ("" once it ended)
 
     def result(self, name: str) -> CheckResult:
         for r in self.results:
@@ -151,6 +152,7 @@ class AuditReport:
             "validation": self.validation,
             "forward_only": self.forward_only,
             "budget": self.budget,
+            **({"partial": self.partial} if self.partial else {}),
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
             "versions": package_versions(),
@@ -217,6 +219,7 @@ def audit(
     isolate: bool | None = None,
     check_timeout: float | None = None,
     log: Callable[[str], None] | None = None,
+    checkpoint: Callable[[AuditReport], None] | None = None,
 ) -> AuditReport:
     """Runs the checks (those that suit the function, or `checks` by name) and the fuzzer (`budget`
     layouts; 0: none). A context-parallel attention gets the context-parallel check, any other
@@ -226,7 +229,9 @@ def audit(
     search, `workers` runs it in that many processes (see `workbench.audit.fuzz.fuzz`).
     `isolate` (default: on CUDA) runs every check and fuzz batch in a child process that a CUDA
     error, a crash or `check_timeout` seconds replace with a fresh one, so that one fault costs
-    one cell (`workbench.audit.isolate`); the target must then be importable.
+    one cell (`workbench.audit.isolate`); the target must then be importable. `checkpoint` hears
+    of the report so far (`partial` says what is still to run) after each check and as the fuzzer
+    goes, so that a run killed before its end leaves what it finished (`--record` writes each).
     """
     start = time.perf_counter()
     impl = fn if isinstance(fn, Adapted) else adapt(fn, adapter, device)
@@ -246,6 +251,36 @@ def audit(
     late = [n for n in names if n == "input-validation"]
     results: list[CheckResult] = []
     lost: str | None = None
+
+    def report(fuzz_so_far: FuzzResult | None, partial: str = "") -> AuditReport:
+        return AuditReport(
+            impl.target or impl.name,
+            impl.adapter.name,
+            str(impl.device),
+            ctx.dtype,
+            sorted(results, key=lambda r: names.index(r.name)),
+            fuzz_so_far,
+            time.perf_counter() - start,
+            forward_only=impl.lacks.get("backward", ""),
+            budget=budget,
+            partial=partial,
+        )
+
+    fuzzed: FuzzResult | None = None
+
+    def save(so_far: FuzzResult | None = None) -> None:
+        """Hands the report so far to `checkpoint`: the checks done, the fuzzer so far or done."""
+        if not checkpoint:
+            return
+        so_far = so_far or fuzzed
+        left = [n for n in names if n not in {r.name for r in results}]
+        parts = [f"checks not run yet: {', '.join(left)}"] * bool(left)
+        if so_far is None and budget:
+            parts.append("fuzzer not run yet")
+        elif so_far is not None and so_far.partial:
+            parts.append(f"fuzzer: {so_far.partial}")
+        checkpoint(report(so_far, "; ".join(parts) or "every part ran; the run had not ended"))
+
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(Worker(Spec.of(impl))) if isolate else None
 
@@ -264,32 +299,27 @@ def audit(
                 lost = f"check {name}"
             if log:
                 log(f"{name}: {result.verdict.value} ({result.seconds:.1f} s)")
+            save()
+
+        def fuzzing(so_far: FuzzResult) -> None:
+            if log:
+                log(so_far.summary())
+            save(so_far)
 
         for name in names:
             if name not in late:
                 run(name)
-        fuzzed = None
         if budget and not impl.why_not("one-process") and not lost:
-            fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers, isolate=isolate)
+            fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers, isolate=isolate, progress=fuzzing)
             if "CUDA context lost" in fuzzed.stopped_early:
                 lost = "the fuzzer"
             if log:
                 log(fuzzed.summary())
+            if late:
+                save()
         for name in late:
             run(name)
-    results.sort(key=lambda r: names.index(r.name))
-    target = impl.target or impl.name
-    return AuditReport(
-        target,
-        impl.adapter.name,
-        str(impl.device),
-        ctx.dtype,
-        results,
-        fuzzed,
-        time.perf_counter() - start,
-        forward_only=impl.lacks.get("backward", ""),
-        budget=budget,
-    )
+    return report(fuzzed)
 
 
 def _argv(args) -> list[str]:
@@ -334,6 +364,14 @@ def run_command(args) -> int:
         # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         return subprocess.call([sys.executable, "-m", "workbench.cli", "audit", *_argv(args)], env=env)
+
+    def write(report: AuditReport) -> None:
+        """The record at --record, whole or not at all: a run killed mid-write keeps the last one."""
+        path = Path(args.record)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_name(path.name + ".tmp").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        path.with_name(path.name + ".tmp").replace(path)
+
     if os.getcwd() not in sys.path:  # like `python -m`: the user's modules in the working directory import
         sys.path.insert(0, os.getcwd())
     try:
@@ -353,14 +391,14 @@ def run_command(args) -> int:
             checks=args.checks.split(",") if args.checks else None,
             skip=args.skip.split(",") if getattr(args, "skip", None) else (),
             log=lambda line: print(line, file=sys.stderr, flush=True),
+            checkpoint=write if args.record else None,
         )
     except (ValueError, ImportError) as exc:
         print(f"workbench audit: {exc}", file=sys.stderr)
         return 2
     print(report.render(campaign=args.campaign))
     if args.record:
-        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.record).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        write(report)
         print(f"recorded to {args.record}")
     if args.notebook:
         from workbench.errors import BuildError

@@ -34,6 +34,9 @@ from workbench.strategies import LayoutSpace
 
 RAISES = "raises-on-valid-layout"
 SHRINK_SECONDS = 60  # with a time limit: how long shrinking may run after the search stops
+PROBE_GRACE = 20  # seconds a shrink call may run past its stop time: the probe in flight
+CHUNK_SECONDS = 180  # a chunk of layouts still running after this is killed, its layouts probed one by one
+PROGRESS_SECONDS = 20  # at most this often, `fuzz(progress=...)` hears of the search so far
 NO_OUTPUT = "no-output"
 
 
@@ -232,7 +235,7 @@ def shrink(
     impl: Adapted, case: Case, finding: Finding, profile: Profile, budget: int | None = None, stop_at: float | None = None
 ) -> tuple[Case, Finding, int]:
     """The smallest variant of failing `case` that still fails `finding.check` (greedy), with its
-    finding and the probes spent; `stop_at` (time.time()) ends the greedy pass early."""
+    finding and the probes spent; `stop_at` (time.time()) ends both passes early."""
     budget = profile.shrink_probes if budget is None else budget
     current, spent, improved = case, 0, True
     while improved and spent < budget and (stop_at is None or time.time() < stop_at):
@@ -247,16 +250,18 @@ def shrink(
             if hit:
                 current, finding, improved = candidate, hit, True
                 break
-    current, finding, extra = _drop_unneeded_sequences(impl, current, finding)
+    current, finding, extra = _drop_unneeded_sequences(impl, current, finding, stop_at)
     return current, finding, spent + extra
 
 
-def _drop_unneeded_sequences(impl: Adapted, case: Case, finding: Finding) -> tuple[Case, Finding, int]:
-    """A last pass, outside the budget (at most one probe per sequence): drop every sequence the
-    failure does not need, such as an unrelated empty key sequence the greedy pass kept because
-    its budget ran out first."""
+def _drop_unneeded_sequences(
+    impl: Adapted, case: Case, finding: Finding, stop_at: float | None = None
+) -> tuple[Case, Finding, int]:
+    """A last pass, outside the budget (at most one probe per sequence) but not past `stop_at`:
+    drop every sequence the failure does not need, such as an unrelated empty key sequence the
+    greedy pass kept because its budget ran out first."""
     spent, i = 0, 0
-    while i < case.batch and case.batch > 1:
+    while i < case.batch and case.batch > 1 and (stop_at is None or time.time() < stop_at):
         per_seq = _per_sequence(case)
         try:
             variant = _normalised(case.with_(**{n: getattr(case, n)[:i] + getattr(case, n)[i + 1 :] for n in per_seq}))
@@ -310,15 +315,21 @@ class FuzzResult:
     failures: list[FuzzFailure] = field(default_factory=list)
     failing_layouts: int = 0  # layouts with any finding (the first of each check is shrunk)
     stopped_early: str = ""  # why fewer layouts than the budget were tried
+    time_limit: float | None = None  # the search's, as asked
+    search_seconds: float = 0.0  # how long the search ran (then shrinking); so far, in a progress report
+    partial: str = ""  # in a progress report: what had not run yet ("" once the fuzzer ended)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "tried": self.tried,
             "seconds": round(self.seconds, 2),
+            "search_seconds": round(self.search_seconds, 2),
+            "time_limit": self.time_limit,
             "seed": self.seed,
             "profile": self.profile,
             "failing_layouts": self.failing_layouts,
             "stopped_early": self.stopped_early,
+            **({"partial": self.partial} if self.partial else {}),
             "failures": [f.to_dict() for f in self.failures],
         }
 
@@ -326,7 +337,7 @@ class FuzzResult:
         rate = f", {self.tried / self.seconds:.1f} layouts/s" if self.seconds else ""
         head = f"fuzzer: {self.tried} layouts ({self.profile} profile, seed {self.seed}) in {self.seconds:.1f} s{rate}; "
         head += f"{self.failing_layouts} failing" + (f"; stopped early: {self.stopped_early}" if self.stopped_early else "")
-        return head
+        return head + (f" ({self.partial})" if self.partial else "")
 
 
 def layout(impl: Adapted, profile: Profile, seed: int, index: int) -> Case:
@@ -369,7 +380,9 @@ def _scan_isolated(
     tried, found = 0, list[tuple[int, Finding]]()
     remaining = list(indices)
     while remaining:
-        timeout = None if deadline is None else max(deadline - time.time(), 0) + SHRINK_SECONDS
+        # Never past the search's end plus SHRINK_SECONDS (the fuzzer's own end), nor CHUNK_SECONDS
+        # for one chunk: a hanging layout costs its chunk's time, not the worker's whole search.
+        timeout = None if deadline is None else min(max(deadline - time.time(), 0), CHUNK_SECONDS) + SHRINK_SECONDS
         value = worker.call(_scan, profile, seed, remaining, deadline, cuda_error, timeout=timeout)
         if isinstance(value, Crash):
             if len(remaining) == 1:
@@ -377,6 +390,8 @@ def _scan_isolated(
                     tried, found = tried + 1, [*found, (remaining[0], Finding(RAISES, f"its process {value}"))]
                 break
             for index in remaining:
+                if deadline is not None and time.time() > deadline:  # a fresh child would probe nothing
+                    break
                 n, f = _scan_isolated(worker, profile, seed, [index], deadline)
                 tried, found = tried + n, found + f
             break
@@ -388,28 +403,36 @@ def _scan_isolated(
     return tried, found
 
 
+Tally = Callable[[int, list[tuple[int, Finding]]], None]
+
+
 def _scan_workers(
-    workers: list[Worker], profile: Profile, seed: int, budget: int, deadline: float | None
+    workers: list[Worker], profile: Profile, seed: int, budget: int, deadline: float | None, tally: Tally | None = None
 ) -> tuple[int, list[tuple[int, Finding]]]:
-    """Layouts 0..budget-1 in chunks of CHUNK, each worker's child taking the next chunk."""
+    """Layouts 0..budget-1 in chunks of CHUNK, each worker's child taking the next chunk;
+    `tally(tried, found)` hears of every layout tried so far after each chunk."""
     from concurrent.futures import ThreadPoolExecutor
 
     chunks = iter(range(0, budget, CHUNK))
     lock = threading.Lock()
+    tried, found = 0, list[tuple[int, Finding]]()
 
-    def drive(worker: Worker) -> tuple[int, list[tuple[int, Finding]]]:
-        tried, found = 0, list[tuple[int, Finding]]()
+    def drive(worker: Worker) -> None:
+        nonlocal tried, found
         while True:
             with lock:
                 start = next(chunks, None)
             if start is None or (deadline is not None and time.time() > deadline):
-                return tried, found
+                return
             n, f = _scan_isolated(worker, profile, seed, range(start, min(start + CHUNK, budget)), deadline)
-            tried, found = tried + n, found + f
+            with lock:
+                tried, found = tried + n, found + f
+                if tally:
+                    tally(tried, found)
 
     with ThreadPoolExecutor(len(workers)) as pool:
-        parts = list(pool.map(drive, workers))
-    return sum(n for n, _ in parts), [hit for _, f in parts for hit in f]
+        list(pool.map(drive, workers))
+    return tried, found
 
 
 def _shrink_task(impl: Adapted, case: Case, finding: Finding, profile: Profile, stop_at: float | None):
@@ -422,8 +445,8 @@ def _shrink_isolated(
 ) -> tuple[Case, Finding, int]:
     """`shrink` in a child. A CUDA error may have poisoned that child's later probes (so every
     candidate "failed"): such a shrunk layout counts only if it fails again in a fresh child;
-    otherwise, and when the child dies, the layout as drawn."""
-    timeout = None if stop_at is None else max(stop_at - time.time(), 0) + SHRINK_SECONDS
+    otherwise, and when the child dies or runs PROBE_GRACE past `stop_at`, the layout as drawn."""
+    timeout = None if stop_at is None else max(stop_at - time.time(), 0) + PROBE_GRACE
     value = worker.call(_shrink_task, case, finding, profile, stop_at, timeout=timeout)
     if isinstance(value, Crash):
         return case, finding, 0
@@ -446,15 +469,21 @@ def fuzz(
     time_limit: float | None = None,
     workers: int = 1,
     isolate: bool = False,
+    progress: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
     """Tries `budget` random layouts; shrinks the first failure of each check to a minimal case.
 
-    `time_limit` (seconds) stops the search early, saying so in the result (shrinking comes
-    after, bounded by the profile's `shrink_probes`). `workers` > 1 probes in that many child
-    processes (natively: Python and Triton compilation are the bottleneck, not the GPU);
-    `isolate` probes in child processes even with one worker, so that a layout that faults the
-    device or kills the process costs that layout alone (`workbench.audit.isolate`): the
-    search resumes in a fresh child. Either needs an importable target ("module:function").
+    `time_limit` (seconds) stops the search early, saying so in the result; shrinking comes
+    after, bounded by the profile's `shrink_probes` and, with a time limit, by SHRINK_SECONDS:
+    the whole fuzzer then ends within time_limit + SHRINK_SECONDS + PROBE_GRACE (a failure
+    left no time is kept as drawn). `workers` > 1 probes in that many child processes
+    (natively: Python and Triton compilation are the bottleneck, not the GPU); `isolate`
+    probes in child processes even with one worker, so that a layout that faults the device
+    or kills the process costs that layout alone (`workbench.audit.isolate`): the search
+    resumes in a fresh child. Either needs an importable target ("module:function").
+    `progress` (with child processes) hears of the search so far every PROGRESS_SECONDS, and
+    once more when it ends: a `FuzzResult` with `partial` set and its failures as drawn, so
+    that a caller killed before the end keeps the layouts tried.
     """
     if budget < 0:
         raise ValueError(f"budget = {budget} must be >= 0 (the number of layouts to try).")
@@ -462,15 +491,40 @@ def fuzz(
         raise ValueError(f"workers = {workers} must be >= 1.")
     profile = PROFILES[profile] if isinstance(profile, str) else (profile or default_profile(impl))
     start = time.perf_counter()
-    deadline = None if time_limit is None else time.time() + time_limit
+    began = time.time()
+    deadline = None if time_limit is None else began + time_limit
     isolated = isolate or (workers > 1 and budget >= 2)
+
+    def tallied(tried: int, found: list[tuple[int, Finding]], partial: str) -> FuzzResult:
+        """The result of the layouts so far, each check's first failure as drawn."""
+        result = FuzzResult(tried, time.perf_counter() - start, seed, profile.name, failing_layouts=len({i for i, _ in found}))
+        result.time_limit, result.search_seconds, result.partial = time_limit, time.time() - began, partial
+        firsts: dict[str, tuple[int, Finding]] = {}
+        for index, finding in sorted(found, key=lambda x: x[0]):
+            firsts.setdefault(finding.check, (index, finding))
+        for index, finding in firsts.values():
+            case = layout(impl, profile, seed, index)
+            result.failures.append(FuzzFailure(finding.check, finding.evidence, case, case, 0, snippet(impl, case, finding)))
+        return result
+
+    last = [time.time()]
+
+    def tally(tried: int, found: list[tuple[int, Finding]]) -> None:
+        if progress and time.time() - last[0] >= PROGRESS_SECONDS:
+            last[0] = time.time()
+            progress(tallied(tried, found, "search under way: its failures as drawn, not shrunk"))
+
     with contextlib.ExitStack() as stack:
         children = [stack.enter_context(Worker(Spec.of(impl))) for _ in range(workers)] if isolated else []
         if children:
-            tried, found = _scan_workers(children, profile, seed, budget, deadline)
+            tried, found = _scan_workers(children, profile, seed, budget, deadline, tally)
         else:
             tried, found = _scan(impl, profile, seed, range(budget), deadline)
+        search_seconds = time.time() - began
+        if progress and found:  # shrinking may not end before the caller's own deadline
+            progress(tallied(tried, found, "search ended, shrinking under way: its failures as drawn, not shrunk"))
         result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
+        result.time_limit, result.search_seconds = time_limit, search_seconds
         # In one process a sticky fault ends the search (children resume in a fresh one instead).
         faulted = None if children else next((i for i, f in sorted(found, key=lambda x: x[0]) if sticky(f.evidence)), None)
         if faulted is not None:
@@ -484,7 +538,7 @@ def fuzz(
                 continue
             shrunk.add(finding.check)
             case = layout(impl, profile, seed, index)
-            if faulted is not None:  # no probe can run any more: the layout as drawn
+            if faulted is not None or (stop_at is not None and time.time() >= stop_at):  # no probe can run, or no time
                 small, small_finding, spent = case, finding, 0
             elif children:
                 small, small_finding, spent = _shrink_isolated(children[0], case, finding, profile, stop_at)

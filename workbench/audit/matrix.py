@@ -82,20 +82,22 @@ def ran(record: dict[str, Any]) -> bool:
 
 def fuzz_budget(record: dict[str, Any]) -> str | None:
     """Which budget the row's fuzzer met: f'{FUZZ_LAYOUTS} layouts', or FUZZ_SECONDS of fuzzing
-    where a layout took over SLOW_LAYOUT s (the record's `fuzz_time_limit` is the search's time
-    limit, set by scripts/gpu_audit_matrix.py); None when neither (or it did not run)."""
+    where a layout took over SLOW_LAYOUT s: a search that ran FUZZ_SEARCH s (its
+    `search_seconds`; a record of a search cut before then, `partial`, falls short); None when
+    neither (or it did not run)."""
     fuzzed = record.get("fuzz") if ran(record) else None
     if not fuzzed:
         return None
     if fuzzed["tried"] >= FUZZ_LAYOUTS:
         return f"{FUZZ_LAYOUTS} layouts"
-    per_layout = fuzzed["seconds"] / max(fuzzed["tried"], 1)
-    if record.get("fuzz_time_limit", 0) >= FUZZ_SEARCH and per_layout > SLOW_LAYOUT:
+    searched = fuzzed.get("search_seconds", 0)
+    per_layout = searched / max(fuzzed["tried"], 1)
+    if searched >= FUZZ_SEARCH and per_layout > SLOW_LAYOUT:
         return f"{FUZZ_SECONDS} s of fuzzing ({FUZZ_SEARCH} s search, then shrinking; {per_layout:.1f} s a layout)"
     return None
 
 
-def _left_out(record: dict[str, Any], column: str) -> bool:
+def left_out(record: dict[str, Any], column: str) -> bool:
     """A "not run" cell that another run could fill (one that ran past its time limit is an answer)."""
     verdict, evidence = cell(record, column)
     return verdict == "not run" and TIMED_OUT not in evidence
@@ -105,7 +107,7 @@ def complete(record: dict[str, Any]) -> bool:
     """Whether a row's record is whole: it ran, no cell is left "not run" (but for a check past its
     time limit), and the fuzzer met its budget or had nothing to fuzz (scripts/gpu_audit_matrix.py
     records it again only when forced)."""
-    if not ran(record) or any(_left_out(record, c) for c in [*CORRECTNESS, "fuzzer"]):
+    if not ran(record) or any(left_out(record, c) for c in [*CORRECTNESS, "fuzzer"]):
         return False
     return cell(record, "fuzzer")[0] == "n/a" or fuzz_budget(record) is not None
 
@@ -131,12 +133,12 @@ def cell(record: dict[str, Any], column: str) -> tuple[str, str]:
     if column == "fuzzer":
         fuzzed = record.get("fuzz")
         if not fuzzed:
-            lost = next((c["evidence"] for c in record["checks"] if c["evidence"].startswith("not run:")), None)
-            if lost or any("misaligned address" in c["evidence"] or "illegal memory" in c["evidence"] for c in record["checks"]):
-                return "not run", lost or "a CUDA fault lost the context before the fuzzer"
             # A checks-only run (--budget 0) of a path that can run leaves the fuzzer to another run.
             if record.get("budget") == 0 and any(c["verdict"] != "n/a" for c in record["checks"]):
                 return "not run", "fuzzing not asked (--budget 0)"
+            lost = next((c["evidence"] for c in record["checks"] if c["evidence"].startswith("not run:")), None)
+            if lost or any("misaligned address" in c["evidence"] or "illegal memory" in c["evidence"] for c in record["checks"]):
+                return "not run", lost or "a CUDA fault lost the context before the fuzzer"
             return "n/a", "the fuzzer did not run (nothing applicable)"
         found = sorted({f["check"] for f in fuzzed["failures"]})
         summary = f"{fuzzed['tried']} layouts, {fuzzed['failing_layouts']} failing" + (f": {', '.join(found)}" if found else "")

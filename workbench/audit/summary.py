@@ -143,13 +143,18 @@ def _phase(record: dict[str, Any]) -> int:
 
 def _killed(record: dict[str, Any], directory: Path) -> str | None:
     """Why the row's latest run left no record: its log, of the record's phase or a later one (each
-    run rewrites its phase's log, and a killed run writes no record), ends in 'killed after N s'."""
+    run rewrites its phase's logs, a checks run's parts one each, `-checks-<i>`), ends in
+    'killed after N s' (a killed run that recorded what it finished says so on a last line)."""
     for suffix, what in PHASES[_phase(record) if ran(record) else 0 :]:
-        log = directory / "logs" / f"audit-{record['row']}{suffix}.log"
-        lines = log.read_text(errors="replace").split("\n") if log.exists() else []
-        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
-        if match := KILLED.match(last):
-            return f"the latest run's {what} killed at the call's deadline after {match[1]} s (the record is an earlier run's)"
+        logs = [directory / "logs" / f"audit-{record['row']}{suffix}.log"]
+        logs += sorted((directory / "logs").glob(f"audit-{record['row']}{suffix}-[0-9]*.log")) if suffix else []
+        for log in logs:
+            lines = log.read_text(errors="replace").split("\n") if log.exists() else []
+            last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+            if match := KILLED.match(last):
+                return (
+                    f"the latest run's {what} killed at the call's deadline after {match[1]} s (the record is an earlier run's)"
+                )
     return None
 
 
@@ -174,7 +179,10 @@ def incomplete(records: list[dict[str, Any]], directory: Path = GPU_DATA) -> dic
                     left.setdefault(evidence.removeprefix("not run: "), []).append(column)
             why += [f"{', '.join(columns)}: {reason}" for reason, columns in left.items()]
             if record.get("fuzz") and not fuzz_budget(record):
-                why.append(f"fuzzer: {record['fuzz']['tried']} layouts, short of both budgets")
+                cut = record["fuzz"].get("partial")
+                why.append(
+                    f"fuzzer: {record['fuzz']['tried']} layouts, short of both budgets" + (f" (cut: {cut})" if cut else "")
+                )
         runs = record.get("sanitizer") or {}
         if not runs:
             why.append("compute-sanitizer: no record")
