@@ -5,15 +5,70 @@
 The layout has GAP rows (where the path can express a padded layout), TAIL rows (where it can
 express them), an empty sequence, unequal lengths and GQA where expressible, 4 heads, head
 dim 64, bfloat16: the rows a kernel might leave unwritten or read uninitialised. The oracle
-is skipped (it runs on the CPU, which the sanitizer does not watch). Prints one line: the
-row, the case and the seconds. Runs on a machine with only torch and triton (plus the
-audited package).
+is skipped (it runs on the CPU, which the sanitizer does not watch).
+
+What the row cannot run as written, the program gives up and says so, one line each
+("ROW: reduced: ..."), so that the tools still watch what the row runs: a layout its adapter
+refuses (an SDPA backend without a kernel for it: "No available kernel") loses GQA, then
+unequal lengths, then causality, until one is taken; a backward that raises where the forward
+runs (flash-dmattn 1.2.2's Triton backward without a bias returns a gradient for the None
+input, and autograd raises) leaves the forward alone. The counts cover every attempt. The last
+line names the layout and what ran: "ROW: LAYOUT forward+backward in S s" (or "forward only").
+Runs on a machine with only torch and triton (plus the audited package).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
+
+# What a refused layout gives up, in turn: (the feature, the layout without it, said as).
+REDUCTIONS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
+    ("gqa", lambda c: c.with_(kv_heads=None), "without GQA"),
+    ("unequal", lambda c: c.with_(seqlens_k=None, padded_k=c.padded_q), "with equal query and key lengths"),
+    ("causal", lambda c: c.with_(causal=False), "without causality"),
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def watch(impl, case, say: Callable[[str], None]) -> tuple[Any, str]:
+    """Runs `case` forward and backward through `impl` on the device, or what of it the row can
+    run (see the module docstring), saying each reduction; (the layout run, what ran)."""
+    from workbench.audit.adapters import AdapterRefused
+    from workbench.layout import pack
+    from workbench.probes import probe
+
+    def run(case, backward: bool) -> None:
+        probe(impl, pack(case, impl.device), reference=False, backward=backward, **impl.case_kwargs(case))
+
+    if not impl.backward:  # the adapter says why this device runs no backward
+        say(f"reduced: forward only: {impl.lacks.get('backward', 'the adapter runs no backward here')}")
+        run(case, backward=False)
+        return case, "forward only"
+    refused = ""
+    for _, reduce, said in ((None, None, ""), *REDUCTIONS):
+        if reduce is not None:
+            smaller = reduce(case)
+            if smaller == case:
+                continue
+            say(f"reduced: {said} (the layout with it was refused: {refused})")
+            case = smaller
+        try:
+            run(case, backward=True)
+            return case, "forward+backward"
+        except AdapterRefused as exc:
+            refused = str(exc)
+        except Exception as exc:  # the forward alone tells whether the backward is what raised
+            run(case, backward=False)  # raises again if the forward is what fails
+            say(f"reduced: forward only: the backward raises {_first_line(exc)[:300]}")
+            return case, "forward only"
+    raise AdapterRefused(f"every layout was refused, the last: {refused}")
 
 
 def main(row: str) -> int:
@@ -23,8 +78,7 @@ def main(row: str) -> int:
     from workbench.audit.adapters import MATRIX
     from workbench.audit.checks import Context
     from workbench.audit.sanitizer import NOT_APPLICABLE
-    from workbench.layout import Fill, pack
-    from workbench.probes import probe
+    from workbench.layout import Fill
 
     rows = {name: (target, adapter) for name, target, adapter in MATRIX}
     if row not in rows:
@@ -51,9 +105,9 @@ def main(row: str) -> int:
         fill=Fill.ZEROS,
     )
     start = time.perf_counter()
-    probe(impl, pack(case, impl.device), reference=False, **impl.case_kwargs(case))
+    ran, what = watch(impl, case, lambda line: print(f"{row}: {line}", flush=True))
     torch.cuda.synchronize()
-    print(f"{row}: {case.label()} forward+backward in {time.perf_counter() - start:.1f} s")
+    print(f"{row}: {ran.label()} {what} in {time.perf_counter() - start:.1f} s")
     return 0
 
 

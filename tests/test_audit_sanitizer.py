@@ -4,11 +4,14 @@ replaces) and a racecheck hazard report in the tool's documented format."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+import torch
+
 from workbench.audit.sanitizer import API_RETURN_CODE, load_sanitizer, parse, row_summary, status
-from workbench.provenance import GPU_DATA
+from workbench.provenance import GPU_DATA, REPO
 
 LOGS = Path(__file__).parent / "data" / "sanitizer"
 DONE = "sdpa-cudnn: q=[37, 0, 100, 64] H=4/2 D=64 bfloat16 causal forward+backward in 21.0 s"
@@ -89,3 +92,69 @@ def test_a_per_row_record_takes_precedence_over_the_earlier_single_record(tmp_pa
     loaded = load_sanitizer(tmp_path)
     assert loaded["sdpa-cudnn"] == {"memcheck": run}
     assert loaded["ours"]["initcheck"]["why"] == "no log"  # the earlier record's logs are not in tmp_path
+
+
+def test_a_reduced_program_completes_and_says_what_it_gave_up():
+    program = "\n".join(
+        [
+            "sdpa-efficient: reduced: without GQA (the layout with it was refused: SDPA backend EFFICIENT_ATTENTION ...)",
+            "sdpa-efficient: q=[37, 0, 100, 64] k=[40, 5, 100, 64] H=4 D=64 bfloat16 causal forward+backward in 3.1 s",
+        ]
+    )
+    run = parse(_log("ours-racecheck"), "memcheck", program)
+    assert run.completed and run.reduced == ["without GQA (the layout with it was refused: SDPA backend EFFICIENT_ATTENTION ...)"]
+    assert status(run.to_dict()) == (0, f"0 errors; {run.reduced[0]}")
+    forward = parse(
+        _log("ours-racecheck"), "initcheck", "x: reduced: forward only: the backward raises E: e\nx: q=[3] forward only in 1.0 s"
+    )
+    assert forward.completed and status(forward.to_dict())[1] == "0 errors; forward only: the backward raises E: e"
+
+
+# scripts/audit_sanitize.py's `watch` on the CPU, with functions that refuse GQA or whose backward raises.
+def _attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+    from workbench import reference_attention
+
+    return reference_attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw).to(q.dtype)
+
+
+def refuses_gqa(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+    from workbench.audit import AdapterRefused
+
+    if q.shape[1] != k.shape[1]:
+        raise AdapterRefused("no kernel for grouped heads")
+    return _attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+
+
+class _ExtraGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("function _ExtraGradient returned a gradient different than None at position 5")
+
+
+def backward_raises(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+    return _ExtraGradient.apply(_attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw))
+
+
+def test_the_sanitizer_program_runs_what_the_row_can_and_says_so():
+    from workbench.audit import adapt
+    from workbench.layout import Case
+
+    spec = importlib.util.spec_from_file_location("audit_sanitize", REPO / "scripts" / "audit_sanitize.py")
+    assert spec and spec.loader
+    sanitize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sanitize)
+    case = Case((3, 0, 2), seqlens_k=(2, 1, 2), heads=2, kv_heads=1, head_dim=16, causal=True)
+    said: list[str] = []
+    ran, what = sanitize.watch(adapt(refuses_gqa, "contract", "cpu"), case, said.append)
+    assert (ran, what) == (case.with_(kv_heads=None), "forward+backward")
+    assert said == ["reduced: without GQA (the layout with it was refused: no kernel for grouped heads)"]
+    said.clear()
+    ran, what = sanitize.watch(adapt(backward_raises, "contract", "cpu"), case, said.append)
+    assert (ran, what) == (case, "forward only") and said == [
+        "reduced: forward only: the backward raises RuntimeError: function _ExtraGradient returned a gradient different "
+        "than None at position 5"
+    ]

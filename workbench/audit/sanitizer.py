@@ -31,7 +31,10 @@ from workbench.provenance import GPU_DATA
 from workbench.records import load_records
 
 TOOLS = ("initcheck", "memcheck", "racecheck")
-COMPLETED = "forward+backward in"  # scripts/audit_sanitize.py's last line when the program ran through
+# scripts/audit_sanitize.py's last line when the program ran through, and its line for each part
+# of the layout or program it gave up to run at all (a refused layout, a backward that raises).
+COMPLETED = re.compile(r" (forward\+backward|forward only) in [\d.]+ s$", re.MULTILINE)
+REDUCED = re.compile(r"^\S+: reduced: (.+)$", re.MULTILINE)
 PREFIX = "========="
 _SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 _RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
@@ -57,6 +60,7 @@ class ToolRun:
     aborted: bool = False  # compute-sanitizer saw the program exit with an error
     program: list[str] = field(default_factory=list)  # the program's last lines
     why: str = ""  # why the tool did not run at all (not installed, timed out)
+    reduced: list[str] = field(default_factory=list)  # what the program gave up to run (scripts/audit_sanitize.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,9 +101,10 @@ def parse(text: str, tool: str, program: str = "") -> ToolRun:
         errors,
         kinds,
         f"{first_header}: {first_frame}" if first_frame else first_header,
-        completed=COMPLETED in program,
+        completed=COMPLETED.search(program) is not None,
         aborted="Target application returned an error" in text,
         program=tail[-4:],
+        reduced=REDUCED.findall(program),
     )
 
 
@@ -115,13 +120,15 @@ def _report_lines(lines: list[str], header: int) -> list[str]:
 
 def status(run: dict[str, Any]) -> tuple[int | None, str]:
     """(errors, one line) of a recorded `ToolRun`: the count counts only if the program completed,
-    or if the tool's own reports aborted it (the errors are then real, and the program stopped)."""
+    or if the tool's own reports aborted it (the errors are then real, and the program stopped).
+    The line ends with what the program gave up to run, if anything."""
     if run.get("why"):
         return None, f"not run: {run['why']}"
     errors, first = run.get("errors"), run.get("first") or ""
     if errors is None:
         return None, "no summary in the log"
     where = f"; first: {first}" if errors and first else ""
+    where += "".join(f"; {line}" for line in run.get("reduced") or [])
     kinds = run.get("kinds") or {}
     if errors and kinds and all(kind.startswith(API_RETURN_CODE) for kind in kinds):
         return None, f"{errors} reports, the printed ones CUDA API return codes, not memory errors{where}"
