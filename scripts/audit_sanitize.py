@@ -66,7 +66,7 @@ def watch(impl, case, say: Callable[[str], None]) -> tuple[Any, str]:
             refused = str(exc)
         except Exception as exc:  # the forward alone tells whether the backward is what raised
             run(case, backward=False)  # raises again if the forward is what fails
-            say(f"reduced: forward only: the backward raises {_first_line(exc)[:300]}")
+            say(f"reduced: forward only: the backward raises {_first_line(exc)[:300]} (the counts include that attempt)")
             return case, "forward only"
     raise AdapterRefused(f"every layout was refused, the last: {refused}")
 

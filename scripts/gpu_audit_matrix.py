@@ -241,6 +241,9 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
     parts = _parts(_checks_left(_earlier(row) or {}, args.force), args.check_parts) if "checks" in phases else []
     runs = [("checks", checks, f"-checks-{i + 1}" if len(parts) > 1 else "-checks") for i, checks in enumerate(parts)]
     runs += [(phase, [], "" if phase == "all" else "-fuzz") for phase in phases if phase != "checks"]
+    if parts:  # the logs of a checks run are this run's parts alone (workbench.audit.summary reads the latest)
+        for stale in (DATA / "logs").glob(f"audit-{row}-checks*.log"):
+            stale.unlink()
     lock = threading.Lock()
     recorded: list[str] = []
 
