@@ -72,6 +72,7 @@ from workbench.audit.matrix import (  # noqa: E402
     SLOW_LAYOUT,
     complete,
     fuzz_budget,
+    layout_seconds,
     left_out,
     ran,
 )
@@ -111,7 +112,7 @@ def _slow(row: str) -> bool:
     """Whether a row's last record took over SLOW_LAYOUT s a layout (or there is none)."""
     record = _earlier(row)
     fuzzed = record.get("fuzz") if record else None
-    return not fuzzed or fuzzed["seconds"] / max(fuzzed["tried"], 1) > SLOW_LAYOUT
+    return not fuzzed or layout_seconds(fuzzed) > SLOW_LAYOUT
 
 
 def _checks_whole(record: dict[str, Any]) -> bool:

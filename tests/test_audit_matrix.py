@@ -79,8 +79,11 @@ def test_rows_follow_the_matrix_and_cells_carry_their_evidence(records_dir):
     assert not complete(whole) and fuzz_budget(whole) is None  # 3 layouts fuzzed
     fuzzed = {**whole["fuzz"], "tried": 1000}
     assert complete({**whole, "fuzz": fuzzed}) and fuzz_budget({**whole, "fuzz": fuzzed}) == "1000 layouts"
-    slow = {**whole, "fuzz": {**whole["fuzz"], "tried": 400, "seconds": 480.0, "search_seconds": 420.3}}
+    slow = {**whole, "fuzz": {**whole["fuzz"], "tried": 800, "seconds": 480.0, "search_seconds": 420.3, "workers": 2}}
     assert complete(slow) and fuzz_budget(slow) == "480 s of fuzzing (420 s search, then shrinking; 1.1 s a layout)"
+    # One layout's time is its worker's: 900 layouts in 420 s by 3 workers took 1.4 s each, not 0.47.
+    assert fuzz_budget({**slow, "fuzz": {**slow["fuzz"], "tried": 900, "workers": 3}}).endswith("1.4 s a layout)")
+    assert fuzz_budget({**slow, "fuzz": {**slow["fuzz"], "tried": 900, "workers": 1}}) is None
     short = {**slow, "fuzz": {**slow["fuzz"], "search_seconds": 300.0}}
     assert not complete(short), "a search short of FUZZ_SEARCH (a lower time limit, or cut at a deadline) is not complete"
     cut = {**slow, "fuzz": {**slow["fuzz"], "partial": "search ended, shrinking under way: its failures as drawn, not shrunk"}}

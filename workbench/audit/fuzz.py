@@ -317,6 +317,7 @@ class FuzzResult:
     stopped_early: str = ""  # why fewer layouts than the budget were tried
     time_limit: float | None = None  # the search's, as asked
     search_seconds: float = 0.0  # how long the search ran (then shrinking); so far, in a progress report
+    workers: int = 1  # processes the search ran in at once
     partial: str = ""  # in a progress report: what had not run yet ("" once the fuzzer ended)
 
     def to_dict(self) -> dict[str, Any]:
@@ -325,6 +326,7 @@ class FuzzResult:
             "seconds": round(self.seconds, 2),
             "search_seconds": round(self.search_seconds, 2),
             "time_limit": self.time_limit,
+            "workers": self.workers,
             "seed": self.seed,
             "profile": self.profile,
             "failing_layouts": self.failing_layouts,
@@ -499,6 +501,7 @@ def fuzz(
         """The result of the layouts so far, each check's first failure as drawn."""
         result = FuzzResult(tried, time.perf_counter() - start, seed, profile.name, failing_layouts=len({i for i, _ in found}))
         result.time_limit, result.search_seconds, result.partial = time_limit, time.time() - began, partial
+        result.workers = max(len(children), 1)
         firsts: dict[str, tuple[int, Finding]] = {}
         for index, finding in sorted(found, key=lambda x: x[0]):
             firsts.setdefault(finding.check, (index, finding))
@@ -524,7 +527,7 @@ def fuzz(
         if progress and found:  # shrinking may not end before the caller's own deadline
             progress(tallied(tried, found, "search ended, shrinking under way: its failures as drawn, not shrunk"))
         result = FuzzResult(tried, 0.0, seed, profile.name, failing_layouts=len({i for i, _ in found}))
-        result.time_limit, result.search_seconds = time_limit, search_seconds
+        result.time_limit, result.search_seconds, result.workers = time_limit, search_seconds, max(len(children), 1)
         # In one process a sticky fault ends the search (children resume in a fresh one instead).
         faulted = None if children else next((i for i, f in sorted(found, key=lambda x: x[0]) if sticky(f.evidence)), None)
         if faulted is not None:

@@ -90,11 +90,16 @@ def fuzz_budget(record: dict[str, Any]) -> str | None:
         return None
     if fuzzed["tried"] >= FUZZ_LAYOUTS:
         return f"{FUZZ_LAYOUTS} layouts"
-    searched = fuzzed.get("search_seconds", 0)
-    per_layout = searched / max(fuzzed["tried"], 1)
-    if searched >= FUZZ_SEARCH and per_layout > SLOW_LAYOUT:
+    per_layout = layout_seconds(fuzzed)
+    if fuzzed.get("search_seconds", 0) >= FUZZ_SEARCH and per_layout > SLOW_LAYOUT:
         return f"{FUZZ_SECONDS} s of fuzzing ({FUZZ_SEARCH} s search, then shrinking; {per_layout:.1f} s a layout)"
     return None
+
+
+def layout_seconds(fuzzed: dict[str, Any]) -> float:
+    """Seconds one layout took in one of the search's processes: its time x its workers / layouts
+    tried (a record from before `search_seconds` and `workers`: the fuzzer's whole time, one)."""
+    return fuzzed.get("search_seconds", fuzzed["seconds"]) * fuzzed.get("workers", 1) / max(fuzzed["tried"], 1)
 
 
 def left_out(record: dict[str, Any], column: str) -> bool:
