@@ -14,14 +14,15 @@ is audited again, every row with `--force`:
 On CUDA the audit runs each check and fuzz batch in a child process replaced after a CUDA
 error, a crash or the check's time limit (`workbench.audit.isolate`), so one fault costs one
 cell. Rows `--jobs` at a time, slow ones first (over SLOW_LAYOUT s a layout in their last
-record, or never recorded). A slow row is audited in two phases, each in calls of its own:
+record, or never recorded). A slow row runs what it still needs of two phases, at once, each
+in processes of its own (a run of both in one process would not fit a call):
 
 - its checks (`--budget 0 --checks ...`): only those its record lacks or left "not run", split
-  across `--check-parts` processes at once (a slow row's single checks take 4-156 s on the
-  H200), each merged into the row's record as it ends (`check_runs`: which run gave each check,
-  with its provenance, exit status and time);
-- then its fuzzer alone (`--skip` every check), merged with its own provenance
-  (`fuzz_provenance`), so that FUZZ_SECONDS of fuzzing fit a call.
+  across `--check-parts` processes (a slow row's single checks take 4-156 s on the H200), each
+  merged into the row's record as it ends (`check_runs`: which run gave each check, with its
+  provenance, exit status and time);
+- its fuzzer alone (`--skip` every check, `--time-limit` FUZZ_SEARCH s where the call has room),
+  merged with its own provenance (`fuzz_provenance`).
 
 `workbench audit --record` rewrites its record after each check and, while fuzzing, every
 PROGRESS_SECONDS (marked `partial`), so a run killed at the call's deadline (with every process
