@@ -270,7 +270,9 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
             data.update(row=row, ran=True)
             if data.get("fuzz"):
                 data["fuzz_budget"] = fuzz_budget(data) or "short of both budgets"
-            (DATA / f"audit-{row}.json").write_text(json.dumps(data, indent=1) + "\n")
+            # Whole or not at all: the sanitizer's threads read the row's record meanwhile.
+            fresh.write_text(json.dumps(data, indent=1) + "\n")
+            fresh.replace(DATA / f"audit-{row}.json")
             recorded.append(suffix)
         if rc == "timeout":  # the log's last line then says what the record kept
             with log.open("a") as sink:
