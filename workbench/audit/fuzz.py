@@ -455,6 +455,7 @@ def _shrink_isolated(
     small, small_finding, spent = value
     if cuda_error(finding.evidence) and small != case:
         worker.retire()
+        timeout = None if stop_at is None else max(stop_at - time.time(), 0) + PROBE_GRACE
         again = worker.call(run_layout, small, timeout=timeout)
         worker.retire()
         if isinstance(again, Crash) or not any(f.check == finding.check for f in again):
