@@ -190,15 +190,15 @@ def fa4_attention(
     real_q, real_k, gap_q, gap_k = _LAYOUT(*metadata)
     rows_q = q.shape[0]
     # A TAIL-only side: a view ending at its last real row (TMA zero-fills past it; no copy).
-    # (A side with no real row at all keeps its zeroed copy: FA4 gets no empty tensor.)
     tail_q = not gap_q and 0 < real_q < rows_q
     tail_k = not gap_k and 0 < real_k < k.shape[0]
-    gap_q, gap_k = gap_q or (real_q == 0 < rows_q), gap_k or (real_k == 0 < k.shape[0])
+    # Zeroed copies: a side with GAP rows, or with no real row at all (FA4 gets no empty tensor).
+    copy_q, copy_k = gap_q or real_q == 0 < rows_q, gap_k or real_k == 0 < k.shape[0]
     if tail_q:
         q = q[:real_q]
     if tail_k:
         k, v = k[:real_k], v[:real_k]
-    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)
+    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, copy_q, copy_k)
     out, lse = fa4(
         q_,
         k_,
@@ -220,7 +220,7 @@ def fa4_attention(
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, rows_q - real_q))
         if return_lse:
             lse = torch.nn.functional.pad(lse, (0, rows_q - real_q), value=float("-inf"))
-    elif gap_q:
+    elif copy_q:
         # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
         targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
         if return_lse:
