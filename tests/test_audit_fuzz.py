@@ -1,4 +1,4 @@
-"""The audit's layout fuzzer: what it draws, how it shrinks, and 200 layouts of our kernel."""
+"""The audit's layout fuzzer: what it draws, how it shrinks, and 50 layouts of our kernel."""
 
 from __future__ import annotations
 
@@ -88,11 +88,16 @@ def test_time_limit_stops_the_fuzzer_and_says_so():
         fuzz(adapt(tail_unwritten, "contract"), -1)
 
 
+# The first 50 layouts of seed 2026 draw every feature of the tiny profile (each fill, dtype, head
+# dim and batch size, GQA, GAP and TAIL rows of q and k, empty and 1-row sequences, unequal k,
+# causal, zero-width and one-sided windows) and 97% of the feature pairs that 200 draw, at a
+# quarter of the interpreter's time; the 1,000-layout run of our kernel is native
+# (data/gpu/audit-ours.json).
 @pytest.mark.slow
-def test_our_kernel_survives_200_fuzzed_layouts():
+def test_our_kernel_survives_50_fuzzed_layouts():
     start = time.perf_counter()
-    result = fuzz(adapt(kernels.varlen_attention), 200, seed=2026, profile=PROFILES["tiny"])
-    assert result.tried == 200 and not result.stopped_early
+    result = fuzz(adapt(kernels.varlen_attention), 50, seed=2026, profile=PROFILES["tiny"])
+    assert result.tried == 50 and not result.stopped_early
     assert result.failures == [], "\n\n".join(f.snippet for f in result.failures)
     print(f"{result.summary()} ({time.perf_counter() - start:.0f} s)")
 

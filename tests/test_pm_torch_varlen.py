@@ -148,13 +148,20 @@ def test_proposed_check_rejects_trailing_rows_and_host_reads_break_compile():
     }
 
 
-@pytest.mark.slow
-def test_upstream_probes_run_on_any_torch_style_function_and_are_json():
+@pytest.fixture(scope="module")
+def probes_json() -> str:
+    """`upstream_probes` on the replica on CPU, as the JSON a record holds: run once (half a
+    minute, mostly timing our kernel under the interpreter), each test loads its own copy."""
     tiny = TINY.with_(tail_q=0, tail_k=0)
     data = pm.upstream_probes(
         pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, timing_case=None, on_gpu=False
     )
-    record = {"probes": json.loads(json.dumps(jsonable(data)))}
+    return json.dumps(jsonable(data))
+
+
+@pytest.mark.slow
+def test_upstream_probes_run_on_any_torch_style_function_and_are_json(probes_json):
+    record = {"probes": json.loads(probes_json)}
     assert set(record["probes"]) >= {"damage", "points", "corrected_repro", "workarounds", "timing", "capture"}
     assert record["probes"]["timing"][0]["vs_as_is"] == 1.0
     assert "(d) our fixed kernel" in str(pm.gpu_workaround_table(record))
@@ -179,16 +186,12 @@ def test_budget_batches_have_the_trailing_rows_asked_for():
 
 
 @pytest.mark.slow
-def test_gpu_claims_read_a_record_of_probes():
+def test_gpu_claims_read_a_record_of_probes(probes_json):
     from types import SimpleNamespace
 
     from workbench.postmortem import Claims
 
-    tiny = TINY.with_(tail_q=0, tail_k=0)
-    probes = pm.upstream_probes(
-        pm.replica_varlen_attn, "cpu", case=tiny, pads=(0, 2), trailing=2, prefill_mb=0, timing_case=None, on_gpu=False
-    )
-    probes = json.loads(json.dumps(jsonable(probes)))
+    probes = json.loads(probes_json)
     names = list(probes["capture"]["compile_fullgraph"])
     host_reads = [n for n in names if n.endswith("proposed check") or "(b) slice" in n]
     graphs = {n: {"ok": n not in host_reads, "error": "AcceleratorError: x"} for n in names}
