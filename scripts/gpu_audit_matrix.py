@@ -78,7 +78,7 @@ from workbench.audit.matrix import (  # noqa: E402
     ran,
 )
 from workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, parse, status  # noqa: E402
-from workbench.records import load_records, write_record  # noqa: E402
+from workbench.records import load_records, write_json, write_record  # noqa: E402
 
 DATA = ROOT / "data" / "gpu"
 CHECK_TIMEOUT = 150  # seconds one check may take before its cell says "not run: timed out"
@@ -271,8 +271,7 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
             if data.get("fuzz"):
                 data["fuzz_budget"] = fuzz_budget(data) or "short of both budgets"
             # Whole or not at all: the sanitizer's threads read the row's record meanwhile.
-            fresh.write_text(json.dumps(data, indent=1) + "\n")
-            fresh.replace(DATA / f"audit-{row}.json")
+            write_json(DATA / f"audit-{row}.json", data)
             recorded.append(suffix)
         if rc == "timeout":  # the log's last line then says what the record kept
             with log.open("a") as sink:

@@ -233,3 +233,26 @@ def test_jsonable_results():
     assert jsonable({case: True}) == [{"key": case.to_dict(), "value": True}]
     assert jsonable(torch.zeros(2000)) == {"shape": [2000], "dtype": "torch.float32"}
     assert jsonable(object()).startswith("<object object")
+
+
+def test_a_record_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """`write_json` (which `write_record` and `workbench audit --record` write through): a write
+    cut off midway (a kill, a full disk) leaves the earlier record as it was, and no partial file."""
+    import pathlib
+
+    from workbench.records import read_record, write_json, write_record
+
+    path = tmp_path / "sub" / "audit-row.json"
+    first = write_record(path, {"rows": [1]}, command="python -m workbench audit x")
+    whole_write = pathlib.Path.write_text
+
+    def cut_off(self, text, *args, **kwargs):
+        whole_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_text", cut_off)
+    with pytest.raises(OSError, match="No space left"):
+        write_json(path, {"rows": [2] * 100})
+    monkeypatch.undo()
+    assert read_record(path) == first
+    assert [p.name for p in path.parent.iterdir()] == ["audit-row.json"]

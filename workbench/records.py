@@ -10,6 +10,9 @@ The API, the only code that reads or writes a record file:
 
 * `write_record(path, payload, command=None)` writes `payload` (made JSON-ready by `jsonable`)
   with its `provenance` block (`provenance_block`: `provenance()` plus the command line);
+* `write_json(path, data)` writes a record that already holds its provenance (one being
+  updated, or merged from runs), whole or not at all: a reader, or a kill mid-write, sees the
+  old file or the new one (`write_record` writes through it too);
 * `read_record(path, how=None)` reads one back, checking that it is a JSON object with a
   provenance block; a missing file is a `FileNotFoundError` naming `how` (the command that
   records it) when given;
@@ -24,6 +27,7 @@ through this API, never with a number typed from them.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from collections.abc import Mapping
@@ -74,10 +78,21 @@ def jsonable(value: Any) -> Any:
 def write_record(path: str | Path, payload: Mapping[str, Any], *, command: str | None = None) -> dict[str, Any]:
     """Writes `payload` with a provenance block as JSON to `path` (folders made); returns it."""
     record = {**jsonable(dict(payload)), "provenance": provenance_block(command)}
+    write_json(path, record)
+    return record
+
+
+def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
+    """Writes `data` as JSON to `path` (folders made), whole or not at all: the text goes to a
+    file of this process beside it, which then replaces `path` in one step."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    return record
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_text(json.dumps(data, indent=1) + "\n")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def load_records(pattern: str, directory: str | Path = GPU_DATA, *, how: str | None = None) -> list[dict[str, Any]]:

@@ -344,15 +344,14 @@ def run_command(args) -> int:
     """`workbench audit` (see workbench.cli): exit 0 all applicable checks hold, 1 something
     fails, 2 bad usage (or nothing could run here, e.g. CUDA-only code on a CPU)."""
     import importlib
-    import json
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     import torch
 
     from kernels import DEVICE
+    from workbench.records import write_json
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -367,10 +366,7 @@ def run_command(args) -> int:
 
     def write(report: AuditReport) -> None:
         """The record at --record, whole or not at all: a run killed mid-write keeps the last one."""
-        path = Path(args.record)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_name(path.name + ".tmp").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
-        path.with_name(path.name + ".tmp").replace(path)
+        write_json(args.record, report.to_dict())
 
     if os.getcwd() not in sys.path:  # like `python -m`: the user's modules in the working directory import
         sys.path.insert(0, os.getcwd())
