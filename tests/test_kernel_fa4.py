@@ -1,13 +1,16 @@
 """`varlen_attention(backend=...)`: the dispatch to FlashAttention-4 and the wrapper that keeps
 the contract around it (kernels/varlen/fa4.py), on CPU with a stand-in for FA4.
 
-The stand-in answers as FA4 is documented to (`flash_attn.cute.flash_attn_varlen_func`:
-cu_seqlens where sequences start in memory, seqused their real rows, None an unbounded
-window side, lse (H, T_q) without a gradient) from the float64 oracle, and leaves what FA4 may
-leave: NaN on every padding row of out and of the gradients, garbage on lse's padding rows,
-+inf (FlashAttention's convention) on rows that see no key. It also reads what FA4's tiles
-read, pessimistically: every padding row of q, k, v and dO enters every REAL row of out and of
-the gradients with weight 0, so NaN or inf there makes them NaN, as on the H200
+The stand-in answers as FA4 4.0.0b36's private `_flash_attn_fwd` and `_flash_attn_bwd`
+(flash_attn/cute/interface.py) do: cu_seqlens where sequences start in memory, seqused their
+real rows, None an unbounded window side; the forward writes into the caller's `out` (T_q, H,
+D) and `lse` (H, T_q) float32 and the backward into its `dq`, `dk`, `dv`, after the same shape
+checks, and an empty q or k side is answered without a launch (out 0, lse -inf, gradients 0).
+Values come from the float64 oracle, and it leaves what FA4 may leave: NaN on every padding row
+it sees of out and of the gradients, garbage on lse's padding rows, +inf (FlashAttention's
+convention) on rows that see no key. It also reads what FA4's tiles read, pessimistically:
+every padding row of q, k, v and dO it is given enters every REAL row of out and of the
+gradients with weight 0, so NaN or inf there makes them NaN, as on the H200
 (data/gpu/audit-fa4.json, padding-leak). The wrapper must hand back the contract regardless.
 """
 
@@ -19,7 +22,7 @@ import torch
 import kernels.varlen.fa4 as fa4
 from kernels import INTERPRETED, varlen_attention
 from tests.test_kernel_varlen import nan_on_padding
-from workbench import Case, Region, pack, probe, reference_attention, region_labels
+from workbench import Case, Region, pack, poisoned_memory, probe, reference_attention, region_labels
 
 GARBAGE = 12345.0
 
@@ -72,69 +75,84 @@ def _padding(cu_starts: torch.Tensor, seqused: torch.Tensor | None, rows: int) -
     return real, (region_labels(real, padded, rows) != Region.REAL).to(cu_starts.device)
 
 
-class FakeFA4:
-    """Stands for flash_attn.cute.flash_attn_varlen_func (4.0.0b36's keywords); records its calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict] = []
-
-    def __call__(
-        self,
+def _attend(q, k, v, *, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, window_size_left, window_size_right, **options):
+    """(out, lse, q's padding rows) as FA4's kernels leave them, differentiable in q, k, v."""
+    real_q, q_padding = _padding(cu_seqlens_q, seqused_q, q.shape[0])
+    real_k, k_padding = _padding(cu_seqlens_k, seqused_k, k.shape[0])
+    q, k, v = _GarbageGradients.apply(q, k, v, q_padding, k_padding)
+    out, lse = reference_attention(
         q,
         k,
         v,
-        *,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        seqused_q,
-        seqused_k,
-        softmax_scale,
-        causal,
-        window_size,
-        return_lse,
-    ):
+        real_q,
+        real_k,
+        options["max_seqlen_q"],
+        options["max_seqlen_k"],
+        cu_seqlens_q_padded=None if seqused_q is None else cu_seqlens_q,
+        cu_seqlens_k_padded=None if seqused_k is None else cu_seqlens_k,
+        causal=options["causal"],
+        window_size=tuple(-1 if w is None else w for w in (window_size_left, window_size_right)),
+        scale=options["softmax_scale"],
+        return_lse=True,
+    )
+    out = _ReadsPadding.apply(out.to(q.dtype), q, k, v, q_padding, k_padding)
+    return out.masked_fill(q_padding[:, None, None], float("nan")), lse.detach().float(), q_padding
+
+
+class FakeFA4:
+    """Stands for 4.0.0b36's `_flash_attn_fwd` and `_flash_attn_bwd`; records their calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.backward_calls: list[dict] = []
+        self.kernels = fa4.Kernels(self.forward, self.backward)
+
+    def forward(self, q, k, v, *, out, lse, **arguments):
         self.calls.append(
             dict(
-                cu_seqlens_q=cu_seqlens_q,
-                seqused_q=seqused_q,
-                seqused_k=seqused_k,
-                window_size=window_size,
-                causal=causal,
+                arguments,
                 data_ptrs=[t.data_ptr() for t in (q, k, v)],
                 rows=[t.shape[0] for t in (q, k, v)],
+                out=out.untyped_storage().data_ptr(),  # the buffer it writes into (an empty view has no data_ptr)
+                lse=lse.untyped_storage().data_ptr(),
             )
         )
-        real_q, q_padding = _padding(cu_seqlens_q, seqused_q, q.shape[0])
-        real_k, k_padding = _padding(cu_seqlens_k, seqused_k, k.shape[0])
-        q, k, v = _GarbageGradients.apply(q, k, v, q_padding, k_padding)
-        out, lse = reference_attention(
-            q,
-            k,
-            v,
-            real_q,
-            real_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            cu_seqlens_q_padded=None if seqused_q is None else cu_seqlens_q,
-            cu_seqlens_k_padded=None if seqused_k is None else cu_seqlens_k,
-            causal=causal,
-            window_size=tuple(-1 if w is None else w for w in window_size),
-            scale=softmax_scale,
-            return_lse=True,
+        # FA4's checks of the buffers it is given (_validate_tensor, validate_output_layout)
+        assert out.shape == (*q.shape[:2], v.shape[-1]) and out.dtype == q.dtype and out.stride(-1) == 1
+        assert lse.shape == q.shape[1::-1] and lse.dtype == torch.float32 and lse.stride(-1) == 1
+        if q.shape[0] == 0 or k.shape[0] == 0:  # FA4 answers an empty side without a launch
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return out, lse, None, None, None
+        result, reference_lse, q_padding = _attend(q, k, v, **arguments)
+        out.copy_(result)
+        lse.copy_(
+            torch.where(reference_lse == float("-inf"), float("inf"), reference_lse).masked_fill(q_padding[None, :], GARBAGE)
         )
-        out = _ReadsPadding.apply(out.to(q.dtype), q, k, v, q_padding, k_padding)
-        out = out.masked_fill(q_padding[:, None, None], float("nan"))
-        lse = lse.detach().float()
-        lse = torch.where(lse == float("-inf"), float("inf"), lse).masked_fill(q_padding[None, :], GARBAGE)
-        return out, lse
+        return out, lse, None, None, None
+
+    def backward(self, q, k, v, out, dout, lse, *, dq, dk, dv, **arguments):
+        self.backward_calls.append(
+            dict(buffers=[t.untyped_storage().data_ptr() for t in (dq, dk, dv)], rows=[t.shape[0] for t in (dq, dk, dv)])
+        )
+        assert out.shape == dout.shape == (*q.shape[:2], v.shape[-1]) and lse.shape == q.shape[1::-1]
+        assert all(g.shape == t.shape and g.dtype == t.dtype for g, t in zip((dq, dk, dv), (q, k, v)))
+        if q.shape[0] == 0 or k.shape[0] == 0:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        assert not (lse == float("-inf")).any(), "FA4's backward reads its own lse: +inf, not -inf, where no key is seen"
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            result, _, _ = _attend(*leaves, **arguments)
+            grads = torch.autograd.grad(result, leaves, dout)
+        for buffer, grad in zip((dq, dk, dv), grads):
+            buffer.copy_(grad)
+        return dq, dk, dv
 
 
 @pytest.fixture
 def fake_fa4(monkeypatch) -> FakeFA4:
     fake = FakeFA4()
-    monkeypatch.setattr(fa4, "load", lambda: fake)
+    monkeypatch.setattr(fa4, "load", lambda: fake.kernels)
     monkeypatch.setattr(fa4, "platform_reason", lambda q: None)  # as on an H200
     return fake
 
@@ -177,7 +195,7 @@ def test_fa4_gets_the_layout_as_padded_starts_and_real_lengths(fake_fa4):
     call = fake_fa4.calls[0]
     assert torch.equal(call["cu_seqlens_q"], batch.cu_seqlens_q_padded)
     assert call["seqused_q"].tolist() == [5, 0, 7] and call["seqused_k"].tolist() == [4, 3, 0]
-    assert call["window_size"] == (3, None)
+    assert (call["window_size_left"], call["window_size_right"]) == (3, None)
     causal = pack(CAUSAL)
     varlen_attention(*causal.args(), causal=True, backend="fa4")  # no padded boundaries: every row is real
     # Natively the boundaries FA4 gets are the device check's safe copies, so "no padding" is then
@@ -225,6 +243,25 @@ def test_fa4_reads_copies_only_of_a_side_with_gap_rows(fake_fa4):
     gap_k.call(varlen_attention, backend="fa4")
     q, k, v = fake_fa4.calls[1]["data_ptrs"]
     assert q == gap_k.q.data_ptr() and k != gap_k.k.data_ptr() and v != gap_k.v.data_ptr()
+
+
+@pytest.mark.parametrize("case", [TAIL, TAIL.with_(seqlens_k=(0, 0, 0))], ids=["tail-only", "no-real-key"])
+def test_a_tail_only_side_costs_no_appended_copy(fake_fa4, case):
+    """FA4 writes out and the gradients into views (up to the last real row) of the full-size
+    tensors the wrapper returns: no TAIL row is appended by a copy, and under poisoned memory
+    the TAIL rows FA4 never sees are exactly 0. An all-TAIL key side reaches FA4 empty."""
+    batch = pack(case).fresh()
+    real = int(batch.cu_seqlens_q[-1]), int(batch.cu_seqlens_k[-1])
+    with poisoned_memory():
+        out = batch.call(varlen_attention, backend="fa4")
+        grads = torch.autograd.grad(out, (batch.q, batch.k, batch.v), nan_on_padding(batch))
+    (forward,), (backward,) = fake_fa4.calls, fake_fa4.backward_calls
+    assert forward["rows"] == backward["rows"] == [real[0], real[1], real[1]]
+    assert forward["out"] == out.data_ptr() and backward["buffers"] == [g.data_ptr() for g in grads]
+    for tensor, rows in zip((out, *grads), (real[0], *real, real[1])):
+        assert (tensor[rows:] == 0).all() and tensor[:rows].isfinite().all()
+    expected = batch.call(reference_attention)
+    torch.testing.assert_close(out[: real[0]].double(), expected[: real[0]], atol=2e-2, rtol=2e-2)
 
 
 def test_the_layout_is_read_once_per_metadata():
@@ -281,11 +318,31 @@ def test_auto_takes_fa4_only_where_the_contract_holds_on_it(fake_fa4):
         fresh.call(varlen_attention, return_lse=True, backend="fa4")
 
 
-def test_without_fa4_auto_runs_triton_and_fa4_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(fa4, "load", lambda: None)  # flash-attn-4 not installed, also where it is
+@pytest.fixture
+def uncached_load():
+    """`fa4.load` asked afresh (it caches its answer), and its cache emptied again after the test."""
+    fa4.load.cache_clear()
+    yield
+    fa4.load.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "installed, reason",
+    [
+        (None, r"flash-attn-4 is not installed \(pip install"),
+        (
+            "4.0.0b40",
+            r"flash-attn-4 4.0.0b40 is installed; the FA4 path is built on 4.0.0b36's private .*'flash-attn-4==4.0.0b36'",
+        ),
+    ],
+    ids=["not-installed", "other-release"],
+)
+def test_without_the_pinned_fa4_auto_runs_triton_and_fa4_is_a_clear_error(monkeypatch, uncached_load, installed, reason):
+    monkeypatch.setattr(fa4, "installed_version", lambda: installed)  # also where flash-attn-4 is installed
+    monkeypatch.setattr(fa4, "platform_reason", lambda q: None)  # as on an H200
     batch = pack(CAUSAL)
-    assert torch.equal(batch.call(varlen_attention), batch.call(varlen_attention, backend="triton"))
-    with pytest.raises(ValueError, match=r"backend=\"fa4\" cannot run this call: flash-attn-4 is not installed \(pip install"):
+    assert torch.equal(batch.call(varlen_attention, backend="auto"), batch.call(varlen_attention, backend="triton"))
+    with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: {reason}'):
         batch.call(varlen_attention, backend="fa4")
     with pytest.raises(ValueError, match="backend = 'flash' is not one of 'auto', 'triton', 'fa4'"):
         batch.call(varlen_attention, backend="flash")

@@ -3,6 +3,10 @@
 FA4 (`flash-attn-4`, CuTe DSL, Hopper and Blackwell) computes the REAL rows; this wrapper adds
 only what the contract needs beyond them, and nothing on a batch without padding rows:
 
+- which FA4: its forward and backward functions `_flash_attn_fwd` and `_flash_attn_bwd`
+  (flash_attn/cute/interface.py), which write into buffers the caller provides (`out=`, `lse=`,
+  `dq=`, `dk=`, `dv=`). They are private, so the path runs on the one release whose signatures
+  it was written against (`FA4_VERSION`); any other installed version is refused with that reason;
 - layout: FA4's `cu_seqlens_*` are where sequences start in memory (our padded boundaries) and
   its `seqused_*` how many of their rows are real, so every padded layout of the contract is
   said as it is (a sequence's real rows start its slot in both);
@@ -14,15 +18,16 @@ only what the contract needs beyond them, and nothing on a batch without padding
   how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles, while
   a tile past the tensor's end is zero-filled by TMA. So a side whose only padding is TAIL rows
   (after `cu_seqlens[-1]`, none between sequences) reaches FA4 as a view that ends at its last
-  real row, with no copy; a side with GAP rows reaches it as a copy of q (or of k and v) and of
-  dO with its padding rows zeroed. Which side has which (`_Layout`) is read from the device
-  once per new metadata, so the layers of one step and unpadded batches pay nothing;
-- `out` and `lse`: after a TAIL-only side FA4 returns the real rows only, and 0 and -inf are
-  appended; with GAP rows FA4 leaves them as it found them (`torch.empty`) and one launch of
-  `fill_padding_rows` writes 0 and -inf there. A returned lse says -inf (not FA's +inf) on rows
-  that see no key, in a copy, since FA4's backward reads its own;
-- gradients: 0 on the padding rows, whatever FA4 left there (the views' gradients are 0
-  beyond them; one launch on a side with GAP rows).
+  real row, with no copy (an empty view when no row is real: FA4 then writes 0 and -inf, and
+  zero gradients, without a launch); a side with GAP rows reaches it as a copy of q (or of k
+  and v) and of dO with its padding rows zeroed. Which side has which (`_Layout`) is read from
+  the device once per new metadata, so the layers of one step and unpadded batches pay nothing;
+- `out`, `lse` and the gradients are full-size buffers of which FA4 writes the rows it sees (a
+  view of their leading rows): their TAIL rows are written 0 (lse -inf) once, nothing is
+  appended or copied. FA4 leaves GAP rows as it found them (`torch.empty`), and one launch of
+  `fill_padding_rows` writes 0 and -inf there (one more zeroes the gradients' GAP rows). A
+  returned lse says -inf (not FA's +inf) on rows that see no key, in a copy, since FA4's
+  backward reads its own.
 
 Everything else (rows that see no key, windows, GQA, bottom-right causal alignment) is FA4's
 own; the H200 audit checks the wrapped function against the whole contract. What FA4 cannot
@@ -33,8 +38,10 @@ the reason, under backend="fa4".
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -45,17 +52,42 @@ BACKENDS = ("auto", "triton", "fa4")
 FA4_DTYPES = (torch.float16, torch.bfloat16)
 FA4_HEAD_DIMS = (64, 128)  # of ours (16, 32, 64, 128, 256), those FA4 compiles on sm90 and sm100
 FA4_ARCHS = (9, 10)  # compute capability majors: Hopper (sm90), Blackwell (sm100)
+FA4_VERSION = "4.0.0b36"  # the release whose private _flash_attn_fwd/_flash_attn_bwd this module calls
 INSTALL = "pip install 'varlen-postmortem-workbench[fa4]' (flash-attn-4, on an sm90/sm100 GPU)"
 
 
-@functools.cache
-def load() -> Callable | None:
-    """FA4's `flash_attn.cute.flash_attn_varlen_func`, or None when flash-attn-4 is not installed."""
+class Kernels(NamedTuple):
+    """FA4's `flash_attn.cute.interface._flash_attn_fwd` and `_flash_attn_bwd`."""
+
+    forward: Callable
+    backward: Callable
+
+
+def installed_version() -> str | None:
+    """The installed flash-attn-4's version, or None."""
     try:
-        from flash_attn.cute import flash_attn_varlen_func
-    except ImportError:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
         return None
-    return flash_attn_varlen_func
+
+
+@functools.cache
+def load() -> Kernels | str:
+    """FA4's forward and backward, or (a string) why they cannot be used."""
+    version = installed_version()
+    if version is None:
+        return f"flash-attn-4 is not installed ({INSTALL})"
+    if version != FA4_VERSION:
+        return (
+            f"flash-attn-4 {version} is installed; the FA4 path is built on {FA4_VERSION}'s private "
+            f"_flash_attn_fwd/_flash_attn_bwd, whose signatures may change between releases: "
+            f"pip install 'flash-attn-4=={FA4_VERSION}'"
+        )
+    try:
+        from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+    except ImportError as error:
+        return f"flash-attn-4 {version} is installed but does not import ({error})"
+    return Kernels(_flash_attn_fwd, _flash_attn_bwd)
 
 
 def platform_reason(q: torch.Tensor) -> str | None:
@@ -70,8 +102,9 @@ def platform_reason(q: torch.Tensor) -> str | None:
 
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, return_lse: bool, validate: bool) -> str | None:
     """Why this call cannot run on FA4 with the contract kept (None: it can)."""
-    if load() is None:
-        return f"flash-attn-4 is not installed ({INSTALL})"
+    kernels = load()
+    if isinstance(kernels, str):
+        return kernels
     reason = platform_reason(q)
     if reason:
         return reason
@@ -130,8 +163,41 @@ class _PaddingZeroed(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk, dv):
         grads = [None if g is None else g.contiguous() for g in (dq, dk, dv)]
-        _zero_padding_rows(grads, _sides(*ctx.saved_tensors), ctx.padded)  # FA4's own gradients: fresh tensors
+        _zero_padding_rows(grads, _sides(*ctx.saved_tensors), ctx.padded)  # _FA4's fresh gradient buffers
         return (*grads, None, None, None, None, None, None)
+
+
+class _FA4(torch.autograd.Function):
+    """FA4 on the leading `seen_q` rows of q and `seen_k` of k and v (the rest are TAIL rows),
+    writing into views of full-size out, lse and gradients whose TAIL rows are written 0 (lse
+    -inf) here: the rows FA4 does not see cost one fill, no appended copy."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, seen_q: int, seen_k: int, arguments: dict):
+        kernels = load()
+        assert not isinstance(kernels, str), "unsupported() rules this out"
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+        out[seen_q:].zero_()
+        lse[:, seen_q:].fill_(float("-inf"))
+        kernels.forward(q[:seen_q], k[:seen_k], v[:seen_k], out=out[:seen_q], lse=lse[:, :seen_q], **arguments)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.seen, ctx.arguments = (seen_q, seen_k, seen_k), arguments
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _):
+        kernels = load()
+        assert not isinstance(kernels, str)
+        q, k, v, out, lse = ctx.saved_tensors
+        seen_q = ctx.seen[0]
+        grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
+        for grad, seen in zip(grads, ctx.seen):
+            grad[seen:].zero_()
+        q, k, v, dq, dk, dv = (t[:seen] for t, seen in zip((q, k, v, *grads), ctx.seen * 2))
+        kernels.backward(q, k, v, out[:seen_q], d_out[:seen_q], lse[:, :seen_q], dq=dq, dk=dk, dv=dv, **ctx.arguments)
+        return *grads, None, None, None
 
 
 class _OutputGradZeroed(torch.autograd.Function):
@@ -184,43 +250,26 @@ def fa4_attention(
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None)."""
-    fa4 = load()
-    assert fa4 is not None, "unsupported() rules this out"
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     real_q, real_k, gap_q, gap_k = _LAYOUT(*metadata)
-    rows_q = q.shape[0]
-    # A TAIL-only side: a view ending at its last real row (TMA zero-fills past it; no copy).
-    tail_q = not gap_q and 0 < real_q < rows_q
-    tail_k = not gap_k and 0 < real_k < k.shape[0]
-    # Zeroed copies: a side with GAP rows, or with no real row at all (FA4 gets no empty tensor).
-    copy_q, copy_k = gap_q or real_q == 0 < rows_q, gap_k or real_k == 0 < k.shape[0]
-    if tail_q:
-        q = q[:real_q]
-    if tail_k:
-        k, v = k[:real_k], v[:real_k]
-    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, copy_q, copy_k)
-    out, lse = fa4(
-        q_,
-        k_,
-        v_,
+    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)
+    arguments = dict(
         cu_seqlens_q=cu_seqlens_q_padded,
         cu_seqlens_k=cu_seqlens_k_padded,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
         seqused_q=_real_lengths(cu_seqlens_q, cu_seqlens_q_padded),
         seqused_k=_real_lengths(cu_seqlens_k, cu_seqlens_k_padded),
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
         softmax_scale=scale,
         causal=causal,
-        window_size=(None if window_left < 0 else window_left, None if window_right < 0 else window_right),
-        return_lse=return_lse,
+        window_size_left=None if window_left < 0 else window_left,
+        window_size_right=None if window_right < 0 else window_right,
     )
+    # FA4 sees a TAIL-only side up to its last real row, a side with GAP rows whole.
+    out, lse = _FA4.apply(q_, k_, v_, q.shape[0] if gap_q else real_q, k.shape[0] if gap_k else real_k, arguments)
     if return_lse:
         lse = torch.where(lse == float("inf"), float("-inf"), lse)  # a copy: FA4's backward reads its own
-    if tail_q:  # the TAIL rows, appended: out 0 (no gradient flows back from them), lse -inf
-        out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, rows_q - real_q))
-        if return_lse:
-            lse = torch.nn.functional.pad(lse, (0, rows_q - real_q), value=float("-inf"))
-    elif copy_q:
+    if gap_q:
         # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
         targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
         if return_lse:

@@ -342,8 +342,9 @@ def _fa4_path_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
     from kernels.varlen.fa4 import load
 
     lacks = cuda_only("the guarded FlashAttention-4 path (sm90/sm100)", device)
-    if load() is None:
-        lacks["run"] = "flash-attn-4 is not installed: pip install 'varlen-postmortem-workbench[fa4]'"
+    kernels = load()
+    if isinstance(kernels, str):  # not installed, or another release than the path is built on
+        lacks["run"] = kernels
     return lacks
 
 
