@@ -176,8 +176,15 @@ TAIL = Case((6, 0, 9), seqlens_k=(7, 2, 5), tail_q=3, tail_k=4, heads=4, kv_head
 
 @pytest.mark.parametrize(
     "case, window",
-    [(PADDED, (-1, -1)), (CAUSAL, (-1, -1)), (PADDED, (2, 1)), (TAIL, (-1, -1)), (TAIL.with_(causal=True), (3, 0))],
-    ids=["padded", "causal-gqa", "window", "tail-only", "tail-only-causal-window"],
+    [
+        (PADDED, (-1, -1)),
+        (CAUSAL, (-1, -1)),
+        (PADDED, (2, 1)),
+        (TAIL, (-1, -1)),
+        (TAIL.with_(causal=True), (3, 0)),
+        (TAIL.with_(seqlens_k=(0, 0, 0)), (-1, -1)),
+    ],
+    ids=["padded", "causal-gqa", "window", "tail-only", "tail-only-causal-window", "tail-only-no-real-key"],
 )
 def test_the_fa4_wrapper_keeps_the_contract(fake_fa4, case, window):
     """Real rows (and their gradients) within bound of the oracle, every padding row exactly 0,
@@ -366,6 +373,12 @@ REAL_CASES = {
         (200, 9, 513), seqlens_k=(60, 9, 700), align=8, heads=2, head_dim=128, causal=True, dtype="bfloat16"
     ),
     "d64-fp16-gqa": Case((64, 129), seqlens_k=(64, 300), tail_q=2, heads=8, kv_heads=1, head_dim=64, dtype="float16"),
+    # TAIL rows only: FA4 writes into views of the returned buffers (438 rows, not a multiple of
+    # 4: FA4's backward copies lse's view), and a key side of TAIL rows only (an empty view).
+    "tail-only-both-sides": Case(
+        (300, 77), seqlens_k=(129, 40), tail_q=61, tail_k=37, heads=4, kv_heads=2, head_dim=128, dtype="bfloat16"
+    ),
+    "tail-only-no-real-key": Case((33, 20), seqlens_k=(0, 0), tail_q=3, tail_k=9, heads=2, head_dim=64, dtype="bfloat16"),
 }
 
 
