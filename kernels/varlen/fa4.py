@@ -176,13 +176,11 @@ class _FA4(torch.autograd.Function):
     def forward(ctx, q, k, v, seen_q: int, seen_k: int, arguments: dict):
         kernels = load()
         assert not isinstance(kernels, str), "unsupported() rules this out"
-        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-        out[seen_q:].zero_()
-        lse[:, seen_q:].fill_(float("-inf"))
-        kernels.forward(q[:seen_q], k[:seen_k], v[:seen_k], out=out[:seen_q], lse=lse[:, :seen_q], **arguments)
-        ctx.save_for_backward(q, k, v, out, lse)
         ctx.seen, ctx.arguments = (seen_q, seen_k, seen_k), arguments
+        out = _tail_filled(q.new_empty(*q.shape[:2], v.shape[-1]), seen_q, 0.0)
+        lse = _tail_filled(torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device), seen_q, float("-inf"), 1)
+        kernels.forward(*map(_leading, (q, k, v), ctx.seen), out=_leading(out, seen_q), lse=_leading(lse, seen_q, 1), **arguments)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -192,12 +190,25 @@ class _FA4(torch.autograd.Function):
         assert not isinstance(kernels, str)
         q, k, v, out, lse = ctx.saved_tensors
         seen_q = ctx.seen[0]
-        grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
-        for grad, seen in zip(grads, ctx.seen):
-            grad[seen:].zero_()
-        q, k, v, dq, dk, dv = (t[:seen] for t, seen in zip((q, k, v, *grads), ctx.seen * 2))
-        kernels.backward(q, k, v, out[:seen_q], d_out[:seen_q], lse[:, :seen_q], dq=dq, dk=dk, dv=dv, **ctx.arguments)
+        grads = [
+            _tail_filled(torch.empty_like(t, memory_format=torch.contiguous_format), n, 0.0) for t, n in zip((q, k, v), ctx.seen)
+        ]
+        q, k, v, dq, dk, dv = map(_leading, (q, k, v, *grads), ctx.seen * 2)
+        out, d_out, lse = _leading(out, seen_q), _leading(d_out, seen_q), _leading(lse, seen_q, 1)
+        kernels.backward(q, k, v, out, d_out, lse, dq=dq, dk=dk, dv=dv, **ctx.arguments)
         return *grads, None, None, None
+
+
+def _leading(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
+    """The first `rows` rows of t along dim; t itself when that is all of them (no view to make)."""
+    return t if rows == t.shape[dim] else t.narrow(dim, 0, rows)
+
+
+def _tail_filled(t: torch.Tensor, seen: int, value: float, dim: int = 0) -> torch.Tensor:
+    """t with `value` on its rows from `seen` on along dim (the TAIL rows FA4 does not see)."""
+    if seen < t.shape[dim]:
+        t.narrow(dim, seen, t.shape[dim] - seen).fill_(value)
+    return t
 
 
 class _OutputGradZeroed(torch.autograd.Function):
