@@ -18,13 +18,17 @@ only what the contract needs beyond them, and nothing on a batch without padding
   how flash_fwd_sm90.py (q, k, v) and flash_bwd_sm90.py (q, k, v, dO) load their tiles, while
   a tile past the tensor's end is zero-filled by TMA. So a side whose only padding is TAIL rows
   (after `cu_seqlens[-1]`, none between sequences) reaches FA4 as a view that ends at its last
-  real row, with no copy (an empty view when no row is real: FA4 then writes 0 and -inf, and
-  zero gradients, without a launch); a side with GAP rows reaches it as a copy of q (or of k
-  and v) and of dO with its padding rows zeroed. Which side has which (`_Layout`) is read from
-  the device once per new metadata, so the layers of one step and unpadded batches pay nothing;
+  real row, with no copy (an empty view when no row is real: FA4 then answers 0 and -inf, and
+  zero gradients, without running its kernels); a side with GAP rows reaches it as a copy of q
+  (or of k and v) and of dO with its padding rows zeroed. Which side has which (`_Layout`) is
+  read from the device once per new metadata, so the layers of one step and unpadded batches
+  pay nothing;
 - `out`, `lse` and the gradients are full-size buffers of which FA4 writes the rows it sees (a
   view of their leading rows): their TAIL rows are written 0 (lse -inf) once, nothing is
-  appended or copied. FA4 leaves GAP rows as it found them (`torch.empty`), and one launch of
+  appended or copied. FA4 stores no row past a sequence's real ones (4.0.0b36: the stores go
+  through `offset_batch_Q/K(..., ragged=True)`, bounded by the sequence's length, or are
+  predicated on it) nor past the view's end (TMA), so it leaves GAP rows as it found them
+  (`torch.empty`), and one launch of
   `fill_padding_rows` writes 0 and -inf there (one more zeroes the gradients' GAP rows). A
   returned lse says -inf (not FA's +inf) on rows that see no key, in a copy, since FA4's
   backward reads its own.
