@@ -49,6 +49,9 @@ def test_fused_gradients_are_within_the_bound_of_the_deterministic_ones(name):
     assert records[False].real_finite and records[False].padding_exactly_zero
 
 
+OP_CASE = Case((5, 9), seqlens_k=(7, 9), padded_q=(8, 9), tail_q=2, heads=2, kv_heads=1, head_dim=16, causal=True, fill=Fill.NAN)
+
+
 class _Recorder(TorchDispatchMode):
     """Any dispatch mode sends the call down the custom ops' road."""
 
@@ -56,17 +59,53 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_custom_op_road_takes_the_fused_backward():
+@pytest.fixture
+def backward_modes(monkeypatch) -> list[bool]:
+    """The `deterministic` of every backward launched (both roads call op.attention_backward)."""
+    from kernels.varlen import op
+
+    seen: list[bool] = []
+    real = op.attention_backward
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(op, "attention_backward", spy)
+    return seen
+
+
+def test_custom_op_road_takes_the_fused_backward(backward_modes):
     """The custom ops carry `deterministic` to the backward: both roads compute the same
     gradients (the interpreter runs atomics in program order, so bitwise; natively within a bound)."""
-    case = Case((5, 9), seqlens_k=(7, 9), padded_q=(8, 9), tail_q=2, heads=2, kv_heads=1, head_dim=16, causal=True, fill=Fill.NAN)
-    batch = pack(case)
+    batch = pack(OP_CASE)
     d_out = nan_on_padding(batch)
     eager = probe(varlen_attention, batch, grad_out=d_out, reference=False, deterministic=False).tensors
     with _Recorder():
         op = probe(varlen_attention, batch, grad_out=d_out, reference=False, deterministic=False).tensors
+    assert backward_modes == [False, False]
     for name in ("out", "dq", "dk", "dv"):
         torch.testing.assert_close(op[name], eager[name], rtol=0, atol=1e-6)
+
+
+def test_torch_compile_fullgraph_takes_the_fused_backward(backward_modes):
+    """The custom ops' schema and fake implementations carry `deterministic` through dynamo and
+    AOTAutograd (aot_eager: everything the op itself owns)."""
+    batch = pack(OP_CASE)
+    metadata = (batch.cu_seqlens_q, batch.cu_seqlens_k)
+    padded = {"cu_seqlens_q_padded": batch.cu_seqlens_q_padded, "cu_seqlens_k_padded": batch.cu_seqlens_k_padded}
+
+    def loss(q, k, v):
+        out = varlen_attention(q, k, v, *metadata, 9, 9, **padded, causal=True, validate=False, deterministic=False)
+        return out.square().sum()
+
+    leaves = (batch.q, batch.k, batch.v)
+    eager = torch.autograd.grad(loss(*leaves), leaves)
+    torch._dynamo.reset()
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    assert backward_modes == [False, False]
+    for got, expected in zip(compiled, eager):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 
 def test_deterministic_must_be_a_bool():
