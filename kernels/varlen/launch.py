@@ -96,15 +96,19 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     },
 }
 
-# dK/dV with dQ fused (deterministic=False) holds a (BLOCK_M, D) fp32 dQ term more per step. At
-# bf16 head dim 128 that spills dK/dV's 32x64 w4 (32-160 bytes) and 64x64 w8 s3 (52-140 with a
-# mask), so 8 warps and fewer stages there; 64x64 w8 s2 spills 32 bytes only with a left bound
-# (dropped there). Other rows keep dK/dV's tiles: at bf16 head dim 64 only 64x64 w4 spills (88
-# bytes, with a left bound); at 512 bytes both spill (40-440 bytes), as dK/dV's own do with GQA
-# at head dim 128 (the tuner then times them all). (`python -m kernels.varlen.tiles`, sm_90.)
+# dK/dV with dQ fused (deterministic=False) holds a (BLOCK_M, D) fp32 dQ term more per step, so
+# wide rows want more warps or smaller tiles than dK/dV's (sm_90 compiles, `python -m
+# kernels.varlen.tiles`). Bf16 head dim 128: dK/dV's 32x64 w4 spills 32-160 bytes, 64x64 w8 s3
+# 52-140 with a mask; 64x64 w8 s2 spills 32 only with a left bound (dropped there). Bf16 head
+# dim 256: dK/dV's both spill (40-440 bytes), these do not. Float32 head dim 256: 16x32 w4 s1
+# spills 6.6 KB with a mask; these spill 64-76 bytes with a mask only (all are timed there, as
+# for GQA dK/dV at head dim 128). At 128-byte rows dK/dV's tiles serve (64x64 w4 spills 88
+# bytes with a left bound only).
 NATIVE_TILES["dkdv_fused"] = {
     **NATIVE_TILES["dkdv"],
     256: (Tile(32, 128, 8, 3), Tile(64, 64, 8, 2), Tile(32, 64, 8, 3), Tile(16, 128, 8, 3)),
+    512: (Tile(16, 32, 8, 2), Tile(16, 16, 4, 2)),
+    1024: (Tile(16, 32, 8, 1), Tile(16, 16, 8, 1)),
 }
 
 
