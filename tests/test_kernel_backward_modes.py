@@ -77,7 +77,8 @@ def backward_modes(monkeypatch) -> list[bool]:
 
 def test_custom_op_road_takes_the_fused_backward(backward_modes):
     """The custom ops carry `deterministic` to the backward: both roads compute the same
-    gradients (the interpreter runs atomics in program order, so bitwise; natively within a bound)."""
+    gradients (bitwise under the interpreter, which runs atomics in program order; natively up to
+    float32 rounding)."""
     batch = pack(OP_CASE)
     d_out = nan_on_padding(batch)
     eager = probe(varlen_attention, batch, grad_out=d_out, reference=False, deterministic=False).tensors
@@ -85,7 +86,7 @@ def test_custom_op_road_takes_the_fused_backward(backward_modes):
         op = probe(varlen_attention, batch, grad_out=d_out, reference=False, deterministic=False).tensors
     assert backward_modes == [False, False]
     for name in ("out", "dq", "dk", "dv"):
-        torch.testing.assert_close(op[name], eager[name], rtol=0, atol=1e-6)
+        torch.testing.assert_close(op[name], eager[name])
 
 
 def test_torch_compile_fullgraph_takes_the_fused_backward(backward_modes):
@@ -105,7 +106,7 @@ def test_torch_compile_fullgraph_takes_the_fused_backward(backward_modes):
     compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
     assert backward_modes == [False, False]
     for got, expected in zip(compiled, eager):
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got, expected)
 
 
 def test_deterministic_must_be_a_bool():
