@@ -158,9 +158,9 @@ class _VarlenAttention(torch.autograd.Function):
         if d_out is None:  # only lse was used
             d_out = torch.zeros_like(out)
         dq, dk, dv = attention_backward(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
-        if (
-            ctx.check is not None
-        ):  # the forward's device check, not read yet: read it (after the launches) before any gradient leaves
+        # The forward's device check, if it was left unread: read after the launches (the GPU
+        # keeps working), before any gradient leaves.
+        if ctx.check is not None:
             ctx.check.raise_if_failed(_BACKWARD)
         return None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
 
