@@ -8,15 +8,24 @@ valid layouts, and on random boundary vectors.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+import kernels.varlen
 import kernels.varlen.op as op
 from kernels import default_device
 from kernels.contract import check_cu_seqlens
-from kernels.varlen.device_check import check_on_device
+from kernels.varlen.device_check import PendingChecks, check_on_device
 from workbench.malformed import CATALOGUE, base_args, split_call
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -113,3 +122,144 @@ def test_validation_inside_a_cuda_graph_capture_is_a_clear_error(monkeypatch):
     positional, keywords = split_call(base_args(device=default_device()))
     with pytest.raises(ValueError, match="a CUDA graph capture allows no wait; pass validate=False"):
         op.varlen_attention(*positional, **keywords)
+
+
+# -- when a failure surfaces: deferred to the backward where one will run ----------------------
+
+
+class HeldEvent:
+    """Stands for the CUDA event behind a check, on the CPU: `query()` is False until the test
+    lets the check finish or something waits for it (`waits` counts the waits)."""
+
+    def __init__(self) -> None:
+        self.finished, self.waits = False, 0
+
+    def query(self) -> bool:
+        return self.finished
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        self.finished = True
+
+
+@pytest.fixture
+def held(device_path, monkeypatch):
+    """The device path with every check still running on the device until released: the
+    events of the checks launched, in order."""
+    events: list[HeldEvent] = []
+
+    def launch(*args):
+        safe, check = check_on_device(*args)
+        check.copied = events.append(HeldEvent()) or events[-1]
+        return safe, check
+
+    monkeypatch.setattr(op, "check_on_device", launch)
+    monkeypatch.setattr(op, "_PENDING", PendingChecks())
+    op._VALIDATED.refs = ()
+    return events
+
+
+def _call(args: dict, **extra):
+    positional, keywords = split_call(args)
+    return op.varlen_attention(*positional, **keywords, **extra)
+
+
+def _malformed(requires_grad: bool) -> dict:
+    """A call whose padded q layout ends past q's rows (the host check's message names it)."""
+    args = base_args(device=default_device())
+    args["cu_seqlens_q_padded"] = args["cu_seqlens_q_padded"].clone()
+    args["cu_seqlens_q_padded"][-1] = 10**6
+    for name in "qkv":
+        args[name].requires_grad_(requires_grad)
+    return args
+
+
+def _host_message(args: dict) -> str:
+    q, k, q_padded, k_padded = (args[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded"))
+    totals = {"total_q": args["q"].shape[0], "total_k": args["k"].shape[0]}
+    with pytest.raises(ValueError) as error:
+        check_cu_seqlens(q, k, 4, 4, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, **totals)
+    return str(error.value)
+
+
+def test_a_well_formed_differentiated_call_waits_only_in_its_backward(held):
+    args = base_args(device=default_device())
+    for name in "qkv":
+        args[name].requires_grad_(True)
+    out = _call(args)
+    assert len(held) == 1 and held[0].waits == 0  # forward returned without waiting for the check
+    out.backward(torch.ones_like(out))
+    assert held[0].waits == 1
+    expected = [t.detach().clone().requires_grad_(True) for t in (args["q"], args["k"], args["v"])]
+    reference = _call({**args, **dict(zip("qkv", expected))}, validate=False)
+    reference.backward(torch.ones_like(reference))
+    assert torch.equal(out, reference)
+    assert all(torch.equal(args[n].grad, e.grad) for n, e in zip("qkv", expected))
+
+
+def test_the_backward_raises_before_returning_a_gradient(held):
+    args = _malformed(requires_grad=True)
+    out = _call(args)  # no wait, no error yet: the output is the safe copy's (all padding)
+    assert held[0].waits == 0 and int(torch.count_nonzero(out)) == 0
+    with pytest.raises(ValueError) as error:
+        out.backward(torch.ones_like(out))
+    assert str(error.value) == op._BACKWARD + _host_message(args)
+    assert all(args[n].grad is None for n in "qkv")
+    op.raise_pending()  # reported once: not again as an earlier call's
+
+
+def test_a_later_call_raises_once_the_device_has_run_the_check(held):
+    args = _malformed(requires_grad=True)
+    message = _host_message(args)
+    _call(args)
+    args["cu_seqlens_q_padded"].copy_(base_args()["cu_seqlens_q_padded"])  # fixed in place: the error keeps what was checked
+    good = base_args(device=default_device())
+    for name in "qkv":
+        good[name].requires_grad_(True)
+    _call(good)  # the check still runs on the device: the call does not wait for it
+    assert [e.waits for e in held] == [0, 0]
+    held[0].finished = True
+    with pytest.raises(ValueError) as error:
+        _call(good)
+    assert str(error.value) == PendingChecks.EARLIER + message
+    _call(good)  # reported once
+
+
+def test_raise_pending_waits_and_raises(held):
+    args = _malformed(requires_grad=True)
+    _call(args)
+    with pytest.raises(ValueError) as error:
+        kernels.varlen.raise_pending()
+    assert held[0].waits == 1 and str(error.value) == PendingChecks.EARLIER + _host_message(args)
+    kernels.varlen.raise_pending()  # nothing left
+
+
+@pytest.mark.parametrize("grad", ["no_grad", "inputs_without_grad"])
+def test_a_call_no_backward_follows_raises_at_once(held, grad):
+    args = _malformed(requires_grad=grad == "no_grad")
+    with torch.no_grad() if grad == "no_grad" else contextlib.nullcontext():
+        with pytest.raises(ValueError) as error:
+            _call(args)
+    assert held[0].waits == 1 and str(error.value) == _host_message(args)
+
+
+def test_the_layers_of_a_step_share_one_pending_check(held):
+    """The same metadata again, its check still running: the same safe copy and check, no new launch."""
+    args = _malformed(requires_grad=True)
+    outs = [_call(args) for _ in range(3)]
+    assert len(held) == 1 and held[0].waits == 0
+    with pytest.raises(ValueError, match="its check ran on the device, read here"):
+        sum(o.sum() for o in outs).backward()
+    _call(args)  # a failed check is never reused: checked again
+    assert len(held) == 2
+    with pytest.raises(ValueError, match="an earlier varlen_attention call"):
+        op.raise_pending()
+
+
+@pytest.mark.slow
+def test_the_cost_benchmark_runs_every_variant():
+    """`python -m benchmarks.validate_cost --quick`: each variant once on a tiny layout (the GPU times them)."""
+    command = [sys.executable, "-m", "benchmarks.validate_cost", "--quick"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"WORKBENCH_DEVICE": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("ran (not timed)") == 4, done.stdout

@@ -5,18 +5,23 @@ device->host copy that first waits for all the work queued before it, and leaves
 while the host then checks and launches. Here one small kernel checks the values where they
 live and writes a *safe copy* of them: the boundaries themselves when they pass, all zeros
 when any check fails (every row is then padding: the attention kernels read no row and write
-zeros and -inf, never outside the tensors). The kernels are launched on the safe copy; only
-then does the host wait, for the check alone (the attention kernels stay queued behind it, so
-the GPU keeps working while the host goes on), and read one flag. A failed check reruns the
-host check, which raises the message a CPU call gets, before `varlen_attention` returns: no
-result of a malformed call ever reaches the caller.
+zeros and -inf, never outside the tensors), and a snapshot of the values as they were, for the
+error message. The kernels are launched on the safe copy. Reading the check's flag waits for
+the check, and so for all the work queued before it: `varlen_attention` reads it at once only
+where nothing else would (no gradient will flow); a call whose output will be differentiated
+leaves its check in `PendingChecks`, resolved without a wait by a later call once the device
+has run it, and at the latest in the call's backward, before any gradient is returned.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
+
+from kernels.contract import check_cu_seqlens
 
 CHUNK = 1024  # boundaries per step of the check's loops
 
@@ -56,7 +61,7 @@ def check_metadata_kernel(
     CHUNK: tl.constexpr,
 ):
     """One program: Errors[0] = how many checks fail; Safe[0..3] = the four vectors, or zeros
-    if any check fails."""
+    if any check fails; Safe[4..7] = the four vectors as they are now (for the error message)."""
     errors = _side_errors(CuQ, CuQPadded, n_seqs, total_q, max_q, CHUNK)
     errors += _side_errors(CuK, CuKPadded, n_seqs, total_k, max_k, CHUNK)
     keep = errors == 0
@@ -67,15 +72,27 @@ def check_metadata_kernel(
         tl.store(Safe + stride_safe + i, tl.where(keep, tl.load(CuK + i, mask=ok, other=0), 0), mask=ok)
         tl.store(Safe + 2 * stride_safe + i, tl.where(keep, tl.load(CuQPadded + i, mask=ok, other=0), 0), mask=ok)
         tl.store(Safe + 3 * stride_safe + i, tl.where(keep, tl.load(CuKPadded + i, mask=ok, other=0), 0), mask=ok)
+        tl.store(Safe + 4 * stride_safe + i, tl.load(CuQ + i, mask=ok, other=0), mask=ok)
+        tl.store(Safe + 5 * stride_safe + i, tl.load(CuK + i, mask=ok, other=0), mask=ok)
+        tl.store(Safe + 6 * stride_safe + i, tl.load(CuQPadded + i, mask=ok, other=0), mask=ok)
+        tl.store(Safe + 7 * stride_safe + i, tl.load(CuKPadded + i, mask=ok, other=0), mask=ok)
     tl.store(Errors, errors)
 
 
 class DeviceCheck:
     """The outcome of one check, readable once the device has run it: on CUDA its count is
-    copied into pinned host memory behind the check and an event marks the copy, so `failed()`
-    waits for the check only, not for the work queued after it."""
+    copied into pinned host memory behind the check and an event marks the copy. `done()` asks
+    without waiting; `failed()` waits, for the check and all the work queued before it.
 
-    def __init__(self, errors: torch.Tensor) -> None:
+    `snapshot` holds the boundary vectors as the check saw them (None for an absent padded
+    one), `limits` the call's (total_q, total_k, max_seqlen_q, max_seqlen_k): a failure is
+    explained by the host check of those values, whatever the tensors hold by the time it
+    surfaces."""
+
+    def __init__(self, errors: torch.Tensor, snapshot: Sequence[torch.Tensor | None], limits: Sequence[int]) -> None:
+        self.snapshot, self.limits = tuple(snapshot), tuple(limits)
+        self.outcome: bool | None = None  # failed or not, once read
+        self.reported = False  # its error was raised once: PendingChecks raises it no more
         if errors.is_cuda:
             self.errors = torch.empty(1, dtype=torch.int32, pin_memory=True)
             self.errors.copy_(errors, non_blocking=True)
@@ -84,10 +101,72 @@ class DeviceCheck:
         else:  # the interpreter ran the check before returning
             self.errors, self.copied = errors, None
 
+    def done(self) -> bool:
+        """Whether the device has run the check (never waits)."""
+        return self.outcome is not None or self.copied is None or self.copied.query()
+
     def failed(self) -> bool:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return bool(self.errors.item())
+        if self.outcome is None:
+            if self.copied is not None:
+                self.copied.synchronize()
+            self.outcome = bool(self.errors.item())
+        return self.outcome
+
+    def raise_if_failed(self, when: str = "") -> None:
+        """Waits for the check; if it failed, raises the host check's error for the checked
+        values, after `when` (which says which call it was, where it is not the current one)."""
+        if not self.failed():
+            return
+        self.reported = True
+        q, k, q_padded, k_padded = self.snapshot
+        total_q, total_k, max_q, max_k = self.limits
+        try:
+            check_cu_seqlens(
+                q, k, max_q, max_k, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, total_q=total_q, total_k=total_k
+            )
+        except (TypeError, ValueError) as error:
+            if not when:
+                raise
+            raise type(error)(f"{when}{error}") from None
+        raise AssertionError(
+            "the device check of the metadata failed where the host check passes: a bug of kernels.varlen.device_check"
+        )
+
+
+class PendingChecks:
+    """The device checks of calls that did not wait for theirs (their output will be
+    differentiated: the backward resolves them). `raise_finished` surfaces a failure the device
+    has already reported, without waiting; `raise_all` waits for every pending check."""
+
+    EARLIER = "an earlier varlen_attention call (its check ran on the device and was read later) had malformed metadata: "
+
+    def __init__(self) -> None:
+        self.checks: list[DeviceCheck] = []
+
+    def add(self, check: DeviceCheck) -> None:
+        if all(c is not check for c in self.checks):
+            self.checks.append(check)
+
+    def raise_finished(self) -> None:
+        for check in [c for c in self.checks if c.done()]:
+            self.checks.remove(check)
+            if not check.reported:
+                check.raise_if_failed(self.EARLIER)
+
+    def raise_all(self) -> None:
+        while self.checks:
+            check = self.checks.pop(0)
+            if not check.reported:
+                check.raise_if_failed(self.EARLIER)
+
+
+def _bounded(limit) -> int:
+    """A max_seqlen as a kernel argument: past int64's range any bound is as good as 2**62 (or -1)."""
+    return max(min(int(limit), 1 << 62), -1)
+
+
+Vectors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+DeviceChecked = tuple[Vectors, DeviceCheck]  # the safe copies and the outcome of one check
 
 
 def check_on_device(
@@ -99,12 +178,12 @@ def check_on_device(
     total_k: int,
     max_seqlen_q: int,
     max_seqlen_k: int,
-) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], DeviceCheck]:
+) -> DeviceChecked:
     """Launches the check of the boundary values (the host check's value checks, the same
     rules); returns the safe copies of (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded,
     cu_seqlens_k_padded), absent padded vectors standing as the real ones, for the kernels to
     use in their place, and the check's outcome. The tensors' kinds, shapes and devices must
-    have passed `check_cu_seqlens_tensors`. No host sync."""
+    have passed `check_cu_seqlens_tensors`, the max_seqlens `check_max_seqlen`. No host sync."""
     vectors = (
         cu_seqlens_q,
         cu_seqlens_k,
@@ -114,10 +193,23 @@ def check_on_device(
     n_seqs = cu_seqlens_q.numel() - 1
     dtype = torch.int32 if all(v.dtype == torch.int32 for v in vectors) else torch.int64
     # rows padded to 32 bytes keep every safe vector 16-byte aligned, as Triton specializes on it
-    safe = torch.empty((4, (n_seqs + 4) // 4 * 4), dtype=dtype, device=cu_seqlens_q.device)
+    safe = torch.empty((8, (n_seqs + 4) // 4 * 4), dtype=dtype, device=cu_seqlens_q.device)
     errors = torch.empty(1, dtype=torch.int32, device=cu_seqlens_q.device)
     check_metadata_kernel[(1,)](
-        *vectors, safe, errors, n_seqs, total_q, total_k, max_seqlen_q, max_seqlen_k, safe.stride(0), CHUNK=CHUNK
+        *vectors,
+        safe,
+        errors,
+        n_seqs,
+        total_q,
+        total_k,
+        _bounded(max_seqlen_q),
+        _bounded(max_seqlen_k),
+        safe.stride(0),
+        CHUNK=CHUNK,
     )
-    q, k, q_padded, k_padded = (row[: n_seqs + 1] for row in safe)
-    return (q, k, q_padded, k_padded), DeviceCheck(errors)
+    q, k, q_padded, k_padded, *snapshot = (row[: n_seqs + 1] for row in safe)
+    for side, given in ((2, cu_seqlens_q_padded), (3, cu_seqlens_k_padded)):
+        if given is None:
+            snapshot[side] = None
+    limits = (total_q, total_k, max_seqlen_q, max_seqlen_k)
+    return (q, k, q_padded, k_padded), DeviceCheck(errors, snapshot, limits)

@@ -26,7 +26,7 @@ from kernels.contract import (
     check_varlen_tensors,
     check_window_size,
 )
-from kernels.varlen.device_check import check_on_device
+from kernels.varlen.device_check import DeviceChecked, PendingChecks, check_on_device
 from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
 from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
 
@@ -150,13 +150,12 @@ class _VarlenAttention(torch.autograd.Function):
     """The eager road: the launchers behind one autograd node (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask_and_mode):
+    def forward(ctx, check, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask_and_mode):
         *mask, deterministic = mask_and_mode
         out, lse, work = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, work, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        ctx.mask = mask
-        ctx.deterministic = deterministic
+        ctx.mask, ctx.check, ctx.deterministic = mask, check, deterministic
         return out, lse
 
     @staticmethod
@@ -165,12 +164,21 @@ class _VarlenAttention(torch.autograd.Function):
         if d_out is None:  # only lse was used
             d_out = torch.zeros_like(out)
         dq, dk, dv = attention_backward(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask, ctx.deterministic)
-        return dq, dk, dv, *([None] * (5 + len(ctx.mask)))
+        # The forward's device check, if it was left unread: read after the launches (the GPU
+        # keeps working), before any gradient leaves.
+        if ctx.check is not None:
+            ctx.check.raise_if_failed(_BACKWARD)
+        return None, dq, dk, dv, *([None] * (5 + len(ctx.mask)))
+
+
+_BACKWARD = "the backward of a varlen_attention call whose metadata is malformed (its check ran on the device, read here): "
 
 
 class _ValidatedMetadata:
-    """The last metadata that passed the host check, so that the layers of one step, which all
-    pass the same cu_seqlens tensors, pay for the check (a device->host copy and a sync) once.
+    """The last metadata that passed the host check or went through the device check, so that
+    the layers of one step, which all pass the same cu_seqlens tensors, pay for the check once.
+    A device check's safe copy and outcome are kept with it: a later call on the same metadata
+    runs on that copy and shares that outcome, read or pending (a failed one is never reused).
 
     It holds weak references: a tensor that is freed can never match, even if a new one gets
     its memory. A match needs the very same tensor objects, each with the version counter
@@ -182,6 +190,7 @@ class _ValidatedMetadata:
     def __init__(self) -> None:
         self.refs: tuple = ()
         self.key: tuple = ()
+        self.device: DeviceChecked | None = None  # the device check's safe copy and outcome; None after the host check
 
     @staticmethod
     def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
@@ -195,14 +204,25 @@ class _ValidatedMetadata:
             return False
         if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
             return False
+        if self.device is not None and self.device[1].done() and self.device[1].failed():
+            return False  # checked again, and raised, by the call
         return self.key == self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
 
-    def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> None:
+    def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale, device: DeviceChecked | None = None) -> None:
         self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
         self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
+        self.device = device
 
 
 _VALIDATED = _ValidatedMetadata()
+_PENDING = PendingChecks()
+
+
+def raise_pending() -> None:
+    """Waits for the device checks of earlier `varlen_attention` calls that have not been read
+    yet (calls whose output was to be differentiated, whose backward has not run), and raises
+    the first failure's error, naming it as an earlier call's. Returns if all passed."""
+    _PENDING.raise_all()
 
 
 def _capturing() -> bool:
@@ -262,11 +282,6 @@ def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
     return reason is None
 
 
-def _bounded(limit) -> int:
-    """A max_seqlen as a kernel argument: past int64's range any bound is as good as 2**62 (or -1)."""
-    return max(min(int(limit), 1 << 62), -1)
-
-
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -308,12 +323,20 @@ def varlen_attention(
             causal sliding window. Key blocks wholly outside the window are skipped.
         scale: softmax scale, 1/sqrt(D) by default.
         return_lse: return ``(out, lse)`` instead of ``out``.
-        validate: check the boundary values too (docs/contract.md, Validation); a malformed
-            call raises before it returns, on every device. Natively a kernel checks them on the
-            GPU and the host waits for that check only, not for the attention kernels queued
-            behind it; on the CPU, or traced, the host checks them before launching. Skipped
-            when the very same, unmodified metadata tensors passed it last, as in the layers of
-            one step. False keeps only the checks that need no wait on the device, for CUDA
+        validate: check the boundary values too (docs/contract.md, Validation). On the CPU,
+            or traced, the host checks them before launching: a malformed call raises at once.
+            Natively a kernel checks them on the GPU and the attention kernels run on its safe
+            copy (all padding if a check fails: zeros, nothing read out of bounds); reading its
+            verdict waits for all the work queued before it. So a call whose output will be
+            differentiated (grad enabled, q, k or v requiring grad; the Triton backend) returns
+            without waiting, and a malformed one raises at the first of: a later
+            ``varlen_attention`` call that finds the check done (it never waits),
+            ``kernels.varlen.raise_pending()``, and this call's backward, before it returns any
+            gradient. Until then its output is zeros, and a value read from it first (a loss
+            printed before ``backward``) is computed from them. Every other call waits for the
+            check and raises before it returns. Skipped when the very same, unmodified metadata
+            tensors were checked last, as in the layers of one step (which then share that
+            check). False keeps only the checks that need no wait on the device, for CUDA
             graphs and ``torch.compile(fullgraph=True)``.
 
         backend: which kernel computes the call. "triton": ours. "fa4": FlashAttention-4
@@ -362,6 +385,7 @@ def varlen_attention(
         >>> out.shape
         torch.Size([8, 2, 16])
     """
+    _PENDING.raise_finished()  # an earlier call's failed check the device has reported: no wait
     check_causal(causal)
     left, right = check_window_size(window_size)
     check_backend(backend)
@@ -369,8 +393,9 @@ def varlen_attention(
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     limits = (max_seqlen_q, max_seqlen_k)
     asked_to_validate = validate
-    if validate and _VALIDATED.holds(metadata, q, k, *limits, scale):
-        validate = False  # the same metadata, unchanged, passed the check: tensor checks only
+    reused = validate and _VALIDATED.holds(metadata, q, k, *limits, scale)
+    if reused:
+        validate = False  # the same metadata, unchanged, was checked: tensor checks only
     if validate and _capturing():
         raise ValueError(
             "validate=True checks the boundary values, which waits on the device, and a CUDA graph capture allows no "
@@ -410,25 +435,31 @@ def varlen_attention(
         cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
     )
     device_check = None
+    if reused and _VALIDATED.device is not None:  # the device check of these tensors: its safe copy, its outcome
+        kernel_metadata, device_check = _VALIDATED.device
     if on_device:  # the kernels run on the check's safe copy: all padding if the check fails
-        kernel_metadata, device_check = check_on_device(*metadata, q.shape[0], k.shape[0], *map(_bounded, limits))
+        checked = check_on_device(*metadata, q.shape[0], k.shape[0], *limits)
+        kernel_metadata, device_check = checked
+        _VALIDATED.remember(metadata, q, k, *limits, scale, checked)
     mask = (causal, check_scale(scale, q.shape[-1]), left, right)
+    backward_reads_check = False  # whether out's backward is ours and reads device_check
     if _runs_on_fa4(backend, q, k, v, metadata, return_lse, asked_to_validate):
         out, lse = fa4_attention(
             q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
         )
+    elif _eager():
+        out, lse = _VarlenAttention.apply(device_check, q, k, v, *kernel_metadata, *mask, deterministic)
+        backward_reads_check = out.grad_fn is not None
     else:
-        apply = _VarlenAttention.apply if _eager() else _forward_op
-        out, lse, *_ = apply(q, k, v, *kernel_metadata, *mask, deterministic)
-    if device_check is not None and device_check.failed():  # waits for the check, not for the kernels behind it
-        check_varlen_inputs(
-            q, k, v, *metadata[:2], *limits, cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_k_padded=cu_seqlens_k_padded
-        )
-        raise AssertionError(
-            "the device check of the metadata failed where the host check passes: a bug of kernels.varlen.device_check"
-        )
+        out, lse, _ = _forward_op(q, k, v, *kernel_metadata, *mask, deterministic)
     if device_check is not None:
-        _VALIDATED.remember(metadata, q, k, *limits, scale)
+        # Reading the check's flag waits for all the work queued before it. A call whose output
+        # will be differentiated leaves it to its backward (which reads it before returning any
+        # gradient), to later calls and to raise_pending; every other call reads it now.
+        if backward_reads_check and not device_check.done():
+            _PENDING.add(device_check)
+        else:
+            device_check.raise_if_failed()
     return (out, lse) if return_lse else out
 
 
