@@ -39,9 +39,8 @@ RECORD_COMMAND = "python -m workbench.bench --record data/gpu/bench-<gpu>.json"
 
 
 def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tuple[int, int] = (-1, -1)) -> None:
-    """Runs forward and both backwards (`deterministic` True and False) of a small batch of
-    `case`'s kernel class with candidate `index` of every kernel pinned: Triton compiles, and
-    caches on disk, what the tuner will time."""
+    """Runs forward+backward of a small batch of `case`'s kernel class with candidate `index`
+    of every kernel pinned: Triton compiles, and caches on disk, what the tuner will time."""
     from kernels import varlen_attention
     from kernels.varlen.launch import NATIVE_TILES, TUNER, candidate_tiles
 
@@ -51,9 +50,7 @@ def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tu
     # compiled specializations are the ones the timed process loads.
     small = case.with_(seqlens_q=(200, 56), seqlens_k=None, padded_q=None, padded_k=None, align=None, tail_q=0, tail_k=0)
     with TUNER.pinned(**{k: t[min(index, len(t) - 1)] for k, t in tiles.items()}):
-        for deterministic in (True, False):
-            batch = pack(small, device=device)
-            batch.call(varlen_attention, validate=False, window_size=window, deterministic=deterministic).sum().backward()
+        pack(small, device=device).call(varlen_attention, validate=False, window_size=window).sum().backward()
 
 
 def precompile(chosen: list[Workload], jobs: int) -> None:

@@ -1,6 +1,5 @@
-"""Triton kernels of the fixed varlen attention: forward, backward (dq with delta, then dk/dv;
-or, not deterministic, delta, then dk/dv adding dq with atomics), the work lists they share,
-and the fill of padding rows.
+"""Triton kernels of the fixed varlen attention: forward, backward (dq with delta, then dk/dv),
+the work lists they share, and the fill of padding rows.
 
 Work is split into (sequence, block) pairs: program `pid` of a launch owns block
 `pid - block_starts[seq]` of sequence `seq`, found by binary search of `block_starts` (the
@@ -641,17 +640,12 @@ def _dkdv_step(
     left,
     right,
     qk_scale,
-    DQAcc,
-    stride_dqt,
-    scale,
     MASKED: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
-    FUSED_DQ: tl.constexpr,
 ):
-    """One step of query rows for dK, dV; with FUSED_DQ also these rows' dQ terms from this key
-    block, added into the fp32 DQAcc (at the sequence's first row) with atomics."""
+    """One step of query rows for dK, dV."""
     row_ok = rows < len_q
     rows64 = rows.to(tl.int64)
     qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
@@ -666,14 +660,6 @@ def _dkdv_step(
     dpT = _dot(v, tl.trans(do), DOT_UPCAST)
     dsT = pT * (dpT - delta[None, :])
     dk = _dot(dsT.to(qT.dtype), tl.trans(qT), DOT_UPCAST, dk)
-    if FUSED_DQ:
-        if not MASKED:
-            # Keys past len_k (the ragged end of the block) read k = 0, but their pT = exp2(-lse2)
-            # may overflow to inf, and inf * 0 is NaN: select them out (MASKED did already).
-            dsT = tl.where((cols < len_k)[:, None], dsT, 0.0)
-        dq = _dot(tl.trans(dsT.to(k.dtype)), k, DOT_UPCAST) * scale
-        # Real rows only: padding rows of DQAcc stay the zeros they were allocated with.
-        tl.atomic_add(DQAcc + rows64[:, None] * stride_dqt + dims[None, :], dq, mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -702,16 +688,12 @@ def _dkdv_blocks(
     left,
     right,
     qk_scale,
-    DQAcc,
-    stride_dqt,
-    scale,
     MASKED: tl.constexpr,
     TWO_RANGES: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
-    FUSED_DQ: tl.constexpr,
 ):
     """dK, dV contributions of steps of BLOCK_M query rows of one head (Q, DO, Lse, Delta at the
     sequence's first row), walked as in _forward_blocks. MASKED applies the window; nothing
@@ -741,14 +723,10 @@ def _dkdv_blocks(
                 left,
                 right,
                 qk_scale,
-                DQAcc,
-                stride_dqt,
-                scale,
                 MASKED,
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
-                FUSED_DQ,
             )
     else:
         for row_start in range(first_lo, hi, BLOCK_M):
@@ -772,14 +750,10 @@ def _dkdv_blocks(
                 left,
                 right,
                 qk_scale,
-                DQAcc,
-                stride_dqt,
-                scale,
                 MASKED,
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
-                FUSED_DQ,
             )
     return dk, dv
 
@@ -794,7 +768,6 @@ def attention_backward_dkdv_kernel(
     Delta,
     DK,
     DV,
-    DQAcc,
     cu_q,
     cu_k,
     cu_q_padded,
@@ -818,8 +791,6 @@ def attention_backward_dkdv_kernel(
     stride_dkh,
     stride_dvt,
     stride_dvh,
-    stride_dqt,
-    stride_dqh,
     stride_lh,
     GROUP: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
@@ -828,7 +799,6 @@ def attention_backward_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
-    FUSED_DQ: tl.constexpr,
 ):
     """dK, dV of one block of BLOCK_N keys of one sequence and one kv head.
 
@@ -836,12 +806,6 @@ def attention_backward_dkdv_kernel(
     registers, so each dK/dV row is written once by one program: no atomics, no zeroed buffer.
     Tiles are kept transposed (keys x queries), as in Triton's fused-attention tutorial, so
     that P^T and dS^T feed the dots without a register transpose.
-
-    FUSED_DQ (the `deterministic=False` backward) also adds each step's dQ terms, dS @ K * scale,
-    into the zeroed fp32 DQAcc (T_q, H, D) with atomics, as FlashAttention 2-4 do: the dQ pass and
-    its recomputation of QK^T, P and dP are gone, but the order of the additions into a dQ row
-    varies run to run, so dQ does too, in its last bits. Delta must be written before this
-    launch (`attention_backward_delta_kernel`). Without FUSED_DQ, DQAcc is unread.
     """
     kv_head = tl.program_id(1)
     seq, block = _work_item(tl.program_id(0), block_starts, n_seqs, n_search_steps, REVERSE=False)
@@ -876,7 +840,6 @@ def attention_backward_dkdv_kernel(
         DO_seq = DOut + head * stride_doh + q_start * stride_dot
         Lse_seq = Lse + head * stride_lh + q_start
         Delta_seq = Delta + head * stride_lh + q_start
-        DQ_seq = DQAcc + head * stride_dqh + q_start * stride_dqt
         dk, dv = _dkdv_blocks(
             dk,
             dv,
@@ -901,16 +864,12 @@ def attention_backward_dkdv_kernel(
             window_left,
             window_right,
             qk_scale,
-            DQ_seq,
-            stride_dqt,
-            scale,
             MASKED=True,
             TWO_RANGES=WINDOW_LEFT and WINDOW_RIGHT,
             WINDOW_LEFT=WINDOW_LEFT,
             WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
-            FUSED_DQ=FUSED_DQ,
         )
         dk, dv = _dkdv_blocks(
             dk,
@@ -936,68 +895,18 @@ def attention_backward_dkdv_kernel(
             window_left,
             window_right,
             qk_scale,
-            DQ_seq,
-            stride_dqt,
-            scale,
             MASKED=False,
             TWO_RANGES=False,
             WINDOW_LEFT=WINDOW_LEFT,
             WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
-            FUSED_DQ=FUSED_DQ,
         )
 
     dk_ptrs = DK + kv_head * stride_dkh + (k_start + cols)[:, None] * stride_dkt + dims[None, :]
     dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims[None, :]
     tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
-
-
-@triton.jit
-def _delta(Out, DLse, Delta, do, lse_row0, q_start, rows, row_ok, stride_ot, dims, HAS_DLSE: tl.constexpr):
-    """delta = rowsum(dO * O) - dlse of `rows` of one head (dS = P * (dP - delta)), stored at
-    Delta + lse_row0 for the dK/dV pass, and returned. Without HAS_DLSE, DLse is unread."""
-    o = _load_rows(Out, q_start, rows, row_ok, stride_ot, dims)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLse + lse_row0 + rows, mask=row_ok, other=0.0)
-    tl.store(Delta + lse_row0 + rows, delta, mask=row_ok)
-    return delta
-
-
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
-def attention_backward_delta_kernel(
-    Out,
-    DOut,
-    DLse,
-    Delta,
-    cu_q,
-    cu_q_padded,
-    block_starts,
-    n_seqs,
-    n_search_steps,
-    stride_ot,
-    stride_oh,
-    stride_dot,
-    stride_doh,
-    stride_lh,
-    HAS_DLSE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    """Delta of one block of BLOCK_M query rows of one sequence and one head: the fused backward's
-    first pass (the two-pass backward's dQ kernel computes delta itself)."""
-    head = tl.program_id(1)
-    seq, block = _work_item(tl.program_id(0), block_starts, n_seqs, n_search_steps, REVERSE=False)
-    if seq == n_seqs:
-        return
-    q_start, len_q = _sequence(cu_q, cu_q_padded, seq)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < len_q
-    dims = tl.arange(0, HEAD_DIM)
-    do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
-    _delta(Out + head * stride_oh, DLse, Delta, do, head * stride_lh + q_start, q_start, rows, row_ok, stride_ot, dims, HAS_DLSE)
 
 
 @triton.jit
@@ -1188,7 +1097,11 @@ def attention_backward_dq_kernel(
     do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
     lse_row0 = head * stride_lh + q_start
     lse2 = _load_lse_log2(Lse + lse_row0, rows, row_ok)
-    delta = _delta(Out + head * stride_oh, DLse, Delta, do, lse_row0, q_start, rows, row_ok, stride_ot, dims, HAS_DLSE)
+    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_row0 + rows, mask=row_ok, other=0.0)
+    tl.store(Delta + lse_row0 + rows, delta, mask=row_ok)  # read by the dK/dV pass, launched next
     K += (head // GROUP) * stride_kh + k_start * stride_kt
     V += (head // GROUP) * stride_vh + k_start * stride_vt
 

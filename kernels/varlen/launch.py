@@ -7,15 +7,12 @@ relies on the allocator handing out zeros, and nothing pays for a full-buffer me
 Launches are few because each costs tens of microseconds of host time natively, which short
 documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
 attention, one fill of out and lse), a backward pass three (dQ, which also writes delta; dK/dV;
-one fill of dq, dk and dv), reusing the forward pass's work lists. The fused backward
-(`deterministic=False`) is delta; dK/dV adding dQ into a zeroed fp32 buffer; one fill of dk
-and dv; and dQ's cast to q's dtype.
+one fill of dq, dk and dv), reusing the forward pass's work lists.
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
 call of a shape class and keeps the fastest; the attention kernels write disjoint rows and
-never read what they write, so timing them on the caller's own tensors is harmless (the fused
-dK/dV launch re-zeroes its dQ accumulator before each run, timed or not).
+never read what they write, so timing them on the caller's own tensors is harmless.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from triton.runtime.errors import OutOfResources
 from kernels._compat import INTERPRETED
 from kernels.interpreter import dot_upcast_needed
 from kernels.varlen.attention_kernels import (
-    attention_backward_delta_kernel,
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
     attention_forward_kernel,
@@ -96,24 +92,9 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     },
 }
 
-# dK/dV with dQ fused (deterministic=False) holds a (BLOCK_M, D) fp32 dQ term more per step, so
-# wide rows want more warps or smaller tiles than dK/dV's (sm_90 compiles, `python -m
-# kernels.varlen.tiles`). Bf16 head dim 128: dK/dV's 32x64 w4 spills 32-160 bytes, 64x64 w8 s3
-# 52-140 with a mask; 64x64 w8 s2 spills 32 only with a left bound (dropped there). Bf16 head
-# dim 256: dK/dV's both spill (40-440 bytes), these do not. Float32 head dim 256: 16x32 w4 s1
-# spills 6.6 KB with a mask; these spill 64-76 bytes with a mask only (all are timed there, as
-# for GQA dK/dV at head dim 128). At 128-byte rows dK/dV's tiles serve (64x64 w4 spills 88
-# bytes with a left bound only).
-NATIVE_TILES["dkdv_fused"] = {
-    **NATIVE_TILES["dkdv"],
-    256: (Tile(32, 128, 8, 3), Tile(64, 64, 8, 2), Tile(32, 64, 8, 3), Tile(16, 128, 8, 3)),
-    512: (Tile(16, 32, 8, 2), Tile(16, 16, 4, 2)),
-    1024: (Tile(16, 32, 8, 1), Tile(16, 16, 8, 1)),
-}
-
 
 def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[Tile, ...]:
-    """The tiles `TUNER` may pick for `kernel` (a key of NATIVE_TILES), best guess first."""
+    """The tiles `TUNER` may pick for `kernel` ('forward', 'dkdv' or 'dq'), best guess first."""
     if INTERPRETED:
         return (INTERPRETER_TILE,)
     by_row_bytes = NATIVE_TILES[kernel]
@@ -149,7 +130,7 @@ class TileTuner:
 
     @contextlib.contextmanager
     def pinned(self, **tiles: Tile):
-        """Inside the block, `kernel=tile` (a key of NATIVE_TILES) bypasses timing: how the
+        """Inside the block, `kernel=tile` ('forward', 'dkdv', 'dq') bypasses timing: how the
         tests run every candidate tile, also under the interpreter."""
         unknown = set(tiles) - set(NATIVE_TILES)
         if unknown:
@@ -486,23 +467,18 @@ def attention_backward(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
-    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input.
-    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists.
-    `deterministic` False fuses dQ into the dK/dV pass with fp32 atomics (bits vary run to run)."""
+    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists."""
     window = Window.of(causal, window_left, window_right)
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, _ = k.shape
     group = heads // kv_heads
-    # Fused, dQ is summed in fp32 and cast at the end; its padding rows stay zeros (no atomic
-    # touches them), so they need no fill.
-    dq = torch.empty(q.shape, dtype=q.dtype if deterministic else torch.float32, device=q.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    delta = torch.empty_like(lse)  # written on REAL rows by the dQ (or delta) pass, read there by dK/dV
-    d_lse = None if d_lse is None else d_lse.contiguous()
+    delta = torch.empty_like(lse)  # written on REAL rows by the dQ pass, read there by dK/dV
     common = dict(GROUP=group, **window.constexprs(), HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1))
@@ -512,8 +488,6 @@ def attention_backward(
 
     def launch_dkdv(tile: Tile):
         starts, grid = keys.blocks(tile.block_n)
-        if not deterministic:
-            dq.zero_()  # every launch, timed ones too: the atomics add into it
         return attention_backward_dkdv_kernel[(grid, kv_heads)](
             q,
             k,
@@ -523,7 +497,6 @@ def attention_backward(
             delta,
             dk,
             dv,
-            dq,  # unread when deterministic
             *cu,
             starts,
             keys.n_seqs,
@@ -536,13 +509,10 @@ def attention_backward(
             dk.stride(1),
             dv.stride(0),
             dv.stride(1),
-            dq.stride(0),
-            dq.stride(1),
             lse.stride(0),
             BLOCK_M=tile.block_m,
             BLOCK_N=tile.block_n,
             **common,
-            FUSED_DQ=not deterministic,
             num_warps=tile.num_warps,
             num_stages=tile.num_stages,
         )
@@ -558,7 +528,7 @@ def attention_backward(
             out,
             d_out,
             lse,
-            delta if d_lse is None else d_lse,  # no d_lse: an unread pointer
+            delta if d_lse is None else d_lse.contiguous(),  # no d_lse: an unread pointer
             delta,
             dq,
             *cu,
@@ -583,63 +553,22 @@ def attention_backward(
             num_stages=tile.num_stages,
         )
 
-    # dQ (or delta) first: it writes delta, which the dK/dV pass reads.
-    if deterministic:
-        TUNER.launch(
-            _shape_class("dq", q, total_q, rows.n_seqs, window, group),
-            candidate_tiles("dq", head_dim, q.dtype),
-            launch_dq,
-            total_q * heads,
-        )
-    else:
-        _launch_delta(out, d_out, d_lse, delta, cu_seqlens_q, cu_seqlens_q_padded, rows)
-    dkdv = "dkdv" if deterministic else "dkdv_fused"
+    # dQ first: it writes delta, which the dK/dV pass reads.
     TUNER.launch(
-        _shape_class(dkdv, q, total_k, keys.n_seqs, window, group),
-        candidate_tiles(dkdv, head_dim, q.dtype),
+        _shape_class("dq", q, total_q, rows.n_seqs, window, group),
+        candidate_tiles("dq", head_dim, q.dtype),
+        launch_dq,
+        total_q * heads,
+    )
+    TUNER.launch(
+        _shape_class("dkdv", q, total_k, keys.n_seqs, window, group),
+        candidate_tiles("dkdv", head_dim, q.dtype),
         launch_dkdv,
         total_k * heads,
     )
-    padding_k = (cu_seqlens_k, cu_seqlens_k_padded)
     fill_padding_rows(
-        *([Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded)] if deterministic else []),
-        Padding(dk.view(total_k, kv_heads * head_dim), 0.0, *padding_k),
-        Padding(dv.view(total_k, kv_heads * head_dim), 0.0, *padding_k),
+        Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+        Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+        Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
     )
-    return (dq if deterministic else dq.to(q.dtype)), dk, dv
-
-
-DELTA_ROWS = 64  # query rows per program of the delta pass (one of BLOCK_SIZES: its work list exists)
-
-
-def _launch_delta(
-    out: torch.Tensor,
-    d_out: torch.Tensor,
-    d_lse: torch.Tensor | None,
-    delta: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_q_padded: torch.Tensor,
-    rows: WorkList,
-) -> None:
-    """delta = rowsum(dO * O) - d_lse on REAL rows: the fused backward's first pass."""
-    starts, grid = rows.blocks(DELTA_ROWS)
-    attention_backward_delta_kernel[(grid, out.shape[1])](
-        out,
-        d_out,
-        delta if d_lse is None else d_lse,  # no d_lse: an unread pointer
-        delta,
-        cu_seqlens_q,
-        cu_seqlens_q_padded,
-        starts,
-        rows.n_seqs,
-        rows.search_steps,
-        out.stride(0),
-        out.stride(1),
-        d_out.stride(0),
-        d_out.stride(1),
-        delta.stride(0),
-        HAS_DLSE=d_lse is not None,
-        BLOCK_M=DELTA_ROWS,
-        HEAD_DIM=out.shape[2],
-        num_warps=4,
-    )
+    return dq, dk, dv

@@ -47,9 +47,7 @@ def _forward_op(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
-    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # `deterministic` picks the backward (setup_context keeps it for _backward_op).
     return attention_forward(
         q,
         k,
@@ -90,7 +88,6 @@ def _backward_op(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
-    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return attention_backward(
         d_out,
@@ -109,7 +106,6 @@ def _backward_op(
         scale,
         window_left,
         window_right,
-        deterministic,
     )
 
 
@@ -119,14 +115,13 @@ def _backward_fake(d_out, d_lse, q, k, v, *rest):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *cu_seqlens, causal, scale, window_left, window_right, deterministic = inputs
+    q, k, v, *cu_seqlens, causal, scale, window_left, window_right = inputs
     out, lse, work = output
     ctx.mark_non_differentiable(work)
     # An unused output's gradient stays None: no zeros to allocate, and lse's is skipped in-kernel.
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, out, lse, work, *cu_seqlens)
     ctx.mask = (causal, scale, window_left, window_right)
-    ctx.deterministic = deterministic
 
 
 def _backward(ctx, d_out, d_lse, _d_work):
@@ -134,8 +129,8 @@ def _backward(ctx, d_out, d_lse, _d_work):
     q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
     if d_out is None:  # only lse was used
         d_out = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -150,12 +145,11 @@ class _VarlenAttention(torch.autograd.Function):
     """The eager road: the launchers behind one autograd node (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, check, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask_and_mode):
-        *mask, deterministic = mask_and_mode
+    def forward(ctx, check, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
         out, lse, work = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, work, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        ctx.mask, ctx.check, ctx.deterministic = mask, check, deterministic
+        ctx.mask, ctx.check = mask, check
         return out, lse
 
     @staticmethod
@@ -163,12 +157,12 @@ class _VarlenAttention(torch.autograd.Function):
         q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
         if d_out is None:  # only lse was used
             d_out = torch.zeros_like(out)
-        dq, dk, dv = attention_backward(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask, ctx.deterministic)
+        dq, dk, dv = attention_backward(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
         # The forward's device check, if it was left unread: read after the launches (the GPU
         # keeps working), before any gradient leaves.
         if ctx.check is not None:
             ctx.check.raise_if_failed(_BACKWARD)
-        return None, dq, dk, dv, *([None] * (5 + len(ctx.mask)))
+        return None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
 
 
 _BACKWARD = "the backward of a varlen_attention call whose metadata is malformed (its check ran on the device, read here): "
@@ -258,16 +252,6 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
-def check_deterministic(deterministic: object) -> bool:
-    if not isinstance(deterministic, bool):
-        raise TypeError(
-            f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}; pass deterministic=True "
-            "(the default: bitwise reproducible gradients) or deterministic=False (a faster backward whose gradients "
-            "vary in their last bits from run to run)."
-        )
-    return deterministic
-
-
 def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
     """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
     if backend == "triton":
@@ -299,7 +283,6 @@ def varlen_attention(
     return_lse: bool = False,
     validate: bool = True,
     backend: str = "triton",
-    deterministic: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Attention over packed variable-length sequences, keeping the padding contract (docs/contract.md).
 
@@ -353,15 +336,6 @@ def varlen_attention(
             gradient through lse (``return_lse=True`` while q, k or v require grad). Every
             other call (CPU, other GPUs, float32, other head dims, ``torch.compile``) runs
             on the Triton kernel.
-        deterministic: the Triton kernel's backward, as flash-attn's ``deterministic``. True
-            (the default): dQ has a pass of its own, and every gradient is bitwise the same
-            from run to run. False: dQ is summed inside the dK/dV pass with fp32 atomic adds
-            (as FlashAttention 2-4 do by default), which drops that pass and its recomputation
-            of the scores, probabilities and dP; the order of those additions varies, so dq
-            varies in its last bits from run to run (dk and dv do not). Everything else
-            is the same: error bounds, exact zeros on padding rows, padding never read. The
-            forward pass is the same either way. A call the FA4 backend runs takes FA4's own
-            backward, which this switch does not reach.
 
     Returns:
         out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
@@ -389,7 +363,6 @@ def varlen_attention(
     check_causal(causal)
     left, right = check_window_size(window_size)
     check_backend(backend)
-    check_deterministic(deterministic)
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     limits = (max_seqlen_q, max_seqlen_k)
     asked_to_validate = validate
@@ -448,10 +421,10 @@ def varlen_attention(
             q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
         )
     elif _eager():
-        out, lse = _VarlenAttention.apply(device_check, q, k, v, *kernel_metadata, *mask, deterministic)
+        out, lse = _VarlenAttention.apply(device_check, q, k, v, *kernel_metadata, *mask)
         backward_reads_check = out.grad_fn is not None
     else:
-        out, lse, _ = _forward_op(q, k, v, *kernel_metadata, *mask, deterministic)
+        out, lse, _ = _forward_op(q, k, v, *kernel_metadata, *mask)
     if device_check is not None:
         # Reading the check's flag waits for all the work queued before it. A call whose output
         # will be differentiated leaves it to its backward (which reads it before returning any

@@ -29,7 +29,7 @@ HOPPER = 90
 SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
 _TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-_FP32_POINTERS = {"Lse", "Delta", "DLse", "DQAcc"}
+_FP32_POINTERS = {"Lse", "Delta", "DLse"}
 _FLOATS = {"qk_scale", "scale"}
 
 
@@ -79,7 +79,6 @@ def compile_tile(
     fn = {
         "forward": tk.attention_forward_kernel,
         "dkdv": tk.attention_backward_dkdv_kernel,
-        "dkdv_fused": tk.attention_backward_dkdv_kernel,
         "dq": tk.attention_backward_dq_kernel,
     }[kernel]
     left, right = MASKS[mask]
@@ -92,7 +91,6 @@ def compile_tile(
         "HEAD_DIM": head_dim,
         "DOT_UPCAST": False,
         **({"HAS_DLSE": False} if kernel == "dq" else {}),
-        **({"FUSED_DQ": kernel == "dkdv_fused"} if kernel.startswith("dkdv") else {}),
         **(
             {
                 "DESCRIPTORS": config.descriptors,
@@ -136,7 +134,7 @@ def compile_tile(
 
 
 def resource_table(
-    head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER, kernels=tuple(NATIVE_TILES)
+    head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER, kernels=("forward", "dkdv", "dq")
 ) -> list[dict]:
     """compile_tile for every candidate of NATIVE_TILES at these head dims, under every mask."""
     if INTERPRETED:
@@ -167,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", type=int, default=HOPPER)
     parser.add_argument("--dtype", default="bfloat16", choices=[str(t).removeprefix("torch.") for t in _TRITON_TYPES])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--kernels", nargs="+", default=list(NATIVE_TILES), choices=list(NATIVE_TILES))
+    parser.add_argument("--kernels", nargs="+", default=["forward", "dkdv", "dq"])
     args = parser.parse_args(argv)
     rows = resource_table(tuple(args.head_dims), getattr(torch, args.dtype), args.arch, tuple(args.kernels))
     json.dump(rows, sys.stdout, indent=None)
