@@ -395,3 +395,23 @@ def test_speed_table_pairs_ours_with_the_peer_median_and_fastest_across_merged_r
         ("b", "2.000", "4.000", "0.50x (0.50x)"),
     )
     assert shown.header[1] == "peer f+b ms median (min)" and "NVIDIA H200" in str(shown.title)
+
+
+def test_validate_cost_log_reads_the_last_table_and_needs_provenance(tmp_path):
+    from workbench.bench_report import validate_cost_log
+
+    table = [
+        "cuda, torch x; ms per forward+backward, median (fastest) of 20 calls",
+        "workload            validate=False        True, same metadata   True, new metadata",
+        "8x2048 d128         2.000 (1.900) +0.0%   2.100 (1.900) +5.0%   2.200 (2.090) +10.0%",
+    ]
+    log = tmp_path / "validate.log"
+    log.write_text("\n".join(["# H200, commit abc, date: command", *table, "", *table]) + "\n")
+    read = validate_cost_log(log)
+    assert read.provenance == "H200, commit abc, date: command" and read.text == "\n".join(table)
+    costs = read.costs["8x2048 d128"]
+    assert costs["True, same metadata"] == pytest.approx((0.05, 0.0)) and costs["True, new metadata"] == pytest.approx((0.1, 0.1))
+    log.write_text("\n".join(table))
+    with pytest.raises(ValueError, match="provenance"):
+        validate_cost_log(log)
+    assert "8x2048 d128 causal" in validate_cost_log().costs  # the committed H200 log

@@ -8,9 +8,14 @@ import pytest
 from workbench.hopper_report import (
     CURRENT,
     FA4,
+    FUSED,
+    TWO_KERNELS,
     backward_gaps,
     format_backward_gaps,
+    fused_kernel_times,
+    fused_trials,
     hopper_rows,
+    load_fused_trial,
     load_hopper,
     refusals,
     speedups,
@@ -119,3 +124,54 @@ def test_committed_record_agrees_with_the_ratios_the_benchmark_stored():
                 assert 1 / value == pytest.approx(stored[(workload, variant)][f"{what} / FA4"], abs=6e-4)
     assert checked >= 2 * 4 * 3, "every timed variant on every workload"
     assert set(backward_gaps(rows)) == {r.workload for r in rows}, "FA4 ran on every workload"
+
+
+def _mode_row(workload, impl, backward, forward=0.5):
+    return {
+        "workload": workload,
+        "impl": impl,
+        "error": None,
+        "forward_ms": forward,
+        "forward_min_ms": forward,
+        "forward_backward_ms": forward + backward,
+        "forward_backward_min_ms": forward + backward * 0.95,
+        "backward_ms": backward,
+        "backward_min_ms": backward * 0.95,
+    }
+
+
+def _tile(kernel, ms):
+    return {
+        "kernel": kernel,
+        "head_dim": 128,
+        "causal": True,
+        "group": 1,
+        "rows_per_seq_log2": 11,
+        "timings_ms": {"a": ms, "b": ms * 2},
+    }
+
+
+def test_fused_trial_reads_each_workloads_backward_both_ways():
+    record = {
+        "checks": {"w1": "ok", "w2": "ok"},
+        "rows": [
+            _mode_row("w1", TWO_KERNELS, 2.0),
+            _mode_row("w1", FUSED, 2.5),
+            _mode_row("w1", FA4, 1.0),
+            _mode_row("w2", TWO_KERNELS, 1.0),
+            _mode_row("w2", FUSED, 0.8),
+        ],
+        "tiles": [_tile("dkdv", 1.0), _tile("dq", 0.5), _tile("dkdv_fused", 1.8), _tile("forward", 0.3)],
+    }
+    trials = {t.workload: t for t in fused_trials(record)}
+    assert trials["w1"].speedup == pytest.approx(0.8) and trials["w1"].fa4 == (1.0, 0.95)
+    assert trials["w2"].speedup == pytest.approx(1.25) and trials["w2"].fa4 is None
+    assert fused_kernel_times(record) == [("d128 causal, ~2^11 rows/seq", 1.0, 1.5, 1.8)]
+    del record["rows"][1]
+    with pytest.raises(ValueError, match="w1: the record lacks a timed"):
+        fused_trials(record)
+
+
+def test_committed_fused_trial_is_slower_than_the_shipped_backward():
+    trials = fused_trials(load_fused_trial())
+    assert trials and all(t.check == "ok" and t.speedup < 1 for t in trials)

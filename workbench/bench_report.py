@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,35 @@ def fa4_wrapper_log(path: Path = GPU_DATA / "logs" / "fa4-wrapper-h200.log") -> 
     start = next(i for i, line in enumerate(lines) if line.startswith("workload"))
     ratios = {line[:26].strip(): float(line.split()[-1]) for line in lines[start + 1 :]}
     return WrapperLog("\n".join(lines), ratios)
+
+
+@dataclass(frozen=True)
+class ValidateCostLog:
+    """What `python -m benchmarks.validate_cost` printed on the GPU: its provenance line, its last
+    table, and per workload and variant the (median, fastest) ratio to validate=False, minus 1."""
+
+    provenance: str
+    text: str
+    costs: dict[str, dict[str, tuple[float, float]]]
+
+
+def validate_cost_log(path: Path = GPU_DATA / "logs" / "validate-cost-h200.log") -> ValidateCostLog:
+    """The committed log of `benchmarks/validate_cost.py`: a '# ' provenance line, then its table."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no log of `python -m benchmarks.validate_cost`; run it on a GPU")
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError(f"{path}: the first line must be '# ' and the run's provenance (GPU, commit, date, command)")
+    start = max(i for i, line in enumerate(lines) if line.startswith("workload")) - 1  # the last table, its title line
+    table = [line for line in lines[start:] if line.strip()]
+    variants = [v.strip() for v in table[1][len("workload") :].split("  ") if v.strip()]
+    costs: dict[str, dict[str, tuple[float, float]]] = {}
+    for line in table[2:]:
+        cells = re.findall(r"([\d.]+) \(([\d.]+)\)", line)
+        name = line[: line.index(cells[0][0])].strip()
+        medians, fastest = [float(m) for m, _ in cells], [float(f) for _, f in cells]
+        costs[name] = {v: (m / medians[0] - 1, f / fastest[0] - 1) for v, m, f in zip(variants, medians, fastest)}
+    return ValidateCostLog(lines[0][2:], "\n".join(table), costs)
 
 
 def targets(rows: list[Row]) -> list[Target]:

@@ -196,3 +196,63 @@ def format_backward_gaps(gaps: Mapping[str, BackwardGap]) -> str:
             f"{name:<44} {g.forward:>9.2f}x {g.backward:>9.2f}x {g.step:>9.2f}x {g.free_forward:>7.2f}x {g.backward_share:>9.0%}"
         )
     return "\n".join(lines)
+
+
+# The fused backward (dQ accumulated with fp32 atomic adds inside the dK/dV kernel, as
+# FlashAttention-2/3/4 do), tried as `deterministic=False` at commit 3a14037 and reverted: its
+# record stays, and the command runs at that commit.
+FUSED_COMMAND = "git checkout 3a14037 && python -m benchmarks.backward_modes --record data/gpu/backward-modes-h200.json"
+TWO_KERNELS, FUSED = "ours deterministic=True", "ours deterministic=False"
+
+
+@dataclass(frozen=True)
+class FusedTrial:
+    """One workload: the shipped two-kernel backward and the fused one, median (fastest) ms."""
+
+    workload: str
+    check: str  # the fused gradients against the two-kernel ones, checked before timing
+    two_kernels: tuple[float, float]
+    fused: tuple[float, float]
+    fa4: tuple[float, float] | None
+
+    @property
+    def speedup(self) -> float:
+        """The two-kernel backward's median over the fused one's (> 1: fused is faster)."""
+        return self.two_kernels[0] / self.fused[0]
+
+
+def load_fused_trial(path: Path = GPU_DATA / "backward-modes-h200.json") -> dict[str, Any]:
+    return read_record(path, how=FUSED_COMMAND)
+
+
+def fused_trials(record: Mapping[str, Any]) -> list[FusedTrial]:
+    """Per workload of the record, the backward alone (forward+backward minus forward) both ways."""
+    by = {(r["workload"], r["impl"]): r for r in record["rows"] if not r.get("error")}
+    found = []
+    for workload, check in record["checks"].items():
+        times = {
+            impl: (by[(workload, impl)]["backward_ms"], by[(workload, impl)]["backward_min_ms"])
+            for impl in (TWO_KERNELS, FUSED, FA4)
+            if (workload, impl) in by
+        }
+        if TWO_KERNELS not in times or FUSED not in times:
+            raise ValueError(f"{workload}: the record lacks a timed {TWO_KERNELS!r} or {FUSED!r} row; see `{FUSED_COMMAND}`")
+        found.append(FusedTrial(workload, check, times[TWO_KERNELS], times[FUSED], times.get(FA4)))
+    return found
+
+
+def fused_kernel_times(record: Mapping[str, Any]) -> list[tuple[str, float, float, float]]:
+    """Per shape class the tuner timed: (class, dK/dV kernel + dQ kernel, their sum, the fused kernel),
+    each the fastest candidate tile's time in ms, with the L2 flushed."""
+    best: dict[tuple, dict[str, float]] = {}
+    for t in record["tiles"]:
+        key = (t["head_dim"], t["causal"], t["group"], t["rows_per_seq_log2"])
+        best.setdefault(key, {})[t["kernel"]] = min(t["timings_ms"].values())
+    rows = []
+    for (head_dim, causal, group, rows_log2), kernels in best.items():
+        if {"dkdv", "dq", "dkdv_fused"} <= kernels.keys():
+            name = (
+                f"d{head_dim}{' causal' if causal else ''}{f' GQA group {group}' if group > 1 else ''}, ~2^{rows_log2} rows/seq"
+            )
+            rows.append((name, kernels["dkdv"], kernels["dkdv"] + kernels["dq"], kernels["dkdv_fused"]))
+    return rows
