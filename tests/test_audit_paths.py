@@ -232,3 +232,50 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
         assert misaligned == expected[case]
     (ptx,) = [r for r in results if "target" in r]
     assert ptx["tensormaps_built_in_kernel"] == 6 and ptx["tma_loads_1d"] == 1, ptx  # lse is the only 1-D load
+
+
+def test_the_fsa_script_replays_each_audit_checks_first_call_with_the_gpus_layout():
+    """--checks replays the call each audit check makes first on the H200 (its native layouts, not the
+    interpreter-sized ones), with the probe's keywords: the call whose error that check's cell records."""
+    script = _fsa_script()
+    function = script.FUNCTIONS[0]
+    _, determinism, kwargs = script.first_call("determinism", function)
+    assert (determinism.seqlens_q, determinism.heads, determinism.causal) == ((300, 1000, 77, 512), 8, True)
+    assert kwargs == {"reference": False}
+    _, scaled, kwargs = script.first_call("custom-scale", function)
+    assert scaled.seqlens_q == (5, 9) and kwargs == {"scale": 0.3}
+    _, empty, _ = script.first_call("empty-sequences", function)
+    assert (empty.seqlens_q, empty.tail_q, empty.head_dim, empty.dtype) == ((3, 0, 4, 0), 0, 64, "float16")
+    with pytest.raises(ValueError, match="no audit check 'no-such-check'"):
+        script.first_call("no-such-check", function)
+
+
+@pytest.mark.slow
+def test_fsa_empty_sequences_call_builds_descriptors_over_no_element_and_the_others_do_not(tmp_path):
+    """The empty-sequences call's forward stores the output of each empty sequence (2 sequences x 2
+    heads) through a descriptor of extent 0; the tail-rows call builds none. Both break the lse rule."""
+    if importlib.util.find_spec("flash_sparse_attn") is None:
+        pytest.skip("flash-sparse-attn is not installed")
+    out = tmp_path / "checks.json"
+    done = subprocess.run(
+        [sys.executable, str(FSA_SCRIPT), "--checks", "empty-sequences,tail-rows", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    assert [(r["function"], r["case"]) for r in results] == [
+        (function, f"check {check}") for function in _fsa_script().FUNCTIONS for check in ("empty-sequences", "tail-rows")
+    ]
+    for r in results:
+        assert r["stage"] == "done", r.get("error")
+        bad = [d for d in r["descriptors"] if "violation" in d]
+        assert [(d["kernel"], d["violation"]) for d in bad] == [("_bwd_preprocess_kernel", "base must be 16-byte aligned")]
+        forward_empty = [d for d in r["descriptors"] if d["kernel"].startswith("_fwd") and d.get("zero_extent")]
+        if r["case"] == "check tail-rows":
+            assert not any(d.get("zero_extent") for d in r["descriptors"])
+            continue
+        assert r["cu_seqlens_q"] == [0, 3, 3, 7, 7]
+        (out_descriptor,) = forward_empty
+        assert out_descriptor["zero_extent"] == out_descriptor["zero_extent_accesses"] == 4
