@@ -2,6 +2,7 @@
 
     python scripts/nested_sdpa_backend.py                  # CPU: the dispatch, with the device checks as on an H200
     python scripts/nested_sdpa_backend.py --device cuda    # GPU: the dispatch as it is, then each call and its error
+    python scripts/nested_sdpa_backend.py --device cuda --layouts fuzz-raises   # one batch (a fault loses the context)
 
 The H200 fuzzer's failing batches of the sdpa-nested row are causal and hold an empty sequence.
 torch's jagged SDPA (torch/nested/_internal/sdpa.py, `_select_sdp_backend`) tries flash, then
@@ -28,10 +29,10 @@ from torch.nested._internal import sdpa as jagged_sdpa
 
 HEADS, HEAD_DIM, DTYPE, TOLERANCE = 2, 64, torch.bfloat16, 6e-2  # bfloat16's bound, as the audit's snippet has it
 LAYOUTS = {
-    "fuzzer real-accuracy": (273, 0, 129, 82),  # the H200 fuzzer's failing batches, as drawn
-    "fuzzer raises": (63, 65, 0, 106, 230),
+    "fuzz-real-accuracy": (273, 0, 129, 82),  # the H200 fuzzer's failing batches, as drawn
+    "fuzz-raises": (63, 65, 0, 106, 230),
     "sanitizer": (37, 0, 100, 64),  # the batch compute-sanitizer watched (its GAP and TAIL rows do not reach SDPA)
-    "no empty sequence": (273, 1, 129, 82),  # control: the empty sequence holds one token
+    "one-token": (273, 1, 129, 82),  # control: the empty sequence holds one token
 }
 DEVICE_CHECKS = ("can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention")
 
@@ -100,13 +101,18 @@ def errors(lengths: tuple[int, ...], device: str, causal: bool = True) -> dict[s
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"which batches (default {','.join(LAYOUTS)})")
     args = parser.parse_args()
+    names = args.layouts.split(",")
+    if set(names) - set(LAYOUTS):
+        parser.error(f"--layouts: unknown {sorted(set(names) - set(LAYOUTS))}; choose from {list(LAYOUTS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("nested_sdpa_backend: --device cuda needs a CUDA device", file=sys.stderr)
         return 2
     logging.disable(logging.WARNING)  # the dispatch logs every backend it cannot use
     print(f"torch {torch.__version__}" + (f", cuDNN {torch.backends.cudnn.version()}" if args.device == "cuda" else ""))
-    for name, lengths in LAYOUTS.items():
+    for name in names:
+        lengths = LAYOUTS[name]
         picks = {causal: backend(lengths, causal, args.device) for causal in (True, False)}
         line = f"{name:<22} q=k={list(lengths)}: causal -> {picks[True]}, not causal -> {picks[False]}"
         if args.device == "cuda":
