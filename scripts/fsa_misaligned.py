@@ -2,6 +2,7 @@
 
     python scripts/fsa_misaligned.py [--ptx] [--fixed] [--json PATH]     # CPU: the Triton interpreter
     python scripts/fsa_misaligned.py --device cuda [--json PATH] [--sanitizer] [--no-autotune]
+    python scripts/fsa_misaligned.py --checks tail-rows,gqa,... [--json PATH]   # CPU: the audit checks' calls
 
 The H200 audit's first call of flash_sparse_attn's *_varlen_func (forward + backward) raised
 `Triton Error [CUDA]: misaligned address` at a module load (`_init_handles`): a sticky error
@@ -35,6 +36,11 @@ where (forward or backward, the library's source line) and, from the tensors the
 preprocess kernel receives, the address mod 16 of the lse descriptor each of its programs
 builds, and whether a synchronization right after that kernel (everything before it having
 finished) reports the fault. --sanitizer also runs the audit case under `compute-sanitizer --tool memcheck`.
+
+--checks (CPU) replays, instead of the cases above, the first call each named audit check makes of
+the `fsa-varlen` adapter in the H200 matrix (float16, head dim 64, the checks' native layouts; the
+H200 cell of each records that call's error, each check having run in a fresh process): the
+audit's own probe, forward and backward, under the interpreter, with the same recording.
 
 --ptx (either device) compiles the backward preprocess kernel for sm_90 with Triton's bundled
 compiler, no GPU needed, and counts its tensor-map (TMA) instructions: whether the lse
@@ -284,14 +290,25 @@ def prepare_interpreter():
             "site": site,
             "base_mod16": int(self.base.data.item()) % 16,
             "strides_bytes": [int(s.data.item()) * size for s in self.strides],
+            "shape": [int(s.data.item()) for s in self.shape],
+            "accesses": 0,
         }
         try:
             check(self)
         except AssertionError as exc:  # Triton's rule broken: recorded; the GPU would fault here
             record["violation"] = str(exc)
         DESCRIPTORS.append(record)
+        self.record = record
 
     interpreter.TensorDescHandle.validate = validate
+    materialize = interpreter.TensorDescHandle.materialize_pointers
+
+    def counted(self, offsets):  # every load or store through a descriptor
+        if hasattr(self, "record"):
+            self.record["accesses"] += 1
+        return materialize(self, offsets)
+
+    interpreter.TensorDescHandle.materialize_pointers = counted
 
     def create_descriptor_reduce(self, kind, desc, value, indices):
         # Interpreted programs run one at a time: load + add + store is the atomic add.
@@ -324,6 +341,9 @@ def summarize_descriptors(records: list[dict]) -> list[dict]:
         )
         row["programs"] += 1
         row["base_mod16"][str(r["base_mod16"])] = row["base_mod16"].get(str(r["base_mod16"]), 0) + 1
+        if 0 in r["shape"]:  # a descriptor over no element (a sequence of length 0), and what went through it
+            row["zero_extent"] = row.get("zero_extent", 0) + 1
+            row["zero_extent_accesses"] = row.get("zero_extent_accesses", 0) + r["accesses"]
         if "violation" in r:
             row["violation"] = r["violation"]
     return list(rows.values())
@@ -362,6 +382,62 @@ def one(fsa, function: str, case: str, device: str) -> dict:
     return found
 
 
+ADAPTER_FUNCTIONS = {"flash_dense_attn_varlen_func": "fsa_dense_varlen", "flash_sparse_attn_varlen_func": "fsa_sparse_varlen"}
+
+
+class _FirstCall(Exception):
+    """Raised by `first_call`'s context at the check's first probe: its case and keywords."""
+
+
+def first_call(check: str, function: str):
+    """The first call audit check `check` makes of `function` through the `fsa-varlen` adapter in
+    the H200 matrix: (the check's context, the case, the probe's keywords)."""
+    from workbench.audit import adapt
+    from workbench.audit.adapters import fsa as fsa_adapters
+    from workbench.audit.checks import CHECKS, Context
+
+    class AsOnTheGpu(Context):
+        native = True  # the check's layouts on CUDA, not its interpreter-sized ones
+
+        def probe(self, case, **kwargs):
+            raise _FirstCall(case, kwargs)
+
+    if check not in CHECKS:
+        raise ValueError(f"--checks: there is no audit check {check!r}; choose from {sorted(CHECKS)}")
+    ctx = AsOnTheGpu(adapt(getattr(fsa_adapters, ADAPTER_FUNCTIONS[function]), device="cpu"), "float16", head_dim=64)
+    try:
+        CHECKS[check].run(ctx)
+    except _FirstCall as call:
+        return ctx, *call.args
+    raise ValueError(f"audit check {check!r} makes no call of {function}")
+
+
+def one_check(fsa, function: str, check: str) -> dict:
+    """`first_call` run under the interpreter: where it stops, the lse bases, every descriptor."""
+    import torch
+
+    from workbench.audit.checks import Context
+
+    DESCRIPTORS.clear()
+    ctx, case, kwargs = first_call(check, function)
+    found: dict = {"function": function, "case": f"check {check}", "layout": case.label(), "probe_kwargs": kwargs}
+    cu_q = torch.tensor([0, *torch.tensor(case.real_lengths("q")).cumsum(0).tolist()])
+    found["cu_seqlens_q"], found["q_shape"] = cu_q.tolist(), [int(cu_q[-1]) + case.tail_q, case.heads, case.head_dim]
+    try:
+        Context.probe(ctx, case, reference=False, **{k: v for k, v in kwargs.items() if k != "reference"})
+        found["stage"] = "done"
+    except Exception as exc:  # what the interpreter itself refuses, beside the recorded descriptors
+        found["stage"] = "raised"
+        found["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if "flash_sparse_attn" in f.filename]
+        found["library_frames"] = [f"{f.filename.split('flash_sparse_attn/')[-1]}:{f.lineno} {f.name}" for f in frames[-3:]]
+    found["preprocess_lse_bases"] = list(LSE_BASES)
+    LSE_BASES.clear()
+    found["descriptors"] = summarize_descriptors(DESCRIPTORS)
+    found["device"] = "cpu (Triton interpreter)"
+    return found
+
+
 def calls(args) -> list[tuple[str, str]]:
     """(function, case) pairs: both varlen functions on each case, then (--fixed) the fixed-length ones."""
     pairs = [(function, case) for function in FUNCTIONS for case in args.cases]
@@ -371,6 +447,8 @@ def calls(args) -> list[tuple[str, str]]:
 def in_process(args) -> list[dict]:
     """CPU: every call in this process (the interpreter loses no context)."""
     fsa = load("cpu")
+    if args.checks:
+        return [one_check(fsa, function, check) for function in FUNCTIONS for check in args.checks]
     return [one(fsa, function, case, "cpu") for function, case in calls(args)]
 
 
@@ -524,7 +602,8 @@ def print_results(results: list[dict]) -> None:
             continue
         print(
             f"\n{r['function']} / {r['case']}: q {r.get('q_shape')}"
-            + (f", cu_seqlens_q {r.get('cu_seqlens_q')}" if r["case"] in CASES else "")
+            + (f" {r['layout']}" if "layout" in r else "")
+            + (f", cu_seqlens_q {r.get('cu_seqlens_q')}" if r["case"] in CASES or "layout" in r else "")
             + f": reached {r.get('stage', '?')}"
             + (f", raised {r['error']} at {r.get('library_frames')}" if "error" in r else "")
         )
@@ -539,6 +618,8 @@ def print_results(results: list[dict]) -> None:
             )
         for d in r.get("descriptors", []):
             flag = f"  VIOLATION: {d['violation']}" if "violation" in d else ""
+            if d.get("zero_extent"):
+                flag += f"  ZERO EXTENT: {d['zero_extent']} programs, {d['zero_extent_accesses']} loads/stores through them"
             print(f"  {d['kernel']:<24} {d['site']:<32} strides {d['strides_bytes']!s:<10} base mod 16 {d['base_mod16']}{flag}")
         if "max_abs_error_vs_float64" in r:
             print(
@@ -555,6 +636,7 @@ def main() -> int:
     parser.add_argument("--no-autotune", action="store_true", help="GPU: is_autotune=False (64 x 64 tiles, no autotuning sweep)")
     parser.add_argument("--timeout", type=int, default=240, help="GPU: seconds per process (default 240)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"which cases (default {','.join(CASES)})")
+    parser.add_argument("--checks", default="", help="CPU: replay the first call of these audit checks instead (comma-separated)")
     parser.add_argument("--fixed", action="store_true", help=f"also {FIXED_FUNCTION} at sequence lengths 7 and 8")
     parser.add_argument("--isolate", action="store_true", help="CPU: each call in its own process, as on the GPU")
     parser.add_argument("--ptx", action="store_true", help="also compile the preprocess kernel for sm_90, list its TMA ops")
@@ -562,6 +644,9 @@ def main() -> int:
     parser.add_argument("--one", nargs=2, metavar=("FUNCTION", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.cases = args.cases.split(",")
+    args.checks = [c for c in args.checks.split(",") if c]
+    if args.checks and (args.device != "cpu" or args.isolate):
+        parser.error("--checks runs on the CPU (on CUDA, `workbench audit --checks` is the replay)")
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:
         parser.error(f"--cases: unknown {unknown}; choose from {list(CASES)}")

@@ -141,11 +141,13 @@ def test_mask_adapters_carry_the_window_and_the_others_say_they_take_none():
 
 # -- flash-sparse-attn's misaligned address: the library's, not the adapter's ----------------------
 
-FSA_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fsa_misaligned.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+FSA_SCRIPT = SCRIPTS / "fsa_misaligned.py"
 
 
-def _fsa_script():
-    spec = importlib.util.spec_from_file_location("fsa_misaligned", FSA_SCRIPT)
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # defines functions only; nothing runs at import
     return module
@@ -167,7 +169,7 @@ def test_the_fsa_script_replays_the_first_call_the_gpu_audit_made():
     with observing_packs(stop), pytest.raises(Packed) as packed:
         CHECKS["real-accuracy"].run(ctx)
     case = packed.value.args[0]
-    script = _fsa_script()
+    script = _script("fsa_misaligned")
     lengths, tail_q, tail_k = script.CASES["audit"]
     assert (case.seqlens_q, case.seqlens_k, case.tail_q, case.tail_k) == (lengths, None, tail_q, tail_k)
     assert (case.heads, case.kv_heads, case.head_dim, case.dtype, case.causal) == (
@@ -232,3 +234,69 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
         assert misaligned == expected[case]
     (ptx,) = [r for r in results if "target" in r]
     assert ptx["tensormaps_built_in_kernel"] == 6 and ptx["tma_loads_1d"] == 1, ptx  # lse is the only 1-D load
+
+
+def test_the_fsa_script_replays_each_audit_checks_first_call_with_the_gpus_layout():
+    """--checks replays the call each audit check makes first on the H200 (its native layouts, not the
+    interpreter-sized ones), with the probe's keywords: the call whose error that check's cell records."""
+    script = _script("fsa_misaligned")
+    function = script.FUNCTIONS[0]
+    _, determinism, kwargs = script.first_call("determinism", function)
+    assert (determinism.seqlens_q, determinism.heads, determinism.causal) == ((300, 1000, 77, 512), 8, True)
+    assert kwargs == {"reference": False}
+    _, scaled, kwargs = script.first_call("custom-scale", function)
+    assert scaled.seqlens_q == (5, 9) and kwargs == {"scale": 0.3}
+    _, empty, _ = script.first_call("empty-sequences", function)
+    assert (empty.seqlens_q, empty.tail_q, empty.head_dim, empty.dtype) == ((3, 0, 4, 0), 0, 64, "float16")
+    with pytest.raises(ValueError, match="no audit check 'no-such-check'"):
+        script.first_call("no-such-check", function)
+
+
+@pytest.mark.slow
+def test_fsa_empty_sequences_call_builds_descriptors_over_no_element_and_the_others_do_not(tmp_path):
+    """The empty-sequences call's forward stores the output of each empty sequence (2 sequences x 2
+    heads) through a descriptor of extent 0; the tail-rows call builds none. Both break the lse rule."""
+    if importlib.util.find_spec("flash_sparse_attn") is None:
+        pytest.skip("flash-sparse-attn is not installed")
+    out = tmp_path / "checks.json"
+    done = subprocess.run(
+        [sys.executable, str(FSA_SCRIPT), "--checks", "empty-sequences,tail-rows", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    assert [(r["function"], r["case"]) for r in results] == [
+        (function, f"check {check}")
+        for function in _script("fsa_misaligned").FUNCTIONS
+        for check in ("empty-sequences", "tail-rows")
+    ]
+    for r in results:
+        assert r["stage"] == "done", r.get("error")
+        bad = [d for d in r["descriptors"] if "violation" in d]
+        assert [(d["kernel"], d["violation"]) for d in bad] == [("_bwd_preprocess_kernel", "base must be 16-byte aligned")]
+        forward_empty = [d for d in r["descriptors"] if d["kernel"].startswith("_fwd") and d.get("zero_extent")]
+        if r["case"] == "check tail-rows":
+            assert not any(d.get("zero_extent") for d in r["descriptors"])
+            continue
+        assert r["cu_seqlens_q"] == [0, 3, 3, 7, 7]
+        (out_descriptor,) = forward_empty
+        assert out_descriptor["zero_extent"] == out_descriptor["zero_extent_accesses"] == 4
+
+
+# -- sdpa-nested's fuzzer failures: where torch's jagged SDPA sends a causal batch with an empty sequence --
+
+
+def test_a_causal_nested_batch_with_an_empty_sequence_is_dispatched_to_cudnn():
+    """torch's jagged SDPA tries flash, memory-efficient, math, then cuDNN: the first two refuse a
+    sequence of length 0 and math refuses is_causal, so with the device checks passing (as on an
+    H200) cuDNN is left for every batch the H200 fuzzer failed on; one token instead of none: flash."""
+    script = _script("nested_sdpa_backend")
+    for lengths in script.LAYOUTS.values():
+        empty = 0 in lengths
+        assert script.backend(lengths, True, "cpu") == ("CUDNN_ATTENTION" if empty else "FLASH_ATTENTION"), lengths
+        assert script.backend(lengths, False, "cpu") == ("MATH" if empty else "FLASH_ATTENTION"), lengths
+    assert sum(0 in lengths for lengths in script.LAYOUTS.values()) == 3
+    # the script's own yardstick, where the CPU can run the call (math, not causal): within the bound
+    assert max(script.errors((5, 0, 7), "cpu", causal=False).values()) < 1
