@@ -20,7 +20,8 @@ handling and kernel cache lookup) cannot be stubbed the same way, so it is not h
 The layout: 8 sequences of 128 tokens, 16 heads of 128, bf16, inputs requiring grad, the
 gradients taken with `torch.autograd.grad` (nothing accumulates). "new metadata" alternates
 between two sets of boundary tensors, so every call checks its metadata again without paying
-for a clone. `--profile VARIANT` prints cProfile's top functions for one variant.
+for a clone. `--profile VARIANT` prints cProfile's top functions for one variant. Time on a shared machine moves with the other processes (the figure is the
+least of 15 runs); the count of function calls beside it does not.
 """
 
 from __future__ import annotations
@@ -176,14 +177,20 @@ def per_call_us(call: Callable[[], object], calls: int, repeats: int = 15) -> fl
     return min(times)
 
 
-def profile(call: Callable[[], object], calls: int, sort: str = "tottime", top: int = 40) -> None:
+def profiled(call: Callable[[], object], calls: int) -> pstats.Stats:
     call()
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
         call()
     profiler.disable()
-    pstats.Stats(profiler).sort_stats(sort).print_stats(top)
+    return pstats.Stats(profiler)
+
+
+def function_calls(call: Callable[[], object], calls: int = 20) -> float:
+    """Python and builtin function calls per call (torch's methods among them), as cProfile
+    counts them: a figure that, unlike time, contention from other processes cannot move."""
+    return profiled(call, calls).total_calls / calls  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,9 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     with stubbed(device) as stubs:
         if args.profile:
-            profile(variant_call(args.profile, device), args.calls)
+            profiled(variant_call(args.profile, device), args.calls).sort_stats("tottime").print_stats(40)
             return 0
-        print(f"device {device}, torch {torch.__version__}; host microseconds per forward+backward, kernels stubbed")
+        print(f"device {device}, torch {torch.__version__}; per forward+backward, kernels stubbed:")
+        print(f"{'variant':40s} {'host us':>8s} {'function calls':>15s}")
         for name in VARIANTS:
             calls = [0]
             step = variant_call(name, device)
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     call()
                 print(f"{name:40s} ran (not timed)")
             else:
-                print(f"{name:40s} {per_call_us(call, args.calls):8.1f}")
+                print(f"{name:40s} {per_call_us(call, args.calls):8.1f} {function_calls(call):15.0f}")
             check_stubs_ran(name, calls[0], {stub: counted(s) - before[stub] for stub, s in stubs.items()})
     return 0
 

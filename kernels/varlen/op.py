@@ -252,13 +252,13 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
-def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
+def _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, validate) -> bool:
     """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
     if backend == "triton":
         return False
     reason = (
         "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
-        if not _eager()
+        if not eager
         else unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate)
     )
     if reason and backend == "fa4":
@@ -415,12 +415,13 @@ def varlen_attention(
         kernel_metadata, device_check = checked
         _VALIDATED.remember(metadata, q, k, *limits, scale, checked)
     mask = (causal, check_scale(scale, q.shape[-1]), left, right)
+    eager = _eager()  # asked once: it reads torch.compile's state and the dispatch mode stack
     backward_reads_check = False  # whether out's backward is ours and reads device_check
-    if _runs_on_fa4(backend, q, k, v, metadata, return_lse, asked_to_validate):
+    if _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, asked_to_validate):
         out, lse = fa4_attention(
             q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
         )
-    elif _eager():
+    elif eager:
         out, lse = _VarlenAttention.apply(device_check, q, k, v, *kernel_metadata, *mask)
         backward_reads_check = out.grad_fn is not None
     else:
