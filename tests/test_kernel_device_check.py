@@ -23,6 +23,7 @@ import kernels.varlen.op as op
 from kernels import default_device
 from kernels.contract import check_cu_seqlens
 from kernels.varlen.device_check import PendingChecks, check_on_device
+from workbench import Case, pack
 from workbench.malformed import CATALOGUE, base_args, split_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,3 +264,42 @@ def test_the_cost_benchmark_runs_every_variant():
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"WORKBENCH_DEVICE": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("ran (not timed)") == 4, done.stdout
+
+
+def _fills(monkeypatch) -> list[int]:
+    """Counts the padding fills launched (their number of targets each), which still run."""
+    import kernels.varlen.launch as launch
+
+    fills: list[int] = []
+    fill = launch.fill_padding_rows
+
+    def counted(*targets):
+        fills.append(len(targets))
+        fill(*targets)
+
+    monkeypatch.setattr(launch, "fill_padding_rows", counted)
+    return fills
+
+
+EVERY_ROW_REAL = Case((5, 9), seqlens_k=(7, 9), heads=2, head_dim=16, causal=True)
+
+
+@pytest.mark.parametrize("case", [EVERY_ROW_REAL, EVERY_ROW_REAL.with_(padded_q=(8, 9))], ids=["every-row-real", "gap-rows"])
+def test_a_passed_check_of_a_batch_without_padding_skips_the_fills(device_path, monkeypatch, case):
+    """Once the device check of these boundaries is known to have passed with every row real,
+    forward and backward launch no padding fill (there is nothing to fill); with padding rows
+    they do, and without a check (validate=False) too. Outputs and gradients are bitwise those
+    of a call that fills."""
+    batch = pack(case)
+    fills = _fills(monkeypatch)
+    op._VALIDATED.refs = ()
+    results = []
+    for validate in (True, True, False):
+        fresh = batch.fresh()
+        out = fresh.call(op.varlen_attention, validate=validate)
+        out.backward(torch.ones_like(out))
+        results.append((out, fresh.q.grad, fresh.k.grad, fresh.v.grad))
+    # the interpreter runs the check before returning: its outcome is known from the first call on
+    assert fills == ([2, 3] * 3 if case.padded_q else [2, 3])
+    for with_check, without in zip(results[0], results[2]):
+        assert torch.equal(with_check, without)

@@ -7,7 +7,9 @@ relies on the allocator handing out zeros, and nothing pays for a full-buffer me
 Launches are few because each costs tens of microseconds of host time natively, which short
 documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
 attention, one fill of out and lse), a backward pass three (dQ, which also writes delta; dK/dV;
-one fill of dq, dk and dv), reusing the forward pass's work lists.
+one fill of dq, dk and dv), reusing the forward pass's work lists. The fills are left out
+(`fill=False`) where the caller knows every row is real: `varlen_attention` knows it from a
+device check of the same boundaries that has passed (kernels/varlen/device_check.py).
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
@@ -367,10 +369,13 @@ def attention_forward(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
+    *,
+    fill: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
     sides (`work_lists`), which the backward pass reuses. The mask is `Window.of(causal,
-    window_left, window_right)`."""
+    window_left, window_right)`. `fill=False` skips the padding fill: only for boundaries known
+    to make every row real (there is then nothing to fill)."""
     window = Window.of(causal, window_left, window_right)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
@@ -449,10 +454,11 @@ def attention_forward(
         launch,
         total_q * heads,
     )
-    fill_padding_rows(
-        Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
-        Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
-    )
+    if fill:
+        fill_padding_rows(
+            Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+            Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
+        )
     return out, lse, work
 
 
@@ -473,9 +479,12 @@ def attention_backward(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
+    *,
+    fill: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input.
-    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists."""
+    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists;
+    `fill`: as in `attention_forward`."""
     window = Window.of(causal, window_left, window_right)
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
     total_q, heads, head_dim = q.shape
@@ -572,9 +581,10 @@ def attention_backward(
         launch_dkdv,
         total_k * heads,
     )
-    fill_padding_rows(
-        Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
-        Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
-        Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
-    )
+    if fill:
+        fill_padding_rows(
+            Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+            Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+            Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+        )
     return dq, dk, dv
