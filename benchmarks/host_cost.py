@@ -33,7 +33,6 @@ import contextlib
 import cProfile
 import functools
 import pstats
-import time
 from collections.abc import Callable, Iterator
 from unittest import mock
 
@@ -43,6 +42,7 @@ import kernels.varlen.device_check as device_check
 import kernels.varlen.fa4 as fa4
 import kernels.varlen.launch as launch
 import kernels.varlen.op as op
+from workbench.timing import host_us
 
 SEQS, ROWS, HEADS, HEAD_DIM, TAIL = 8, 128, 2, 128, 32
 
@@ -166,22 +166,6 @@ def variant_call(name: str, device: torch.device) -> Callable[[], object]:
     return call
 
 
-def per_call_us(call: Callable[[], object], calls: int, repeats: int = 15) -> float:
-    """The least over `repeats` runs of the mean microseconds per call, after a warm-up: host
-    time only grows with contention from other processes, so the least is the best estimate."""
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return min(times)
-
-
 def profiled(call: Callable[[], object], calls: int) -> pstats.Stats:
     call()
     profiler = cProfile.Profile()
@@ -227,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                     call()
                 print(f"{name:40s} ran (not timed)")
             else:
-                print(f"{name:40s} {per_call_us(call, args.calls):8.1f} {function_calls(call):15.0f}")
+                print(f"{name:40s} {host_us(call, args.calls, repeats=15):8.1f} {function_calls(call):15.0f}")
             check_stubs_ran(name, calls[0], {stub: counted(s) - before[stub] for stub, s in stubs.items()})
     return 0
 
