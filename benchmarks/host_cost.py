@@ -82,8 +82,9 @@ class StubCheck(StubKernel):
     """The metadata check, passing: its safe copies and snapshot written, and its verdict: 0
     failed checks, no padding rows (the triton variants' layout has none). Two torch ops,
     counted in the time of the variants that check new metadata. On the CPU the verdict is
-    known at once (no event to wait for), so those calls skip the padding fills, as the later
-    layers of a step do on a GPU; the first call on a new batch there still fills."""
+    known at once (no event to wait for), on an idle GPU within microseconds, so those calls
+    skip the padding fills, as the later layers of a step do; in training the forward of a
+    new batch finds its check still queued behind earlier work and fills."""
 
     def _launch(self, cu_q, cu_k, cu_q_padded, cu_k_padded, safe, errors, n_seqs, *args, **kwargs) -> None:
         self.launches += 1
