@@ -266,32 +266,36 @@ def test_the_cost_benchmark_runs_every_variant():
     assert done.stdout.count("ran (not timed)") == 4, done.stdout
 
 
-def _fills(monkeypatch) -> list[int]:
-    """Counts the padding fills launched (their number of targets each), which still run."""
-    import kernels.varlen.launch as launch
+def _counted(monkeypatch, module, name: str, *also) -> list[int]:
+    """Counts the calls of module.name (patched there and in `also`), which still run: the
+    number of arguments of each."""
+    counts: list[int] = []
+    real = getattr(module, name)
 
-    fills: list[int] = []
-    fill = launch.fill_padding_rows
+    def counted(*args):
+        counts.append(len(args))
+        return real(*args)
 
-    def counted(*targets):
-        fills.append(len(targets))
-        fill(*targets)
-
-    monkeypatch.setattr(launch, "fill_padding_rows", counted)
-    return fills
+    for where in (module, *also):
+        monkeypatch.setattr(where, name, counted)
+    return counts
 
 
 EVERY_ROW_REAL = Case((5, 9), seqlens_k=(7, 9), heads=2, head_dim=16, causal=True)
 
 
 @pytest.mark.parametrize("case", [EVERY_ROW_REAL, EVERY_ROW_REAL.with_(padded_q=(8, 9))], ids=["every-row-real", "gap-rows"])
-def test_a_passed_check_of_a_batch_without_padding_skips_the_fills(device_path, monkeypatch, case):
+def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkeypatch, case):
     """Once the device check of these boundaries is known to have passed with every row real,
     forward and backward launch no padding fill (there is nothing to fill); with padding rows
-    they do, and without a check (validate=False) too. Outputs and gradients are bitwise those
-    of a call that fills."""
+    they do, and without a check (validate=False) too. The work lists of the check's safe copy
+    are made once for the calls on it. Outputs and gradients are bitwise those of a call that
+    makes and fills everything (validate=False)."""
+    import kernels.varlen.launch as launch
+
     batch = pack(case)
-    fills = _fills(monkeypatch)
+    fills = _counted(monkeypatch, launch, "fill_padding_rows")
+    work_lists = _counted(monkeypatch, launch, "work_lists", op)
     op._VALIDATED.refs = ()
     results = []
     for validate in (True, True, False):
@@ -301,5 +305,8 @@ def test_a_passed_check_of_a_batch_without_padding_skips_the_fills(device_path, 
         results.append((out, fresh.q.grad, fresh.k.grad, fresh.v.grad))
     # the interpreter runs the check before returning: its outcome is known from the first call on
     assert fills == ([2, 3] * 3 if case.padded_q else [2, 3])
+    assert len(work_lists) == 2  # the checked calls' one, validate=False's own
     for with_check, without in zip(results[0], results[2]):
         assert torch.equal(with_check, without)
+    for first, second in zip(results[0], results[1]):
+        assert torch.equal(first, second)

@@ -7,9 +7,11 @@ relies on the allocator handing out zeros, and nothing pays for a full-buffer me
 Launches are few because each costs tens of microseconds of host time natively, which short
 documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
 attention, one fill of out and lse), a backward pass three (dQ, which also writes delta; dK/dV;
-one fill of dq, dk and dv), reusing the forward pass's work lists. The fills are left out
-(`fill=False`) where the caller knows every row is real: `varlen_attention` knows it from a
-device check of the same boundaries that has passed (kernels/varlen/device_check.py).
+one fill of dq, dk and dv), reusing the forward pass's work lists. Fewer where the caller
+knows more, as `varlen_attention` does from the device check of the boundaries
+(kernels/varlen/device_check.py): the fills are left out (`fill=False`) once the check has
+passed with every row real, and the work lists of the check's safe copy, which nothing writes,
+are made once for every call that runs on it (`work=`).
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
@@ -371,18 +373,20 @@ def attention_forward(
     window_right: int = -1,
     *,
     fill: bool = True,
+    work: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
     sides (`work_lists`), which the backward pass reuses. The mask is `Window.of(causal,
     window_left, window_right)`. `fill=False` skips the padding fill: only for boundaries known
-    to make every row real (there is then nothing to fill)."""
+    to make every row real (there is then nothing to fill). `work`: the work lists of these
+    boundaries, made by an earlier call on them (boundaries nothing has written since), or None."""
     window = Window.of(causal, window_left, window_right)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
     group = heads // k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
-    work = work_lists(cu_seqlens_q, cu_seqlens_k)
+    work = work_lists(cu_seqlens_q, cu_seqlens_k) if work is None else work
     rows = WorkList(work[QUERIES], cu_seqlens_q.numel() - 1, total_q)
 
     config = active_forward_config()

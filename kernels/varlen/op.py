@@ -28,7 +28,7 @@ from kernels.contract import (
 )
 from kernels.varlen.device_check import DeviceCheck, DeviceChecked, PendingChecks, check_on_device
 from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
-from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
+from kernels.varlen.launch import attention_backward, attention_forward, work_lists, work_lists_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -145,9 +145,9 @@ class _VarlenAttention(torch.autograd.Function):
     """The eager road: the launchers behind one autograd node (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, check, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
+    def forward(ctx, check, work, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
         metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        out, lse, work = attention_forward(q, k, v, *metadata, *mask, fill=_padding_to_fill(check))
+        out, lse, work = attention_forward(q, k, v, *metadata, *mask, fill=_padding_to_fill(check), work=work)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, work, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
         ctx.mask, ctx.check = mask, check
@@ -165,7 +165,7 @@ class _VarlenAttention(torch.autograd.Function):
         # keeps working), before any gradient leaves.
         if ctx.check is not None:
             ctx.check.raise_if_failed(_BACKWARD)
-        return None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
+        return None, None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
 
 
 def _padding_to_fill(check: DeviceCheck | None) -> bool:
@@ -195,6 +195,9 @@ class _ValidatedMetadata:
         self.refs: tuple = ()
         self.key: tuple = ()
         self.device: DeviceChecked | None = None  # the device check's safe copy and outcome; None after the host check
+        # The work lists of that safe copy, once a Triton call has made them: the copy is ours,
+        # nothing writes it after the check, so they hold for every call that runs on it.
+        self.work: torch.Tensor | None = None
 
     @staticmethod
     def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
@@ -215,7 +218,7 @@ class _ValidatedMetadata:
     def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale, device: DeviceChecked | None = None) -> None:
         self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
         self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
-        self.device = device
+        self.device, self.work = device, None
 
 
 _VALIDATED = _ValidatedMetadata()
@@ -432,7 +435,10 @@ def varlen_attention(
             q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
         )
     elif eager:
-        out, lse = _VarlenAttention.apply(device_check, q, k, v, *kernel_metadata, *mask)
+        if device_check is not None and _VALIDATED.work is None:  # kernel_metadata: the check's safe copy
+            _VALIDATED.work = work_lists(*kernel_metadata[:2])
+        work = None if device_check is None else _VALIDATED.work
+        out, lse = _VarlenAttention.apply(device_check, work, q, k, v, *kernel_metadata, *mask)
         backward_reads_check = out.grad_fn is not None
     else:
         out, lse, _ = _forward_op(q, k, v, *kernel_metadata, *mask)
