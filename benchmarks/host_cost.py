@@ -22,8 +22,9 @@ sizes; small CPU tensors keep allocation out of the figure), bf16, inputs requir
 gradients taken with `torch.autograd.grad` (nothing accumulates). "new metadata" alternates
 between two sets of boundary tensors, so every call checks its metadata again without paying
 for a clone. `--profile VARIANT` prints cProfile's top functions for one variant. Time on a
-shared machine moves with the other processes (the figure is the least of 15 runs); the count
-of function calls beside it does not.
+shared machine moves with the other processes (the figure is the least of 15 runs); the counts
+beside it do not: function calls, and Triton launches (natively tens of microseconds of host
+time each, which the stubs do not cost here).
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             profiled(variant_call(args.profile, device), args.calls).sort_stats("tottime").print_stats(40)
             return 0
         print(f"device {device}, torch {torch.__version__}; per forward+backward, kernels stubbed:")
-        print(f"{'variant':40s} {'host us':>8s} {'function calls':>15s}")
+        print(f"{'variant':40s} {'host us':>8s} {'function calls':>15s} {'launches':>9s}")
         for name in VARIANTS:
             calls = [0]
             step = variant_call(name, device)
@@ -212,9 +213,18 @@ def main(argv: list[str] | None = None) -> int:
                     call()
                 print(f"{name:40s} ran (not timed)")
             else:
-                print(f"{name:40s} {host_us(call, args.calls, repeats=15):8.1f} {function_calls(call):15.0f}")
+                us, n = host_us(call, args.calls, repeats=15), function_calls(call)
+                print(f"{name:40s} {us:8.1f} {n:15.0f} {launches_per_call(stubs, call):9.1f}")
             check_stubs_ran(name, calls[0], {stub: counted(s) - before[stub] for stub, s in stubs.items()})
     return 0
+
+
+def launches_per_call(stubs: dict[str, StubKernel | StubFA4], call: Callable[[], object], calls: int = 10) -> float:
+    """Triton launches per call (the metadata check's among them), in the steady state."""
+    before = sum(s.launches for s in stubs.values() if isinstance(s, StubKernel))
+    for _ in range(calls):
+        call()
+    return (sum(s.launches for s in stubs.values() if isinstance(s, StubKernel)) - before) / calls
 
 
 def counted(stub: StubKernel | StubFA4) -> int:
