@@ -14,9 +14,7 @@ CUDA the GPU is idle, so the copy's sync costs only its latency.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -28,19 +26,7 @@ sys.path.insert(0, str(ROOT / "docs"))
 from contract_errors import Launched, checks_only  # noqa: E402
 
 import kernels.varlen.op as op  # noqa: E402
-
-
-def per_call_us(call, repeats: int = 7, calls: int = 300) -> float:
-    """Median over `repeats` of the mean microseconds per call."""
-    for _ in range(50):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+from workbench.timing import host_us  # noqa: E402
 
 
 def call(q: torch.Tensor, cu: torch.Tensor, same: list[torch.Tensor], validate: bool, fresh: bool) -> None:
@@ -63,9 +49,9 @@ def host_times(device: torch.device, seqs: list[int]) -> None:
 
         with checks_only():
             row = {
-                "validate=False": per_call_us(partial(call, q, cu, same, False, True)),
-                "validate=True, new metadata": per_call_us(partial(call, q, cu, same, True, True)),
-                "validate=True, same metadata": per_call_us(partial(call, q, cu, same, True, False)),
+                "validate=False": host_us(partial(call, q, cu, same, False, True), 300, repeats=7, warmup=50),
+                "validate=True, new metadata": host_us(partial(call, q, cu, same, True, True), 300, repeats=7, warmup=50),
+                "validate=True, same metadata": host_us(partial(call, q, cu, same, True, False), 300, repeats=7, warmup=50),
             }
         print(f"{n:5d} sequences: " + "  ".join(f"{k} {v:7.1f}" for k, v in row.items()))
 

@@ -9,6 +9,7 @@ compiled or interpreted.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -73,6 +74,13 @@ if INTERPRETED:
 def default_device() -> torch.device:
     """The device packed batches and kernels use unless told otherwise."""
     return torch.device(DEVICE)
+
+
+@functools.cache
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """`torch.cuda.get_device_capability(device)`, asked once per device: it costs a few
+    microseconds of host time, which a call on short documents cannot hide."""
+    return torch.cuda.get_device_capability(device)
 
 
 def check_kernel_device(name: str, tensor: torch.Tensor) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -304,6 +306,17 @@ def test_one_timer_reports_min_and_median_over_at_least_20_calls():
     assert 0 < timed.min_ms <= timed.median_ms
     with pytest.raises(ValueError, match="iters=5; time at least 20 calls"):
         time_call(lambda: None, iters=5, device="cpu")
+
+
+def test_host_time_is_the_least_run_mean_per_call(monkeypatch):
+    """`host_us`: warm-up calls untimed, then the least of the runs' mean microseconds per call."""
+    from workbench import timing
+
+    clock = iter([0.0, 0.9, 1.0, 1.3, 2.0, 2.6])  # three runs of 2 calls: 0.9 s, 0.3 s, 0.6 s
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))  # timing's clock only
+    calls = []
+    assert timing.host_us(lambda: calls.append(1), calls=2, repeats=3, warmup=4) == pytest.approx(0.15e6)
+    assert len(calls) == 4 + 2 * 3
 
 
 def test_bench_refuses_fewer_than_20_timed_calls(capsys):

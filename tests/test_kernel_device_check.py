@@ -23,6 +23,7 @@ import kernels.varlen.op as op
 from kernels import default_device
 from kernels.contract import check_cu_seqlens
 from kernels.varlen.device_check import PendingChecks, check_on_device
+from workbench import Case, pack
 from workbench.malformed import CATALOGUE, base_args, split_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,3 +264,49 @@ def test_the_cost_benchmark_runs_every_variant():
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"WORKBENCH_DEVICE": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("ran (not timed)") == 4, done.stdout
+
+
+def _counted(monkeypatch, module, name: str, *also) -> list[int]:
+    """Counts the calls of module.name (patched there and in `also`), which still run: the
+    number of arguments of each."""
+    counts: list[int] = []
+    real = getattr(module, name)
+
+    def counted(*args):
+        counts.append(len(args))
+        return real(*args)
+
+    for where in (module, *also):
+        monkeypatch.setattr(where, name, counted)
+    return counts
+
+
+EVERY_ROW_REAL = Case((5, 9), seqlens_k=(7, 9), heads=2, head_dim=16, causal=True)
+
+
+@pytest.mark.parametrize("case", [EVERY_ROW_REAL, EVERY_ROW_REAL.with_(padded_q=(8, 9))], ids=["every-row-real", "gap-rows"])
+def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkeypatch, case):
+    """Once the device check of these boundaries is known to have passed with every row real,
+    forward and backward launch no padding fill (there is nothing to fill); with padding rows
+    they do, and without a check (validate=False) too. The work lists of the check's safe copy
+    are made once for the calls on it. Outputs and gradients are bitwise those of a call that
+    makes and fills everything (validate=False)."""
+    import kernels.varlen.launch as launch
+
+    batch = pack(case)
+    fills = _counted(monkeypatch, launch, "fill_padding_rows")
+    work_lists = _counted(monkeypatch, launch, "work_lists", op)
+    op._VALIDATED.refs = ()
+    results = []
+    for validate in (True, True, False):
+        fresh = batch.fresh()
+        out = fresh.call(op.varlen_attention, validate=validate)
+        out.backward(torch.ones_like(out))
+        results.append((out, fresh.q.grad, fresh.k.grad, fresh.v.grad))
+    # the interpreter runs the check before returning: its outcome is known from the first call on
+    assert fills == ([2, 3] * 3 if case.padded_q else [2, 3])
+    assert len(work_lists) == 2  # the checked calls' one, validate=False's own
+    for with_check, without in zip(results[0], results[2]):
+        assert torch.equal(with_check, without)
+    for first, second in zip(results[0], results[1]):
+        assert torch.equal(first, second)

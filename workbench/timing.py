@@ -60,3 +60,19 @@ def time_call(
     torch.cuda.synchronize()
     times = [start.elapsed_time(end) for start, end in events]
     return CallTime(min(times), statistics.median(times), host_ms, iters)
+
+
+def host_us(fn: Callable[[], object], calls: int, repeats: int, warmup: int = 20) -> float:
+    """Host microseconds per call of `fn`, for code whose device work is stubbed or negligible
+    (no GPU time is measured): the least over `repeats` runs of the mean of `calls` back-to-back
+    calls, after `warmup`. Contention from other processes only adds time, so the least run is
+    the best estimate of the code's own cost."""
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - began) / calls * 1e6)
+    return min(runs)

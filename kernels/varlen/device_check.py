@@ -60,10 +60,14 @@ def check_metadata_kernel(
     stride_safe,
     CHUNK: tl.constexpr,
 ):
-    """One program: Errors[0] = how many checks fail; Safe[0..3] = the four vectors, or zeros
-    if any check fails; Safe[4..7] = the four vectors as they are now (for the error message)."""
+    """One program: Errors[0] = how many checks fail; Errors[1] = 1 if q or k has a row that
+    is not real (its real lengths add up to fewer rows than it has: where the checks pass,
+    every row is real otherwise); Safe[0..3] = the four vectors, or zeros if any check fails;
+    Safe[4..7] = the four vectors as they are now (for the error message)."""
     errors = _side_errors(CuQ, CuQPadded, n_seqs, total_q, max_q, CHUNK)
     errors += _side_errors(CuK, CuKPadded, n_seqs, total_k, max_k, CHUNK)
+    padding = (tl.load(CuQ + n_seqs).to(tl.int64) != total_q) | (tl.load(CuK + n_seqs).to(tl.int64) != total_k)
+    tl.store(Errors + 1, padding.to(tl.int32))
     keep = errors == 0
     for first in range(0, n_seqs + 1, CHUNK):
         i = first + tl.arange(0, CHUNK)
@@ -92,9 +96,10 @@ class DeviceCheck:
     def __init__(self, errors: torch.Tensor, snapshot: Sequence[torch.Tensor | None], limits: Sequence[int]) -> None:
         self.snapshot, self.limits = tuple(snapshot), tuple(limits)
         self.outcome: bool | None = None  # failed or not, once read
+        self.padding = True  # whether q or k has padding rows, once read (until then: maybe)
         self.reported = False  # its error was raised once: PendingChecks raises it no more
         if errors.is_cuda:
-            self.errors = torch.empty(1, dtype=torch.int32, pin_memory=True)
+            self.errors = torch.empty(errors.shape, dtype=torch.int32, pin_memory=True)
             self.errors.copy_(errors, non_blocking=True)
             self.copied: torch.cuda.Event | None = torch.cuda.Event()
             self.copied.record()
@@ -109,8 +114,14 @@ class DeviceCheck:
         if self.outcome is None:
             if self.copied is not None:
                 self.copied.synchronize()
-            self.outcome = bool(self.errors.item())
+            errors, padding = self.errors.tolist()
+            self.outcome, self.padding = bool(errors), bool(padding)
         return self.outcome
+
+    def all_rows_real(self) -> bool:
+        """Whether the check is known, without waiting, to have passed on boundaries under which
+        every row of q and k is real: then no padding row is left to fill."""
+        return self.done() and not self.failed() and not self.padding
 
     def raise_if_failed(self, when: str = "") -> None:
         """Waits for the check; if it failed, raises the host check's error for the checked
@@ -194,7 +205,7 @@ def check_on_device(
     dtype = torch.int32 if all(v.dtype == torch.int32 for v in vectors) else torch.int64
     # rows padded to 32 bytes keep every safe vector 16-byte aligned, as Triton specializes on it
     safe = torch.empty((8, (n_seqs + 4) // 4 * 4), dtype=dtype, device=cu_seqlens_q.device)
-    errors = torch.empty(1, dtype=torch.int32, device=cu_seqlens_q.device)
+    errors = torch.empty(2, dtype=torch.int32, device=cu_seqlens_q.device)  # failed checks, padding rows
     check_metadata_kernel[(1,)](
         *vectors,
         safe,
@@ -207,7 +218,7 @@ def check_on_device(
         safe.stride(0),
         CHUNK=CHUNK,
     )
-    q, k, q_padded, k_padded, *snapshot = (row[: n_seqs + 1] for row in safe)
+    q, k, q_padded, k_padded, *snapshot = safe[:, : n_seqs + 1].unbind()  # two view ops, not sixteen
     for side, given in ((2, cu_seqlens_q_padded), (3, cu_seqlens_k_padded)):
         if given is None:
             snapshot[side] = None

@@ -8,8 +8,9 @@ only what the contract needs beyond them, and nothing on a batch without padding
   `dq=`, `dk=`, `dv=`). They are private, so the path runs on the one release whose signatures
   it was written against (`FA4_VERSION`); any other installed version is refused with that reason;
 - layout: FA4's `cu_seqlens_*` are where sequences start in memory (our padded boundaries) and
-  its `seqused_*` how many of their rows are real, so every padded layout of the contract is
-  said as it is (a sequence's real rows start its slot in both);
+  its `seqused_*` how many of their rows are real (given on a side with padding between
+  sequences only), so every padded layout of the contract is said as it is (a sequence's real
+  rows start its slot in both);
 - what FA4 reads: its tiles run past a sequence's last real row into whatever follows (GAP and
   TAIL rows included) and give those rows zero weight, which NaN or inf there turns into NaN on
   REAL rows. Upstream source (flash_attn/cute, the same in the 4.0.0b36 wheel and at commit
@@ -49,7 +50,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._compat import INTERPRETED
+from kernels._compat import INTERPRETED, device_capability
 from kernels.varlen.launch import Padding, fill_padding_rows
 
 BACKENDS = ("auto", "triton", "fa4")
@@ -96,9 +97,15 @@ def load() -> Kernels | str:
 
 def platform_reason(q: torch.Tensor) -> str | None:
     """Why FA4 cannot run on q's device (None: it can)."""
-    if INTERPRETED or q.device.type != "cuda":
-        return f"FA4 runs natively on CUDA only, q is on {q.device}{' (the Triton interpreter)' if INTERPRETED else ''}"
-    major, minor = torch.cuda.get_device_capability(q.device)
+    return _device_reason(q.device)
+
+
+@functools.cache
+def _device_reason(device: torch.device) -> str | None:
+    """`platform_reason` per device, asked once: a device's kind and compute capability stay."""
+    if INTERPRETED or device.type != "cuda":
+        return f"FA4 runs natively on CUDA only, q is on {device}{' (the Triton interpreter)' if INTERPRETED else ''}"
+    major, minor = device_capability(device)
     if major not in FA4_ARCHS:
         return f"FA4 runs on sm90 and sm100 GPUs, this one is sm{major}{minor}"
     return None
@@ -125,27 +132,39 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, 
     return None
 
 
+class Layout(NamedTuple):
+    """What FA4 is told of one metadata, per side: how many rows are real (`cu_seqlens[-1]`), and
+    FA4's `seqused` (the real rows of each padded slot) where padding lies between sequences
+    (GAP rows: padded boundaries that differ from the real ones), None where none does."""
+
+    real_q: int
+    real_k: int
+    seqused_q: torch.Tensor | None
+    seqused_k: torch.Tensor | None
+
+
 class _Layout:
-    """For the last metadata seen, per side: how many rows are real (`cu_seqlens[-1]`) and whether
-    any padding lies between sequences (GAP rows: padded boundaries that differ from the real
-    ones). One device->host read per new metadata, none while the same tensors, unmodified,
-    come again (the layers of one step)."""
+    """The `Layout` of the last metadata seen. One device->host read per new metadata, none
+    while the same tensors, unmodified, come again (the layers of one step)."""
 
     def __init__(self) -> None:
         self.refs: tuple = ()
         self.versions: tuple = ()
-        self.read: tuple[int, int, bool, bool] = (0, 0, False, False)
+        self.read = Layout(0, 0, None, None)
 
-    def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded) -> tuple[int, int, bool, bool]:
-        """(real rows of q, real rows of k, q has GAP rows, k has GAP rows)."""
+    def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded) -> Layout:
         metadata = (cu_q, cu_k, cu_q_padded, cu_k_padded)
         versions = tuple(t._version for t in metadata)
         if not (self.refs and all(ref() is t for ref, t in zip(self.refs, metadata)) and self.versions == versions):
             gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
             rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
-            self.read = (rows_q, rows_k, bool(gap_q), bool(gap_k))
+            self.read = Layout(rows_q, rows_k, _real_lengths(cu_q) if gap_q else None, _real_lengths(cu_k) if gap_k else None)
             self.refs, self.versions = tuple(weakref.ref(t) for t in metadata), versions
         return self.read
+
+
+def _real_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
 
 
 _LAYOUT = _Layout()
@@ -181,9 +200,10 @@ class _FA4(torch.autograd.Function):
         kernels = load()
         assert not isinstance(kernels, str), "unsupported() rules this out"
         ctx.seen, ctx.arguments = (seen_q, seen_k, seen_k), arguments
-        out = _tail_filled(q.new_empty(*q.shape[:2], v.shape[-1]), seen_q, 0.0)
-        lse = _tail_filled(torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device), seen_q, float("-inf"), 1)
-        kernels.forward(*map(_leading, (q, k, v), ctx.seen), out=_leading(out, seen_q), lse=_leading(lse, seen_q, 1), **arguments)
+        out = q.new_empty(*q.shape[:2], v.shape[-1])
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+        out_seen, lse_seen = _tail_filled(out, seen_q, 0.0), _tail_filled(lse, seen_q, float("-inf"), 1)
+        kernels.forward(*map(_leading, (q, k, v), ctx.seen), out=out_seen, lse=lse_seen, **arguments)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -194,10 +214,9 @@ class _FA4(torch.autograd.Function):
         assert not isinstance(kernels, str)
         q, k, v, out, lse = ctx.saved_tensors
         seen_q = ctx.seen[0]
-        grads = [
-            _tail_filled(torch.empty_like(t, memory_format=torch.contiguous_format), n, 0.0) for t, n in zip((q, k, v), ctx.seen)
-        ]
-        q, k, v, dq, dk, dv = map(_leading, (q, k, v, *grads), ctx.seen * 2)
+        grads = [t.new_empty(t.shape) for t in (q, k, v)]
+        dq, dk, dv = map(_tail_filled, grads, ctx.seen, (0.0, 0.0, 0.0))
+        q, k, v = map(_leading, (q, k, v), ctx.seen)
         out, d_out, lse = _leading(out, seen_q), _leading(d_out, seen_q), _leading(lse, seen_q, 1)
         kernels.backward(q, k, v, out, d_out, lse, dq=dq, dk=dk, dv=dv, **ctx.arguments)
         return *grads, None, None, None
@@ -209,10 +228,13 @@ def _leading(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
 
 
 def _tail_filled(t: torch.Tensor, seen: int, value: float, dim: int = 0) -> torch.Tensor:
-    """t with `value` on its rows from `seen` on along dim (the TAIL rows FA4 does not see)."""
-    if seen < t.shape[dim]:
-        t.narrow(dim, seen, t.shape[dim] - seen).fill_(value)
-    return t
+    """Writes `value` on t's rows from `seen` on along dim (the TAIL rows FA4 does not see) and
+    returns the view of the rows before them (t itself where there are none): one split."""
+    if seen == t.shape[dim]:
+        return t
+    leading, tail = t.split([seen, t.shape[dim] - seen], dim)
+    tail.fill_(value)
+    return leading
 
 
 class _OutputGradZeroed(torch.autograd.Function):
@@ -243,11 +265,6 @@ def _zero_padding_rows(tensors, sides, padded) -> None:
     )
 
 
-def _real_lengths(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor) -> torch.Tensor | None:
-    """FA4's seqused: the real rows of each padded slot; None when there is no padding between."""
-    return None if cu_seqlens_padded is cu_seqlens else (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
-
-
 def fa4_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -266,13 +283,15 @@ def fa4_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None)."""
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    real_q, real_k, gap_q, gap_k = _LAYOUT(*metadata)
-    q_, k_, v_ = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)
+    layout = _LAYOUT(*metadata)
+    gap_q, gap_k = layout.seqused_q is not None, layout.seqused_k is not None
+    if gap_q or gap_k:
+        q, k, v = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)
     arguments = dict(
         cu_seqlens_q=cu_seqlens_q_padded,
         cu_seqlens_k=cu_seqlens_k_padded,
-        seqused_q=_real_lengths(cu_seqlens_q, cu_seqlens_q_padded),
-        seqused_k=_real_lengths(cu_seqlens_k, cu_seqlens_k_padded),
+        seqused_q=layout.seqused_q,
+        seqused_k=layout.seqused_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
         softmax_scale=scale,
@@ -281,7 +300,7 @@ def fa4_attention(
         window_size_right=None if window_right < 0 else window_right,
     )
     # FA4 sees a TAIL-only side up to its last real row, a side with GAP rows whole.
-    out, lse = _FA4.apply(q_, k_, v_, q.shape[0] if gap_q else real_q, k.shape[0] if gap_k else real_k, arguments)
+    out, lse = _FA4.apply(q, k, v, q.shape[0] if gap_q else layout.real_q, k.shape[0] if gap_k else layout.real_k, arguments)
     if return_lse:
         lse = torch.where(lse == float("inf"), float("-inf"), lse)  # a copy: FA4's backward reads its own
     if gap_q:

@@ -7,7 +7,11 @@ relies on the allocator handing out zeros, and nothing pays for a full-buffer me
 Launches are few because each costs tens of microseconds of host time natively, which short
 documents cannot hide behind GPU work: a forward pass is three (the work lists of both sides,
 attention, one fill of out and lse), a backward pass three (dQ, which also writes delta; dK/dV;
-one fill of dq, dk and dv), reusing the forward pass's work lists.
+one fill of dq, dk and dv), reusing the forward pass's work lists. Fewer where the caller
+knows more, as `varlen_attention` does from the device check of the boundaries
+(kernels/varlen/device_check.py): the fills are left out (`fill=False`) once the check has
+passed with every row real, and the work lists of the check's safe copy, which nothing writes,
+are made once for every call that runs on it (`work=`).
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
@@ -28,7 +32,7 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
-from kernels._compat import INTERPRETED
+from kernels._compat import INTERPRETED, device_capability
 from kernels.interpreter import dot_upcast_needed
 from kernels.varlen.attention_kernels import (
     attention_backward_dkdv_kernel,
@@ -255,6 +259,12 @@ class Window:
         return {"WINDOW_LEFT": self.left >= 0, "WINDOW_RIGHT": self.right >= 0}
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for a host-side grid: `triton.cdiv` is a constexpr function, whose call costs
+    about 3 us of host time (argument unwrapping, an import), this one 50 ns."""
+    return -(-a // b)
+
+
 # Work lists are written for every block size a tile may use, in one launch.
 SMALLEST_BLOCK_LOG2 = 4
 BLOCK_SIZES = tuple(1 << i for i in range(SMALLEST_BLOCK_LOG2, 8))  # 16 .. 128
@@ -276,7 +286,7 @@ class WorkList:
     def blocks(self, block: int) -> tuple[torch.Tensor, int]:
         """The block starts for `block` rows and a grid that covers them without a sync:
         cdiv(len_i, block) <= len_i / block + 1 and sum_i len_i <= total_rows."""
-        return self.starts[BLOCK_SIZES.index(block)], triton.cdiv(self.total_rows, block) + self.n_seqs
+        return self.starts[BLOCK_SIZES.index(block)], cdiv(self.total_rows, block) + self.n_seqs
 
 
 QUERIES, KEYS = 0, 1  # the sides of `work_lists`
@@ -332,7 +342,7 @@ def fill_padding_rows(*targets: Padding) -> None:
         return
     n_rows = max(t.view.shape[0] for t in targets)
     n_cols = max(t.view.shape[1] for t in targets)
-    block_cols = min(triton.next_power_of_2(n_cols), 256)
+    block_cols = min(1 << (n_cols - 1).bit_length(), 256)  # the next power of 2
     n_seqs = targets[0].cu_real.numel() - 1
     slots = targets + targets[:1] * (FILL_TARGETS - len(targets))  # unused slots: no program reaches them
     args = [
@@ -340,7 +350,7 @@ def fill_padding_rows(*targets: Padding) -> None:
         for t in slots
         for a in (t.view, t.view.stride(0), t.view.stride(1), t.view.shape[0], t.view.shape[1], t.value, t.cu_real, t.cu_padded)
     ]
-    fill_padding_rows_kernel[(triton.cdiv(n_rows, FILL_ROWS), triton.cdiv(n_cols, block_cols), len(targets))](
+    fill_padding_rows_kernel[(cdiv(n_rows, FILL_ROWS), cdiv(n_cols, block_cols), len(targets))](
         *args,
         n_seqs,
         n_seqs.bit_length(),
@@ -361,24 +371,29 @@ def attention_forward(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
+    *,
+    fill: bool = True,
+    work: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
     sides (`work_lists`), which the backward pass reuses. The mask is `Window.of(causal,
-    window_left, window_right)`."""
+    window_left, window_right)`. `fill=False` skips the padding fill: only for boundaries known
+    to make every row real (there is then nothing to fill). `work`: the work lists of these
+    boundaries, made by an earlier call on them (boundaries nothing has written since), or None."""
     window = Window.of(causal, window_left, window_right)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
     group = heads // k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
-    work = work_lists(cu_seqlens_q, cu_seqlens_k)
+    work = work_lists(cu_seqlens_q, cu_seqlens_k) if work is None else work
     rows = WorkList(work[QUERIES], cu_seqlens_q.numel() - 1, total_q)
 
     config = active_forward_config()
     if config.descriptors:
         check_descriptor_alignment(("q", q), ("k", k), ("v", v), ("out", out))
         ensure_descriptor_allocator()
-    capability = None if INTERPRETED else torch.cuda.get_device_capability(q.device)
+    capability = None if INTERPRETED else device_capability(q.device)
     candidates = tuple(
         t for t in candidate_tiles("forward", head_dim, q.dtype) if not warp_specialize_fails(config, t, capability)
     )
@@ -443,10 +458,11 @@ def attention_forward(
         launch,
         total_q * heads,
     )
-    fill_padding_rows(
-        Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
-        Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
-    )
+    if fill:
+        fill_padding_rows(
+            Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+            Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
+        )
     return out, lse, work
 
 
@@ -467,9 +483,12 @@ def attention_backward(
     scale: float,
     window_left: int = -1,
     window_right: int = -1,
+    *,
+    fill: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input.
-    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists."""
+    `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists;
+    `fill`: as in `attention_forward`."""
     window = Window.of(causal, window_left, window_right)
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
     total_q, heads, head_dim = q.shape
@@ -566,9 +585,10 @@ def attention_backward(
         launch_dkdv,
         total_k * heads,
     )
-    fill_padding_rows(
-        Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
-        Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
-        Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
-    )
+    if fill:
+        fill_padding_rows(
+            Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+            Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+            Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+        )
     return dq, dk, dv

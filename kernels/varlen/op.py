@@ -26,9 +26,9 @@ from kernels.contract import (
     check_varlen_tensors,
     check_window_size,
 )
-from kernels.varlen.device_check import DeviceChecked, PendingChecks, check_on_device
+from kernels.varlen.device_check import DeviceCheck, DeviceChecked, PendingChecks, check_on_device
 from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
-from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
+from kernels.varlen.launch import attention_backward, attention_forward, work_lists, work_lists_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -145,8 +145,9 @@ class _VarlenAttention(torch.autograd.Function):
     """The eager road: the launchers behind one autograd node (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, check, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
-        out, lse, work = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask)
+    def forward(ctx, check, work, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
+        metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+        out, lse, work = attention_forward(q, k, v, *metadata, *mask, fill=_padding_to_fill(check), work=work)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, work, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
         ctx.mask, ctx.check = mask, check
@@ -157,12 +158,21 @@ class _VarlenAttention(torch.autograd.Function):
         q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
         if d_out is None:  # only lse was used
             d_out = torch.zeros_like(out)
-        dq, dk, dv = attention_backward(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
+        dq, dk, dv = attention_backward(
+            d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask, fill=_padding_to_fill(ctx.check)
+        )
         # The forward's device check, if it was left unread: read after the launches (the GPU
         # keeps working), before any gradient leaves.
         if ctx.check is not None:
             ctx.check.raise_if_failed(_BACKWARD)
-        return None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
+        return None, None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
+
+
+def _padding_to_fill(check: DeviceCheck | None) -> bool:
+    """Whether the padding rows must be filled: unless the device check of these boundaries is
+    known, without a wait, to have passed with every row real (the layers of a step after the
+    first, an unpadded batch). Skipping the fill saves a launch, tens of microseconds of host time."""
+    return check is None or not check.all_rows_real()
 
 
 _BACKWARD = "the backward of a varlen_attention call whose metadata is malformed (its check ran on the device, read here): "
@@ -185,6 +195,9 @@ class _ValidatedMetadata:
         self.refs: tuple = ()
         self.key: tuple = ()
         self.device: DeviceChecked | None = None  # the device check's safe copy and outcome; None after the host check
+        # The work lists of that safe copy, once a Triton call has made them: the copy is ours,
+        # nothing writes it after the check, so they hold for every call that runs on it.
+        self.work: torch.Tensor | None = None
 
     @staticmethod
     def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
@@ -205,7 +218,7 @@ class _ValidatedMetadata:
     def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale, device: DeviceChecked | None = None) -> None:
         self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
         self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
-        self.device = device
+        self.device, self.work = device, None
 
 
 _VALIDATED = _ValidatedMetadata()
@@ -252,13 +265,13 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
-def _runs_on_fa4(backend, q, k, v, metadata, return_lse, validate) -> bool:
+def _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, validate) -> bool:
     """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
     if backend == "triton":
         return False
     reason = (
         "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
-        if not _eager()
+        if not eager
         else unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate)
     )
     if reason and backend == "fa4":
@@ -415,13 +428,17 @@ def varlen_attention(
         kernel_metadata, device_check = checked
         _VALIDATED.remember(metadata, q, k, *limits, scale, checked)
     mask = (causal, check_scale(scale, q.shape[-1]), left, right)
+    eager = _eager()  # asked once: it reads torch.compile's state and the dispatch mode stack
     backward_reads_check = False  # whether out's backward is ours and reads device_check
-    if _runs_on_fa4(backend, q, k, v, metadata, return_lse, asked_to_validate):
+    if _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, asked_to_validate):
         out, lse = fa4_attention(
             q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
         )
-    elif _eager():
-        out, lse = _VarlenAttention.apply(device_check, q, k, v, *kernel_metadata, *mask)
+    elif eager:
+        if device_check is not None and _VALIDATED.work is None:  # kernel_metadata: the check's safe copy
+            _VALIDATED.work = work_lists(*kernel_metadata[:2])
+        work = None if device_check is None else _VALIDATED.work
+        out, lse = _VarlenAttention.apply(device_check, work, q, k, v, *kernel_metadata, *mask)
         backward_reads_check = out.grad_fn is not None
     else:
         out, lse, _ = _forward_op(q, k, v, *kernel_metadata, *mask)
