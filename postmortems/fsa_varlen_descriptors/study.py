@@ -146,16 +146,22 @@ class Call:
         return {(d["kernel"], d["site"].rsplit(":", 1)[0]) for d in self.descriptors if "violation" in d}
 
 
-def run(function: str, variant: str, case: Case) -> Call:
-    """`function` of flash-sparse-attn (bare, or with a workaround) on `case`, under the interpreter."""
-    fsa = load("cpu")
-    called = getattr(fsa, function)
-    if variant != BARE:
-        called = repacked(called, MULTIPLES[variant])
+def measure(called: Callable, case: Case, name: str) -> tuple[Any, list[dict]]:
+    """`called` (fsa's varlen signature) forward and backward on `case` under the interpreter: its
+    probe against the float64 oracle, and its descriptors summarized."""
+    load("cpu")
     # numpy's warnings for the -inf lse of rows without a key, which the kernels handle: not news
     with recorded_descriptors() as records, np.errstate(divide="ignore", invalid="ignore"):
-        record = probe(contract(called), pack(case, "cpu"), name=f"{function} {variant}")
-    return Call(function, variant, case, record, summarize_descriptors(records))
+        record = probe(contract(called), pack(case, "cpu"), name=name)
+    return record, summarize_descriptors(records)
+
+
+def run(function: str, variant: str, case: Case) -> Call:
+    """`function` of flash-sparse-attn (bare, or with a workaround) on `case`, under the interpreter."""
+    called = getattr(load("cpu"), function)
+    if variant != BARE:
+        called = repacked(called, MULTIPLES[variant])
+    return Call(function, variant, case, *measure(called, case, f"{function} {variant}"))
 
 
 def first_call_layout(check: str) -> dict[str, Any]:
