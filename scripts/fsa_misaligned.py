@@ -3,6 +3,7 @@
     python scripts/fsa_misaligned.py [--ptx] [--fixed] [--json PATH]     # CPU: the Triton interpreter
     python scripts/fsa_misaligned.py --device cuda [--json PATH] [--sanitizer] [--no-autotune]
     python scripts/fsa_misaligned.py --checks tail-rows,gqa,... [--json PATH]   # CPU: the audit checks' calls
+    python scripts/fsa_misaligned.py --workaround [--device cuda] [--json PATH]  # + the post-mortem's workaround
 
 The H200 audit's first call of flash_sparse_attn's *_varlen_func (forward + backward) raised
 `Triton Error [CUDA]: misaligned address` at a module load (`_init_handles`): a sticky error
@@ -39,6 +40,11 @@ finished) reports the fault. --sanitizer also runs the audit case under `compute
 the `fsa-varlen` adapter in the H200 matrix (float16, head dim 64, the checks' native layouts; the
 H200 cell of each records that call's error, each check having run in a fresh process): the
 audit's own probe, forward and backward, under the interpreter, with the same recording.
+
+--workaround adds both functions through the fsa-varlen-descriptors post-mortem's workaround
+(`repacked`: empty sequences dropped, each sequence's queries padded at its start to a multiple of
+4) on each of that post-mortem's calls, forward and backward against the float64 oracle: on CUDA,
+each in a fresh process, whether it faults and whether REAL rows are within the bound.
 
 --ptx (either device) compiles the backward preprocess kernel for sm_90 with Triton's bundled
 compiler, no GPU needed, and counts its tensor-map (TMA) instructions: whether the lse
@@ -279,10 +285,48 @@ def one_check(fsa, function: str, check: str) -> dict:
     return found
 
 
+WORKAROUND = "workaround:"  # a case name so prefixed: the page's workaround on that call of the post-mortem
+
+
+def one_workaround(fsa, function: str, name: str, device: str) -> dict:
+    """The post-mortem's call `name` through the workaround (`repacked`: empty sequences dropped,
+    queries padded at the start to a multiple of 4), forward and backward, against the float64 oracle."""
+    import torch
+
+    from postmortems.fsa_varlen_descriptors.cases import NAMED
+    from postmortems.fsa_varlen_descriptors.study import contract, repacked
+    from workbench import pack, probe
+
+    case = NAMED[name]
+    found: dict = {"function": function, "case": WORKAROUND + name, "layout": case.label()}
+    found["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
+    try:
+        record = probe(contract(repacked(getattr(fsa, function))), pack(case, device), name="workaround")
+        if device == "cuda":
+            torch.cuda.synchronize()
+        found["stage"] = "done"
+        found["real_within_bound"], found["padding_exactly_zero"] = record.real_within_bound, record.padding_exactly_zero
+        found["error_over_fp16s"] = {n: e.ratio for n, e in record.errors.items()}
+    except Exception as exc:  # a fault of the workaround's call: the finding
+        found["stage"] = "raised"
+        found["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return found
+
+
 def calls(args) -> list[tuple[str, str]]:
-    """(function, case) pairs: both varlen functions on each case, then (--fixed) the fixed-length ones."""
+    """(function, case) pairs: both varlen functions on each case, then (--fixed) the fixed-length ones,
+    then (--workaround) both through the workaround on each of the post-mortem's calls."""
+    from postmortems.fsa_varlen_descriptors.cases import NAMED
+
     pairs = [(function, case) for function in FUNCTIONS for case in args.cases]
-    return pairs + ([(FIXED_FUNCTION, case) for case in FIXED] if args.fixed else [])
+    pairs += [(FIXED_FUNCTION, case) for case in FIXED] if args.fixed else []
+    return pairs + ([(function, WORKAROUND + name) for function in FUNCTIONS for name in NAMED] if args.workaround else [])
+
+
+def one_call(fsa, function: str, case: str, device: str) -> dict:
+    if case.startswith(WORKAROUND):
+        return one_workaround(fsa, function, case.removeprefix(WORKAROUND), device)
+    return one(fsa, function, case, device)
 
 
 def in_process(args) -> list[dict]:
@@ -290,7 +334,7 @@ def in_process(args) -> list[dict]:
     fsa = load("cpu")
     if args.checks:
         return [one_check(fsa, function, check) for function in FUNCTIONS for check in args.checks]
-    return [one(fsa, function, case, "cpu") for function, case in calls(args)]
+    return [one_call(fsa, function, case, "cpu") for function, case in calls(args)]
 
 
 # -- GPU: one fresh process per call ---------------------------------------------------------------
@@ -444,9 +488,10 @@ def print_results(results: list[dict]) -> None:
                 print("  " + line)
             continue
         print(
-            f"\n{r['function']} / {r['case']}: q {r.get('q_shape')}"
+            f"\n{r['function']} / {r['case']}:"
+            + (f" q {r['q_shape']}" if "q_shape" in r else "")
             + (f" {r['layout']}" if "layout" in r else "")
-            + (f", cu_seqlens_q {r.get('cu_seqlens_q')}" if r["case"] in CASES or "layout" in r else "")
+            + (f", cu_seqlens_q {r['cu_seqlens_q']}" if "cu_seqlens_q" in r and (r["case"] in CASES or "layout" in r) else "")
             + f": reached {r.get('stage', '?')}"
             + (f", raised {r['error']} at {r.get('library_frames')}" if "error" in r else "")
         )
@@ -464,6 +509,11 @@ def print_results(results: list[dict]) -> None:
             if d.get("zero_extent"):
                 flag += f"  ZERO EXTENT: {d['zero_extent']} programs, {d['zero_extent_accesses']} loads/stores through them"
             print(f"  {d['kernel']:<24} {d['site']:<32} strides {d['strides_bytes']!s:<10} base mod 16 {d['base_mod16']}{flag}")
+        if "real_within_bound" in r:
+            print(
+                f"  workaround: REAL rows within the bound {r['real_within_bound']}, padding exactly 0 "
+                f"{r['padding_exactly_zero']}; error / fp16's: {r['error_over_fp16s']}"
+            )
         if "max_abs_error_vs_float64" in r:
             print(
                 "  max |error| vs float64 on real rows: "
@@ -481,6 +531,9 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help=f"which cases (default {','.join(CASES)})")
     parser.add_argument("--checks", default="", help="CPU: replay the first call of these audit checks instead (comma-separated)")
     parser.add_argument("--fixed", action="store_true", help=f"also {FIXED_FUNCTION} at sequence lengths 7 and 8")
+    parser.add_argument(
+        "--workaround", action="store_true", help="also both functions through the fsa-varlen-descriptors workaround"
+    )
     parser.add_argument("--isolate", action="store_true", help="CPU: each call in its own process, as on the GPU")
     parser.add_argument("--ptx", action="store_true", help="also compile the preprocess kernel for sm_90, list its TMA ops")
     parser.add_argument("--ptx-only", action="store_true", help=argparse.SUPPRESS)
@@ -505,7 +558,7 @@ def main() -> int:
         print(json.dumps(hopper_ptx()), flush=True)
         return 0
     if args.one:
-        print(json.dumps(one(load(args.device), *args.one, args.device)), flush=True)  # before a faulted context's exit
+        print(json.dumps(one_call(load(args.device), *args.one, args.device)), flush=True)  # before a faulted context's exit
         return 0
     results = isolated(args) if args.device == "cuda" or args.isolate else in_process(args)
     if args.ptx:

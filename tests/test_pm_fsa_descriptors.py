@@ -135,3 +135,17 @@ def test_the_claims_fail_when_the_records_or_the_calls_say_otherwise(results):
     fixed.descriptors[0]["violation"] = "base must be 16-byte aligned"
     fixed.descriptors[0]["base_mod16"] = {"4": 1}
     assert not pm.claims.verdict(changed, "Workaround (b)").holds
+
+
+def test_the_scripts_workaround_mode_runs_the_pages_workaround():
+    """scripts/fsa_misaligned.py --workaround (the H200 run of the workaround) on the empty-sequences call, here."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "fsa_misaligned.py"
+    spec = importlib.util.spec_from_file_location("fsa_misaligned", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    found = script.one_call(pm.load("cpu"), pm.FUNCTIONS[0], "workaround:empty", "cpu")
+    assert found["stage"] == "done" and found["real_within_bound"] and found["padding_exactly_zero"], found

@@ -37,6 +37,7 @@ CAUSAL = _NO_TAIL.with_(seqlens_q=(5, 3), seqlens_k=(9, 7), causal=True)  # caus
 NO_KEY = _NO_TAIL.with_(seqlens_q=(3, 2, 4), seqlens_k=(3, 0, 2), causal=True)  # fully-masked-rows: a sequence with no key
 EMPTY = _NO_TAIL.with_(seqlens_q=(3, 0, 4, 0))  # empty-sequences: two sequences with no query and no key
 CASES = (AUDIT, CAUSAL, NO_KEY, EMPTY)
+NAMED = {"audit": AUDIT, "causal": CAUSAL, "no-key": NO_KEY, "empty": EMPTY}  # for scripts/fsa_misaligned.py
 WITH_EMPTY = (EMPTY,)  # the call with sequences of length 0 (a sequence with queries and no key builds none)
 
 FUNCTIONS = ("flash_dense_attn_varlen_func", "flash_sparse_attn_varlen_func")
