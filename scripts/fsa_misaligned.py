@@ -58,6 +58,7 @@ when missing (workbench.upstream).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -301,7 +302,8 @@ def one_workaround(fsa, function: str, name: str, device: str) -> dict:
     found: dict = {"function": function, "case": WORKAROUND + name, "layout": case.label()}
     found["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
     try:
-        record = probe(contract(repacked(getattr(fsa, function))), pack(case, device), name="workaround")
+        called = functools.partial(getattr(fsa, function), **CALL_EXTRA)  # --no-autotune as for the bare calls
+        record = probe(contract(repacked(called)), pack(case, device), name="workaround")
         if device == "cuda":
             torch.cuda.synchronize()
         found["stage"] = "done"
