@@ -239,17 +239,18 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
 def test_the_fsa_script_replays_each_audit_checks_first_call_with_the_gpus_layout():
     """--checks replays the call each audit check makes first on the H200 (its native layouts, not the
     interpreter-sized ones), with the probe's keywords: the call whose error that check's cell records."""
-    script = _script("fsa_misaligned")
-    function = script.FUNCTIONS[0]
-    _, determinism, kwargs = script.first_call("determinism", function)
+    from postmortems.fsa_varlen_descriptors.audit import first_call  # the script's --checks replay
+
+    function = _script("fsa_misaligned").FUNCTIONS[0]
+    _, determinism, kwargs = first_call("determinism", function)
     assert (determinism.seqlens_q, determinism.heads, determinism.causal) == ((300, 1000, 77, 512), 8, True)
     assert kwargs == {"reference": False}
-    _, scaled, kwargs = script.first_call("custom-scale", function)
+    _, scaled, kwargs = first_call("custom-scale", function)
     assert scaled.seqlens_q == (5, 9) and kwargs == {"scale": 0.3}
-    _, empty, _ = script.first_call("empty-sequences", function)
+    _, empty, _ = first_call("empty-sequences", function)
     assert (empty.seqlens_q, empty.tail_q, empty.head_dim, empty.dtype) == ((3, 0, 4, 0), 0, 64, "float16")
     with pytest.raises(ValueError, match="no audit check 'no-such-check'"):
-        script.first_call("no-such-check", function)
+        first_call("no-such-check", function)
 
 
 @pytest.mark.slow

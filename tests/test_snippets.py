@@ -496,6 +496,93 @@ def test_the_fa4_batteries_fail_a_bare_call_and_a_blind_check():
             battery_fa4_unwritten_tail_rows(lambda *args: dict.fromkeys(("out", "dq", "dk", "dv"), 0))
 
 
+# -- flash-sparse-attn's tensor descriptors: fsa-varlen-descriptors ---------------------------------
+# The library itself runs here, on the CPU under the Triton interpreter, every descriptor its kernels
+# build recorded and checked against Triton's rule (postmortems/fsa_varlen_descriptors/upstream.py):
+# the page's check must count what the kernels build, and its workaround must leave nothing that
+# faults on the GPU. Head dim 64 and float16, as the H200 audit called the library.
+
+
+@contextlib.contextmanager
+def _fsa_interpreted():
+    """`flash_sparse_attn` importable and runnable here: the library itself, under the interpreter."""
+    from postmortems.fsa_varlen_descriptors import load
+
+    load("cpu")
+    yield True
+
+
+def _fsa_layouts() -> list[Any]:
+    from workbench import Case, Fill
+
+    base = Case((5, 3, 7), tail_q=3, tail_k=2, heads=2, head_dim=64, dtype="float16", fill=Fill.ZEROS)
+    return [
+        base,  # the audit's first call: 4 of 6 lse bases misaligned
+        base.with_(seqlens_q=(8, 4, 12), tail_q=0, tail_k=0),  # every start and the row count multiples of 4
+        base.with_(seqlens_q=(3, 0, 4, 0), tail_q=0, tail_k=0),  # empty sequences, misaligned bases
+        base.with_(seqlens_q=(4, 0, 4), seqlens_k=(4, 3, 4), tail_q=0, tail_k=0),  # a query-less sequence, aligned
+        base.with_(seqlens_q=(5, 3), seqlens_k=(9, 7), tail_q=0, tail_k=0, causal=True),  # bottom-right causal
+    ]
+
+
+def _fsa_bare_call(case) -> Any:
+    from postmortems.fsa_varlen_descriptors import BARE, FUNCTIONS, run
+
+    return run(FUNCTIONS[0], BARE, case)
+
+
+def battery_fsa_varlen_faults(check: Callable) -> None:
+    """`check(q, cu_seqlens_q)` counts the lse bases the library's backward builds misaligned and the
+    sequences whose forward builds descriptors of extent 0, as the interpreter records them."""
+    from workbench import pack
+
+    for case in _fsa_layouts():
+        batch = pack(case)
+        counts = check(batch.q, batch.cu_seqlens_q.int())
+        call = _fsa_bare_call(case)  # each sequence shorter than one 64-row tile: one program per (sequence, head)
+        assert counts["misaligned_lse_bases"] == call.misaligned, f"{case.label()}: {counts}, recorded {call.misaligned}"
+        assert (counts["empty_sequences"] > 0) == (call.zero_extent > 0), f"{case.label()}: {counts}, {call.zero_extent}"
+        assert counts["empty_sequences"] == case.seqlens_q.count(0), f"{case.label()}: {counts}"
+
+
+def battery_fsa_varlen_aligned(workaround: Callable) -> None:
+    """The workaround around the library: no descriptor breaks Triton's rule, none has extent 0, REAL
+    rows within the bound, padding rows of out, dq, dk, dv exactly 0; through both functions."""
+    import flash_sparse_attn
+
+    from postmortems.fsa_varlen_descriptors import FUNCTIONS, measure
+    from postmortems.fsa_varlen_descriptors.study import Call
+
+    for function in FUNCTIONS:
+        attn = getattr(flash_sparse_attn, function)
+
+        def called(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, softmax_scale=None, attn=attn):
+            return workaround(q, k, v, cu_q, cu_k, is_causal=is_causal, attn=attn, softmax_scale=softmax_scale)
+
+        for case in _fsa_layouts() if function == FUNCTIONS[0] else _fsa_layouts()[:1]:
+            call = Call(function, "pasted", case, *measure(called, case, "the page's workaround"))
+            label = f"{function}, {case.label()}"
+            assert call.misaligned == 0 and not call.violations(), f"{label}: {call.violations()}"
+            assert call.zero_extent == 0, f"{label}: {call.zero_extent} descriptors of extent 0"
+            assert call.probe.real_within_bound, f"{label}: {[str(e) for e in call.probe.errors.values()]}"
+            assert call.probe.padding_exactly_zero, f"{label}: padding rows not 0"
+
+
+@pytest.mark.slow
+def test_the_fsa_batteries_fail_a_bare_call_and_a_blind_check():
+    """No old text on this page: the batteries must fail the library called as is, and a check that sees nothing."""
+    with _fsa_interpreted():
+
+        def bare(q, k, v, cu_q, cu_k, is_causal=False, attn=None, **kwargs):
+            lengths_q, lengths_k = cu_q.diff(), cu_k.diff()
+            return attn(q, k, v, cu_q, cu_k, int(lengths_q.max()), int(lengths_k.max()), is_causal=is_causal, **kwargs)
+
+        with pytest.raises(AssertionError):
+            battery_fsa_varlen_aligned(bare)
+        with pytest.raises(AssertionError):
+            battery_fsa_varlen_faults(lambda q, cu: {"misaligned_lse_bases": 0, "empty_sequences": 0})
+
+
 # -- the registry: every paste block of every page ------------------------------------------------
 
 
@@ -567,6 +654,8 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("real-client.html", "load_with_varlen_contract"): battery_load_with_varlen_contract,
     ("fa4-unwritten-padding.html", "fa4_unwritten_tail_rows"): battery_fa4_unwritten_tail_rows,
     ("fa4-unwritten-padding.html", "fa4_padding_zeroed"): battery_fa4_padding_zeroed,
+    ("fsa-varlen-descriptors.html", "fsa_varlen_faults"): battery_fsa_varlen_faults,
+    ("fsa-varlen-descriptors.html", "fsa_varlen_aligned"): battery_fsa_varlen_aligned,
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
@@ -585,7 +674,7 @@ GPU_BLOCKS_COMMAND = (
 )
 # What a page's blocks import, resolved where this machine lacks it: flash-dmattn's Flex file as the
 # post-mortem runs it, and the CUDA-only libraries above.
-PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, **GPU_PAGES}
+PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, "fsa-varlen-descriptors.html": _fsa_interpreted, **GPU_PAGES}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:

@@ -1,0 +1,66 @@
+"""What fsa-varlen-descriptors studies: META, the audit's calls replayed, and the H200 records it reads."""
+
+from __future__ import annotations
+
+from workbench import Case, Fill
+from workbench.postmortem import Meta
+
+META = Meta(
+    id="fsa-varlen-descriptors",
+    title="flash-sparse-attn 2.0.6's varlen attention faults on an H200: a misaligned lse descriptor in the backward, "
+    "and descriptors over empty sequences in the forward",
+    component="flash-sparse-attn 2.0.6 / flash_dense_attn_varlen_func, flash_sparse_attn_varlen_func (Triton)",
+    category="training bug",
+    impact="every varlen backward whose sequence starts or row count are not all multiples of 4 raises 'misaligned "
+    "address' on an H200 and the process loses its CUDA context; a batch with an empty sequence raises 'illegal "
+    "instruction' in the forward",
+    upstream_status="upstream unaware",
+    status_note="no report of either fault found in HKUSTDial/flash-sparse-attention's tracker (issues and pull "
+    "requests searched 2026-12-02)",
+    our_verdict="found by our audit on an H200 (flash-sparse-attn 2.0.6, torch 2.11.0+cu130, Triton 3.6.0); both "
+    "descriptors shown on the CPU by running the library under the Triton interpreter; source read at a named commit",
+    detection="loud: RuntimeError 'Triton Error [CUDA]: misaligned address' at the next kernel load, or 'CUDA error: "
+    "an illegal instruction was encountered'; every later CUDA call of the process fails",
+    fix_type="workaround today: drop empty sequences from cu_seqlens, and pad each sequence's queries to a multiple of "
+    "4 with dummy rows at its start; upstream: an early exit for empty sequences and an lse descriptor over a "
+    "16-byte aligned (padded) layout, as the kernel already uses for dPsum",
+    tags=("flash-sparse-attn", "Triton", "TMA", "tensor descriptor", "misaligned address", "empty sequences", "audit finding"),
+    reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fsa-*-varlen.json); no upstream report
+    published="2026-12-02",
+)
+
+# The first call four audit checks made on the H200 (as the audit called fsa: 2 heads of 64, float16,
+# zeros in padding rows), replayed: each raised there (data/audit/judgements.toml).
+AUDIT = Case((5, 3, 7), tail_q=3, tail_k=2, heads=2, head_dim=64, dtype="float16", fill=Fill.ZEROS)  # real-accuracy
+_NO_TAIL = AUDIT.with_(tail_q=0, tail_k=0)
+CAUSAL = _NO_TAIL.with_(seqlens_q=(5, 3), seqlens_k=(9, 7), causal=True)  # causal-unequal: bottom-right causal
+NO_KEY = _NO_TAIL.with_(seqlens_q=(3, 2, 4), seqlens_k=(3, 0, 2), causal=True)  # fully-masked-rows: a sequence with no key
+EMPTY = _NO_TAIL.with_(seqlens_q=(3, 0, 4, 0))  # empty-sequences: two sequences with no query and no key
+CASES = (AUDIT, CAUSAL, NO_KEY, EMPTY)
+NAMED = {"audit": AUDIT, "causal": CAUSAL, "no-key": NO_KEY, "empty": EMPTY}  # for scripts/fsa_misaligned.py
+WITH_EMPTY = (EMPTY,)  # the call with sequences of length 0 (a sequence with queries and no key builds none)
+
+FUNCTIONS = ("flash_dense_attn_varlen_func", "flash_sparse_attn_varlen_func")
+ROWS = {"flash_dense_attn_varlen_func": "fsa-dense-varlen", "flash_sparse_attn_varlen_func": "fsa-sparse-varlen"}
+AUDITS = {row: f"audit-{row}.json" for row in ROWS.values()}
+SANITIZERS = {row: f"sanitizer-{row}.json" for row in ROWS.values()}
+MISALIGNED = "misaligned address"
+ILLEGAL_INSTRUCTION = "illegal instruction"
+
+# Triton's rule for a tensor descriptor (tl.make_tensor_descriptor): a 16-byte aligned base. lse is
+# float32, so its base LSE + h * total_q + cu_seqlens_q[b] is aligned when that offset is a multiple of 4.
+LSE_ALIGNMENT = 16 // 4
+
+# The upstream source read: flash_bwd_preprocess.py at this commit builds `lse_desc` over
+# `lse_base = offset_batch_Q(LSE + head_idx * stride_lh, ..., USE_PADDED=False)`, beside dPsum's
+# and lse_log2's over the padded layout (USE_PADDED=True), as the 2.0.6 wheel does.
+FSA_SOURCE = "HKUSTDial/flash-sparse-attention@801cc148254bf2a16964c53046cbd99f77717fef"
+PREPROCESS_FILE = "flash_sparse_attn/ops/triton/flash_bwd_preprocess.py"
+
+# The checks of both H200 rows that raised 'misaligned address', and the one that raised 'illegal instruction'.
+MISALIGNED_CHECKS = (
+    "real-accuracy", "tail-rows", "padding-leak", "custom-scale", "fully-masked-rows", "causal-unequal", "gqa", "determinism",
+)  # fmt: skip
+EMPTY_CHECK = "empty-sequences"
+# compute-sanitizer memcheck's first report on each row: the forward's Q descriptor load (its source line).
+SANITIZER_FIRST_SITE = "scheduler.py:1625"

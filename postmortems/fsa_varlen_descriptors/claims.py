@@ -1,0 +1,164 @@
+"""The claims of fsa-varlen-descriptors: the H200 records, the library under the interpreter, its source."""
+
+from __future__ import annotations
+
+import math
+
+from postmortems.fsa_varlen_descriptors.cases import (
+    CASES,
+    EMPTY,
+    EMPTY_CHECK,
+    FSA_SOURCE,
+    FUNCTIONS,
+    ILLEGAL_INSTRUCTION,
+    MISALIGNED,
+    MISALIGNED_CHECKS,
+    PREPROCESS_FILE,
+    SANITIZER_FIRST_SITE,
+)
+from postmortems.fsa_varlen_descriptors.study import (
+    ALIGNED,
+    BARE,
+    NO_EMPTY,
+    FsaDescriptorResults,
+    misaligned_lse_bases,
+    preprocess_source,
+)
+from postmortems.fsa_varlen_descriptors.upstream import TILE_M
+from workbench import Region, pack
+from workbench.postmortem import UPSTREAM_CPU, UPSTREAM_GPU, Claims, source_at
+
+claims = Claims()
+
+PREPROCESS = ("_bwd_preprocess_kernel", "ops/triton/flash_bwd_preprocess.py")
+
+
+def _verdicts(results: FsaDescriptorResults, row: str) -> dict[str, tuple[str, str]]:
+    return {c["name"]: (c["verdict"], c["evidence"]) for c in results.audits[row]["checks"]}
+
+
+@claims(
+    "On the H200 (flash-sparse-attn 2.0.6, each check in a fresh process), both varlen functions raise 'misaligned "
+    "address' in 8 checks (real-accuracy, tail-rows, padding-leak, custom-scale, fully-masked-rows, causal-unequal, "
+    "gqa, determinism) and 'illegal instruction' in empty-sequences: no check that calls them passes",
+    evidence=UPSTREAM_GPU,
+)
+def _h200_audit(r: FsaDescriptorResults):
+    parts, ok = [], True
+    for row, record in r.audits.items():
+        verdicts = _verdicts(r, row)
+        misaligned = [c for c in MISALIGNED_CHECKS if verdicts[c][0] == "FAIL" and MISALIGNED in verdicts[c][1]]
+        illegal = verdicts[EMPTY_CHECK][0] == "FAIL" and ILLEGAL_INSTRUCTION in verdicts[EMPTY_CHECK][1]
+        passed = [name for name, (verdict, _) in verdicts.items() if verdict == "pass"]
+        ok &= len(misaligned) == len(MISALIGNED_CHECKS) and illegal and not passed and "H200" in record["provenance"]["device"]
+        parts.append(
+            f"{row}: {len(misaligned)} misaligned address, empty-sequences illegal instruction {illegal}, passed {passed}"
+        )
+    return ok, "; ".join(parts)
+
+
+@claims(
+    "Every one of those 8 checks made a first call whose lse bases are not all 16-byte aligned, and the "
+    "empty-sequences check's first call has empty sequences",
+    evidence=UPSTREAM_CPU,
+)
+def _first_calls(r: FsaDescriptorResults):
+    misaligned = {c: f"{r.first_calls[c]['misaligned']}/{r.first_calls[c]['bases']}" for c in MISALIGNED_CHECKS}
+    ok = all(r.first_calls[c]["misaligned"] > 0 for c in MISALIGNED_CHECKS) and r.first_calls[EMPTY_CHECK]["empty"] > 0
+    empty = r.first_calls[EMPTY_CHECK]
+    return ok, f"misaligned bases {misaligned}; {EMPTY_CHECK}: {empty['layout']}, {empty['empty']} empty sequences"
+
+
+@claims(
+    f"compute-sanitizer memcheck on the H200 reports, first, an illegal instruction in each function's forward at "
+    f"{SANITIZER_FIRST_SITE}, its Q descriptor load",
+    evidence=UPSTREAM_GPU,
+)
+def _sanitizer(r: FsaDescriptorResults):
+    firsts = {row: record["tools"]["memcheck"]["first"] for row, record in r.sanitizers.items()}
+    ok = all(f.startswith("Illegal instruction") and "_fwd_" in f and f.endswith(SANITIZER_FIRST_SITE) for f in firsts.values())
+    return ok, "; ".join(f"{row}: {first}" for row, first in firsts.items())
+
+
+@claims(
+    "Under the interpreter, each replayed call's only descriptor that breaks Triton's 16-byte rule is the backward "
+    "preprocess kernel's lse descriptor, in exactly the programs whose base LSE + h * rows + cu_seqlens_q[b] is not a "
+    "multiple of 4 floats",
+    evidence=UPSTREAM_CPU,
+)
+def _lse_only(r: FsaDescriptorResults):
+    parts, ok = [], True
+    for call in (c for c in r.calls if c.variant == BARE):
+        batch = pack(call.case, "cpu")
+        blocks = math.ceil(max(call.case.seqlens_q) / TILE_M)  # the preprocess grid: m blocks x sequences x heads
+        predicted = blocks * len(misaligned_lse_bases(batch.cu_seqlens_q, batch.q.shape[0], call.case.heads))
+        ok &= call.violations() == {PREPROCESS} and call.misaligned == predicted > 0
+        if call.function == FUNCTIONS[0]:
+            parts.append(f"{call.case.label()}: {call.misaligned} (predicted {predicted})")
+    return ok, "; ".join(parts) + " (both functions)"
+
+
+@claims(
+    "Under the interpreter, only the call with empty sequences builds descriptors over no element: its forward "
+    "stores each empty sequence's output through one, and its backward's kernels build more",
+    evidence=UPSTREAM_CPU,
+)
+def _zero_extent(r: FsaDescriptorResults):
+    bare = [c for c in r.calls if c.variant == BARE]
+    empty = [c for c in bare if c.case == EMPTY]
+    forward = [d for c in empty for d in c.descriptors if d["kernel"].startswith("_fwd") and d.get("zero_extent")]
+    others = sum(c.zero_extent for c in bare if c.case != EMPTY)
+    ok = others == 0 and all(c.zero_extent > 0 for c in empty) and len(forward) == len(empty)
+    ok &= all(d["zero_extent_accesses"] > 0 for d in forward)
+    sites = sorted({d["site"] for d in forward})
+    return ok, f"{EMPTY.label()}: {[c.zero_extent for c in empty]} programs, forward at {sites}; the other calls: {others}"
+
+
+@claims(
+    "Upstream source: the backward preprocess kernel bases lse's descriptor on the unpadded layout "
+    "(USE_PADDED=False: LSE + h * total_q + cu_seqlens_q[b]) while dPsum's and lse_log2's use the padded one, "
+    "whose per-sequence offsets are multiples of the tile; the 2.0.6 wheel has the same lines",
+    evidence=source_at(FSA_SOURCE),
+)
+def _source(r: FsaDescriptorResults):
+    bases = preprocess_source()
+    ok = bases == {"lse_base": False, "dpsum_base": True, "lse_log2_base": True}
+    return ok, f"{PREPROCESS_FILE} in the wheel, USE_PADDED per base: {bases}"
+
+
+@claims(
+    "Workaround (a), empty sequences dropped from cu_seqlens before the call and their rows returned as 0, builds no "
+    "descriptor over no element, and gives REAL rows exactly the outputs and gradients of the call with them",
+    evidence=UPSTREAM_CPU,
+)
+def _no_empty(r: FsaDescriptorResults):
+    parts, ok = [], True
+    for function in FUNCTIONS:
+        bare, fixed = r.call(function, BARE, EMPTY), r.call(function, NO_EMPTY, EMPTY)
+        same = all(_real_equal(bare.probe, fixed.probe, name) for name in ("out", "dq", "dk", "dv"))
+        ok &= fixed.zero_extent == 0 and same and fixed.probe.real_within_bound
+        parts.append(f"{function}: extent-0 descriptors {bare.zero_extent} -> {fixed.zero_extent}, REAL rows identical {same}")
+    return ok, "; ".join(parts)
+
+
+@claims(
+    "Workaround (b), each sequence's queries padded to a multiple of 4 with dummy rows at its start (and empty "
+    "sequences dropped), leaves no misaligned descriptor and none over no element in any call, causal ones "
+    "included, and keeps out, dq, dk and dv on REAL rows within the bound set by PyTorch's own float16 error",
+    evidence=UPSTREAM_CPU,
+)
+def _aligned(r: FsaDescriptorResults):
+    fixed = [c for c in r.calls if c.variant == ALIGNED]
+    ok = len(fixed) == 2 * len(CASES) and all(c.misaligned == c.zero_extent == 0 and not c.violations() for c in fixed)
+    ok &= all(c.probe.real_within_bound for c in fixed)
+    worst = max(e.ratio for c in fixed for e in c.probe.errors.values())
+    return (
+        ok,
+        f"{len(fixed)} calls: misaligned {sum(c.misaligned for c in fixed)}, extent 0 {sum(c.zero_extent for c in fixed)}, worst error {worst:.2f}x fp16's",
+    )
+
+
+def _real_equal(a, b, name: str) -> bool:
+    """The two probes' `name` equal on REAL rows, bit for bit."""
+    real = a.regions(name) == Region.REAL
+    return bool((a.tensors[name][real] == b.tensors[name][real]).all())
