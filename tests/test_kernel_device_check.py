@@ -93,7 +93,8 @@ def _host_verdict(vectors, totals, limits) -> bool:
 
 
 def test_random_boundaries_get_the_host_checks_verdict():
-    """Small random vectors, most nearly valid (one nudge away), with and without padded ones."""
+    """Small random vectors, most nearly valid (one nudge away), with and without padded ones;
+    and the layout read with the verdict."""
     generator = np.random.default_rng(0)
     for trial in range(48):
         n = int(generator.integers(1, 5))
@@ -113,7 +114,12 @@ def test_random_boundaries_get_the_host_checks_verdict():
         totals = [int(generator.integers(0, 25)) for _ in range(2)]
         limits = [int(generator.integers(0, 6)) for _ in range(2)]
         _, check = check_on_device(*tensors, *totals, *limits)
-        assert (not check.failed()) == _host_verdict(tensors, totals, limits), (trial, tensors, totals, limits)
+        passed = _host_verdict(tensors, totals, limits)
+        assert (not check.failed()) == passed, (trial, tensors, totals, limits)
+        # read with the verdict: the safe copy's layout (all zeros after a failure), as FA4 needs it
+        real_q, real_k = (int(tensors[side][-1]) if passed else 0 for side in (0, 1))
+        gaps = (passed and padded is not None and not torch.equal(real, padded) for real, padded in zip(tensors[:2], tensors[2:]))
+        assert check.layout() == (real_q, real_k, *gaps), (trial, tensors)
 
 
 def test_validation_inside_a_cuda_graph_capture_is_a_clear_error(monkeypatch):

@@ -5,8 +5,9 @@ device->host copy that first waits for all the work queued before it, and leaves
 while the host then checks and launches. Here one small kernel checks the values where they
 live and writes a *safe copy* of them: the boundaries themselves when they pass, all zeros
 when any check fails (every row is then padding: the attention kernels read no row and write
-zeros and -inf, never outside the tensors), and a snapshot of the values as they were, for the
-error message. The kernels are launched on the safe copy. Reading the check's flag waits for
+zeros and -inf, never outside the tensors), a snapshot of the values as they were, for the
+error message, and beside its verdict the safe copy's layout (`SafeLayout`) that the FA4 path
+needs, read in the same device->host copy. The kernels are launched on the safe copy. Reading the check's flag waits for
 the check, and so for all the work queued before it: `varlen_attention` reads it at once only
 where nothing else would (no gradient will flow); a call whose output will be differentiated
 leaves its check in `PendingChecks`, resolved without a wait by a later call once the device
@@ -16,6 +17,7 @@ has run it, and at the latest in the call's backward, before any gradient is ret
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import triton
@@ -24,6 +26,17 @@ import triton.language as tl
 from kernels.contract import check_cu_seqlens
 
 CHUNK = 1024  # boundaries per step of the check's loops
+
+
+class SafeLayout(NamedTuple):
+    """What the check tells of its safe copy's layout: how many rows of q and of k are real
+    (`cu_seqlens_q[-1]`, `cu_seqlens_k[-1]`), and whether padding lies between the sequences of
+    q, of k (a real boundary differs from its padded one: GAP rows). All zeros after a failure."""
+
+    real_q: int
+    real_k: int
+    gap_q: bool
+    gap_k: bool
 
 
 @triton.jit
@@ -51,7 +64,7 @@ def check_metadata_kernel(
     CuQPadded,
     CuKPadded,
     Safe,
-    Errors,
+    Verdict,
     n_seqs,
     total_q,
     total_k,
@@ -60,51 +73,65 @@ def check_metadata_kernel(
     stride_safe,
     CHUNK: tl.constexpr,
 ):
-    """One program: Errors[0] = how many checks fail; Errors[1] = 1 if q or k has a row that
+    """One program: Verdict[0] = how many checks fail; Verdict[1] = 1 if q or k has a row that
     is not real (its real lengths add up to fewer rows than it has: where the checks pass,
-    every row is real otherwise); Safe[0..3] = the four vectors, or zeros if any check fails;
-    Safe[4..7] = the four vectors as they are now (for the error message)."""
+    every row is real otherwise); Verdict[2..5] = the layout of the safe copy: cu_seqlens_q[-1],
+    cu_seqlens_k[-1], and 1 where a real boundary of q (of k) differs from its padded one (GAP
+    rows); Safe[0..3] = the four vectors, or zeros if any check fails; Safe[4..7] = the four
+    vectors as they are now (for the error message)."""
     errors = _side_errors(CuQ, CuQPadded, n_seqs, total_q, max_q, CHUNK)
     errors += _side_errors(CuK, CuKPadded, n_seqs, total_k, max_k, CHUNK)
-    padding = (tl.load(CuQ + n_seqs).to(tl.int64) != total_q) | (tl.load(CuK + n_seqs).to(tl.int64) != total_k)
-    tl.store(Errors + 1, padding.to(tl.int32))
+    real_q, real_k = tl.load(CuQ + n_seqs).to(tl.int64), tl.load(CuK + n_seqs).to(tl.int64)
     keep = errors == 0
+    gaps_q, gaps_k = tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for first in range(0, n_seqs + 1, CHUNK):
         i = first + tl.arange(0, CHUNK)
         ok = i <= n_seqs
-        tl.store(Safe + i, tl.where(keep, tl.load(CuQ + i, mask=ok, other=0), 0), mask=ok)
-        tl.store(Safe + stride_safe + i, tl.where(keep, tl.load(CuK + i, mask=ok, other=0), 0), mask=ok)
-        tl.store(Safe + 2 * stride_safe + i, tl.where(keep, tl.load(CuQPadded + i, mask=ok, other=0), 0), mask=ok)
-        tl.store(Safe + 3 * stride_safe + i, tl.where(keep, tl.load(CuKPadded + i, mask=ok, other=0), 0), mask=ok)
-        tl.store(Safe + 4 * stride_safe + i, tl.load(CuQ + i, mask=ok, other=0), mask=ok)
-        tl.store(Safe + 5 * stride_safe + i, tl.load(CuK + i, mask=ok, other=0), mask=ok)
-        tl.store(Safe + 6 * stride_safe + i, tl.load(CuQPadded + i, mask=ok, other=0), mask=ok)
-        tl.store(Safe + 7 * stride_safe + i, tl.load(CuKPadded + i, mask=ok, other=0), mask=ok)
-    tl.store(Errors, errors)
+        q, k = tl.load(CuQ + i, mask=ok, other=0), tl.load(CuK + i, mask=ok, other=0)
+        q_padded, k_padded = tl.load(CuQPadded + i, mask=ok, other=0), tl.load(CuKPadded + i, mask=ok, other=0)
+        gaps_q += tl.sum((q != q_padded).to(tl.int32), 0)
+        gaps_k += tl.sum((k != k_padded).to(tl.int32), 0)
+        tl.store(Safe + i, tl.where(keep, q, 0), mask=ok)
+        tl.store(Safe + stride_safe + i, tl.where(keep, k, 0), mask=ok)
+        tl.store(Safe + 2 * stride_safe + i, tl.where(keep, q_padded, 0), mask=ok)
+        tl.store(Safe + 3 * stride_safe + i, tl.where(keep, k_padded, 0), mask=ok)
+        tl.store(Safe + 4 * stride_safe + i, q, mask=ok)
+        tl.store(Safe + 5 * stride_safe + i, k, mask=ok)
+        tl.store(Safe + 6 * stride_safe + i, q_padded, mask=ok)
+        tl.store(Safe + 7 * stride_safe + i, k_padded, mask=ok)
+    tl.store(Verdict + 1, ((real_q != total_q) | (real_k != total_k)).to(tl.int64))
+    # the safe copy's layout: all zeros (no real row, no GAP) where a check fails
+    tl.store(Verdict + 2, tl.where(keep, real_q, 0))
+    tl.store(Verdict + 3, tl.where(keep, real_k, 0))
+    tl.store(Verdict + 4, (keep & (gaps_q != 0)).to(tl.int64))
+    tl.store(Verdict + 5, (keep & (gaps_k != 0)).to(tl.int64))
+    tl.store(Verdict, errors.to(tl.int64))
 
 
 class DeviceCheck:
-    """The outcome of one check, readable once the device has run it: on CUDA its count is
-    copied into pinned host memory behind the check and an event marks the copy. `done()` asks
-    without waiting; `failed()` waits, for the check and all the work queued before it.
+    """The outcome of one check, readable once the device has run it: on CUDA its verdict (and
+    the layout the FA4 path needs) is copied into pinned host memory behind the check and an
+    event marks the copy. `done()` asks without waiting; `failed()` and `layout()` wait, for the
+    check and all the work queued before it, and read the verdict and the layout together.
 
     `snapshot` holds the boundary vectors as the check saw them (None for an absent padded
     one), `limits` the call's (total_q, total_k, max_seqlen_q, max_seqlen_k): a failure is
     explained by the host check of those values, whatever the tensors hold by the time it
     surfaces."""
 
-    def __init__(self, errors: torch.Tensor, snapshot: Sequence[torch.Tensor | None], limits: Sequence[int]) -> None:
+    def __init__(self, verdict: torch.Tensor, snapshot: Sequence[torch.Tensor | None], limits: Sequence[int]) -> None:
         self.snapshot, self.limits = tuple(snapshot), tuple(limits)
         self.outcome: bool | None = None  # failed or not, once read
         self.padding = True  # whether q or k has padding rows, once read (until then: maybe)
+        self.read_layout = SafeLayout(0, 0, False, False)  # once read
         self.reported = False  # its error was raised once: PendingChecks raises it no more
-        if errors.is_cuda:
-            self.errors = torch.empty(errors.shape, dtype=torch.int32, pin_memory=True)
-            self.errors.copy_(errors, non_blocking=True)
+        if verdict.is_cuda:
+            self.verdict = torch.empty(verdict.shape, dtype=verdict.dtype, pin_memory=True)
+            self.verdict.copy_(verdict, non_blocking=True)
             self.copied: torch.cuda.Event | None = torch.cuda.Event()
             self.copied.record()
         else:  # the interpreter ran the check before returning
-            self.errors, self.copied = errors, None
+            self.verdict, self.copied = verdict, None
 
     def done(self) -> bool:
         """Whether the device has run the check (never waits)."""
@@ -114,9 +141,15 @@ class DeviceCheck:
         if self.outcome is None:
             if self.copied is not None:
                 self.copied.synchronize()
-            errors, padding = self.errors.tolist()
+            errors, padding, real_q, real_k, gap_q, gap_k = self.verdict.tolist()  # the one host read
             self.outcome, self.padding = bool(errors), bool(padding)
+            self.read_layout = SafeLayout(real_q, real_k, bool(gap_q), bool(gap_k))
         return self.outcome
+
+    def layout(self) -> SafeLayout:
+        """The safe copy's layout, read with the verdict (waits for the check if it is not read yet)."""
+        self.failed()
+        return self.read_layout
 
     def all_rows_real(self) -> bool:
         """Whether the check is known, without waiting, to have passed on boundaries under which
@@ -205,11 +238,12 @@ def check_on_device(
     dtype = torch.int32 if all(v.dtype == torch.int32 for v in vectors) else torch.int64
     # rows padded to 32 bytes keep every safe vector 16-byte aligned, as Triton specializes on it
     safe = torch.empty((8, (n_seqs + 4) // 4 * 4), dtype=dtype, device=cu_seqlens_q.device)
-    errors = torch.empty(2, dtype=torch.int32, device=cu_seqlens_q.device)  # failed checks, padding rows
+    # failed checks, padding rows, the safe copy's layout: one device->host copy reads them all
+    verdict = torch.empty(6, dtype=torch.int64, device=cu_seqlens_q.device)
     check_metadata_kernel[(1,)](
         *vectors,
         safe,
-        errors,
+        verdict,
         n_seqs,
         total_q,
         total_k,
@@ -223,4 +257,4 @@ def check_on_device(
         if given is None:
             snapshot[side] = None
     limits = (total_q, total_k, max_seqlen_q, max_seqlen_k)
-    return (q, k, q_padded, k_padded), DeviceCheck(errors, snapshot, limits)
+    return (q, k, q_padded, k_padded), DeviceCheck(verdict, snapshot, limits)
