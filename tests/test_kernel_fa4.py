@@ -271,9 +271,9 @@ def test_a_tail_only_side_costs_no_appended_copy(fake_fa4, case):
 
 
 def test_the_layout_is_read_once_per_metadata():
-    """One device->host read for new metadata; the same tensors, unmodified, are not read again.
-    FA4's seqused is given on a side with GAP rows only (padded boundaries equal to the real
-    ones say the same layout without it)."""
+    """Without a device check (the host check ran): one read for new metadata; the same tensors,
+    unmodified, are not read again. FA4's seqused is given on a side with GAP rows only (padded
+    boundaries equal to the real ones say the same layout without it)."""
 
     def read(*metadata):
         layout = remembered(*metadata)
@@ -289,6 +289,80 @@ def test_the_layout_is_read_once_per_metadata():
     assert read(cu_q, cu_k, cu_q, padded_k) == (4, 9, None, [4, 5])
     assert read(cu_q.clone(), cu_k, cu_q, cu_k) == (4, 9, None, None)
     assert read(cu_q, cu_k, cu_q.clone(), cu_k) == (4, 9, None, None)  # equal values, other tensors: no GAP rows
+
+
+@pytest.fixture
+def host_reads(fake_fa4, monkeypatch) -> list[int]:
+    """The native path, the metadata checked by the device kernel (here under the interpreter),
+    nothing remembered, and every host read of a tensor's values counted (`tolist`, `item`):
+    for each, how many FA4 forwards had run before it. The stand-in's own reads (its float64
+    oracle) are not the wrapper's and go uncounted."""
+    import kernels.varlen.op as op
+
+    monkeypatch.setattr(op, "_checks_on_device", lambda: True)
+    monkeypatch.setattr(op, "_VALIDATED", op._ValidatedMetadata())
+    monkeypatch.setattr(fa4, "_LAYOUT", fa4._Layout())
+    reads: list[int] = []
+    in_stand_in = [False]
+
+    def counting(read):
+        def counted(tensor, *args):
+            if not in_stand_in[0]:
+                reads.append(len(fake_fa4.calls))
+            return read(tensor, *args)
+
+        return counted
+
+    def uncounted(kernel):
+        def run(*args, **kwargs):
+            in_stand_in[0] = True
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                in_stand_in[0] = False
+
+        return run
+
+    for name in ("tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+    monkeypatch.setattr(fake_fa4, "kernels", fa4.Kernels(uncounted(fake_fa4.forward), uncounted(fake_fa4.backward)))
+    return reads
+
+
+def test_the_fa4_path_reads_the_device_once_per_new_metadata(host_reads, fake_fa4):
+    """New metadata: one read, before FA4 runs, of the device check's verdict and FA4's layout
+    together; the same metadata again (the layers of one step): none. The layout FA4 gets is
+    the check's: real rows up to the last, seqused where GAP rows lie."""
+    batch, tail = pack(PADDED), pack(TAIL)
+    grad = nan_on_padding(batch)
+    host_reads.clear()  # packing reads the layouts on the host
+    for _ in range(2):
+        out = batch.fresh().call(varlen_attention, backend="fa4")
+    out.backward(grad)
+    assert host_reads == [0]
+    for call in fake_fa4.calls:
+        assert call["rows"] == [batch.q.shape[0], batch.k.shape[0], batch.k.shape[0]]  # GAP rows on both sides: copies
+        assert call["seqused_q"].tolist() == [5, 0, 7] and call["seqused_k"].tolist() == [4, 3, 0]
+    host_reads.clear()
+    tail.call(varlen_attention, backend="fa4")
+    assert host_reads == [2]
+    assert fake_fa4.calls[2]["rows"] == [15, 14, 14]  # TAIL rows only: views up to the last real row
+    assert fake_fa4.calls[2]["seqused_q"] is None and fake_fa4.calls[2]["seqused_k"] is None
+
+
+def test_malformed_metadata_raises_before_fa4_runs(host_reads, fake_fa4):
+    """The device check's verdict is read before FA4 is called: a malformed call raises the host
+    check's error, and FA4 never runs, not even on the check's all-padding safe copy."""
+    import dataclasses
+
+    batch = pack(PADDED)
+    bad = batch.cu_seqlens_q_padded.clone()
+    bad[-1] = 10**6
+    malformed = dataclasses.replace(batch, cu_seqlens_q_padded=bad).fresh()
+    host_reads.clear()
+    with pytest.raises(ValueError, match="cu_seqlens_q_padded"):
+        malformed.call(varlen_attention, backend="fa4")
+    assert not fake_fa4.calls and host_reads == [0]
 
 
 @pytest.mark.parametrize("case", [PADDED, TAIL], ids=["padded", "tail-only"])

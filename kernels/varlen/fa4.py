@@ -22,8 +22,8 @@ only what the contract needs beyond them, and nothing on a batch without padding
   real row, with no copy (an empty view when no row is real: FA4 then answers 0 and -inf, and
   zero gradients, without running its kernels); a side with GAP rows reaches it as a copy of q
   (or of k and v) and of dO with its padding rows zeroed. Which side has which (`_Layout`) is
-  read from the device once per new metadata, so the layers of one step and unpadded batches
-  pay nothing;
+  read from the device once per new metadata, in the same device->host copy as its device
+  check's verdict, so the layers of one step and unpadded batches pay nothing;
 - `out`, `lse` and the gradients are full-size buffers of which FA4 writes the rows it sees (a
   view of their leading rows): their TAIL rows are written 0 (lse -inf) once, nothing is
   appended or copied. FA4 stores no row past a sequence's real ones (4.0.0b36: the stores go
@@ -51,6 +51,7 @@ from typing import NamedTuple
 import torch
 
 from kernels._compat import INTERPRETED, device_capability
+from kernels.varlen.device_check import DeviceCheck
 from kernels.varlen.launch import Padding, fill_padding_rows
 
 BACKENDS = ("auto", "triton", "fa4")
@@ -144,20 +145,24 @@ class Layout(NamedTuple):
 
 
 class _Layout:
-    """The `Layout` of the last metadata seen. One device->host read per new metadata, none
-    while the same tensors, unmodified, come again (the layers of one step)."""
+    """The `Layout` of the last metadata seen: read with the verdict of the metadata's device
+    check where there is one (no read of its own), else one device->host read per new
+    metadata; none while the same tensors, unmodified, come again (the layers of one step)."""
 
     def __init__(self) -> None:
         self.refs: tuple = ()
         self.versions: tuple = ()
         self.read = Layout(0, 0, None, None)
 
-    def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded) -> Layout:
+    def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded, check: DeviceCheck | None = None) -> Layout:
         metadata = (cu_q, cu_k, cu_q_padded, cu_k_padded)
         versions = tuple(t._version for t in metadata)
         if not (self.refs and all(ref() is t for ref, t in zip(self.refs, metadata)) and self.versions == versions):
-            gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
-            rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
+            if check is not None:  # these are its safe copy: it read their layout with its verdict
+                rows_q, rows_k, gap_q, gap_k = check.layout()
+            else:
+                gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
+                rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
             self.read = Layout(rows_q, rows_k, _real_lengths(cu_q) if gap_q else None, _real_lengths(cu_k) if gap_k else None)
             self.refs, self.versions = tuple(weakref.ref(t) for t in metadata), versions
         return self.read
@@ -280,10 +285,12 @@ def fa4_attention(
     window_left: int,
     window_right: int,
     return_lse: bool,
+    check: DeviceCheck | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None)."""
+    """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None). `check`: the
+    device check whose safe copy the boundaries are, passed (its verdict read) before this call."""
     metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    layout = _LAYOUT(*metadata)
+    layout = _LAYOUT(*metadata, check)
     gap_q, gap_k = layout.seqused_q is not None, layout.seqused_k is not None
     if gap_q or gap_k:
         q, k, v = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)

@@ -431,9 +431,11 @@ def varlen_attention(
     eager = _eager()  # asked once: it reads torch.compile's state and the dispatch mode stack
     backward_reads_check = False  # whether out's backward is ours and reads device_check
     if _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, asked_to_validate):
-        out, lse = fa4_attention(
-            q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), causal, mask[1], left, right, return_lse
-        )
+        if device_check is not None:
+            # FA4 needs the layout, read with the verdict (one wait): a malformed call raises
+            # before FA4 runs on anything.
+            device_check.raise_if_failed()
+        out, lse = fa4_attention(q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), *mask, return_lse, device_check)
     elif eager:
         if device_check is not None and _VALIDATED.work is None:  # kernel_metadata: the check's safe copy
             _VALIDATED.work = work_lists(*kernel_metadata[:2])
