@@ -14,7 +14,6 @@ and the host waits on the GPU inside the loop, so the numbers include GPU time.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
@@ -23,19 +22,7 @@ from kernels import varlen_attention
 from kernels.varlen import launch, op
 from workbench.bench import select_workloads
 from workbench.layout import pack
-
-
-def host_us(fn: Callable[[], object], calls: int) -> float:
-    """Microseconds of host time per call, after a warm-up; the GPU is drained outside the timing."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+from workbench.timing import host_us
 
 
 def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
@@ -91,7 +78,7 @@ def main() -> int:
     title, calls = layers(args.shape)
     print(f"host time per call, {title} ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     for name, fn in calls.items():
-        print(f"{name:<48} {host_us(fn, args.calls):8.1f} us")
+        print(f"{name:<48} {host_us(fn, args.calls, repeats=3, drain=torch.cuda.synchronize):8.1f} us")
     return 0
 
 

@@ -317,6 +317,10 @@ def test_host_time_is_the_least_run_mean_per_call(monkeypatch):
     calls = []
     assert timing.host_us(lambda: calls.append(1), calls=2, repeats=3, warmup=4) == pytest.approx(0.15e6)
     assert len(calls) == 4 + 2 * 3
+    clock = iter([0.0, 0.9, 1.0, 1.3])
+    events = []
+    timing.host_us(lambda: events.append("call"), calls=1, repeats=2, warmup=1, drain=lambda: events.append("drain"))
+    assert events == ["call", "drain", "call", "drain", "call"]  # drained before each timed run, never inside one
 
 
 def test_bench_refuses_fewer_than_20_timed_calls(capsys):

@@ -62,15 +62,20 @@ def time_call(
     return CallTime(min(times), statistics.median(times), host_ms, iters)
 
 
-def host_us(fn: Callable[[], object], calls: int, repeats: int, warmup: int = 20) -> float:
+def host_us(
+    fn: Callable[[], object], calls: int, repeats: int, warmup: int = 20, drain: Callable[[], object] | None = None
+) -> float:
     """Host microseconds per call of `fn`, for code whose device work is stubbed or negligible
     (no GPU time is measured): the least over `repeats` runs of the mean of `calls` back-to-back
     calls, after `warmup`. Contention from other processes only adds time, so the least run is
-    the best estimate of the code's own cost."""
+    the best estimate of the code's own cost. `drain` (e.g. torch.cuda.synchronize) runs before
+    each timed run, outside the timing, so no run starts behind the last one's device work."""
     for _ in range(warmup):
         fn()
     runs = []
     for _ in range(repeats):
+        if drain is not None:
+            drain()
         began = time.perf_counter()
         for _ in range(calls):
             fn()
