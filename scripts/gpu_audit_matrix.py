@@ -318,7 +318,9 @@ def run_sanitizer(row: str, tool: str, timeout: int) -> ToolRun:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill(process)
-        return ToolRun(tool, None, why=f"timed out after {timeout} s")
+        # What it printed before the kill stays: reports, but no summary, so no count.
+        printed = parse(log.read_text(errors="replace"), tool) if log.exists() else ToolRun(tool, None)
+        return ToolRun(tool, None, printed.kinds, printed.first, why=f"timed out after {timeout} s")
     if process.returncode == 3:  # audit_sanitize.py: the row cannot express the watched layout
         return ToolRun(tool, None, why=_tail(output, 1)[0] if output.strip() else NOT_APPLICABLE)
     return parse(log.read_text(errors="replace") if log.exists() else "", tool, output)

@@ -73,6 +73,18 @@ def test_a_row_is_clean_only_when_every_tool_counts():
     assert row_summary({}) == ("not run", "no compute-sanitizer record", None)
 
 
+def test_a_run_killed_past_its_limit_keeps_the_reports_it_printed_but_no_count():
+    text = _log("sdpa-cudnn-initcheck")
+    killed = parse(text[: text.index("ERROR SUMMARY")], "initcheck")  # no summary: the tool never finished
+    assert killed.errors is None and killed.kinds == {"Uninitialized __global__ memory read": 20}
+    run = {**killed.to_dict(), "why": "timed out after 549 s"}
+    assert status(run) == (
+        None,
+        f"not run through: timed out after 549 s, 20 reports printed before it; first: {killed.first}",
+    )
+    assert status({**run, "kinds": {}}) == (None, "not run: timed out after 549 s")
+
+
 def test_api_return_codes_are_not_memory_errors():
     run = parse(_log("cudnn-ragged-memcheck"), "memcheck", "cudnn-ragged: ... forward+backward in 30.1 s")
     assert run.errors == 34 and run.completed and all(kind.startswith(API_RETURN_CODE) for kind in run.kinds)

@@ -123,6 +123,9 @@ def status(run: dict[str, Any]) -> tuple[int | None, str]:
     or if the tool's own reports aborted it (the errors are then real, and the program stopped).
     The line ends with what the program gave up to run, if anything."""
     if run.get("why"):
+        printed = sum((run.get("kinds") or {}).values())
+        if printed:  # killed past its time limit, after printing reports: a floor, not a count
+            return None, f"not run through: {run['why']}, {printed} reports printed before it; first: {run.get('first')}"
         return None, f"not run: {run['why']}"
     errors, first = run.get("errors"), run.get("first") or ""
     if errors is None:
