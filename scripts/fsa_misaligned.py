@@ -62,10 +62,10 @@ import functools
 import importlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -566,13 +566,10 @@ def main() -> int:
     if args.ptx:
         results.append(hopper_ptx_in_subprocess(args.timeout))
     print_results(results)
-    if args.json:
-        record = {
-            "command": " ".join(["python", "scripts/fsa_misaligned.py", *sys.argv[1:]]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "results": results,
-        }
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    if args.json:  # provenance as every record has it (on a GPU machine, WORKBENCH_COMMIT names the commit)
+        from workbench.records import write_record
+
+        write_record(args.json, {"results": results}, command=shlex.join(["python", "scripts/fsa_misaligned.py", *sys.argv[1:]]))
     return 0
 
 

@@ -134,7 +134,12 @@ def test_the_claims_fail_when_the_records_or_the_calls_say_otherwise(results):
     fixed = next(c for c in changed.calls if c.variant == pm.ALIGNED)
     fixed.descriptors[0]["violation"] = "base must be 16-byte aligned"
     fixed.descriptors[0]["base_mod16"] = {"4": 1}
-    assert not pm.claims.verdict(changed, "Workaround (b)").holds
+    assert not pm.claims.verdict(changed, "Workaround (b),").holds
+    changed = copy.deepcopy(results)
+    changed.workaround_h200["results"][-1]["padding_exactly_zero"] = False
+    assert not pm.claims.verdict(changed, "Workaround (b) on the H200").holds
+    changed.workaround_h200["results"] = changed.workaround_h200["results"][:-1]  # a call missing
+    assert not pm.claims.verdict(changed, "Workaround (b) on the H200").holds
 
 
 def test_the_scripts_workaround_mode_runs_the_pages_workaround():

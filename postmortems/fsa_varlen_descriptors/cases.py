@@ -44,6 +44,8 @@ FUNCTIONS = ("flash_dense_attn_varlen_func", "flash_sparse_attn_varlen_func")
 ROWS = {"flash_dense_attn_varlen_func": "fsa-dense-varlen", "flash_sparse_attn_varlen_func": "fsa-sparse-varlen"}
 AUDITS = {row: f"audit-{row}.json" for row in ROWS.values()}
 SANITIZERS = {row: f"sanitizer-{row}.json" for row in ROWS.values()}
+# The workaround (b) through both functions on the H200: scripts/fsa_misaligned.py --device cuda --workaround
+WORKAROUND_H200 = "fsa-workaround-h200.json"
 MISALIGNED = "misaligned address"
 ILLEGAL_INSTRUCTION = "illegal instruction"
 

@@ -31,6 +31,7 @@ from postmortems.fsa_varlen_descriptors.cases import (
     PREPROCESS_FILE,
     SANITIZERS,
     WITH_EMPTY,
+    WORKAROUND_H200,
 )
 from postmortems.fsa_varlen_descriptors.upstream import load, recorded_descriptors, summarize_descriptors
 from workbench import Case, pack, probe
@@ -182,12 +183,13 @@ def first_call_layout(check: str) -> dict[str, Any]:
 @dataclass
 class FsaDescriptorResults(Results):
     """The calls under the interpreter, the layouts of the audit checks' first calls, and the H200
-    records (audit and sanitizer, per row)."""
+    records (audit and sanitizer per row, the workaround's calls)."""
 
     calls: list[Call]
     first_calls: dict[str, dict[str, Any]]
     audits: dict[str, dict[str, Any]]
     sanitizers: dict[str, dict[str, Any]]
+    workaround_h200: dict[str, Any]
 
     def call(self, function: str, variant: str, case: Case) -> Call:
         return next(c for c in self.calls if (c.function, c.variant, c.case) == (function, variant, case))
@@ -214,4 +216,5 @@ def reproduce(device=None) -> FsaDescriptorResults:
         first_calls={check: first_call_layout(check) for check in (*MISALIGNED_CHECKS, EMPTY_CHECK)},
         audits={row: gpu_record(name) for row, name in AUDITS.items()},
         sanitizers={row: gpu_record(name) for row, name in SANITIZERS.items()},
+        workaround_h200=gpu_record(WORKAROUND_H200),
     )
