@@ -2,11 +2,14 @@
 
     python scripts/gpu_audit_matrix.py [--rows A,B] [--force] [--deadline 545] [--jobs 4] [--workers 3]
                                        [--check-parts 3] [--skip-sanitizer | --only-sanitizer]
+    python scripts/gpu_audit_matrix.py --rows A --recheck no-real-query --check-timeout 400
 
 Every row of `workbench.audit.adapters.MATRIX` whose record is not complete
 (`workbench.audit.matrix.complete`: it ran, no cell is "not run", and its fuzzer tried
 FUZZ_LAYOUTS layouts, or searched FUZZ_SEARCH s where one layout takes over SLOW_LAYOUT s)
-is audited again, every row with `--force`:
+is audited again, every row with `--force`; `--recheck` runs only the checks it names again, in the
+rows named, each given `--check-timeout` s (a check past its time limit is an answer the matrix
+keeps until then):
 
     python -m workbench.cli audit TARGET [--adapter A] --device cuda --budget 1000 --time-limit T
         --workers W --check-timeout 150 --record data/gpu/audit-<row>.json.new
@@ -189,7 +192,7 @@ def _merge_checks(record: dict[str, Any], part: dict[str, Any], rc: int | str, s
 
 def _command(target: str, adapter: str | None, args, phase: str, fuzz_seconds: int, checks: list[str], out: Path) -> list[str]:
     command = [sys.executable, "-m", "workbench.cli", "audit", target, *(["--adapter", adapter] if adapter else [])]
-    command += ["--device", "cuda", "--workers", str(args.workers), "--check-timeout", str(CHECK_TIMEOUT)]
+    command += ["--device", "cuda", "--workers", str(args.workers), "--check-timeout", str(args.check_timeout)]
     if phase == "checks":
         command += ["--budget", "0", "--checks", ",".join(checks)]
     else:
@@ -233,14 +236,15 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
     left = deadline - time.time()
     if left < MIN_ROW_SECONDS:
         return {"row": row, "rc": "left for the next call", "seconds": 0}
-    phases = _phases(row, args.force)
+    phases = ["checks"] if args.recheck else _phases(row, args.force)
     # A fuzz-only run needs no time for checks, only for start-up and shrinking.
     fuzz_seconds = int(min(FUZZ_SEARCH, left - (CHECKS_AND_SHRINK if phases == ["all"] else SHRINK_AND_START)))
     hard = int(deadline - time.time() - 5)
     # A slow row's checks run in parts, beside its fuzzer: each part and the fuzzer in a process
     # and log of its own, each merged into the row's record as it ends, whole or (killed at the
     # deadline) with what it finished.
-    parts = _parts(_checks_left(_earlier(row) or {}, args.force), args.check_parts) if "checks" in phases else []
+    checks = args.recheck or _checks_left(_earlier(row) or {}, args.force)
+    parts = _parts(checks, args.check_parts) if "checks" in phases else []
     runs = [("checks", checks, f"-checks-{i + 1}" if len(parts) > 1 else "-checks") for i, checks in enumerate(parts)]
     runs += [(phase, [], "" if phase == "all" else "-fuzz") for phase in phases if phase != "checks"]
     if parts:  # the logs of a checks run are this run's parts alone (workbench.audit.summary reads the latest)
@@ -368,6 +372,12 @@ def main() -> int:
         "--check-parts", type=int, default=3, help="processes a slow row's checks are split across, at once (default 3)"
     )
     parser.add_argument("--sanitizer-jobs", type=int, default=3, help="rows under compute-sanitizer at once (default 3)")
+    parser.add_argument(
+        "--recheck", type=lambda names: names.split(","), default=[], help="only these checks again, in the --rows given"
+    )
+    parser.add_argument(
+        "--check-timeout", type=int, default=CHECK_TIMEOUT, help=f"seconds one check may take (default {CHECK_TIMEOUT})"
+    )
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--skip-sanitizer", action="store_true")
     choice.add_argument("--only-sanitizer", action="store_true")
@@ -383,12 +393,19 @@ def main() -> int:
     if unknown:
         print(f"gpu_audit_matrix: --rows {unknown} are not rows of MATRIX: {[row for row, _, _ in MATRIX]}", file=sys.stderr)
         return 2
+    if args.recheck and (not args.rows or set(args.recheck) - {*CORRECTNESS, "input-validation"}):
+        print(
+            f"gpu_audit_matrix: --recheck {args.recheck} needs --rows, and names checks of {[*CORRECTNESS, 'input-validation']}",
+            file=sys.stderr,
+        )
+        return 2
     start = time.time()
     deadline = start + args.deadline - 10
     rows = [r for r in MATRIX if not args.rows or r[0] in args.rows.split(",")]
-    todo = [] if args.only_sanitizer else [r for r in rows if args.force or not complete(_earlier(r[0]) or {})]
+    redo = args.force or args.recheck
+    todo = [] if args.only_sanitizer else [r for r in rows if redo or not complete(_earlier(r[0]) or {})]
     todo.sort(key=lambda r: not _slow(r[0]))  # slow rows first: they need their whole fuzzing time
-    sanitized = [] if args.skip_sanitizer else [row for row, _, _ in rows]
+    sanitized = [] if args.skip_sanitizer or args.recheck else [row for row, _, _ in rows]
     # compute-sanitizer runs beside the audits, in its own processes: it mostly waits on the GPU
     # and on its own instrumentation.
     with ThreadPoolExecutor(args.jobs) as pool, ThreadPoolExecutor(args.sanitizer_jobs) as sanitizer_pool:

@@ -118,7 +118,7 @@ def test_a_call_killed_at_its_deadline_keeps_the_checks_its_parts_finished(scrip
     monkeypatch.setattr(script, "MIN_ROW_SECONDS", 0)
     monkeypatch.setattr(script, "_phases", lambda row, force: ["checks"])
     monkeypatch.setattr(script, "_command", lambda *a: [sys.executable, "-c", FAKE_AUDIT, str(a[-1]), ",".join(a[-2]), base])
-    args = argparse.Namespace(force=False, workers=1, check_parts=2)
+    args = argparse.Namespace(force=False, workers=1, check_parts=2, recheck=[], check_timeout=150)
     outcome = script.run_audit("fsa-dense-varlen", fsa["target"], "fsa-varlen", args, time.time() + 7)
     assert outcome["rc"] == "checks: timeout,timeout" and outcome["seconds"] < 5
     record = script._earlier("fsa-dense-varlen")
@@ -132,6 +132,21 @@ def test_a_call_killed_at_its_deadline_keeps_the_checks_its_parts_finished(scrip
         while not _gone(pid) and time.time() < deadline:
             time.sleep(0.1)
         assert _gone(pid), "the audit's own children die with it"
+
+
+def test_a_recheck_runs_only_the_checks_it_names_with_its_time_limit(script, monkeypatch):
+    import argparse
+    import time
+
+    commands = []
+    monkeypatch.setattr(script, "_run", lambda command, log, hard: commands.append(command) or (0, 0.1))
+    monkeypatch.setattr(script, "ROOT", script.DATA.parent)  # the record path is named relative to it
+    fsa = script._earlier("fsa-dense-varlen")
+    args = argparse.Namespace(force=False, workers=1, check_parts=3, recheck=["no-real-query"], check_timeout=400)
+    script.run_audit("fsa-dense-varlen", fsa["target"], "fsa-varlen", args, time.time() + 600)
+    [command] = commands  # one checks run: no fuzzer, no other check
+    assert command[command.index("--checks") + 1] == "no-real-query" and "--skip" not in command
+    assert command[command.index("--check-timeout") + 1] == "400"
 
 
 def test_racecheck_goes_to_rows_with_atomics_or_a_nondeterministic_record(script):
