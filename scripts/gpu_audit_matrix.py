@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -80,7 +79,7 @@ from workbench.audit.matrix import (  # noqa: E402
     left_out,
     ran,
 )
-from workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, parse, status  # noqa: E402
+from workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, executable, parse, status  # noqa: E402
 from workbench.records import load_records, write_json, write_record  # noqa: E402
 
 DATA = ROOT / "data" / "gpu"
@@ -294,13 +293,8 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
     return {"row": row, "rc": f"{'+'.join(phases)}: {rc}", "seconds": seconds}
 
 
-def _compute_sanitizer() -> str | None:
-    candidates = ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer")
-    return shutil.which("compute-sanitizer") or next((p for p in candidates if Path(p).exists()), None)
-
-
 def run_sanitizer(row: str, tool: str, timeout: int) -> ToolRun:
-    exe = _compute_sanitizer()
+    exe = executable()
     if exe is None:
         return ToolRun(tool, None, why="compute-sanitizer is not installed on this machine")
     log = DATA / "logs" / f"sanitizer-{row}-{tool}.log"

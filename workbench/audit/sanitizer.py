@@ -23,6 +23,7 @@ what a run shows.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,12 @@ class ToolRun:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def executable() -> str | None:
+    """compute-sanitizer's path: on PATH, or where CUDA toolkits and the standalone package put it."""
+    candidates = ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer")
+    return shutil.which("compute-sanitizer") or next((p for p in candidates if Path(p).exists()), None)
 
 
 def _kind(header: str) -> str:
@@ -185,4 +192,15 @@ def _reparsed(directory: Path, row: str, tool: str, run: dict[str, Any]) -> dict
     return parse(log.read_text(errors="replace"), tool, "\n".join(run.get("program") or [])).to_dict()
 
 
-__all__ = ["API_RETURN_CODE", "NOT_APPLICABLE", "TOOLS", "ToolRun", "load_sanitizer", "parse", "row_summary", "status", "table"]
+__all__ = [
+    "API_RETURN_CODE",
+    "NOT_APPLICABLE",
+    "TOOLS",
+    "ToolRun",
+    "executable",
+    "load_sanitizer",
+    "parse",
+    "row_summary",
+    "status",
+    "table",
+]

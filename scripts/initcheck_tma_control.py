@@ -1,0 +1,128 @@
+"""Does compute-sanitizer's initcheck see a store made through a tensor descriptor (TMA)? A control for
+the audit matrix's initcheck counts, whose largest fall on memory that a TMA-storing kernel wrote
+(cuDNN's fused attention, FlashAttention-4) and another kernel then read.
+
+    python scripts/initcheck_tma_control.py --variant pointer|descriptor      # one program (GPU or CPU)
+    python scripts/initcheck_tma_control.py [--record data/gpu/initcheck-tma-control-h200.json]   # GPU
+
+One program allocates an output with `torch.empty` (never written), writes every element of it with
+one Triton kernel, by pointer stores (`tl.store`) or through a tensor descriptor
+(`tl.make_tensor_descriptor(...).store`, a TMA store on sm_90), then compares it with its source in a
+torch kernel, which reads every element: "written exactly: True" proves that every element was
+written before that read. The driver runs both programs under initcheck (each tensor its own
+allocation) and records the reports on the read. A read of written memory is not an error: reports
+on the descriptor program's read, and none on the pointer program's, mean initcheck does not see TMA
+stores, and its reports on reads of TMA-written outputs say nothing about unwritten memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: kernels, workbench
+
+import kernels  # noqa: F401  (first: on a machine without a GPU it selects the Triton interpreter)
+
+# isort: split
+import torch
+import triton
+import triton.language as tl
+
+ROWS, DIM, BLOCK = 512, 64, 64  # bf16 rows of 128 bytes: TMA's 16-byte rules hold
+VARIANTS = ("pointer", "descriptor")
+WRITTEN = "written exactly:"
+
+
+@triton.jit
+def copy_rows_kernel(Src, Dst, n_rows, DIM: tl.constexpr, BLOCK: tl.constexpr, DESCRIPTOR: tl.constexpr):
+    start = tl.program_id(0) * BLOCK
+    rows = start + tl.arange(0, BLOCK)
+    offsets = rows[:, None] * DIM + tl.arange(0, DIM)[None, :]
+    x = tl.load(Src + offsets, mask=rows[:, None] < n_rows)
+    if DESCRIPTOR:
+        tl.make_tensor_descriptor(Dst, shape=[n_rows, DIM], strides=[DIM, 1], block_shape=[BLOCK, DIM]).store([start, 0], x)
+    else:
+        tl.store(Dst + offsets, x, mask=rows[:, None] < n_rows)
+
+
+def program(variant: str) -> bool:
+    """Writes an uninitialised tensor by `variant` stores, then reads it back in torch: whether
+    every element holds its source's value."""
+    from kernels import default_device
+    from kernels.varlen.hopper import ensure_descriptor_allocator
+
+    device = default_device()
+    ensure_descriptor_allocator()  # device-side descriptors take their scratch from Triton's allocator
+    src = torch.randn(ROWS, DIM, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    copy_rows_kernel[(triton.cdiv(ROWS, BLOCK),)](src, dst, ROWS, DIM=DIM, BLOCK=BLOCK, DESCRIPTOR=variant == "descriptor")
+    return bool(torch.equal(dst, src))  # the read initcheck watches
+
+
+def sanitized(variant: str, exe: str) -> dict:
+    """One program under initcheck: its reports (`workbench.audit.sanitizer.parse`) and its own verdict."""
+    from workbench.audit.sanitizer import parse
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "initcheck.log"
+        command = [exe, "--tool", "initcheck", "--report-api-errors", "no", "--print-limit", "5", "--log-file", str(log)]
+        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+        done = subprocess.run(
+            [*command, sys.executable, __file__, "--variant", variant], capture_output=True, text=True, env=env, timeout=300
+        )
+        run = parse(log.read_text(errors="replace") if log.exists() else "", "initcheck")
+    output = done.stdout + done.stderr
+    return {
+        "variant": variant,
+        "errors": run.errors,
+        "first": run.first,
+        "written": f"{WRITTEN} True" in output,
+        "rc": done.returncode,
+    }
+
+
+def conclusion(runs: dict[str, dict]) -> str:
+    """What the two runs say about initcheck and TMA stores (both programs must have written every element)."""
+    pointer, descriptor = runs["pointer"], runs["descriptor"]
+    if not (pointer["written"] and descriptor["written"]) or None in (pointer["errors"], descriptor["errors"]):
+        return "inconclusive: a program did not write every element, or initcheck gave no count"
+    if pointer["errors"] == 0 and descriptor["errors"] > 0:
+        return "initcheck does not see TMA stores: it reports reads of memory written through a tensor descriptor"
+    if pointer["errors"] == descriptor["errors"] == 0:
+        return "initcheck sees TMA stores: no report on either read"
+    return "inconclusive: the pointer program's read is reported too"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=VARIANTS, help="run one program (what the driver runs under initcheck)")
+    parser.add_argument("--record", help="write the driver's runs and conclusion here, with provenance")
+    args = parser.parse_args()
+    if args.variant:
+        print(f"{args.variant}: {WRITTEN} {program(args.variant)}")
+        return 0
+    from workbench.audit.sanitizer import executable
+
+    exe = executable()
+    if exe is None or not torch.cuda.is_available():
+        print("initcheck_tma_control: needs a CUDA GPU and compute-sanitizer; run --variant alone elsewhere", file=sys.stderr)
+        return 2
+    runs = {variant: sanitized(variant, exe) for variant in VARIANTS}
+    for run in runs.values():
+        print(f"{run['variant']:<11} written {run['written']}, initcheck errors {run['errors']}; first: {run['first'] or '-'}")
+    verdict = conclusion(runs)
+    print(verdict)
+    if args.record:
+        from workbench.records import write_record
+
+        write_record(args.record, {"rows": ROWS, "dim": DIM, "block": BLOCK, "runs": runs, "conclusion": verdict})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""scripts/initcheck_tma_control.py on the CPU: both programs write every element (the interpreter runs
+the descriptor store as it is), and the driver's conclusion follows the two initcheck counts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from workbench.provenance import REPO
+
+
+@pytest.fixture(scope="module")
+def control():
+    spec = importlib.util.spec_from_file_location("initcheck_tma_control", REPO / "scripts" / "initcheck_tma_control.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("variant", ["pointer", "descriptor"])
+def test_each_program_writes_every_element_before_its_read(control, variant):
+    assert control.program(variant)
+
+
+def test_the_conclusion_needs_both_programs_written_and_counted(control):
+    def runs(pointer, descriptor, written=True):
+        return {
+            "pointer": {"errors": pointer, "written": written},
+            "descriptor": {"errors": descriptor, "written": True},
+        }
+
+    assert control.conclusion(runs(0, 512)).startswith("initcheck does not see TMA stores")
+    assert control.conclusion(runs(0, 0)).startswith("initcheck sees TMA stores")
+    assert control.conclusion(runs(4, 512)).startswith("inconclusive: the pointer program's read")
+    assert control.conclusion(runs(0, 512, written=False)).startswith("inconclusive: a program did not write")
+    assert control.conclusion(runs(None, 512)).startswith("inconclusive")
