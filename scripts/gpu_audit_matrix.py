@@ -242,11 +242,15 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
     # A slow row's checks run in parts, beside its fuzzer: each part and the fuzzer in a process
     # and log of its own, each merged into the row's record as it ends, whole or (killed at the
     # deadline) with what it finished.
-    checks = args.recheck or _checks_left(_earlier(row) or {}, args.force)
-    parts = _parts(checks, args.check_parts) if "checks" in phases else []
-    runs = [("checks", checks, f"-checks-{i + 1}" if len(parts) > 1 else "-checks") for i, checks in enumerate(parts)]
+    wanted = args.recheck or _checks_left(_earlier(row) or {}, args.force)
+    parts = _parts(wanted, args.check_parts) if "checks" in phases else []
+    # A recheck's logs stand beside the row's checks logs, which stay the evidence of its other checks.
+    stem = "-recheck" if args.recheck else "-checks"
+    runs = [("checks", checks, f"{stem}-{i + 1}" if len(parts) > 1 else stem) for i, checks in enumerate(parts)]
     runs += [(phase, [], "" if phase == "all" else "-fuzz") for phase in phases if phase != "checks"]
-    if parts:  # the logs of a checks run are this run's parts alone (workbench.audit.summary reads the latest)
+    if (
+        parts and not args.recheck
+    ):  # the logs of a checks run are this run's parts alone (workbench.audit.summary reads the latest)
         for stale in (DATA / "logs").glob(f"audit-{row}-checks*.log"):
             stale.unlink()
     lock = threading.Lock()

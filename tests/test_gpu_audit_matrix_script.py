@@ -139,14 +139,19 @@ def test_a_recheck_runs_only_the_checks_it_names_with_its_time_limit(script, mon
     import time
 
     commands = []
-    monkeypatch.setattr(script, "_run", lambda command, log, hard: commands.append(command) or (0, 0.1))
+    logs = []
+    monkeypatch.setattr(script, "_run", lambda command, log, hard: commands.append(command) or logs.append(log.name) or (0, 0.1))
     monkeypatch.setattr(script, "ROOT", script.DATA.parent)  # the record path is named relative to it
+    kept = script.DATA / "logs" / "audit-fsa-dense-varlen-checks-1.log"  # a checks run's part: evidence of its checks
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text("real-accuracy: FAIL\n")
     fsa = script._earlier("fsa-dense-varlen")
     args = argparse.Namespace(force=False, workers=1, check_parts=3, recheck=["no-real-query"], check_timeout=400)
     script.run_audit("fsa-dense-varlen", fsa["target"], "fsa-varlen", args, time.time() + 600)
     [command] = commands  # one checks run: no fuzzer, no other check
     assert command[command.index("--checks") + 1] == "no-real-query" and "--skip" not in command
     assert command[command.index("--check-timeout") + 1] == "400"
+    assert logs == ["audit-fsa-dense-varlen-recheck.log"] and kept.exists()
 
 
 def test_racecheck_goes_to_rows_with_atomics_or_a_nondeterministic_record(script):
