@@ -198,15 +198,15 @@ class _PaddingZeroed(torch.autograd.Function):
 class _FA4(torch.autograd.Function):
     """FA4 on the leading `seen_q` rows of q and `seen_k` of k and v (the rest are TAIL rows),
     writing into views of full-size out, lse and gradients whose TAIL rows are written 0 (lse
-    -inf) here: the rows FA4 does not see cost one fill, no appended copy."""
+    -inf) here: the rows FA4 does not see cost one fill per buffer, no appended copy."""
 
     @staticmethod
     def forward(ctx, q, k, v, seen_q: int, seen_k: int, arguments: dict):
         kernels = load()
         assert not isinstance(kernels, str), "unsupported() rules this out"
         ctx.seen, ctx.arguments = (seen_q, seen_k, seen_k), arguments
-        out = q.new_empty(*q.shape[:2], v.shape[-1])
-        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # v's head dim is q's (contract)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         out_seen, lse_seen = _tail_filled(out, seen_q, 0.0), _tail_filled(lse, seen_q, float("-inf"), 1)
         kernels.forward(*map(_leading, (q, k, v), ctx.seen), out=out_seen, lse=lse_seen, **arguments)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -219,7 +219,7 @@ class _FA4(torch.autograd.Function):
         assert not isinstance(kernels, str)
         q, k, v, out, lse = ctx.saved_tensors
         seen_q = ctx.seen[0]
-        grads = [t.new_empty(t.shape) for t in (q, k, v)]
+        grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
         dq, dk, dv = map(_tail_filled, grads, ctx.seen, (0.0, 0.0, 0.0))
         q, k, v = map(_leading, (q, k, v), ctx.seen)
         out, d_out, lse = _leading(out, seen_q), _leading(d_out, seen_q), _leading(lse, seen_q, 1)
@@ -227,19 +227,21 @@ class _FA4(torch.autograd.Function):
         return *grads, None, None, None
 
 
+# Views by indexing: a basic slice takes about half the host time of `narrow` and a fifth of `split`.
 def _leading(t: torch.Tensor, rows: int, dim: int = 0) -> torch.Tensor:
-    """The first `rows` rows of t along dim; t itself when that is all of them (no view to make)."""
-    return t if rows == t.shape[dim] else t.narrow(dim, 0, rows)
+    """The first `rows` rows of t along dim (0 or 1); t itself when that is all of them."""
+    if rows == t.shape[dim]:
+        return t
+    return t[:, :rows] if dim else t[:rows]
 
 
 def _tail_filled(t: torch.Tensor, seen: int, value: float, dim: int = 0) -> torch.Tensor:
-    """Writes `value` on t's rows from `seen` on along dim (the TAIL rows FA4 does not see) and
-    returns the view of the rows before them (t itself where there are none): one split."""
+    """Writes `value` on t's rows from `seen` on along dim (0 or 1: the TAIL rows FA4 does not
+    see) and returns the view of the rows before them (t itself where there are none)."""
     if seen == t.shape[dim]:
         return t
-    leading, tail = t.split([seen, t.shape[dim] - seen], dim)
-    tail.fill_(value)
-    return leading
+    (t[:, seen:] if dim else t[seen:]).fill_(value)
+    return _leading(t, seen, dim)
 
 
 class _OutputGradZeroed(torch.autograd.Function):
