@@ -198,7 +198,8 @@ class _PaddingZeroed(torch.autograd.Function):
 class _FA4(torch.autograd.Function):
     """FA4 on the leading `seen_q` rows of q and `seen_k` of k and v (the rest are TAIL rows),
     writing into views of full-size out, lse and gradients whose TAIL rows are written 0 (lse
-    -inf) here: the rows FA4 does not see cost one fill per buffer, no appended copy."""
+    -inf) here: the rows FA4 does not see cost a fill of out, one of lse and one of the three
+    gradients, no appended copy."""
 
     @staticmethod
     def forward(ctx, q, k, v, seen_q: int, seen_k: int, arguments: dict):
@@ -220,7 +221,10 @@ class _FA4(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         seen_q = ctx.seen[0]
         grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
-        dq, dk, dv = map(_tail_filled, grads, ctx.seen, (0.0, 0.0, 0.0))
+        tails = [g[seen:] for g, seen in zip(grads, ctx.seen) if seen < g.shape[0]]
+        if tails:  # one launch for the three on a GPU (a multi-tensor kernel), not one each
+            torch._foreach_zero_(tails)
+        dq, dk, dv = map(_leading, grads, ctx.seen)
         q, k, v = map(_leading, (q, k, v), ctx.seen)
         out, d_out, lse = _leading(out, seen_q), _leading(d_out, seen_q), _leading(lse, seen_q, 1)
         kernels.backward(q, k, v, out, d_out, lse, dq=dq, dk=dk, dv=dv, **ctx.arguments)
