@@ -336,3 +336,18 @@ def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkey
         assert torch.equal(with_check, without)
     for first, second in zip(results[0], results[1]):
         assert torch.equal(first, second)
+
+
+@pytest.mark.gpu
+def test_a_read_verdict_buffer_serves_the_next_check_and_an_unread_one_none():
+    """The pinned buffer (and event) of a check whose verdict was read is the next check's; one
+    whose verdict is unread is never handed out: each check reads its own verdict."""
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32, device="cuda")
+    decreasing = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
+    _, first = check_on_device(cu, cu, None, None, 5, 5, 3, 3)
+    _, unread = check_on_device(decreasing, decreasing, None, None, 5, 5, 3, 3)
+    assert unread.verdict.data_ptr() != first.verdict.data_ptr()
+    assert not first.failed()
+    _, second = check_on_device(cu, cu, None, None, 5, 5, 3, 3)
+    assert second.verdict.data_ptr() == first.verdict.data_ptr()
+    assert unread.failed() and not second.failed() and not first.failed()

@@ -119,11 +119,39 @@ def check_metadata_kernel(
     tl.store(Verdict, errors.to(tl.int64))
 
 
+class _HostVerdicts:
+    """Pinned host buffers for the verdicts of checks on CUDA, each with the event that marks its
+    copy, taken by a check and given back once its verdict is read: a check on new metadata then
+    allocates no pinned memory and creates no event (microseconds of host time each). A buffer
+    comes back only after its copy has completed and its values are kept by the check that read
+    them, so no copy is ever in flight into a buffer that is handed out."""
+
+    KEPT = 4  # per device: a step's checks are read one by one, the next reuses the last buffer
+
+    def __init__(self) -> None:
+        self.free: dict[torch.device, list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
+
+    def take(self, verdict: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        free = self.free.get(verdict.device)
+        if free:
+            return free.pop()
+        return torch.empty(verdict.shape, dtype=verdict.dtype, pin_memory=True), torch.cuda.Event()
+
+    def give(self, device: torch.device, buffer: torch.Tensor, event: torch.cuda.Event) -> None:
+        free = self.free.setdefault(device, [])
+        if len(free) < self.KEPT:
+            free.append((buffer, event))
+
+
+_HOST_VERDICTS = _HostVerdicts()
+
+
 class DeviceCheck:
     """The outcome of one check, readable once the device has run it: on CUDA its verdict (and
     the layout the FA4 path needs) is copied into pinned host memory behind the check and an
-    event marks the copy. `done()` asks without waiting; `failed()` and `layout()` wait, for the
-    check and all the work queued before it, and read the verdict and the layout together.
+    event marks the copy (both reused, `_HostVerdicts`). `done()` asks without waiting; `failed()`
+    and `layout()` wait, for the check and all the work queued before it, and read the verdict
+    and the layout together.
 
     `snapshot` holds the boundary vectors as the check saw them (None for an absent padded
     one), `limits` the call's (total_q, total_k, max_seqlen_q, max_seqlen_k): a failure is
@@ -139,11 +167,14 @@ class DeviceCheck:
         self.padding = True  # whether q or k has padding rows, once read (until then: maybe)
         self.read_layout = SafeLayout(0, 0, False, False)  # once read
         self.reported = False  # its error was raised once: PendingChecks raises it no more
+        # the pinned buffer and event taken from _HOST_VERDICTS, given back once read
+        self.taken: tuple[torch.device, torch.Tensor, torch.cuda.Event] | None = None
         if verdict.is_cuda:
-            self.verdict = torch.empty(verdict.shape, dtype=verdict.dtype, pin_memory=True)
+            self.verdict, event = _HOST_VERDICTS.take(verdict)
             self.verdict.copy_(verdict, non_blocking=True)
-            self.copied: torch.cuda.Event | None = torch.cuda.Event()
-            self.copied.record()
+            event.record(torch.cuda.current_stream(verdict.device))  # the stream the copy is queued on
+            self.copied: torch.cuda.Event | None = event
+            self.taken = (verdict.device, self.verdict, event)
         else:  # the interpreter ran the check before returning
             self.verdict, self.copied = verdict, None
 
@@ -158,6 +189,9 @@ class DeviceCheck:
             errors, padding, real_q, real_k, gap_q, gap_k = self.verdict.tolist()  # the one host read
             self.outcome, self.padding = bool(errors), bool(padding)
             self.read_layout = SafeLayout(real_q, real_k, bool(gap_q), bool(gap_k))
+            if self.taken is not None:  # read: its buffer and event serve the next check
+                _HOST_VERDICTS.give(*self.taken)
+                self.taken = None
         return self.outcome
 
     def layout(self) -> SafeLayout:
