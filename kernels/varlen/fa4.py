@@ -145,27 +145,35 @@ class Layout(NamedTuple):
 
 
 class _Layout:
-    """The `Layout` of the last metadata seen: read with the verdict of the metadata's device
-    check where there is one (no read of its own), else one device->host read per new
-    metadata; none while the same tensors, unmodified, come again (the layers of one step)."""
+    """The `Layout` of the last metadata seen: with a device check, the layout it read with its
+    verdict (no read of its own), known by the check alone (its safe copy, which these tensors
+    are, is never written after it); without one, one device->host read per new metadata, none
+    while the same tensors, unmodified, come again (the layers of one step)."""
 
     def __init__(self) -> None:
+        self.check: DeviceCheck | None = None
         self.refs: tuple = ()
         self.versions: tuple = ()
         self.read = Layout(0, 0, None, None)
 
     def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded, check: DeviceCheck | None = None) -> Layout:
+        if check is not None:
+            if check is not self.check:
+                rows_q, rows_k, gap_q, gap_k = check.layout()
+                self._remember(rows_q, rows_k, gap_q, gap_k, cu_q, cu_k)
+                self.check, self.refs = check, ()
+            return self.read
         metadata = (cu_q, cu_k, cu_q_padded, cu_k_padded)
         versions = tuple(t._version for t in metadata)
         if not (self.refs and all(ref() is t for ref, t in zip(self.refs, metadata)) and self.versions == versions):
-            if check is not None:  # these are its safe copy: it read their layout with its verdict
-                rows_q, rows_k, gap_q, gap_k = check.layout()
-            else:
-                gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
-                rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
-            self.read = Layout(rows_q, rows_k, _real_lengths(cu_q) if gap_q else None, _real_lengths(cu_k) if gap_k else None)
-            self.refs, self.versions = tuple(weakref.ref(t) for t in metadata), versions
+            gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
+            rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
+            self._remember(rows_q, rows_k, gap_q, gap_k, cu_q, cu_k)
+            self.check, self.refs, self.versions = None, tuple(weakref.ref(t) for t in metadata), versions
         return self.read
+
+    def _remember(self, rows_q: int, rows_k: int, gap_q: bool, gap_k: bool, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
+        self.read = Layout(rows_q, rows_k, _real_lengths(cu_q) if gap_q else None, _real_lengths(cu_k) if gap_k else None)
 
 
 def _real_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
