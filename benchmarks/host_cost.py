@@ -82,13 +82,14 @@ class StubKernel:
 class StubCheck(StubKernel):
     """The metadata check, passing: its safe copies and snapshot written, and its verdict: 0
     failed checks, no padding rows (the triton variants' layout has none), the real row counts
-    and no GAP rows (no variant has padded boundaries). A few torch ops, counted in the time of
+    and no GAP rows (no variant has padded boundaries); the work lists it writes are left as
+    they are (only stubbed kernels read them). A few torch ops, counted in the time of
     the variants that check new metadata. On the CPU the verdict is known at once (no event to
     wait for), on an idle GPU within microseconds, so those calls skip the padding fills, as
     the later layers of a step do; in training the forward of a new batch finds its check
     still queued behind earlier work and fills."""
 
-    def _launch(self, cu_q, cu_k, cu_q_padded, cu_k_padded, safe, verdict, n_seqs, *args, **kwargs) -> None:
+    def _launch(self, cu_q, cu_k, cu_q_padded, cu_k_padded, safe, verdict, work, n_seqs, *args, **kwargs) -> None:
         self.launches += 1
         safe[:, : n_seqs + 1] = torch.stack((cu_q, cu_k, cu_q_padded, cu_k_padded) * 2)
         verdict.zero_()

@@ -22,7 +22,8 @@ import kernels.varlen
 import kernels.varlen.op as op
 from kernels import default_device
 from kernels.contract import check_cu_seqlens
-from kernels.varlen.device_check import PendingChecks, check_on_device
+from kernels.varlen.device_check import CHUNK, PendingChecks, check_on_device
+from kernels.varlen.launch import work_lists
 from workbench import Case, pack
 from workbench.malformed import CATALOGUE, base_args, split_call
 
@@ -66,15 +67,34 @@ def test_the_device_path_computes_what_the_host_path_computes(device_path):
 
 
 def test_a_failed_check_hands_the_kernels_all_zero_boundaries():
-    """Every row is then padding: the kernels read no row and write nothing outside the tensors."""
+    """Every row is then padding: the kernels read no row and write nothing outside the tensors.
+    The work lists the check writes are those of its safe copy: all zero after a failure."""
     args = base_args(device=default_device())
     bad_end = args["cu_seqlens_q_padded"].clone()
     bad_end[-1] = 10**6  # addresses rows far past q's end
     safe, check = check_on_device(args["cu_seqlens_q"], args["cu_seqlens_k"], bad_end, args["cu_seqlens_k_padded"], 15, 15, 9, 9)
     assert check.failed() and all(int(v.abs().sum()) == 0 for v in safe)
+    assert int(_listed(check.work, 3).abs().sum()) == 0
     good = (args["cu_seqlens_q"], args["cu_seqlens_k"], args["cu_seqlens_q_padded"], args["cu_seqlens_k_padded"])
     safe, check = check_on_device(*good, 15, 15, 9, 9)
     assert not check.failed() and all(torch.equal(a, b) for a, b in zip(safe, good))
+    assert torch.equal(_listed(check.work, 3), _listed(work_lists(*safe[:2]), 3))
+
+
+def test_the_check_writes_the_work_lists_of_more_sequences_than_one_chunk():
+    """The work lists the check writes, over more sequences than one step of its loops, empty
+    ones included, are those `work_lists` makes for the same boundaries."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 40, (2, CHUNK + 300), generator=generator)
+    lengths[:, ::7] = 0
+    cu_q, cu_k = (torch.nn.functional.pad(n.cumsum(0), (1, 0)).to(torch.int32).to(default_device()) for n in lengths)
+    (q, k, *_), check = check_on_device(cu_q, cu_k, None, None, int(cu_q[-1]), int(cu_k[-1]), 40, 40)
+    assert not check.failed() and torch.equal(_listed(check.work, CHUNK + 300), _listed(work_lists(cu_q, cu_k), CHUNK + 300))
+
+
+def _listed(work: torch.Tensor, n_seqs: int) -> torch.Tensor:
+    """The entries of work lists that say something (their rows are padded for alignment)."""
+    return work[:, :, : n_seqs + 1]
 
 
 def _host_verdict(vectors, totals, limits) -> bool:
@@ -295,13 +315,13 @@ def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkey
     """Once the device check of these boundaries is known to have passed with every row real,
     forward and backward launch no padding fill (there is nothing to fill); with padding rows
     they do, and without a check (validate=False) too. The work lists of the check's safe copy
-    are made once for the calls on it. Outputs and gradients are bitwise those of a call that
+    are the check's own: only validate=False launches `work_lists`. Outputs and gradients are bitwise those of a call that
     makes and fills everything (validate=False)."""
     import kernels.varlen.launch as launch
 
     batch = pack(case)
     fills = _counted(monkeypatch, launch, "fill_padding_rows")
-    work_lists = _counted(monkeypatch, launch, "work_lists", op)
+    work_lists = _counted(monkeypatch, launch, "work_lists")
     op._VALIDATED.refs = ()
     results = []
     for validate in (True, True, False):
@@ -311,8 +331,23 @@ def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkey
         results.append((out, fresh.q.grad, fresh.k.grad, fresh.v.grad))
     # the interpreter runs the check before returning: its outcome is known from the first call on
     assert fills == ([2, 3] * 3 if case.padded_q else [2, 3])
-    assert len(work_lists) == 2  # the checked calls' one, validate=False's own
+    assert len(work_lists) == 1  # validate=False's own: the check wrote those of its safe copy
     for with_check, without in zip(results[0], results[2]):
         assert torch.equal(with_check, without)
     for first, second in zip(results[0], results[1]):
         assert torch.equal(first, second)
+
+
+@pytest.mark.gpu
+def test_a_read_verdict_buffer_serves_the_next_check_and_an_unread_one_none():
+    """The pinned buffer (and event) of a check whose verdict was read is the next check's; one
+    whose verdict is unread is never handed out: each check reads its own verdict."""
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32, device="cuda")
+    decreasing = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
+    _, first = check_on_device(cu, cu, None, None, 5, 5, 3, 3)
+    _, unread = check_on_device(decreasing, decreasing, None, None, 5, 5, 3, 3)
+    assert unread.verdict.data_ptr() != first.verdict.data_ptr()
+    assert not first.failed()
+    _, second = check_on_device(cu, cu, None, None, 5, 5, 3, 3)
+    assert second.verdict.data_ptr() == first.verdict.data_ptr()
+    assert unread.failed() and not second.failed() and not first.failed()

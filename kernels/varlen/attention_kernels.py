@@ -33,6 +33,36 @@ LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
+@triton.jit
+def write_block_starts(
+    cu_seqlens,
+    Starts,
+    n_seqs,
+    stride_size,
+    keep,
+    SMALLEST_LOG2: tl.constexpr,
+    N_SIZES: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Starts[i, s]: the running count of blocks of 2**(SMALLEST_LOG2 + i) rows per sequence
+    before sequence s, for the N_SIZES block sizes of one side. Every length counts as 0 where
+    `keep` is false: the work lists of a failed device check's all-zero safe copy."""
+    sizes = tl.arange(0, N_SIZES)
+    log2_block = (SMALLEST_LOG2 + sizes)[:, None]
+    tl.store(Starts + sizes * stride_size, tl.zeros([N_SIZES], tl.int32))
+    total = tl.zeros([N_SIZES], tl.int32)
+    for first in range(0, n_seqs, CHUNK):
+        seqs = first + tl.arange(0, CHUNK)
+        ok = seqs < n_seqs
+        lengths = tl.load(cu_seqlens + seqs + 1, mask=ok, other=0) - tl.load(cu_seqlens + seqs, mask=ok, other=0)
+        lengths = tl.where(keep, lengths, 0)
+        blocks = ((lengths[None, :] + (1 << log2_block) - 1) >> log2_block).to(tl.int32)
+        tl.store(
+            Starts + sizes[:, None] * stride_size + 1 + seqs[None, :], total[:, None] + tl.cumsum(blocks, 1), mask=ok[None, :]
+        )
+        total += tl.sum(blocks, 1)
+
+
 @triton.jit(do_not_specialize=["n_seqs"])
 def block_starts_kernel(
     cu_seqlens_q,
@@ -42,29 +72,24 @@ def block_starts_kernel(
     stride_side,
     stride_size,
     SMALLEST_LOG2: tl.constexpr,
+    N_SIZES: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    """Starts[side, i]: the running count of blocks of 2**(SMALLEST_LOG2 + i) rows per sequence
-    of the queries (side 0) or keys (side 1).
+    """The work lists of the queries (program 0) or the keys (program 1), every block size
+    (`write_block_starts`).
 
     One launch writes the work lists of both sides and every block size: the forward pass
     computes them once, and the backward pass reuses them, however its tiles are chosen.
+    (`varlen_attention`'s device check writes those of its safe copy itself, no launch.)
     """
-    log2_block = SMALLEST_LOG2 + tl.program_id(0)
-    if tl.program_id(1) == 0:
+    if tl.program_id(0) == 0:
         cu_seqlens = cu_seqlens_q
     else:
         cu_seqlens = cu_seqlens_k
-    Starts += tl.program_id(1) * stride_side + tl.program_id(0) * stride_size
-    tl.store(Starts, 0)
-    total = tl.zeros([], tl.int32)
-    for first in range(0, n_seqs, CHUNK):
-        seqs = first + tl.arange(0, CHUNK)
-        ok = seqs < n_seqs
-        lengths = tl.load(cu_seqlens + seqs + 1, mask=ok, other=0) - tl.load(cu_seqlens + seqs, mask=ok, other=0)
-        blocks = (lengths + (1 << log2_block) - 1) >> log2_block
-        tl.store(Starts + 1 + seqs, total + tl.cumsum(blocks, 0), mask=ok)
-        total += tl.sum(blocks, 0)
+    keep = tl.full([], 1, tl.int1)
+    write_block_starts(
+        cu_seqlens, Starts + tl.program_id(0) * stride_side, n_seqs, stride_size, keep, SMALLEST_LOG2, N_SIZES, CHUNK
+    )
 
 
 @triton.jit

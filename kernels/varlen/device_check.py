@@ -6,9 +6,10 @@ while the host then checks and launches. Here one small kernel checks the values
 live and writes a *safe copy* of them: the boundaries themselves when they pass, all zeros
 when any check fails (every row is then padding: the attention kernels read no row and write
 zeros and -inf, never outside the tensors), a snapshot of the values as they were, for the
-error message, and beside its verdict the safe copy's layout (`SafeLayout`) that the FA4 path
-needs, read in the same device->host copy. The kernels are launched on the safe copy. Reading the check's flag waits for
-the check, and so for all the work queued before it: `varlen_attention` reads it at once only
+error message, beside its verdict the safe copy's layout (`SafeLayout`) that the FA4 path
+needs, read in the same device->host copy, and the safe copy's work lists, which the Triton
+path would otherwise launch a kernel to make. The kernels are launched on the safe copy.
+Reading the check's flag waits for the check, and so for all the work queued before it: `varlen_attention` reads it at once only
 where nothing else would (no gradient will flow); a call whose output will be differentiated
 leaves its check in `PendingChecks`, resolved without a wait by a later call once the device
 has run it, and at the latest in the call's backward, before any gradient is returned.
@@ -24,6 +25,8 @@ import triton
 import triton.language as tl
 
 from kernels.contract import check_cu_seqlens
+from kernels.varlen.attention_kernels import write_block_starts
+from kernels.varlen.launch import BLOCK_SIZES, SMALLEST_BLOCK_LOG2, work_lists_shape
 
 CHUNK = 1024  # boundaries per step of the check's loops
 
@@ -65,12 +68,17 @@ def check_metadata_kernel(
     CuKPadded,
     Safe,
     Verdict,
+    Work,
     n_seqs,
     total_q,
     total_k,
     max_q,
     max_k,
     stride_safe,
+    stride_work_side,
+    stride_work_size,
+    SMALLEST_LOG2: tl.constexpr,
+    N_SIZES: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     """One program: Verdict[0] = how many checks fail; Verdict[1] = 1 if q or k has a row that
@@ -78,7 +86,8 @@ def check_metadata_kernel(
     every row is real otherwise); Verdict[2..5] = the layout of the safe copy: cu_seqlens_q[-1],
     cu_seqlens_k[-1], and 1 where a real boundary of q (of k) differs from its padded one (GAP
     rows); Safe[0..3] = the four vectors, or zeros if any check fails; Safe[4..7] = the four
-    vectors as they are now (for the error message)."""
+    vectors as they are now (for the error message); Work = the work lists of the safe copy
+    (`launch.work_lists`' layout), which the attention kernels then need no launch to make."""
     errors = _side_errors(CuQ, CuQPadded, n_seqs, total_q, max_q, CHUNK)
     errors += _side_errors(CuK, CuKPadded, n_seqs, total_k, max_k, CHUNK)
     real_q, real_k = tl.load(CuQ + n_seqs).to(tl.int64), tl.load(CuK + n_seqs).to(tl.int64)
@@ -99,6 +108,8 @@ def check_metadata_kernel(
         tl.store(Safe + 5 * stride_safe + i, k, mask=ok)
         tl.store(Safe + 6 * stride_safe + i, q_padded, mask=ok)
         tl.store(Safe + 7 * stride_safe + i, k_padded, mask=ok)
+    write_block_starts(CuQ, Work, n_seqs, stride_work_size, keep, SMALLEST_LOG2, N_SIZES, CHUNK)
+    write_block_starts(CuK, Work + stride_work_side, n_seqs, stride_work_size, keep, SMALLEST_LOG2, N_SIZES, CHUNK)
     tl.store(Verdict + 1, ((real_q != total_q) | (real_k != total_k)).to(tl.int64))
     # the safe copy's layout: all zeros (no real row, no GAP) where a check fails
     tl.store(Verdict + 2, tl.where(keep, real_q, 0))
@@ -108,28 +119,62 @@ def check_metadata_kernel(
     tl.store(Verdict, errors.to(tl.int64))
 
 
+class _HostVerdicts:
+    """Pinned host buffers for the verdicts of checks on CUDA, each with the event that marks its
+    copy, taken by a check and given back once its verdict is read: a check on new metadata then
+    allocates no pinned memory and creates no event (microseconds of host time each). A buffer
+    comes back only after its copy has completed and its values are kept by the check that read
+    them, so no copy is ever in flight into a buffer that is handed out."""
+
+    KEPT = 4  # per device: a step's checks are read one by one, the next reuses the last buffer
+
+    def __init__(self) -> None:
+        self.free: dict[torch.device, list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
+
+    def take(self, verdict: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        free = self.free.get(verdict.device)
+        if free:
+            return free.pop()
+        return torch.empty(verdict.shape, dtype=verdict.dtype, pin_memory=True), torch.cuda.Event()
+
+    def give(self, device: torch.device, buffer: torch.Tensor, event: torch.cuda.Event) -> None:
+        free = self.free.setdefault(device, [])
+        if len(free) < self.KEPT:
+            free.append((buffer, event))
+
+
+_HOST_VERDICTS = _HostVerdicts()
+
+
 class DeviceCheck:
     """The outcome of one check, readable once the device has run it: on CUDA its verdict (and
     the layout the FA4 path needs) is copied into pinned host memory behind the check and an
-    event marks the copy. `done()` asks without waiting; `failed()` and `layout()` wait, for the
-    check and all the work queued before it, and read the verdict and the layout together.
+    event marks the copy (both reused, `_HostVerdicts`). `done()` asks without waiting; `failed()`
+    and `layout()` wait, for the check and all the work queued before it, and read the verdict
+    and the layout together.
 
     `snapshot` holds the boundary vectors as the check saw them (None for an absent padded
     one), `limits` the call's (total_q, total_k, max_seqlen_q, max_seqlen_k): a failure is
     explained by the host check of those values, whatever the tensors hold by the time it
     surfaces."""
 
-    def __init__(self, verdict: torch.Tensor, snapshot: Sequence[torch.Tensor | None], limits: Sequence[int]) -> None:
+    def __init__(
+        self, verdict: torch.Tensor, snapshot: Sequence[torch.Tensor | None], limits: Sequence[int], work: torch.Tensor
+    ) -> None:
         self.snapshot, self.limits = tuple(snapshot), tuple(limits)
+        self.work = work  # the work lists of the safe copy, written by the check: nothing writes them after
         self.outcome: bool | None = None  # failed or not, once read
         self.padding = True  # whether q or k has padding rows, once read (until then: maybe)
         self.read_layout = SafeLayout(0, 0, False, False)  # once read
         self.reported = False  # its error was raised once: PendingChecks raises it no more
+        # the pinned buffer and event taken from _HOST_VERDICTS, given back once read
+        self.taken: tuple[torch.device, torch.Tensor, torch.cuda.Event] | None = None
         if verdict.is_cuda:
-            self.verdict = torch.empty(verdict.shape, dtype=verdict.dtype, pin_memory=True)
+            self.verdict, event = _HOST_VERDICTS.take(verdict)
             self.verdict.copy_(verdict, non_blocking=True)
-            self.copied: torch.cuda.Event | None = torch.cuda.Event()
-            self.copied.record()
+            event.record(torch.cuda.current_stream(verdict.device))  # the stream the copy is queued on
+            self.copied: torch.cuda.Event | None = event
+            self.taken = (verdict.device, self.verdict, event)
         else:  # the interpreter ran the check before returning
             self.verdict, self.copied = verdict, None
 
@@ -144,6 +189,9 @@ class DeviceCheck:
             errors, padding, real_q, real_k, gap_q, gap_k = self.verdict.tolist()  # the one host read
             self.outcome, self.padding = bool(errors), bool(padding)
             self.read_layout = SafeLayout(real_q, real_k, bool(gap_q), bool(gap_k))
+            if self.taken is not None:  # read: its buffer and event serve the next check
+                _HOST_VERDICTS.give(*self.taken)
+                self.taken = None
         return self.outcome
 
     def layout(self) -> SafeLayout:
@@ -226,7 +274,7 @@ def check_on_device(
     """Launches the check of the boundary values (the host check's value checks, the same
     rules); returns the safe copies of (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded,
     cu_seqlens_k_padded), absent padded vectors standing as the real ones, for the kernels to
-    use in their place, and the check's outcome. The tensors' kinds, shapes and devices must
+    use in their place, and the check's outcome (with the safe copy's work lists). The tensors' kinds, shapes and devices must
     have passed `check_cu_seqlens_tensors`, the max_seqlens `check_max_seqlen`. No host sync."""
     vectors = (
         cu_seqlens_q,
@@ -240,16 +288,22 @@ def check_on_device(
     safe = torch.empty((8, (n_seqs + 4) // 4 * 4), dtype=dtype, device=cu_seqlens_q.device)
     # failed checks, padding rows, the safe copy's layout: one device->host copy reads them all
     verdict = torch.empty(6, dtype=torch.int64, device=cu_seqlens_q.device)
+    work = torch.empty(work_lists_shape(n_seqs), dtype=torch.int32, device=cu_seqlens_q.device)
     check_metadata_kernel[(1,)](
         *vectors,
         safe,
         verdict,
+        work,
         n_seqs,
         total_q,
         total_k,
         _bounded(max_seqlen_q),
         _bounded(max_seqlen_k),
         safe.stride(0),
+        work.stride(0),
+        work.stride(1),
+        SMALLEST_LOG2=SMALLEST_BLOCK_LOG2,
+        N_SIZES=len(BLOCK_SIZES),
         CHUNK=CHUNK,
     )
     q, k, q_padded, k_padded, *snapshot = safe[:, : n_seqs + 1].unbind()  # two view ops, not sixteen
@@ -257,4 +311,4 @@ def check_on_device(
         if given is None:
             snapshot[side] = None
     limits = (total_q, total_k, max_seqlen_q, max_seqlen_k)
-    return (q, k, q_padded, k_padded), DeviceCheck(verdict, snapshot, limits)
+    return (q, k, q_padded, k_padded), DeviceCheck(verdict, snapshot, limits, work)

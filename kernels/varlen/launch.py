@@ -11,7 +11,7 @@ one fill of dq, dk and dv), reusing the forward pass's work lists. Fewer where t
 knows more, as `varlen_attention` does from the device check of the boundaries
 (kernels/varlen/device_check.py): the fills are left out (`fill=False`) once the check has
 passed with every row real, and the work lists of the check's safe copy, which nothing writes,
-are made once for every call that runs on it (`work=`).
+are written by the check itself, for every call that runs on it (`work=`): no launch of their own.
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
 so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
@@ -302,7 +302,7 @@ def work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.
     """Block starts of the queries and the keys for every block size, in one launch."""
     n_seqs = cu_seqlens_q.numel() - 1
     work = torch.empty(work_lists_shape(n_seqs), dtype=torch.int32, device=cu_seqlens_q.device)
-    block_starts_kernel[(len(BLOCK_SIZES), 2)](
+    block_starts_kernel[(2,)](
         cu_seqlens_q,
         cu_seqlens_k,
         work,
@@ -310,6 +310,7 @@ def work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.
         work.stride(0),
         work.stride(1),
         SMALLEST_LOG2=SMALLEST_BLOCK_LOG2,
+        N_SIZES=len(BLOCK_SIZES),
         CHUNK=1024,
     )
     return work

@@ -28,7 +28,7 @@ from kernels.contract import (
 )
 from kernels.varlen.device_check import DeviceCheck, DeviceChecked, PendingChecks, check_on_device
 from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
-from kernels.varlen.launch import attention_backward, attention_forward, work_lists, work_lists_shape
+from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -195,9 +195,6 @@ class _ValidatedMetadata:
         self.refs: tuple = ()
         self.key: tuple = ()
         self.device: DeviceChecked | None = None  # the device check's safe copy and outcome; None after the host check
-        # The work lists of that safe copy, once a Triton call has made them: the copy is ours,
-        # nothing writes it after the check, so they hold for every call that runs on it.
-        self.work: torch.Tensor | None = None
 
     @staticmethod
     def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
@@ -218,7 +215,7 @@ class _ValidatedMetadata:
     def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale, device: DeviceChecked | None = None) -> None:
         self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
         self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
-        self.device, self.work = device, None
+        self.device = device
 
 
 _VALIDATED = _ValidatedMetadata()
@@ -437,9 +434,8 @@ def varlen_attention(
             device_check.raise_if_failed()
         out, lse = fa4_attention(q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), *mask, return_lse, device_check)
     elif eager:
-        if device_check is not None and _VALIDATED.work is None:  # kernel_metadata: the check's safe copy
-            _VALIDATED.work = work_lists(*kernel_metadata[:2])
-        work = None if device_check is None else _VALIDATED.work
+        # kernel_metadata is the check's safe copy, whose work lists the check wrote
+        work = None if device_check is None else device_check.work
         out, lse = _VarlenAttention.apply(device_check, work, q, k, v, *kernel_metadata, *mask)
         backward_reads_check = out.grad_fn is not None
     else:
