@@ -218,3 +218,14 @@ def test_command_line_writes_a_record_with_its_command(tmp_path, capsys):
     assert record["provenance"]["command"].startswith("python -m workbench.realclient --backends 'transformers sdpa: math'")
     assert [r["backend"] for r in record["runs"]] == [rc.BAR.name] * 2 + ["transformers sdpa: math"] * 2
     assert "| transformers sdpa: math | poisoned |" in capsys.readouterr().out
+
+
+def test_flex_attention_is_cuda_only_because_torch_has_no_cpu_backward():
+    """The reason the real-client check gives for leaving FlexAttention out on a CPU, as torch states it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    backend = rc.BY_NAME["transformers flex_attention"]
+    assert backend.available(torch.device("cpu")) == backend.cuda_only
+    q, k, v = (torch.randn(1, 1, 8, 16, requires_grad=True) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        flex_attention(q, k, v).sum().backward()
