@@ -57,7 +57,7 @@ class ErrorCheck:
 
     @property
     def ratio(self) -> float:
-        """Kernel error in units of PyTorch's own error (<= factor passes)."""
+        """Kernel error in units of PyTorch's own error, or of the floor where that is the larger (<= factor passes)."""
         return self.error / max(self.baseline, self.floor)
 
     def __str__(self) -> str:
