@@ -14,16 +14,19 @@ accumulating in fp32 avoids, in ulps of the oracle's magnitude (at least 1: unit
   independent with mean zero (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019); the worst case
   is D + n, which no kernel reaches.
 * ln(keys) for the softmax: FlashAttention's exp2 with scale * log2(e) folded in and rounded to
-  fp32 perturbs p_j relatively by an ulp per unit of its gap to the row max, x_max - x_j. The
-  probabilities weight those gaps, and sum_j p_j (x_max - x_j) <= lse - sum_j p_j x_j (the
-  row's entropy) <= ln(keys), however wide the logits spread.
+  fp32 perturbs p_j relatively by an ulp per unit of its gap to the row max, x_max - x_j (the
+  rounding of each logit itself PyTorch's fp32 scores carry too). The probabilities weight
+  those gaps, and sum_j p_j (x_max - x_j) <= lse - sum_j p_j x_j (the row's entropy) <=
+  ln(keys), however wide the logits spread.
 
-The floor matters only where PyTorch is near exact (one key: dS = P(dP - delta) cancels to 0
-exactly in PyTorch's formula, while a kernel computing dP and delta by separate dots cannot),
-and at one ulp of the output dtype, the unavoidable rounding of the fp32 result (one bf16 key:
-PyTorch's dv = dO is exact, a kernel's fp32 p * dO rounded to bf16 may not be). Elsewhere
-PyTorch's own error is the larger, so the bound stays FlashAttention's. Either way it stays
-far below what a wrong key costs (a whole p_j * v_j, about |v| / keys).
+In float32 this floor is nearly always the larger (PyTorch's error is typically a fifth of it),
+so there the bound is 2x / 3x the rounding no fp32 kernel avoids. In float16 and bfloat16
+PyTorch's own error is the larger and the bound stays FlashAttention's, except where PyTorch is
+near exact (one key: dS = P(dP - delta) cancels to 0 exactly in PyTorch's formula, while a
+kernel computing dP and delta by separate dots cannot) and at one ulp of the output dtype, the
+unavoidable rounding of the fp32 result (one bf16 key: PyTorch's dv = dO is exact, a kernel's
+fp32 p * dO rounded to bf16 may not be). Either way the bound stays far below what a wrong key
+costs (a whole p_j * v_j, about |v| / keys).
 """
 
 from __future__ import annotations
