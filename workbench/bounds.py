@@ -19,7 +19,7 @@ accumulating in fp32 avoids, in ulps of the oracle's magnitude (at least 1: unit
   those gaps, and sum_j p_j (x_max - x_j) <= lse - sum_j p_j x_j (the row's entropy) <=
   ln(keys), however wide the logits spread.
 
-In float32 this floor is nearly always the larger (PyTorch's error is typically a fifth of it),
+In float32 this floor is nearly always the larger (PyTorch's error is typically under a fifth of it),
 so there the bound is 2x / 3x the rounding no fp32 kernel avoids. In float16 and bfloat16
 PyTorch's own error is the larger and the bound stays FlashAttention's, except where PyTorch is
 near exact (one key: dS = P(dP - delta) cancels to 0 exactly in PyTorch's formula, while a
