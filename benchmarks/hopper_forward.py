@@ -102,7 +102,7 @@ def check(workload: Workload, config: ForwardConfig, device: str) -> str:
         with forward_config(config):
             got = _ours(batch, workload.window)()
     real = (batch.regions_q == Region.REAL).to(got.device)
-    bound = error_check("out", got[real], expected[real], expected[real], workload.case.torch_dtype)
+    bound = error_check("out", got[real], expected[real], expected[real], workload.case.torch_dtype, **batch.reduction_lengths())
     padding = got[~real]
     problems = [] if bound.within else [str(bound)]
     if padding.numel() and not bool((padding == 0).all()):

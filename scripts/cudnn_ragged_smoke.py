@@ -86,7 +86,14 @@ def run(name: str, keywords: dict[str, Any]) -> str | None:
     failure = None
     for tensor, value in got.items():
         real = batch.regions(tensor).to(value.device) == Region.REAL
-        check = error_check(tensor, value[real].double(), oracle[tensor][real], baseline[tensor][real].double(), torch.bfloat16)
+        check = error_check(
+            tensor,
+            value[real].double(),
+            oracle[tensor][real],
+            baseline[tensor][real].double(),
+            torch.bfloat16,
+            **batch.reduction_lengths(),
+        )
         padding = value[~real]
         note = (
             f"padding rows: {int((~torch.isfinite(padding)).any(-1).any(-1).sum())} non-finite, "

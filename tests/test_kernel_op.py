@@ -154,7 +154,9 @@ def test_real_rows_agree_with_torch_varlen_attn(dtype, window):
         (oracle, *(t.grad for t in exact)),
     )
     for name, mine, torchs, exact_value in named:
-        check = error_check(name, mine.detach(), exact_value.detach(), torchs.detach(), batch.q.dtype)
+        check = error_check(
+            name, mine.detach(), exact_value.detach(), torchs.detach(), batch.q.dtype, **batch.reduction_lengths()
+        )
         assert check.within, f"vs torch varlen_attn, window {window}: {check}"
 
 

@@ -65,7 +65,8 @@ def _assert_within(got, q, k, v, d_out, mask=None, bias=None, causal=False):
             finite = torch.isfinite(oracle[name])
             assert torch.allclose(got[name][finite].double(), oracle[name][finite], atol=1e-2)
             continue
-        check = error_check(name, got[name], oracle[name], baseline[name], q.dtype)
+        lengths = dict(keys=k.shape[1], queries=q.shape[1] * q.shape[2] // k.shape[2])  # (B, S, H, D) inputs
+        check = error_check(name, got[name], oracle[name], baseline[name], q.dtype, **lengths)
         assert check.within, str(check)
 
 

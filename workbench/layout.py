@@ -289,6 +289,12 @@ class PackedBatch:
     def inputs(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "k": self.k, "v": self.v}
 
+    def reduction_lengths(self) -> dict[str, int]:
+        """`error_check`'s keys= and queries=: the most keys one query sees (out, lse, dq sum over
+        them) and the most query rows, over a GQA group, one key is seen by (dk, dv sum over them)."""
+        group = self.q.shape[1] // self.k.shape[1]
+        return {"keys": self.max_seqlen_k, "queries": self.max_seqlen_q * group}
+
     def regions(self, name: str) -> torch.Tensor:
         """Region labels for the rows of q/out/dq (`name` in q, out, dq) or k/v/dk/dv."""
         return self.regions_q if name in ("q", "out", "dq", "lse") else self.regions_k

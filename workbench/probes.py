@@ -191,7 +191,9 @@ def probe(
         baseline = _oracle(fresh, d_out, fresh.q.dtype, backward, impl_kwargs)
         for tname, t in tensors.items():
             real = fresh.regions(tname) == Region.REAL
-            errors[tname] = error_check(tname, t[real], oracle[tname].cpu()[real], baseline[tname].cpu()[real], fresh.q.dtype)
+            errors[tname] = error_check(
+                tname, t[real], oracle[tname].cpu()[real], baseline[tname].cpu()[real], fresh.q.dtype, **fresh.reduction_lengths()
+            )
 
     return ProbeRecord(
         impl=name or str(getattr(impl, "__name__", type(impl).__name__)),

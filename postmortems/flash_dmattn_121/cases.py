@@ -166,6 +166,10 @@ class MaskCase:
         mask = self.mask()
         return tensors | {"mask": None if mask is None else mask.to(device)}
 
+    def reduction_lengths(self) -> dict[str, int]:
+        """`error_check`'s keys= and queries= (self-attention, no GQA: both the sequence length)."""
+        return {"keys": self.seqlen, "queries": self.seqlen}
+
     def padding_rows(self) -> torch.Tensor:
         """(B, S) bool: the padding positions of a padded pattern (none otherwise)."""
         rows = torch.zeros(self.batch, self.seqlen, dtype=torch.bool)

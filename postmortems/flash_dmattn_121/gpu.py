@@ -14,9 +14,9 @@ import torch
 
 from kernels import varlen_attention
 from postmortems.flash_dmattn_121.cases import GPU_SEEDS, SEED, UPSTREAM_CASES, UPSTREAM_TENSORS, MaskCase
-from postmortems.flash_dmattn_121.study import oracle, upstream_call_errors, upstream_cases, upstream_run
+from postmortems.flash_dmattn_121.study import oracle, tensor_check, upstream_call_errors, upstream_cases, upstream_run
 from postmortems.flash_dmattn_121.upstream import SUCCESSOR_PACKAGE, import_successor, upstream_triton_func, upstream_version
-from workbench.bounds import FACTORS, error_check
+from workbench.bounds import FACTORS
 from workbench.timing import time_call
 from workbench.upstream import stubbed
 
@@ -95,10 +95,7 @@ def successor_probe(device) -> dict:
         ref = oracle(case, str(device))
         tensors = dict(zip(UPSTREAM_TENSORS, (out.detach(), *(t.grad for t in leaves))))
         return {
-            "error_over_bound": {
-                n: error_check(n, t, ref["oracle"][n], ref["baseline"][n], torch.bfloat16).ratio / FACTORS[n]
-                for n, t in tensors.items()
-            },
+            "error_over_bound": {n: tensor_check(n, t, ref, case).ratio / FACTORS[n] for n, t in tensors.items()},
             "nonfinite": {n: int((~torch.isfinite(t.float())).sum()) for n, t in tensors.items()},
         }
 

@@ -41,7 +41,7 @@ from postmortems.flash_dmattn_121.cases import (
 )
 from postmortems.flash_dmattn_121.upstream import upstream_dtype, upstream_triton_func, upstream_version
 from workbench import pack, poisoned_memory, probe
-from workbench.bounds import ErrorCheck, error_check, lse_error
+from workbench.bounds import ErrorCheck, error_check
 from workbench.health import GradientHealth
 from workbench.postmortem import Results as PostmortemResults
 from workbench.postmortem import latest_gpu_record
@@ -198,19 +198,18 @@ def upstream_run(case: MaskCase, device=None, *, poisoned: bool = False) -> Upst
     tensors = {"out": out.detach()} | {g: t.grad for g, t in zip(GRADS, leaves)}
     ref = oracle(case, None if device is None else str(device))
     rows = case.real_query_rows().to(tensors["out"].device)  # outputs compared on rows a loss would read
-    checks = {
-        "out": error_check(
-            "out", tensors["out"][rows], ref["oracle"]["out"][rows], ref["baseline"]["out"][rows], case.torch_dtype
-        )
-    }
-    checks |= {g: error_check(g, tensors[g], ref["oracle"][g], ref["baseline"][g], case.torch_dtype) for g in GRADS}
+    checks = {"out": tensor_check("out", tensors["out"], ref, case, rows)}
+    checks |= {g: tensor_check(g, tensors[g], ref, case) for g in GRADS}
     return UpstreamRun(case, tensors, checks, poisoned)
 
 
-def _lse_check(value: torch.Tensor, oracle_lse: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype) -> ErrorCheck:
-    finite = oracle_lse[torch.isfinite(oracle_lse)]
-    floor = torch.finfo(dtype).eps * max(1.0, float(finite.abs().max()) if finite.numel() else 0.0)
-    return ErrorCheck("lse", lse_error(value, oracle_lse), lse_error(baseline, oracle_lse), 2.0, floor)
+def tensor_check(
+    name: str, value: torch.Tensor, ref: dict[str, dict[str, torch.Tensor]], case: MaskCase, rows: torch.Tensor | None = None
+) -> ErrorCheck:
+    """`name`'s error against `ref` (`oracle(case)`), on the (B, S) `rows` only when given."""
+    pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+    oracle, baseline = pick(ref["oracle"][name]), pick(ref["baseline"][name])
+    return error_check(name, pick(value), oracle, baseline, case.torch_dtype, head_dim=case.head_dim, **case.reduction_lengths())
 
 
 @dataclass
@@ -274,8 +273,7 @@ def run(case: MaskCase, variant: str = "replica", device=None, d_out_nan_row: in
         out.backward(_d_out(x["d_out"], d_out_nan_row))
     tensors = {"out": out.detach(), "lse": lse.detach()} | {g: t.grad for g, t in zip(GRADS, leaves)}
     ref = oracle(case, device, d_out_nan_row)
-    checks = {n: error_check(n, tensors[n], ref["oracle"][n], ref["baseline"][n], case.torch_dtype) for n in ("out",) + GRADS}
-    checks["lse"] = _lse_check(tensors["lse"], ref["oracle"]["lse"], ref["baseline"]["lse"], case.torch_dtype)
+    checks = {n: tensor_check(n, tensors[n], ref, case) for n in ("out", "lse") + GRADS}
     return Run(case, variant, tensors, checks)
 
 

@@ -44,7 +44,8 @@ def plot_gradient_health(fraction: float):
 
 
 def _ratio(check: ErrorCheck) -> str:
-    return f"{check.error:.3g} ({check.ratio:.3g} x PyTorch)" if check.error == check.error else "NaN"
+    # Of the bound, not "x PyTorch": in float32 the bound's fp32 floor can be the larger (workbench.bounds).
+    return f"{check.error:.3g} ({check.error / check.bound:.3g} of the bound)" if check.error == check.error else "NaN"
 
 
 def _within(check: ErrorCheck) -> str:

@@ -118,7 +118,7 @@ def te_recipe(
         valid = unpad_thd(value, cu, cu_padded).double().cpu()
         ref = oracle[name].cpu()
         te_error[name] = float(((valid - ref).abs() - tol * ref.abs()).max())
-        checks[name] = error_check(name, valid, ref, baseline[name].cpu(), torch_dtype)
+        checks[name] = error_check(name, valid, ref, baseline[name].cpu(), torch_dtype, **batch.reduction_lengths())
         rows = batch.regions(name) != Region.REAL
         if rows.any():
             padding = max(padding, float(value.detach().cpu()[rows].abs().max()))
@@ -149,7 +149,9 @@ def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorChe
     real = batch.regions_q == Region.REAL
     oracle = batch.call(reference_attention).cpu()[real]
     baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype).cpu()[real]
-    return error_check("out", workaround_call(batch, impl).cpu()[real], oracle, baseline, case.torch_dtype)
+    return error_check(
+        "out", workaround_call(batch, impl).cpu()[real], oracle, baseline, case.torch_dtype, **batch.reduction_lengths()
+    )
 
 
 def contract_error(case: Case, impl=dense_attention, device=None) -> ErrorCheck:
@@ -158,7 +160,7 @@ def contract_error(case: Case, impl=dense_attention, device=None) -> ErrorCheck:
     real = batch.regions_q == Region.REAL
     oracle = batch.call(reference_attention).cpu()[real]
     baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype).cpu()[real]
-    return error_check("out", batch.call(impl).cpu()[real], oracle, baseline, case.torch_dtype)
+    return error_check("out", batch.call(impl).cpu()[real], oracle, baseline, case.torch_dtype, **batch.reduction_lengths())
 
 
 def workaround_sweep(impl, fractions=PADDING_FRACTIONS, **case_fields) -> dict[bool, list[tuple[float, ErrorCheck]]]:
@@ -223,7 +225,7 @@ def fp8_error(case: Case, scales_from: str, device=None) -> ErrorCheck:
     emulated = [x.dequantize() for x in _quantized(batch, "real", quantize_reference)]
     baseline = reference_attention(*emulated, *batch.args()[3:], **batch.kwargs()).cpu()[real]
     out = varlen_attention_fp8(*_quantized(batch, scales_from), *batch.args()[3:], **batch.kwargs(), out_dtype=case.torch_dtype)
-    return error_check("out", out.cpu()[real], oracle, baseline, case.torch_dtype)
+    return error_check("out", out.cpu()[real], oracle, baseline, case.torch_dtype, **batch.reduction_lengths())
 
 
 def fp8_study(case: Case = FP8_CASE, fills=FP8_FILLS, device=None) -> dict[tuple[str, str], ErrorCheck]:
@@ -325,7 +327,7 @@ def rope_study(case: Case = ROPE_CASE, device=None) -> RopeStudy:
             if torch.equal(got - got[0], torch.arange(end - begin))
             else "restarted"
         )
-        check = error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype)
+        check = error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype, **batch.reduction_lengths())
         sequences.append(RopeSequence(i, end - begin, int(got[0]), kind, check))
     real = batch.regions_q == Region.REAL
     return RopeStudy(
@@ -334,5 +336,5 @@ def rope_study(case: Case = ROPE_CASE, device=None) -> RopeStudy:
         from_real,
         consistent,
         tuple(sequences),
-        error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype),
+        error_check("out", candidate[real], oracle[real], baseline[real], case.torch_dtype, **batch.reduction_lengths()),
     )

@@ -126,7 +126,7 @@ def rank_findings(
         value, regions = result.tensors[name], local(batch.regions(name))
         real = regions == Region.REAL
         oracle_rows, baseline_rows = local(oracle.oracle[name]), local(oracle.baseline[name])
-        check = error_check(name, value[real], oracle_rows[real], baseline_rows[real], batch.q.dtype)
+        check = error_check(name, value[real], oracle_rows[real], baseline_rows[real], batch.q.dtype, **batch.reduction_lengths())
         if not check.within:
             findings.append(Finding("real-accuracy", f"{where}: {check}"))
         for region, label in ((Region.GAP, "gap-rows"), (Region.TAIL, "tail-rows")):
