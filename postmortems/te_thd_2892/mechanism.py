@@ -215,9 +215,9 @@ def fp8_error(case: Case, scales_from: str, device=None) -> ErrorCheck:
 
     The bound follows FlashAttention's rule with FP8 as the precision: at most 2x the error of
     PyTorch doing the same FP8 computation (torch's own e4m3 cast with per-(block, head) scales
-    from real rows, then exact attention), plus one ulp of the output dtype. e4m3 keeps 3
-    mantissa bits (2^-4 relative rounding), so that baseline is large: the bound is about
-    what FP8 costs, not about the kernel.
+    from real rows, then exact attention), floored like every bound here (`workbench.bounds`: at
+    least one ulp of the output dtype). e4m3 keeps 3 mantissa bits (2^-4 relative rounding),
+    so that baseline is large: the bound is about what FP8 costs, not about the kernel.
     """
     batch = pack(case, device, requires_grad=False)
     real = batch.regions_q == Region.REAL
