@@ -129,6 +129,10 @@ def test_plot_has_one_bar_per_successful_run(tmp_path):
     ax = plot_records(_record(tmp_path, rows))
     assert sorted(round(p.get_height()) for p in ax.patches) == [60, 80, 90]
 
+    many = [Row("a", f"impl {i}", Timing(1.0, 2.0, 10.0), 100.0, 90.0, 500.0) for i in range(11)]
+    ax = plot_records(_record(tmp_path, many))
+    assert len({p.get_facecolor() for p in ax.patches}) == 11, "more implementations than the default cycle's ten colours"
+
 
 def test_shape_and_impl_filters_are_checked_before_timing():
     with pytest.raises(ValueError, match=r"shapes \['nothing'\] match no workload; the workloads are \['8x2048 d64'"):
@@ -297,6 +301,42 @@ def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
         merge_records([a, a])
 
 
+def test_workload_commits_name_the_commit_of_each_merged_run():
+    from workbench.bench_report import workload_commits
+
+    def run(commit, *workloads):
+        return {
+            "provenance": {"commit": commit},
+            "rows": [{"workload": w, "impl": impl} for w in workloads for impl in ("ours", "peer")],
+        }
+
+    records = [run("9c35629ecf4cd680023a5b62c89541c2a603c72c", "mix"), run("16a3a23", "8x2048 d64", "8x2048 d128")]
+    assert workload_commits(records) == {"mix": "9c35629", "8x2048 d64": "16a3a23", "8x2048 d128": "16a3a23"}
+
+
+def test_host_cost_log_reads_each_variant_and_needs_provenance(tmp_path):
+    from workbench.bench_report import host_cost_log
+
+    table = [
+        "device cuda, torch x; per forward+backward, kernels stubbed:",
+        "variant                                   host us  function calls  launches",
+        "triton, validate=False                      658.8             391       6.0",
+        "fa4, same metadata, TAIL rows               377.4             200       0.0",
+    ]
+    log = tmp_path / "host.log"
+    log.write_text("\n".join(["# H200, commit abc, date: command", *table]) + "\n")
+    read = host_cost_log(log)
+    assert read.provenance == "H200, commit abc, date: command" and read.text == "\n".join(table)
+    assert read.variants == {"triton, validate=False": (658.8, 391, 6.0), "fa4, same metadata, TAIL rows": (377.4, 200, 0.0)}
+    log.write_text("\n".join(table))
+    with pytest.raises(ValueError, match="provenance"):
+        host_cost_log(log)
+    log.write_text("\n".join(["# H200", *table, "triton, validate=False  fast"]))
+    with pytest.raises(ValueError, match="is not a variant"):
+        host_cost_log(log)
+    assert "fa4, same metadata" in host_cost_log().variants  # the committed H200 log
+
+
 def test_one_timer_reports_min_and_median_over_at_least_20_calls():
     from workbench.timing import MIN_ITERS, time_call
 
@@ -428,6 +468,7 @@ def test_validate_cost_log_reads_the_last_table_and_needs_provenance(tmp_path):
     assert read.provenance == "H200, commit abc, date: command" and read.text == "\n".join(table)
     costs = read.costs["8x2048 d128"]
     assert costs["True, same metadata"] == pytest.approx((0.05, 0.0)) and costs["True, new metadata"] == pytest.approx((0.1, 0.1))
+    assert read.baseline == {"8x2048 d128": (2.0, 1.9)}
     log.write_text("\n".join(table))
     with pytest.raises(ValueError, match="provenance"):
         validate_cost_log(log)

@@ -132,33 +132,69 @@ def fa4_wrapper_log(path: Path = GPU_DATA / "logs" / "fa4-wrapper-h200.log") -> 
     return WrapperLog("\n".join(lines), ratios)
 
 
+def _log_lines(path: Path, module: str) -> list[str]:
+    """The lines of a committed GPU log of `python -m <module>`, whose first is '# ' and its provenance."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no log of `python -m {module}`; run it on a GPU")
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError(f"{path}: the first line must be '# ' and the run's provenance (GPU, commit, date, command)")
+    return lines
+
+
 @dataclass(frozen=True)
 class ValidateCostLog:
     """What `python -m benchmarks.validate_cost` printed on the GPU: its provenance line, its last
-    table, and per workload and variant the (median, fastest) ratio to validate=False, minus 1."""
+    table, per workload and variant the (median, fastest) ratio to validate=False, minus 1, and
+    validate=False's own (median, fastest) time in ms."""
 
     provenance: str
     text: str
     costs: dict[str, dict[str, tuple[float, float]]]
+    baseline: dict[str, tuple[float, float]]  # validate=False's (median, fastest) ms: how noisy the row is
 
 
 def validate_cost_log(path: Path = GPU_DATA / "logs" / "validate-cost-h200.log") -> ValidateCostLog:
     """The committed log of `benchmarks/validate_cost.py`: a '# ' provenance line, then its table."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no log of `python -m benchmarks.validate_cost`; run it on a GPU")
-    lines = path.read_text().splitlines()
-    if not lines or not lines[0].startswith("# "):
-        raise ValueError(f"{path}: the first line must be '# ' and the run's provenance (GPU, commit, date, command)")
+    lines = _log_lines(path, "benchmarks.validate_cost")
     start = max(i for i, line in enumerate(lines) if line.startswith("workload")) - 1  # the last table, its title line
     table = [line for line in lines[start:] if line.strip()]
     variants = [v.strip() for v in table[1][len("workload") :].split("  ") if v.strip()]
     costs: dict[str, dict[str, tuple[float, float]]] = {}
+    baseline: dict[str, tuple[float, float]] = {}
     for line in table[2:]:
         cells = re.findall(r"([\d.]+) \(([\d.]+)\)", line)
         name = line[: line.index(cells[0][0])].strip()
         medians, fastest = [float(m) for m, _ in cells], [float(f) for _, f in cells]
         costs[name] = {v: (m / medians[0] - 1, f / fastest[0] - 1) for v, m, f in zip(variants, medians, fastest)}
-    return ValidateCostLog(lines[0][2:], "\n".join(table), costs)
+        baseline[name] = (medians[0], fastest[0])
+    return ValidateCostLog(lines[0][2:], "\n".join(table), costs, baseline)
+
+
+@dataclass(frozen=True)
+class HostCostLog:
+    """What `python -m benchmarks.host_cost` printed on the GPU: its provenance line, its table,
+    and per variant the host time of one forward+backward in us, its Python function calls and
+    its Triton launches (kernels stubbed out)."""
+
+    provenance: str
+    text: str
+    variants: dict[str, tuple[float, int, float]]
+
+
+def host_cost_log(path: Path = GPU_DATA / "logs" / "host-cost-h200.log") -> HostCostLog:
+    """The committed log of `benchmarks/host_cost.py`: a '# ' provenance line, then its table."""
+    lines = _log_lines(path, "benchmarks.host_cost")
+    start = next(i for i, line in enumerate(lines) if line.startswith("variant"))
+    variants = {}
+    for line in lines[start + 1 :]:
+        if line.strip():
+            found = re.fullmatch(r"(.+?)\s+([\d.]+)\s+(\d+)\s+([\d.]+)", line.strip())
+            if found is None:
+                raise ValueError(f"{path}: {line!r} is not a variant, its host us, function calls and launches")
+            name, host_us, calls, launches = found.groups()
+            variants[name] = (float(host_us), int(calls), float(launches))
+    return HostCostLog(lines[0][2:], "\n".join(lines[1:]), variants)
 
 
 def targets(rows: list[Row]) -> list[Target]:
@@ -516,6 +552,12 @@ def speed_table(peer: str, records: list[dict] | None = None):
     return table(header, cells, title=f"on {record['provenance'].get('device', '?')}")
 
 
+def workload_commits(records: list[dict]) -> dict[str, str]:
+    """Per workload, the commit (7 hex digits) of the record that measured it: merged runs of
+    disjoint workloads may come from different commits."""
+    return {r["workload"]: str(rec["provenance"].get("commit", "?"))[:7] for rec in records for r in rec["rows"]}
+
+
 def merge_records(records: list[dict]) -> dict:
     """One record from several runs of disjoint workloads (e.g. `--shapes` subsets): their rows
     and tiles in order; provenance fields that differ are joined with " | ", in the same order."""
@@ -553,17 +595,21 @@ def plot_records(record: dict, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(13, 6), layout="constrained")
     width = 0.8 / len(impls)
+    # tab20's ten strong colours, then their light twins: a record has more than the ten of the
+    # default cycle (eleven implementations and variants), and no two may share one.
+    palette = plt.colormaps["tab20"].colors
+    colors = palette[::2] + palette[1::2]
     for i, impl in enumerate(impls):
         values = {r.workload: r.tflops_fwd_bwd for r in rows if r.impl == impl}
         xs = [j + i * width for j, w in enumerate(workloads_) if w in values]
-        ax.bar(xs, [values[w] for w in workloads_ if w in values], width, label=impl)
+        ax.bar(xs, [values[w] for w in workloads_ if w in values], width, label=impl, color=colors[i % len(colors)])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads_))])
     # Slanted, anchored at their right end: long names stay clear of their neighbours.
     ax.set_xticklabels(workloads_, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
     ax.set_ylabel("forward+backward TFLOP/s")
     p = record["provenance"]
     ax.set_title(f"{p['device']}, torch {p['torch']}, triton {p['triton']} ({p['date']})", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, clear of the bars
     return ax
 
 
