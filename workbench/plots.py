@@ -263,7 +263,8 @@ def plot_nan_map(
 
 
 def plot_errors(records: Sequence[Any], *, title: str | None = None) -> Figure:
-    """Error of each record on REAL rows against the fp64 oracle, per tensor, in units of PyTorch's own error.
+    """Error of each record on REAL rows against the fp64 oracle, per tensor, in units of PyTorch's own error
+    (floored at the rounding no fp32-accumulating kernel avoids: `workbench.bounds`).
 
     A bar at or below the dashed line (the FlashAttention-style factor: 2 for out, 3 for
     gradients) passes. A NaN error is drawn as a hatched red bar reaching the top.
@@ -304,7 +305,7 @@ def plot_errors(records: Sequence[Any], *, title: str | None = None) -> Figure:
         ax.set_yscale("log")
         ax.set_ylim(bottom, top)
         ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel("error / PyTorch's error")
+        ax.set_ylabel("error / PyTorch's error (floored)")
         ax.legend(loc="upper left", ncols=min(len(records), 4))
         ax.set_title(title or "REAL rows vs fp64 oracle (dashed: bound)")
     return fig
