@@ -473,3 +473,23 @@ def test_validate_cost_log_reads_the_last_table_and_needs_provenance(tmp_path):
     with pytest.raises(ValueError, match="provenance"):
         validate_cost_log(log)
     assert "8x2048 d128 causal" in validate_cost_log().costs  # the committed H200 log
+
+
+def test_fa4_wrapper_log_reads_the_ratios_drops_warnings_and_needs_provenance(tmp_path):
+    from workbench.bench_report import fa4_wrapper_log
+
+    table = [
+        "NVIDIA H200, torch x; ms per forward+backward",
+        "workload                    FA4 bare  fa4 same md  fa4 new md   triton  bare/wrapped",
+        "8x2048 d128                    1.905        1.889       2.210    3.127         1.009",
+    ]
+    warning = ["/site/dsl.py:2300: UserWarning: Argument aux_data ...", "  exe_args, func_types = ..."]
+    log = tmp_path / "wrapper.log"
+    log.write_text("\n".join(["# H200, commit abc, date: command", table[0], *warning, *table[1:]]) + "\n")
+    read = fa4_wrapper_log(log)
+    assert read.provenance == "H200, commit abc, date: command" and read.text == "\n".join(table)
+    assert read.ratios == {"8x2048 d128": 1.009}
+    log.write_text("\n".join(table))
+    with pytest.raises(ValueError, match="provenance"):
+        fa4_wrapper_log(log)
+    assert "8x2048 d128 causal +TAIL" in fa4_wrapper_log().ratios  # the committed H200 log

@@ -115,27 +115,28 @@ def validation_costs(rows: list[Row]) -> dict[str, dict[str, tuple[float, float]
 
 @dataclass(frozen=True)
 class WrapperLog:
-    """What `python benchmarks/fa4_wrapper.py` printed on the GPU: its text and, per workload,
-    FA4 bare's time over the wrapper's (same metadata)."""
+    """What `python benchmarks/fa4_wrapper.py` printed on the GPU: its provenance line, its text
+    and, per workload, FA4 bare's time over the wrapper's (same metadata)."""
 
+    provenance: str
     text: str
     ratios: dict[str, float]
 
 
 def fa4_wrapper_log(path: Path = GPU_DATA / "logs" / "fa4-wrapper-h200.log") -> WrapperLog:
-    """The committed log of `benchmarks/fa4_wrapper.py` (a table; no record), its warnings dropped."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no log of `python benchmarks/fa4_wrapper.py`; run it on a GPU with flash-attn-4")
-    lines = [line for line in path.read_text().splitlines() if line and not line.startswith((" ", "/"))]
+    """The committed log of `benchmarks/fa4_wrapper.py` (a '# ' provenance line, then a table; no
+    record), its warnings dropped."""
+    provenance, *rest = _log_lines(path, "python benchmarks/fa4_wrapper.py")
+    lines = [line for line in rest if line and not line.startswith((" ", "/"))]
     start = next(i for i, line in enumerate(lines) if line.startswith("workload"))
     ratios = {line[:26].strip(): float(line.split()[-1]) for line in lines[start + 1 :]}
-    return WrapperLog("\n".join(lines), ratios)
+    return WrapperLog(provenance[2:], "\n".join(lines), ratios)
 
 
-def _log_lines(path: Path, module: str) -> list[str]:
-    """The lines of a committed GPU log of `python -m <module>`, whose first is '# ' and its provenance."""
+def _log_lines(path: Path, command: str) -> list[str]:
+    """The lines of a committed GPU log of `command`, whose first is '# ' and its provenance."""
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no log of `python -m {module}`; run it on a GPU")
+        raise FileNotFoundError(f"{path}: no log of `{command}`; run it on a GPU")
     lines = path.read_text().splitlines()
     if not lines or not lines[0].startswith("# "):
         raise ValueError(f"{path}: the first line must be '# ' and the run's provenance (GPU, commit, date, command)")
@@ -156,7 +157,7 @@ class ValidateCostLog:
 
 def validate_cost_log(path: Path = GPU_DATA / "logs" / "validate-cost-h200.log") -> ValidateCostLog:
     """The committed log of `benchmarks/validate_cost.py`: a '# ' provenance line, then its table."""
-    lines = _log_lines(path, "benchmarks.validate_cost")
+    lines = _log_lines(path, "python -m benchmarks.validate_cost")
     start = max(i for i, line in enumerate(lines) if line.startswith("workload")) - 1  # the last table, its title line
     table = [line for line in lines[start:] if line.strip()]
     variants = [v.strip() for v in table[1][len("workload") :].split("  ") if v.strip()]
@@ -184,7 +185,7 @@ class HostCostLog:
 
 def host_cost_log(path: Path = GPU_DATA / "logs" / "host-cost-h200.log") -> HostCostLog:
     """The committed log of `benchmarks/host_cost.py`: a '# ' provenance line, then its table."""
-    lines = _log_lines(path, "benchmarks.host_cost")
+    lines = _log_lines(path, "python -m benchmarks.host_cost")
     start = next(i for i, line in enumerate(lines) if line.startswith("variant"))
     variants = {}
     for line in lines[start + 1 :]:
