@@ -8,23 +8,35 @@ from workbench.postmortem import Meta
 META = Meta(
     id="fsa-varlen-descriptors",
     title="flash-sparse-attn 2.0.6's varlen attention faults on an H200: a misaligned lse descriptor in the backward, "
-    "and descriptors over empty sequences in the forward",
+    "descriptors over empty sequences in the forward; and it leaves the rows past cu_seqlens_q[-1] unwritten",
     component="flash-sparse-attn 2.0.6 / flash_dense_attn_varlen_func, flash_sparse_attn_varlen_func (Triton)",
     category="training bug",
     impact="every varlen backward whose sequence starts or row count are not all multiples of 4 raises 'misaligned "
     "address' on an H200 and the process loses its CUDA context; a batch with an empty sequence raises 'illegal "
-    "instruction' in the forward",
+    "instruction' in the forward; out's and dq's rows past cu_seqlens_q[-1] (TAIL padding) hold whatever memory held, "
+    "NaN under poisoned memory",
     upstream_status="upstream unaware",
-    status_note="no report of either fault found in HKUSTDial/flash-sparse-attention's tracker (issues and pull "
-    "requests searched 2026-12-02)",
-    our_verdict="found by our audit on an H200 (flash-sparse-attn 2.0.6, torch 2.11.0+cu130, Triton 3.6.0); both "
-    "descriptors shown on the CPU by running the library under the Triton interpreter; source read at a named commit",
-    detection="loud: RuntimeError 'Triton Error [CUDA]: misaligned address' at the next kernel load, or 'CUDA error: "
-    "an illegal instruction was encountered'; every later CUDA call of the process fails",
-    fix_type="workaround today: drop empty sequences from cu_seqlens, and pad each sequence's queries to a multiple of "
-    "4 with dummy rows at its start; upstream: an early exit for empty sequences and an lse descriptor over a "
-    "16-byte aligned (padded) layout, as the kernel already uses for dPsum",
-    tags=("flash-sparse-attn", "Triton", "TMA", "tensor descriptor", "misaligned address", "empty sequences", "audit finding"),
+    status_note="no report of the faults or of the unwritten rows found in HKUSTDial/flash-sparse-attention's tracker "
+    "(issues and pull requests searched 2026-12-02)",
+    our_verdict="found by our audit on an H200 (flash-sparse-attn 2.0.6, torch 2.11.0+cu130, Triton 3.6.0); the "
+    "descriptors and the unwritten rows shown on the CPU by running the library under the Triton interpreter; the "
+    "faulting kernel shown on the H200; source read at named commits",
+    detection="the faults are loud: RuntimeError 'Triton Error [CUDA]: misaligned address', or 'CUDA error: an illegal "
+    "instruction was encountered', and every later CUDA call of the process fails; the unwritten rows are silent",
+    fix_type="workaround today: drop empty sequences from cu_seqlens, pad each sequence's queries to a multiple of 4 "
+    "with dummy rows at its start, and return the rows the call does not see as 0; upstream: an early exit for empty "
+    "sequences, an lse descriptor over a 16-byte aligned (padded) layout, as the kernel already uses for dPsum, and "
+    "out and dq zeroed past cu_seqlens_q[-1]",
+    tags=(
+        "flash-sparse-attn",
+        "Triton",
+        "TMA",
+        "tensor descriptor",
+        "misaligned address",
+        "empty sequences",
+        "uninitialised memory",
+        "audit finding",
+    ),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fsa-*-varlen.json); no upstream report
     published="2026-12-02",
 )
