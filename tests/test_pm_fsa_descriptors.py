@@ -83,6 +83,39 @@ def test_a_batch_with_no_sequence_to_call_gives_zeros_and_zero_gradients():
     assert (out == 0).all() and (q.grad == 0).all()
 
 
+@pytest.mark.parametrize(
+    "case", [LAYOUTS[0], LAYOUTS[4], pm.NO_QUERY.with_(dtype="float64", head_dim=8)], ids=lambda c: c.label()
+)
+def test_the_real_rows_workaround_zeroes_tail_rows_and_their_gradients(case):
+    """(c): the call on the rows up to cu_seqlens[-1], zeros after. Through a float64 stand-in that
+    leaves its TAIL rows NaN as fsa's torch.empty_like does: REAL rows equal the reference, TAIL rows of
+    out and every gradient exactly 0; without the workaround the stand-in's TAIL rows are NaN."""
+
+    def unwritten_tail(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, softmax_scale=None
+    ):
+        args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        out = reference_attention(query, key, value, *args, causal=is_causal, scale=softmax_scale, validate=False)
+        tail = torch.zeros(query.shape[0], dtype=torch.bool)
+        tail[int(cu_seqlens_q[-1]) :] = True
+        return torch.where(tail[:, None, None], torch.nan, out)
+
+    batch = pack(case, "cpu")
+    inputs = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
+    expected = [t.detach().clone().requires_grad_() for t in (batch.q, batch.k, batch.v)]
+    args = (batch.cu_seqlens_q.int(), batch.cu_seqlens_k.int(), batch.max_seqlen_q, batch.max_seqlen_k)
+    assert unwritten_tail(*expected, *args)[int(batch.cu_seqlens_q[-1]) :].isnan().all()
+    out = pm.real_rows(unwritten_tail)(*inputs, *args, is_causal=case.causal)
+    ref = reference_attention(*expected, *args, causal=case.causal)
+    d_out = torch.randn(batch.q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    out.backward(d_out)
+    ref.backward(d_out)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for got, want in zip(inputs, expected, strict=True):  # no real query: k and v outside the graph, gradient None
+        torch.testing.assert_close(torch.zeros_like(got) if got.grad is None else got.grad, want.grad, rtol=1e-12, atol=1e-12)
+    assert (out[int(batch.cu_seqlens_q[-1]) :] == 0).all() and (inputs[0].grad[int(batch.cu_seqlens_q[-1]) :] == 0).all()
+
+
 def test_misaligned_lse_bases_of_the_audits_call():
     """The audit's first call: lse (2, 18), starts 0, 5, 8: h * 18 + start not a multiple of 4."""
     batch = pack(pm.AUDIT, "cpu")
@@ -135,6 +168,26 @@ def test_the_claims_fail_when_the_records_or_the_calls_say_otherwise(results):
     fixed.descriptors[0]["violation"] = "base must be 16-byte aligned"
     fixed.descriptors[0]["base_mod16"] = {"4": 1}
     assert not pm.claims.verdict(changed, "Workaround (b),").holds
+    changed = copy.deepcopy(results)
+    changed.misaligned_h200["results"][0]["library_frames"][1] = "ops/triton/flash_dense_bwd.py:999 _bwd_dense_kernel"
+    assert not pm.claims.verdict(changed, "Run alone on the H200").holds
+    changed = copy.deepcopy(results)
+    aligned = next(c for c in changed.misaligned_h200["results"] if c["case"] == "aligned")
+    aligned["stage"] = "backward"
+    assert not pm.claims.verdict(changed, "Run alone on the H200").holds
+    changed = copy.deepcopy(results)
+    check = next(c for c in changed.audits["fsa-sparse-varlen"]["checks"] if c["name"] == "no-real-query")
+    check["evidence"] = check["evidence"].replace("dq: 256", "dq: 128")
+    assert not pm.claims.verdict(changed, "The no-real-query call").holds
+    changed = copy.deepcopy(results)
+    bare = changed.call(pm.FUNCTIONS[1], pm.BARE, pm.NO_QUERY, poisoned=True)
+    bare.probe.nonfinite["dq"]["TAIL"] = 0  # as if the backward had written dq's TAIL rows
+    assert not pm.claims.verdict(changed, "Under the interpreter, in NaN-poisoned memory").holds
+    changed = copy.deepcopy(results)
+    fixed = changed.call(pm.FUNCTIONS[0], pm.REAL_ROWS, pm.AUDIT, poisoned=True)
+    fixed.probe.nonfinite["out"]["TAIL"] = 1
+    fixed.probe.max_abs["out"]["TAIL"] = float("nan")
+    assert not pm.claims.verdict(changed, "Workaround (c)").holds
     changed = copy.deepcopy(results)
     changed.workaround_h200["results"][-1]["padding_exactly_zero"] = False
     assert not pm.claims.verdict(changed, "Workaround (b) on the H200").holds

@@ -10,21 +10,30 @@ shows the workarounds with the library's own functions:
     cases.py     META, the calls replayed, the H200 records read, the source commit
     upstream.py  the library under the interpreter, every descriptor recorded
     audit.py     the first call each audit check made on the H200
-    study.py     reproduce(); the workaround (`repacked`); the lse bases a batch misaligns
+    study.py     reproduce(); the workarounds (`repacked`, `real_rows`); the lse bases a batch misaligns
     figures.py   the tables
     claims.py    the claims, each with its evidence
 """
 
-from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY
+from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY, NO_QUERY
 from postmortems.fsa_varlen_descriptors.claims import claims
-from postmortems.fsa_varlen_descriptors.figures import audit_table, calls_table, descriptor_table, sanitizer_table
+from postmortems.fsa_varlen_descriptors.figures import (
+    audit_table,
+    calls_table,
+    descriptor_table,
+    misaligned_h200_table,
+    sanitizer_table,
+    tail_table,
+)
 from postmortems.fsa_varlen_descriptors.study import (
     ALIGNED,
     BARE,
     NO_EMPTY,
+    REAL_ROWS,
     FsaDescriptorResults,
     measure,
     misaligned_lse_bases,
+    real_rows,
     repack_plan,
     repacked,
     reproduce,
@@ -43,6 +52,8 @@ __all__ = [
     "META",
     "NO_EMPTY",
     "NO_KEY",
+    "NO_QUERY",
+    "REAL_ROWS",
     "FsaDescriptorResults",
     "audit_table",
     "calls_table",
@@ -50,11 +61,14 @@ __all__ = [
     "descriptor_table",
     "load",
     "measure",
+    "misaligned_h200_table",
     "misaligned_lse_bases",
+    "real_rows",
     "recorded_descriptors",
     "repack_plan",
     "repacked",
     "reproduce",
     "run",
     "sanitizer_table",
+    "tail_table",
 ]

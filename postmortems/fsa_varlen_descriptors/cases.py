@@ -8,23 +8,35 @@ from workbench.postmortem import Meta
 META = Meta(
     id="fsa-varlen-descriptors",
     title="flash-sparse-attn 2.0.6's varlen attention faults on an H200: a misaligned lse descriptor in the backward, "
-    "and descriptors over empty sequences in the forward",
+    "descriptors over empty sequences in the forward; and it leaves the rows past cu_seqlens_q[-1] unwritten",
     component="flash-sparse-attn 2.0.6 / flash_dense_attn_varlen_func, flash_sparse_attn_varlen_func (Triton)",
     category="training bug",
     impact="every varlen backward whose sequence starts or row count are not all multiples of 4 raises 'misaligned "
     "address' on an H200 and the process loses its CUDA context; a batch with an empty sequence raises 'illegal "
-    "instruction' in the forward",
+    "instruction' in the forward; out's and dq's rows past cu_seqlens_q[-1] (TAIL padding) hold whatever memory held, "
+    "NaN under poisoned memory",
     upstream_status="upstream unaware",
-    status_note="no report of either fault found in HKUSTDial/flash-sparse-attention's tracker (issues and pull "
-    "requests searched 2026-12-02)",
-    our_verdict="found by our audit on an H200 (flash-sparse-attn 2.0.6, torch 2.11.0+cu130, Triton 3.6.0); both "
-    "descriptors shown on the CPU by running the library under the Triton interpreter; source read at a named commit",
-    detection="loud: RuntimeError 'Triton Error [CUDA]: misaligned address' at the next kernel load, or 'CUDA error: "
-    "an illegal instruction was encountered'; every later CUDA call of the process fails",
-    fix_type="workaround today: drop empty sequences from cu_seqlens, and pad each sequence's queries to a multiple of "
-    "4 with dummy rows at its start; upstream: an early exit for empty sequences and an lse descriptor over a "
-    "16-byte aligned (padded) layout, as the kernel already uses for dPsum",
-    tags=("flash-sparse-attn", "Triton", "TMA", "tensor descriptor", "misaligned address", "empty sequences", "audit finding"),
+    status_note="no report of the faults or of the unwritten rows found in HKUSTDial/flash-sparse-attention's tracker "
+    "(issues and pull requests searched 2026-12-02)",
+    our_verdict="found by our audit on an H200 (flash-sparse-attn 2.0.6, torch 2.11.0+cu130, Triton 3.6.0); the "
+    "descriptors and the unwritten rows shown on the CPU by running the library under the Triton interpreter; the "
+    "faulting kernel shown on the H200; source read at named commits",
+    detection="the faults are loud: RuntimeError 'Triton Error [CUDA]: misaligned address', or 'CUDA error: an illegal "
+    "instruction was encountered', and every later CUDA call of the process fails; the unwritten rows are silent",
+    fix_type="workaround today: drop empty sequences from cu_seqlens, pad each sequence's queries to a multiple of 4 "
+    "with dummy rows at its start, and return the rows the call does not see as 0; upstream: an early exit for empty "
+    "sequences, an lse descriptor over a 16-byte aligned (padded) layout, as the kernel already uses for dPsum, and "
+    "out and dq zeroed past cu_seqlens_q[-1]",
+    tags=(
+        "flash-sparse-attn",
+        "Triton",
+        "TMA",
+        "tensor descriptor",
+        "misaligned address",
+        "empty sequences",
+        "uninitialised memory",
+        "audit finding",
+    ),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fsa-*-varlen.json); no upstream report
     published="2026-12-02",
 )
@@ -37,6 +49,10 @@ CAUSAL = _NO_TAIL.with_(seqlens_q=(5, 3), seqlens_k=(9, 7), causal=True)  # caus
 NO_KEY = _NO_TAIL.with_(seqlens_q=(3, 2, 4), seqlens_k=(3, 0, 2), causal=True)  # fully-masked-rows: a sequence with no key
 EMPTY = _NO_TAIL.with_(seqlens_q=(3, 0, 4, 0))  # empty-sequences: two sequences with no query and no key
 CASES = (AUDIT, CAUSAL, NO_KEY, EMPTY)
+# no-real-query: every query row TAIL, garbage (finite) in the padding; the one check whose call returned on the H200.
+NO_QUERY = _NO_TAIL.with_(seqlens_q=(0, 0), seqlens_k=(3, 2), tail_q=2, tail_k=1, fill=Fill.GARBAGE)
+NO_QUERY_CHECK = "no-real-query"
+TAIL_CASES = (AUDIT, NO_QUERY)  # the calls with TAIL rows, run again under NaN-poisoned memory
 NAMED = {"audit": AUDIT, "causal": CAUSAL, "no-key": NO_KEY, "empty": EMPTY}  # for scripts/fsa_misaligned.py
 WITH_EMPTY = (EMPTY,)  # the call with sequences of length 0 (a sequence with queries and no key builds none)
 
@@ -46,6 +62,9 @@ AUDITS = {row: f"audit-{row}.json" for row in ROWS.values()}
 SANITIZERS = {row: f"sanitizer-{row}.json" for row in ROWS.values()}
 # The workaround (b) through both functions on the H200: scripts/fsa_misaligned.py --device cuda --workaround
 WORKAROUND_H200 = "fsa-workaround-h200.json"
+# Each call of scripts/fsa_misaligned.py's cases alone on the H200 with CUDA_LAUNCH_BLOCKING=1: where it faults.
+MISALIGNED_H200 = "fsa-misaligned.json"
+PREPROCESS_LAUNCH = "ops/triton/flash_bwd_preprocess.py:227 _flash_attn_bwd_preprocess"
 MISALIGNED = "misaligned address"
 ILLEGAL_INSTRUCTION = "illegal instruction"
 
@@ -58,6 +77,18 @@ LSE_ALIGNMENT = 16 // 4
 # and lse_log2's over the padded layout (USE_PADDED=True), as the 2.0.6 wheel does.
 FSA_SOURCE = "HKUSTDial/flash-sparse-attention@801cc148254bf2a16964c53046cbd99f77717fef"
 PREPROCESS_FILE = "flash_sparse_attn/ops/triton/flash_bwd_preprocess.py"
+
+# The unwritten TAIL rows: the buffers fsa's varlen functions allocate with torch.empty_like(query), by
+# file and line in the 2.0.6 wheel (each inside _flash_*_attn_varlen_forward/backward). The dense
+# forward and backward read the same at these commits of the repository:
+TAIL_ALLOCATIONS = {
+    "flash_sparse_attn/ops/triton/flash_dense_fwd.py": ("out", 876),
+    "flash_sparse_attn/ops/triton/flash_dense_bwd.py": ("dq", 854),
+    "flash_sparse_attn/ops/triton/flash_sparse_fwd.py": ("out", 886),
+    "flash_sparse_attn/ops/triton/flash_sparse_bwd.py": ("dq", 871),
+}
+FORWARD_SOURCE = "HKUSTDial/flash-sparse-attention@007a7fee35941ab7e09a01912e2bbb6740b5475d"  # flash_dense_fwd.py
+BACKWARD_SOURCE = "HKUSTDial/flash-sparse-attention@184cad5b23c47621a252aabe2be9a0e94607b30b"  # flash_dense_bwd.py
 
 # The checks of both H200 rows that raised 'misaligned address', and the one that raised 'illegal instruction'.
 MISALIGNED_CHECKS = (

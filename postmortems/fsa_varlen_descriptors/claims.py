@@ -4,26 +4,38 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from postmortems.fsa_varlen_descriptors.cases import (
+    AUDIT,
+    BACKWARD_SOURCE,
     CASES,
     EMPTY,
     EMPTY_CHECK,
+    FORWARD_SOURCE,
     FSA_SOURCE,
     FUNCTIONS,
     ILLEGAL_INSTRUCTION,
     MISALIGNED,
     MISALIGNED_CHECKS,
     NAMED,
+    NO_QUERY,
+    NO_QUERY_CHECK,
     PREPROCESS_FILE,
+    PREPROCESS_LAUNCH,
     SANITIZER_FIRST_SITE,
+    TAIL_ALLOCATIONS,
+    TAIL_CASES,
 )
 from postmortems.fsa_varlen_descriptors.study import (
     ALIGNED,
     BARE,
     NO_EMPTY,
+    REAL_ROWS,
     FsaDescriptorResults,
     misaligned_lse_bases,
     preprocess_source,
+    varlen_allocations,
 )
 from postmortems.fsa_varlen_descriptors.upstream import TILE_M
 from workbench import Region, pack
@@ -68,6 +80,118 @@ def _first_calls(r: FsaDescriptorResults):
     ok = all(r.first_calls[c]["misaligned"] > 0 for c in MISALIGNED_CHECKS) and r.first_calls[EMPTY_CHECK]["empty"] > 0
     empty = r.first_calls[EMPTY_CHECK]
     return ok, f"misaligned bases {misaligned}; {EMPTY_CHECK}: {empty['layout']}, {empty['empty']} empty sequences"
+
+
+@claims(
+    "Run alone on the H200 with CUDA_LAUNCH_BLOCKING=1, each call in its own process, both functions' audit call "
+    "(q [18, 2, 64], cu_seqlens_q [0, 5, 8, 15]) and the same call without its TAIL rows reach the backward and raise "
+    "'misaligned address' at the launch of the backward preprocess kernel (flash_bwd_preprocess.py:227); the lse "
+    "bases off a 16-byte boundary (by 4, 8 or 12 bytes) are exactly those LSE + h * rows + cu_seqlens_q[b] predicts; "
+    "the call whose starts and row count are multiples of 4 (cu_seqlens_q [0, 8, 12, 24]) completes",
+    evidence=UPSTREAM_GPU,
+)
+def _faulting_kernel(r: FsaDescriptorResults):
+    record, parts, ok = r.misaligned_h200, [], "H200" in r.misaligned_h200["provenance"]["device"]
+    for call in record["results"]:
+        (launch,) = call["preprocess_lse_bases"]
+        bad = {program: m for program, m in launch["base_mod16"].items() if m}
+        cu = torch.tensor(call["cu_seqlens_q"])
+        predicted = {f"b{b} h{h}" for b, h in misaligned_lse_bases(cu, call["q_shape"][0], call["q_shape"][1])}
+        if predicted:  # faults at the preprocess kernel's own launch, where the arithmetic says
+            ok &= call["stage"] == "backward" and MISALIGNED in call["error"] and PREPROCESS_LAUNCH in call["library_frames"]
+            ok &= set(bad) == predicted and set(bad.values()) <= {4, 8, 12}
+            parts.append(
+                f"{call['function']} {call['case']}: {len(bad)} of {len(launch['base_mod16'])} bases off, raised at {PREPROCESS_LAUNCH.split()[0]}"
+            )
+        else:
+            ok &= call["stage"] == "done" and not bad and launch["synchronize_after_it"] == "ok"
+            parts.append(f"{call['function']} {call['case']}: done")
+    ok &= len(parts) == 6
+    return ok, "; ".join(parts)
+
+
+@claims(
+    "The no-real-query call (q=[0, 0], k=[3, 2], 2 TAIL query rows, finite garbage in the padding) is the one call that "
+    "returns on the H200: both functions give every value of out's and dq's 2 TAIL rows non-finite, in NaN-poisoned "
+    "memory",
+    evidence=UPSTREAM_GPU,
+)
+def _no_real_query_on_h200(r: FsaDescriptorResults):
+    values = NO_QUERY.tail_q * NO_QUERY.heads * NO_QUERY.head_dim
+    expected = f"out: {values} non-finite values in {NO_QUERY.tail_q} TAIL rows; dq: {values} non-finite values in {NO_QUERY.tail_q} TAIL rows"
+    ok, parts = r.first_calls[NO_QUERY_CHECK]["case"] == NO_QUERY, []
+    for row in r.audits:
+        verdict, evidence = _verdicts(r, row)[NO_QUERY_CHECK]
+        ok &= verdict == "FAIL" and evidence.endswith(expected) and "raised" not in evidence
+        parts.append(f"{row}: {verdict}: {evidence}")
+    return ok, "; ".join(parts)
+
+
+@claims(
+    "Under the interpreter, in NaN-poisoned memory, both functions leave out's and dq's TAIL rows NaN, every value: the "
+    "no-real-query call gives the H200's counts exactly, and builds no lse descriptor (its backward preprocess kernel "
+    "runs no program: max_seqlen_q is 0); dk's and dv's TAIL rows are 0, and REAL rows are within the bound",
+    evidence=UPSTREAM_CPU,
+)
+def _tail_rows_unwritten(r: FsaDescriptorResults):
+    parts, ok = [], True
+    for function in FUNCTIONS:
+        for case in TAIL_CASES:
+            call = r.call(function, BARE, case, poisoned=True)
+            bad, values = call.probe.nonfinite, case.tail_q * case.heads * case.head_dim
+            ok &= bad["out"]["TAIL"] == bad["dq"]["TAIL"] == values and call.probe.real_within_bound
+            ok &= all(call.probe.max_abs[n]["TAIL"] == 0 for n in ("dk", "dv"))
+            if case == NO_QUERY:
+                ok &= not any(d["kernel"] == PREPROCESS[0] for d in call.descriptors)
+            if function == FUNCTIONS[0]:
+                parts.append(f"{case.label()}: out {bad['out']['TAIL']}, dq {bad['dq']['TAIL']} of {values} TAIL values NaN")
+    return ok, "; ".join(parts) + " (both functions)"
+
+
+@claims(
+    "Upstream source: the varlen forward allocates out with torch.empty_like(query) (flash_dense_fwd.py:876, "
+    "flash_sparse_fwd.py:886 in the 2.0.6 wheel); flash_dense_fwd.py's varlen forward does the same at this commit",
+    evidence=source_at(FORWARD_SOURCE),
+)
+def _out_allocation(r: FsaDescriptorResults):
+    return _allocations("out")
+
+
+@claims(
+    "Upstream source: the varlen backward allocates dq with torch.empty_like(query) (flash_dense_bwd.py:854, "
+    "flash_sparse_bwd.py:871 in the 2.0.6 wheel); flash_dense_bwd.py's varlen backward does the same at this commit",
+    evidence=source_at(BACKWARD_SOURCE),
+)
+def _dq_allocation(r: FsaDescriptorResults):
+    return _allocations("dq")
+
+
+def _allocations(name: str) -> tuple[bool, str]:
+    """Whether the wheel assigns `name` from torch.empty_like(query) at each line TAIL_ALLOCATIONS names."""
+    parts, ok = [], True
+    for file, (assigned, line) in TAIL_ALLOCATIONS.items():
+        if assigned == name:
+            function, text = varlen_allocations(file).get(line, ("", ""))
+            ok &= text.startswith(f"{name} = ")
+            parts.append(f"{file.rsplit('/', 1)[-1]}:{line} in {function or '?'}: {text or 'absent'}")
+    return ok, "; ".join(parts)
+
+
+@claims(
+    "Workaround (c), the call on the rows up to cu_seqlens[-1] with its output padded with zeros, and workaround (b), "
+    "in NaN-poisoned memory: out, dq, dk and dv exactly 0 on every TAIL row, REAL rows within the bound; (c) keeps the "
+    "misaligned lse bases of the audit's call, (b) leaves none",
+    evidence=UPSTREAM_CPU,
+)
+def _tail_workarounds(r: FsaDescriptorResults):
+    parts, ok = [], True
+    for variant in (REAL_ROWS, ALIGNED):
+        fixed = [r.call(f, variant, c, poisoned=True) for f in FUNCTIONS for c in TAIL_CASES]
+        ok &= all(c.probe.padding_exactly_zero and c.probe.real_within_bound for c in fixed)
+        misaligned = r.call(FUNCTIONS[0], variant, AUDIT, poisoned=True).misaligned
+        ok &= (misaligned > 0) == (variant == REAL_ROWS)
+        parts.append(f"{variant}: {len(fixed)} calls, TAIL rows exactly 0; audit call's lse bases misaligned {misaligned}")
+    return ok, "; ".join(parts)
 
 
 @claims(

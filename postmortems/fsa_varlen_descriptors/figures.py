@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from postmortems.fsa_varlen_descriptors.cases import CASES, FUNCTIONS, ROWS
+from postmortems.fsa_varlen_descriptors.cases import CASES, FUNCTIONS, ROWS, TAIL_CASES
 from postmortems.fsa_varlen_descriptors.study import FsaDescriptorResults
 from workbench.postmortem import table
 
@@ -28,6 +28,27 @@ def calls_table(results: FsaDescriptorResults, function: str = FUNCTIONS[0]):
             )
     header = ("call", "variant", "lse bases misaligned", "descriptors of extent 0", *(f"{n} error / fp16's" for n in GRADS))
     return table((*header, "REAL rows within bound"), rows, title=function)
+
+
+def tail_table(results: FsaDescriptorResults):
+    """The calls with TAIL rows in NaN-poisoned memory, through both functions, bare and with the
+    workarounds: non-finite values on TAIL rows, whether every padding row is exactly 0, REAL rows."""
+    rows = [
+        (
+            call.function.removesuffix("_attn_varlen_func"),
+            call.case.label(),
+            call.variant,
+            *(call.probe.nonfinite[n]["TAIL"] for n in GRADS),
+            call.probe.padding_exactly_zero,
+            call.probe.real_within_bound,
+            call.misaligned,
+        )
+        for case in TAIL_CASES
+        for call in results.poisoned
+        if call.case == case
+    ]
+    header = ("function", "call", "variant", *(f"{n}: TAIL non-finite" for n in GRADS), "TAIL rows exactly 0")
+    return table((*header, "REAL rows within bound", "lse bases misaligned"), rows, title="in NaN-poisoned memory")
 
 
 def descriptor_table(results: FsaDescriptorResults, case, function: str = FUNCTIONS[0], variant: str = "as is"):
@@ -70,3 +91,25 @@ def sanitizer_table(results: FsaDescriptorResults):
             for tool, r in record["tools"].items()
         ],
     )
+
+
+def misaligned_h200_table(results: FsaDescriptorResults):
+    """Each call of scripts/fsa_misaligned.py alone on the H200 (CUDA_LAUNCH_BLOCKING=1): how far it
+    got, what it raised where, and the lse base of each backward preprocess program mod 16 bytes."""
+    rows = []
+    for call in results.misaligned_h200["results"]:
+        bases = [m for launch in call["preprocess_lse_bases"] for m in launch["base_mod16"].values()]
+        where = call.get("library_frames", [""])[-2:-1] or [""]
+        rows.append(
+            (
+                call["function"].removesuffix("_attn_varlen_func"),
+                call["case"],
+                str(call["cu_seqlens_q"]),
+                call["stage"],
+                call.get("error", "").removeprefix("RuntimeError: "),
+                where[0],
+                ", ".join(map(str, bases)),
+            )
+        )
+    header = ("function", "call", "cu_seqlens_q", "reached", "raised", "at", "lse bases mod 16 (bytes)")
+    return table(header, rows)

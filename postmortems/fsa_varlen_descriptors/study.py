@@ -7,7 +7,11 @@ padded to a multiple of `multiple` with dummy rows placed at its START, then tak
 back. flash-sparse-attn aligns a causal mask to the bottom right (block_info.py: key index n is
 visible to query m when n <= m + seqlen_k - seqlen_q), so with p dummy rows in front a real query
 keeps exactly its keys and the dummy rows see none (causal) or all of them (not causal); their
-outputs are dropped, so their dO is 0 and they add nothing to dk, dv.
+outputs are dropped, so their dO is 0 and they add nothing to dk, dv. Rows the call does not see (TAIL
+rows, dropped sequences) come back 0, with gradient 0.
+
+`real_rows(function)` is the smallest workaround for the unwritten TAIL rows alone: the call on the rows
+up to cu_seqlens[-1], its output padded with zeros, so autograd gives q's TAIL rows gradient 0 too.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ from postmortems.fsa_varlen_descriptors.cases import (
     FUNCTIONS,
     LSE_ALIGNMENT,
     MISALIGNED_CHECKS,
+    MISALIGNED_H200,
+    NO_QUERY_CHECK,
     PREPROCESS_FILE,
     SANITIZERS,
+    TAIL_CASES,
     WITH_EMPTY,
     WORKAROUND_H200,
 )
@@ -43,6 +50,7 @@ from workbench.upstream import installed_file
 _BASE = re.compile(r"(\w+_base) = seqlen_info\.offset_batch_Q\((?:[^()]|\([^()]*\))*?USE_PADDED=(True|False)", re.S)
 
 BARE, NO_EMPTY, ALIGNED = "as is", "(a) empty sequences dropped", f"(b) queries padded to a multiple of {LSE_ALIGNMENT}"
+REAL_ROWS = "(c) real rows only, zeros after"
 MULTIPLES = {NO_EMPTY: 1, ALIGNED: LSE_ALIGNMENT}
 
 
@@ -110,6 +118,23 @@ def repacked(function: Callable, multiple: int = LSE_ALIGNMENT) -> Callable:
     return call
 
 
+def real_rows(function: Callable) -> Callable:
+    """flash-sparse-attn's varlen `function` (its signature) on the rows up to cu_seqlens_q[-1] and
+    cu_seqlens_k[-1] only, its output padded with zero rows back to q's: the rows past the end (TAIL),
+    which fsa never writes, come back 0, and autograd gives q's, k's and v's TAIL rows gradient 0."""
+
+    def call(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+        rows_q, rows_k = int(cu_seqlens_q[-1]), int(cu_seqlens_k[-1])
+        if rows_q == 0 or rows_k == 0:  # no real query or no real key: every output row is 0 (the graph kept)
+            return torch.where(torch.zeros_like(query, dtype=torch.bool), query, 0)
+        out = function(
+            query[:rows_q], key[:rows_k], value[:rows_k], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs
+        )
+        return torch.nn.functional.pad(out, (0, 0, 0, 0, 0, query.shape[0] - rows_q))
+
+    return call
+
+
 def contract(function: Callable) -> Callable:
     """flash-sparse-attn's varlen call shape behind the contract's signature, for `probe`."""
 
@@ -147,22 +172,26 @@ class Call:
         return {(d["kernel"], d["site"].rsplit(":", 1)[0]) for d in self.descriptors if "violation" in d}
 
 
-def measure(called: Callable, case: Case, name: str) -> tuple[Any, list[dict]]:
+def measure(called: Callable, case: Case, name: str, poisoned: bool = False) -> tuple[Any, list[dict]]:
     """`called` (fsa's varlen signature) forward and backward on `case` under the interpreter: its
-    probe against the float64 oracle, and its descriptors summarized."""
+    probe against the float64 oracle (`poisoned`: fresh memory NaN, `workbench.poisoned_memory`),
+    and its descriptors summarized."""
     load("cpu")
     # numpy's warnings for the -inf lse of rows without a key, which the kernels handle: not news
     with recorded_descriptors() as records, np.errstate(divide="ignore", invalid="ignore"):
-        record = probe(contract(called), pack(case, "cpu"), name=name)
+        record = probe(contract(called), pack(case, "cpu"), name=name, poisoned=poisoned)
     return record, summarize_descriptors(records)
 
 
-def run(function: str, variant: str, case: Case) -> Call:
-    """`function` of flash-sparse-attn (bare, or with a workaround) on `case`, under the interpreter."""
+def run(function: str, variant: str, case: Case, poisoned: bool = False) -> Call:
+    """`function` of flash-sparse-attn (bare, or with a workaround) on `case`, under the interpreter
+    (`poisoned`: in NaN-poisoned memory)."""
     called = getattr(load("cpu"), function)
-    if variant != BARE:
+    if variant == REAL_ROWS:
+        called = real_rows(called)
+    elif variant != BARE:
         called = repacked(called, MULTIPLES[variant])
-    return Call(function, variant, case, *measure(called, case, f"{function} {variant}"))
+    return Call(function, variant, case, *measure(called, case, f"{function} {variant}", poisoned))
 
 
 def first_call_layout(check: str) -> dict[str, Any]:
@@ -173,6 +202,7 @@ def first_call_layout(check: str) -> dict[str, Any]:
     rows, heads = batch.q.shape[0], batch.q.shape[1]
     lengths_q = batch.cu_seqlens_q.diff().tolist()
     return {
+        "case": case,
         "layout": case.label(),
         "misaligned": len(misaligned_lse_bases(batch.cu_seqlens_q, rows, heads)),
         "bases": heads * len(lengths_q),
@@ -182,17 +212,21 @@ def first_call_layout(check: str) -> dict[str, Any]:
 
 @dataclass
 class FsaDescriptorResults(Results):
-    """The calls under the interpreter, the layouts of the audit checks' first calls, and the H200
-    records (audit and sanitizer per row, the workaround's calls)."""
+    """The calls under the interpreter (`poisoned`: the calls with TAIL rows again, in NaN-poisoned
+    memory), the layouts of the audit checks' first calls, and the H200 records (audit and sanitizer
+    per row, each call alone with CUDA_LAUNCH_BLOCKING=1, the workaround's calls)."""
 
     calls: list[Call]
+    poisoned: list[Call]
     first_calls: dict[str, dict[str, Any]]
     audits: dict[str, dict[str, Any]]
     sanitizers: dict[str, dict[str, Any]]
+    misaligned_h200: dict[str, Any]
     workaround_h200: dict[str, Any]
 
-    def call(self, function: str, variant: str, case: Case) -> Call:
-        return next(c for c in self.calls if (c.function, c.variant, c.case) == (function, variant, case))
+    def call(self, function: str, variant: str, case: Case, poisoned: bool = False) -> Call:
+        calls = self.poisoned if poisoned else self.calls
+        return next(c for c in calls if (c.function, c.variant, c.case) == (function, variant, case))
 
 
 def preprocess_source() -> dict[str, bool]:
@@ -201,20 +235,35 @@ def preprocess_source() -> dict[str, bool]:
     return {name: padded == "True" for name, padded in _BASE.findall(text) if name in ("lse_base", "dpsum_base", "lse_log2_base")}
 
 
+def varlen_allocations(file: str) -> dict[int, tuple[str, str]]:
+    """{line: (function, the assignment)} of every `torch.empty_like(query` in the installed wheel's
+    `file`, within its varlen forward or backward (`_flash_*_attn_varlen_*`)."""
+    found, function = {}, ""
+    for number, line in enumerate(installed_file("flash-sparse-attn", file).read_text().splitlines(), 1):
+        if line.startswith("def "):
+            function = line[4:].split("(")[0]
+        if "torch.empty_like(query" in line and "_varlen_" in function:
+            found[number] = (function, line.strip())
+    return found
+
+
 def gpu_record(name: str) -> dict[str, Any]:
     """One committed H200 record under data/gpu, with its file name."""
     return {**read_record(GPU_DATA / name), "file": name}
 
 
 def reproduce(device=None) -> FsaDescriptorResults:
-    """Every case bare and with (b), the cases with an empty sequence with (a) too, through both functions."""
+    """Every case bare and with (b), the cases with an empty sequence with (a) too, through both
+    functions; the cases with TAIL rows bare, with (b) and with (c), in NaN-poisoned memory."""
     if device not in (None, "cpu"):
         raise ValueError(f"device={device!r}: this study runs the library under the interpreter; its GPU runs are the records")
     plan = [(v, c) for c in CASES for v in (BARE, NO_EMPTY, ALIGNED) if v != NO_EMPTY or c in WITH_EMPTY]
     return FsaDescriptorResults(
         calls=[run(f, v, c) for f in FUNCTIONS for v, c in plan],
-        first_calls={check: first_call_layout(check) for check in (*MISALIGNED_CHECKS, EMPTY_CHECK)},
+        poisoned=[run(f, v, c, poisoned=True) for f in FUNCTIONS for c in TAIL_CASES for v in (BARE, ALIGNED, REAL_ROWS)],
+        first_calls={check: first_call_layout(check) for check in (*MISALIGNED_CHECKS, EMPTY_CHECK, NO_QUERY_CHECK)},
         audits={row: gpu_record(name) for row, name in AUDITS.items()},
         sanitizers={row: gpu_record(name) for row, name in SANITIZERS.items()},
+        misaligned_h200=gpu_record(MISALIGNED_H200),
         workaround_h200=gpu_record(WORKAROUND_H200),
     )
