@@ -31,8 +31,28 @@ def test_the_conclusion_needs_both_programs_written_and_counted(control):
             "descriptor": {"errors": descriptor, "written": True},
         }
 
-    assert control.conclusion(runs(0, 512)).startswith("initcheck does not see TMA stores")
+    assert control.conclusion(runs(0, 512)).startswith("initcheck reports false positives")
     assert control.conclusion(runs(0, 0)).startswith("initcheck sees TMA stores")
     assert control.conclusion(runs(4, 512)).startswith("inconclusive: the pointer program's read")
     assert control.conclusion(runs(0, 512, written=False)).startswith("inconclusive: a program did not write")
     assert control.conclusion(runs(None, 512)).startswith("inconclusive")
+
+
+def test_frames_counts_printed_reports_per_device_frame(control):
+    log = "\n".join(
+        [
+            "========= Uninitialized __global__ memory read of size 4 bytes",
+            "=========     at copy_rows_kernel+0x910 in /tmp/x/initcheck_tma_control.py:48",
+            "=========     by thread (0,0,0) in block (0,0,0)",
+            "=========     Host Frame: [0x2d1] in libcuda.so.1",
+            "========= Uninitialized __global__ memory read of size 4 bytes",
+            "=========     at copy_rows_kernel+0x910 in /tmp/x/initcheck_tma_control.py:48",
+            "========= Uninitialized __global__ memory read of size 2 bytes",
+            "=========     at void at::native::elementwise_kernel<128>(int)+0x50",
+            "========= ERROR SUMMARY: 3 errors",
+        ]
+    )
+    assert control.frames(log) == {
+        "copy_rows_kernel in initcheck_tma_control.py:48": 2,
+        "void at::native::elementwise_kernel<128>(int)": 1,
+    }
