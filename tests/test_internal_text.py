@@ -17,6 +17,7 @@ INTERNAL = {
         re.IGNORECASE,
     ),
     "a seed file": re.compile(r"shared/seeds|\bseeds/\d+_"),
+    "an instruction to the page's authors": re.compile(r"\bMeta\.links\b|\bfill (?:this|it) in\b", re.IGNORECASE),
     "a stale conditional": re.compile(r"once a GPU record exists|when a GPU record exists|next GPU (?:run|call)", re.IGNORECASE),
 }
 _INVISIBLE = re.compile(r"<(script|style)\b.*?</\1>", re.DOTALL | re.IGNORECASE)
