@@ -8,6 +8,7 @@ flash_attn_varlen_func, a TransformerEngine THD call and a BSHD + mask callable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 import kernels
 from workbench import reference_attention
 from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, register_adapter
-from workbench.audit.campaign import Outcome, classify, run_campaign
+from workbench.audit.campaign import Outcome, classify, run_campaign, summarize
 from workbench.cli import main
 from workbench.malformed import CATALOGUE, base_args, split_call
 
@@ -477,7 +478,25 @@ def test_campaign_accepts_the_implementations_own_argument_names():
 def test_campaign_of_our_kernel_is_all_clear_errors():
     rows = run_campaign(adapt(kernels.varlen_attention), "float32")
     assert {r["outcome"] for r in rows} == {Outcome.CLEAR.value}, [r for r in rows if r["outcome"] != "clear error"]
-    assert len(rows) == len(CATALOGUE)
+    assert len(rows) == len(CATALOGUE) and {r["head_dim"] for r in rows} == {"16"}
+    assert "head_dim" not in summarize(rows)[1]
+
+
+def test_campaign_grades_validation_at_a_head_dim_the_implementation_runs():
+    """Our FA4 path refuses head_dim 16 before it looks at the boundaries: at 16 every case would
+    grade that refusal. The campaign moves its base calls to the first head dim the path runs."""
+
+    @functools.wraps(kernels.varlen_attention)
+    def head_dim_64_only(q, *args, **kwargs):
+        if q.shape[-1] != 64:
+            raise ValueError(f"head_dim {q.shape[-1]}: this path takes head dim 64 only")
+        return kernels.varlen_attention(q, *args, **kwargs)
+
+    rows = run_campaign(adapt(head_dim_64_only), "float32")
+    moved = [r["id"] for r in rows if r["outcome"] != Outcome.CLEAR.value and "head_dim 16" in r["evidence"]]
+    assert {r["head_dim"] for r in rows} == {"64"} and not moved
+    assert sum(r["outcome"] == Outcome.CLEAR.value for r in rows) >= len(CATALOGUE) - 2, rows  # head-dim cases aside
+    assert "(at head_dim 64: it refuses 16)" in summarize(rows)[1]
 
 
 # -- reports and the command line -----------------------------------------------------------

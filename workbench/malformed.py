@@ -34,15 +34,17 @@ def base_args(
     kv_heads: int = 2,
     seed: int = 0,
     tail: bool = True,
+    head_dim: int = HEAD_DIM,
 ) -> dict[str, Any]:
     """A valid call in the contract's argument names. `padded=False` drops the padded layout
     (rows 9-14 become TAIL rows); `kv_heads=HEADS` makes it plain multi-head attention;
-    `tail=False` drops the TAIL rows (9 rows unpadded, 13 padded)."""
+    `tail=False` drops the TAIL rows (9 rows unpadded, 13 padded); `head_dim` for an
+    implementation that refuses the catalogue's own."""
     generator = torch.Generator().manual_seed(seed)
     rows = ROWS if tail else (PADDED if padded else REAL)[-1]
 
     def tensor(heads: int) -> torch.Tensor:
-        return torch.randn(rows, heads, HEAD_DIM, generator=generator).to(dtype=dtype, device=device)
+        return torch.randn(rows, heads, head_dim, generator=generator).to(dtype=dtype, device=device)
 
     cu = torch.tensor(REAL, dtype=I32, device=device)
     cu_padded = torch.tensor(PADDED, dtype=I32, device=device) if padded else None

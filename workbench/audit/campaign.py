@@ -37,7 +37,7 @@ import torch
 
 from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.layout import DTYPE_NAMES
-from workbench.malformed import CATALOGUE, HEADS, Malformed, base_args, split_call
+from workbench.malformed import CATALOGUE, HEAD_DIM, HEADS, Malformed, base_args, split_call
 from workbench.poison import poisoned_memory
 
 
@@ -173,15 +173,33 @@ def classify(impl: Adapted, case: Malformed, base: dict[str, Any]) -> tuple[Outc
     return Outcome.ACCEPTED, "accepted without complaint; the call has no meaningful answer to compare"
 
 
+# The catalogue's head dim first. An implementation that refuses it outright (our FA4 path takes
+# 64 and 128 only) gets the first of the others it runs: else every case would grade its refusal
+# of the head dim, not its validation of the case.
+BASE_HEAD_DIMS = (HEAD_DIM, 64, 128)
+
+
+def _runs(impl: Adapted, call: dict[str, Any]) -> bool:
+    positional, keywords = split_call(call)
+    try:
+        with torch.no_grad():
+            impl(*positional, **keywords)
+            _sync(impl.device)
+    except Exception:  # whatever the refusal: this head dim is not the implementation's
+        return False
+    return True
+
+
 def run_campaign(impl: Adapted, dtype: str) -> list[dict[str, str]]:
-    """One row per catalogue case: id, outcome, evidence. Padded cases on a padded layout,
-    the others on an unpadded one; neither has TAIL rows."""
-    bases = {
-        padded: base_args(
-            DTYPE_NAMES[dtype], impl.device, padded=padded, kv_heads=HEADS if "gqa" in impl.lacks else 2, tail=False
-        )
-        for padded in ({False, True} if "padded" not in impl.lacks else {False})
-    }
+    """One row per catalogue case: id, outcome, evidence, and the head dim of its base call.
+    Padded cases on a padded layout, the others on an unpadded one; neither has TAIL rows."""
+
+    def base(padded: bool, head_dim: int) -> dict[str, Any]:
+        kv_heads = HEADS if "gqa" in impl.lacks else 2
+        return base_args(DTYPE_NAMES[dtype], impl.device, padded=padded, kv_heads=kv_heads, tail=False, head_dim=head_dim)
+
+    head_dim = next((d for d in BASE_HEAD_DIMS if _runs(impl, base(False, d))), HEAD_DIM)
+    bases = {padded: base(padded, head_dim) for padded in ({False, True} if "padded" not in impl.lacks else {False})}
     rows: list[dict[str, str]] = []
     lost = None  # a CUDA fault poisons the context: later calls would all "crash" for its sake
     for case in CATALOGUE:
@@ -191,7 +209,7 @@ def run_campaign(impl: Adapted, dtype: str) -> list[dict[str, str]]:
             outcome, evidence = classify(impl, case, bases.get("padded" in case.requires, bases[False]))
             if outcome is Outcome.CRASH and impl.device.type == "cuda" and any(f in evidence for f in CUDA_FAULTS):
                 lost = case.id
-        rows.append({"id": case.id, "outcome": outcome.value, "evidence": evidence})
+        rows.append({"id": case.id, "outcome": outcome.value, "evidence": evidence, "head_dim": str(head_dim)})
     return rows
 
 
@@ -211,5 +229,7 @@ def summarize(rows: list[dict[str, str]]) -> tuple[str | None, str]:
     clear, correct = by_outcome.pop(Outcome.CLEAR.value, []), by_outcome.pop(Outcome.CORRECT.value, [])
     summary = f"{len(clear)}/{applicable} clear errors" + (f", {len(correct)} accepted correctly" if correct else "")
     summary += f" ({len(not_applicable)} n/a)" if not_applicable else ""
+    head_dims = {row.get("head_dim", str(HEAD_DIM)) for row in rows}
+    summary += "" if head_dims == {str(HEAD_DIM)} else f" (at head_dim {', '.join(sorted(head_dims))}: it refuses {HEAD_DIM})"
     grade = "validates" if good == applicable else "none" if not clear else "partial"
     return grade, "; ".join([summary, *(f"{o}: {', '.join(ids)}" for o, ids in by_outcome.items())])
