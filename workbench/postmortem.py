@@ -247,7 +247,10 @@ class Meta:
             lines += ["", "| date | what | status |", "|---|---|---|"]
             lines += [f"| {e.date} | {e.kind} [{e.label}]({e.url}) | {e.status} |" for e in self.timeline]
         else:
-            lines += ["", "No upstream issue, pull request or fix yet (the status above says when the tracker was last searched)."]
+            lines += [
+                "",
+                "No upstream issue, pull request or fix yet (the status above says when the tracker was last searched).",
+            ]
         undated = [link for link in self.links if not link.date]
         if undated:
             lines += ["", "Also: " + " · ".join(f"[{link.label}]({link.url})" for link in undated)]
