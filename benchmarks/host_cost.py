@@ -113,7 +113,8 @@ class StubFA4:
 
 @contextlib.contextmanager
 def stubbed(device: torch.device) -> Iterator[dict[str, StubKernel | StubFA4]]:
-    """The native wrapper with every kernel, the tuner's timing and FA4's functions stubbed."""
+    """The native wrapper with every kernel, the tuner's timing and spill reading, and FA4's
+    functions stubbed."""
     stubs: dict[str, StubKernel | StubFA4] = {
         name: StubCheck() if name == "check_metadata_kernel" else StubKernel() for _, name in KERNELS
     }
@@ -124,6 +125,7 @@ def stubbed(device: torch.device) -> Iterator[dict[str, StubKernel | StubFA4]]:
         for module in (op, launch, fa4):
             stack.enter_context(mock.patch.object(module, "INTERPRETED", False))
         stack.enter_context(mock.patch.object(launch.TUNER, "_time", lambda key, candidates, run: candidates[0]))
+        stack.enter_context(mock.patch.object(launch.TUNER, "_spills", lambda key, candidates, run, **_: {candidates[0]: 0}))
         stack.enter_context(mock.patch.object(launch.TUNER, "chosen", {}))
         # cached as the real `load` is: its per-call cost, a cache lookup, stays
         kernels = fa4.Kernels(stub_fa4.forward, stub_fa4.backward)
@@ -131,6 +133,7 @@ def stubbed(device: torch.device) -> Iterator[dict[str, StubKernel | StubFA4]]:
         if device.type != "cuda":  # the CUDA-only queries, answered as on an H200
             stack.enter_context(mock.patch.object(op, "check_kernel_device", lambda name, tensor: None))
             stack.enter_context(mock.patch.object(launch, "device_capability", lambda device: (9, 0)))
+            stack.enter_context(mock.patch.object(launch, "_may_synchronize", lambda: True))  # no capture
             stack.enter_context(mock.patch.object(fa4, "platform_reason", lambda q: None))
         yield stubs
 

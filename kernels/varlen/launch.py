@@ -72,8 +72,8 @@ INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 # each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
 # compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
 # memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
-# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner drops a spilling
-# candidate before timing). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
+# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no spilling
+# candidate where one does not spill, timed or not). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
 # and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     "forward": {
@@ -107,7 +107,7 @@ def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[Til
 
 
 # Below this many rows x heads a call is launch-bound and every tile ties: timing (and
-# compiling every candidate) would buy nothing, so the first candidate runs.
+# compiling every candidate) would buy nothing, so the first candidate that does not spill runs.
 MIN_TIMED_WORK = 1 << 16
 
 
@@ -118,7 +118,8 @@ def _may_synchronize() -> bool:
 
 class TileTuner:
     """Per shape class, times every candidate tile that does not spill once on the real call and
-    keeps the fastest (calls under MIN_TIMED_WORK take the first candidate untimed).
+    keeps the fastest (calls under MIN_TIMED_WORK take the first candidate that does not spill,
+    untimed).
 
     A shape class is (kernel, dtype, head_dim, causal, GQA group, log2 of the mean rows per
     sequence, log2 of rows x heads): short documents want smaller query blocks, and a small
@@ -154,11 +155,14 @@ class TileTuner:
         if tile is not None:
             launch(tile)
             return
-        if len(candidates) == 1 or work < MIN_TIMED_WORK:
+        if len(candidates) == 1:
             tile = candidates[0]
         elif not _may_synchronize():
             launch(candidates[0])  # not remembered: a later call can still time them
             return
+        elif work < MIN_TIMED_WORK:
+            spills = self._spills(key, candidates, launch, stop_at_clean=True)
+            tile = next((t for t, n in spills.items() if n == 0), next(iter(spills)))
         else:
             tile = self._time(key, candidates, launch)
         self.chosen[key] = tile
@@ -166,21 +170,31 @@ class TileTuner:
         if hasattr(compiled, "n_regs"):  # natively; the interpreter returns no compiled kernel
             self.resources[key] = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": compiled.metadata.shared}
 
+    def _spills(
+        self, key: tuple, candidates: tuple[Tile, ...], launch: Callable[[Tile], object], stop_at_clean: bool = False
+    ) -> dict[Tile, int]:
+        """Bytes spilled by each candidate that fits the device, in order, read from the compiled
+        kernel (launching compiles it and runs it once, harmlessly: the chosen tile runs after)."""
+        spills = {}
+        for tile in candidates:
+            try:
+                compiled = launch(tile)
+            except OutOfResources:
+                continue  # more shared memory or registers than the device has
+            spills[tile] = getattr(compiled, "n_spills", None) or 0  # the interpreter compiles nothing
+            if stop_at_clean and spills[tile] == 0:
+                break
+        if not spills:
+            raise RuntimeError(f"no candidate tile of {key[0]} fits this device: {', '.join(map(str, candidates))}")
+        return spills
+
     def _time(self, key: tuple, candidates: tuple[Tile, ...], launch: Callable[[Tile], object]) -> Tile:
         """The fastest candidate that does not spill, where any does not: a spilling tile can
         win a timing by luck under contention and then run slower ever after, so spills are
         read from the compiled kernels before anything is timed. Where every candidate spills
         (GQA dK/dV at head dim 128), all are timed: spilling less is not running faster there
         (on the H200, 32x64 w4 with 78 bytes spilled took 1.72 ms, 32x64 w8 with 56 took 3.42)."""
-        spills = {}
-        for tile in candidates:
-            try:
-                compiled = launch(tile)  # compiles it (and runs it once, harmlessly)
-            except OutOfResources:
-                continue  # more shared memory or registers than the device has
-            spills[tile] = getattr(compiled, "n_spills", None) or 0  # the interpreter compiles nothing
-        if not spills:
-            raise RuntimeError(f"no candidate tile of {key[0]} fits this device: {', '.join(map(str, candidates))}")
+        spills = self._spills(key, candidates, launch)
         clean = [tile for tile, n in spills.items() if n == 0]
         timings = {
             tile: triton.testing.do_bench(lambda tile=tile: launch(tile), warmup=5, rep=25, return_mode="median")
