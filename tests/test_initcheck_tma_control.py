@@ -25,13 +25,19 @@ def test_each_program_writes_every_element_before_its_read(control, variant):
 
 
 def test_the_conclusion_needs_both_programs_written_and_counted(control):
-    def runs(pointer, descriptor, written=True):
+    def runs(pointer, descriptor, written=True, frames=None):
         return {
             "pointer": {"errors": pointer, "written": written},
-            "descriptor": {"errors": descriptor, "written": True},
+            "descriptor": {"errors": descriptor, "written": True, "frames": frames or {}},
         }
 
-    assert control.conclusion(runs(0, 512)).startswith("initcheck reports false positives")
+    copy, read = "copy_rows_kernel in initcheck_tma_control.py:53", "void at::native::elementwise_kernel<128>(int)"
+    assert control.conclusion(runs(0, 512)).endswith("so which reads it flags is open")  # frames not all printed
+    assert control.conclusion(runs(0, 512, frames={copy: 200})).endswith("so which reads it flags is open")
+    assert control.conclusion(runs(0, 512, frames={copy: 512})).endswith("that memory counts as written")
+    assert control.conclusion(runs(0, 512, frames={copy: 500, read: 12})).startswith(
+        "initcheck misses TMA stores: 12 of its reports"
+    )
     assert control.conclusion(runs(0, 0)).startswith("initcheck sees TMA stores")
     assert control.conclusion(runs(4, 512)).startswith("inconclusive: the pointer program's read")
     assert control.conclusion(runs(0, 512, written=False)).startswith("inconclusive: a program did not write")
