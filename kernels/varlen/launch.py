@@ -73,8 +73,9 @@ INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 # compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
 # memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
 # forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no spilling
-# candidate where one does not spill, timed or not). Wider rows get smaller tiles. Forward and dQ own BLOCK_M query rows
-# and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over BLOCK_M query rows.
+# candidate where one does not spill, timed or not). Wider rows get smaller tiles. Forward and
+# dQ own BLOCK_M query rows and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over
+# BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
     "forward": {
         128: (Tile(128, 64, 8, 3), Tile(128, 128, 8, 3), Tile(64, 64, 4, 3), Tile(64, 128, 4, 3)),
