@@ -173,6 +173,7 @@ AUDITED_PACKAGES = (
     "flash-sparse-attn",
     "flash-attn",
     "flash-attn-4",
+    "nvidia-cutlass-dsl",  # FA4's compiler (CuTe DSL): which version built its kernels
     "nvidia-cudnn-frontend",
     "transformer-engine",
 )
