@@ -170,6 +170,8 @@ PADDED = Case(
     dtype="bfloat16",
 )
 CAUSAL = Case((9, 3), seqlens_k=(4, 6), align=4, tail_q=1, heads=4, kv_heads=2, head_dim=64, causal=True, dtype="float16")
+# Documents past kernels.varlen.backends.SHORT_DOCUMENTS, TAIL rows only: "auto" takes FA4.
+LONGER = Case((300, 20), seqlens_k=(300, 20), tail_q=3, tail_k=3, heads=2, head_dim=64, dtype="float16")
 # TAIL rows only (a batch padded to a fixed size): FA4 gets views that end at the last real row.
 TAIL = Case((6, 0, 9), seqlens_k=(7, 2, 5), tail_q=3, tail_k=4, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
 
@@ -388,11 +390,12 @@ def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_
 @pytest.mark.parametrize(
     "case, on_fa4",
     [
-        (TAIL.with_(kv_heads=None), True),  # no GAP rows, no GQA: FA4
-        (CAUSAL, False),  # GAP rows (align 4): the wrapper's copies cost more than FA4 saves
-        (TAIL, False),  # GQA on documents far under GQA_SHORT_ROWS rows
+        (LONGER, True),  # no GAP rows, no GQA, a document past SHORT_DOCUMENTS: FA4
+        (LONGER.with_(padded_q=(300, 24)), False),  # GAP rows: the wrapper's copies cost more than FA4 saves
+        (LONGER.with_(kv_heads=1), False),  # GQA on documents under GQA_SHORT_ROWS rows on average
+        (TAIL.with_(kv_heads=None), False),  # every document short: both host-bound, ours the faster
     ],
-    ids=["tail-only", "gap-rows", "gqa-short-documents"],
+    ids=["tail-only", "gap-rows", "gqa-short-documents", "short-documents"],
 )
 def test_the_default_takes_the_faster_backend_by_the_rule(fake_fa4, case, on_fa4):
     """backend="auto", the default, runs FA4 where it can run the call and the record's rule

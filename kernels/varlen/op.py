@@ -387,8 +387,8 @@ def _torch_varlen_parameters() -> frozenset[str]:
 # What torch's varlen_attn takes that the fixed kernel cannot honour, and why.
 _REFUSED = {
     "seqused_k": "KV-cache decoding (inference-only in torch too)",
-    "block_table": "a paged KV cache",
-    "num_splits": "split-KV scheduling (the fixed kernel never splits a sequence's keys)",
+    "block_table": "paged KV caches",
+    "num_splits": "split-KV scheduling (it never splits a sequence's keys)",
 }
 
 
@@ -404,7 +404,7 @@ def varlen_attn(
     return_aux: AuxRequest | None = None,
     scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
-    enable_gqa: bool | None = None,
+    enable_gqa: bool = False,
     seqused_k: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
@@ -417,9 +417,9 @@ def varlen_attn(
     Returns out (T_q, H, D), or (out, lse) with lse (H, T_q) float32 when `return_aux.lse`
     (torch's own AuxRequest works too). `window_size=(-1, 0)` is causal. Unlike torch's, rows
     of q past cu_seq_q[-1] (trailing padding) come back exactly 0 with zero gradients.
-    `enable_gqa` as the installed torch has it: where its varlen_attn takes the flag (2.12 on),
-    fewer key/value heads than query heads need ``enable_gqa=True``; where it has none, GQA
-    needs no flag. The paged-cache and decoding keywords (`seqused_k`, `block_table`,
+    `enable_gqa` as the installed torch has it: where its varlen_attn takes the flag (2.13),
+    fewer key/value heads than query heads need ``enable_gqa=True``; where it has none (2.11),
+    GQA needs no flag. The paged-cache and decoding keywords (`seqused_k`, `block_table`,
     `num_splits`) are refused with the reason. Metadata is validated when eager
     (`varlen_attention`'s ``validate=True``); inside `torch.compile` or CUDA graph capture only
     the checks that need no look at the values run.
@@ -427,7 +427,7 @@ def varlen_attn(
     for name, value_ in (("seqused_k", seqused_k), ("block_table", block_table), ("num_splits", num_splits)):
         if value_ is not None:
             raise ValueError(
-                f"varlen_attn got {name}={value_!r}: the fixed kernel has no {_REFUSED[name]}; call torch's "
+                f"varlen_attn got {name}: the fixed kernel does not do {_REFUSED[name]}; call torch's "
                 f"torch.nn.attention.varlen.varlen_attn for that, or leave {name} unset."
             )
     if cu_seq_k is None:
@@ -452,19 +452,13 @@ def varlen_attn(
     )
 
 
-def _check_gqa_flag(query: object, key: object, enable_gqa: bool | None) -> None:
-    """torch >= 2.12 refuses fewer key/value heads than query heads without enable_gqa=True."""
-    if enable_gqa is not None and not isinstance(enable_gqa, bool):
+def _check_gqa_flag(query: object, key: object, enable_gqa: bool) -> None:
+    """A torch whose varlen_attn has enable_gqa refuses fewer key/value heads than query heads without it."""
+    if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__} {enable_gqa!r}; pass True or False.")
-    gqa_flag = "enable_gqa" in _torch_varlen_parameters()
-    if enable_gqa is not None and not gqa_flag:
-        raise TypeError(
-            f"varlen_attn got enable_gqa={enable_gqa}, but the installed torch {torch.__version__}'s varlen_attn has no "
-            "such parameter (GQA needs no flag there); leave it unset."
-        )
     if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and query.dim() == key.dim() == 3):
         return  # varlen_attention names what is wrong with them
-    if gqa_flag and not enable_gqa and query.shape[1] != key.shape[1]:
+    if not enable_gqa and query.shape[1] != key.shape[1] and "enable_gqa" in _torch_varlen_parameters():
         raise ValueError(
             f"query has {query.shape[1]} heads and key/value {key.shape[1]}: torch {torch.__version__}'s varlen_attn "
             "takes grouped-query attention only with enable_gqa=True; pass enable_gqa=True."
