@@ -36,6 +36,7 @@ so that positional calls on the same unmodified tensors (the layers of one step)
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -57,9 +58,15 @@ def eager() -> bool:
     return not torch.compiler.is_compiling() and _current_dispatch_mode() is None
 
 
+@functools.cache
+def _cuda() -> bool:
+    """Whether torch has CUDA, asked once (microseconds a call otherwise, on every layer)."""
+    return torch.cuda.is_available()
+
+
 def capturing() -> bool:
     """A CUDA graph is being captured on the current stream: no wait, no query is allowed."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return _cuda() and torch.cuda.is_current_stream_capturing()
 
 
 def checks_on_device(boundary: torch.Tensor) -> bool:
