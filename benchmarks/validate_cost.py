@@ -4,13 +4,13 @@
     python -m benchmarks.validate_cost --quick          # each variant once on a tiny layout, untimed (CI)
 
 Each workload is timed as `workbench.bench` times it (`workbench.timing.time_call`: CUDA events
-around each call, no host sync between calls, median and fastest of `--iters` calls) for:
-validate=False; validate=True on the same metadata tensors every call (checked once, then
-remembered, as in the layers of one step); validate=True on new metadata tensors every call
-(as each new batch brings: the device check runs every call, its outcome read in the backward);
-and the same with the host check instead (a device->host copy, the cost the device check
-removes). The inputs require grad, so the forward leaves its check to the backward, as in
-training. The ratios are to validate=False; the target is new metadata at most 5% over it.
+around each call, no host sync between calls, median and fastest of `--iters` calls), every
+call on a `VarlenMetadata` as a training step passes it, for: validate=False; validate=True on
+the same metadata every call (checked once, as the layers of one step share it); validate=True
+on new metadata every call (as each new batch brings: the device check runs every call, its
+verdict read in the backward); and the same with the host check instead (a device->host copy,
+the cost the device check removes). The ratios are to validate=False; the target is new
+metadata at most 5% over it.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from unittest import mock
 
 import torch
 
-import kernels.varlen.op as op
-from kernels import default_device
+import kernels.varlen.metadata as metadata
+from kernels import VarlenMetadata, default_device, varlen_attention
 from workbench.timing import MIN_ITERS, CallTime, time_call
 
 # (name, sequence lengths, head dim, causal)
@@ -49,15 +49,19 @@ def short_documents(total: int = 32768, low: int = 16, high: int = 256, seed: in
 def step(
     qkv: list[torch.Tensor], cu: torch.Tensor, longest: int, causal: bool, grad: torch.Tensor, **kwargs
 ) -> Callable[[], None]:
-    """One forward+backward; `fresh`: on new metadata tensors each call (clones of `cu`)."""
-    fresh = kwargs.pop("fresh")
-    same = [cu.clone() for _ in range(4)]
+    """One forward+backward; `fresh`: on new metadata each call (from clones of `cu`)."""
+    fresh, validate = kwargs.pop("fresh"), kwargs.pop("validate")
+
+    def batch() -> VarlenMetadata:
+        q, k, q_padded, k_padded = (cu.clone() for _ in range(4))
+        return VarlenMetadata(
+            q, k, longest, longest, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, validate=validate
+        )
+
+    same = batch()
 
     def run() -> None:
-        m = [cu.clone() for _ in range(4)] if fresh else same
-        out = op.varlen_attention(
-            *qkv, m[0], m[1], longest, longest, cu_seqlens_q_padded=m[2], cu_seqlens_k_padded=m[3], causal=causal, **kwargs
-        )
+        out = varlen_attention(*qkv, metadata=batch() if fresh else same, causal=causal, **kwargs)
         out.backward(grad)
 
     return run
@@ -79,10 +83,11 @@ def measure(
     }
     times: dict[str, CallTime | None] = {}
     for name, run in runs.items():
-        host_check = mock.patch.object(op, "_checks_on_device", lambda: False) if name == VARIANTS[3] else nullcontext()
+        host_check = (
+            mock.patch.object(metadata, "checks_on_device", lambda boundary: False) if name == VARIANTS[3] else nullcontext()
+        )
         with host_check:
             times[name] = time_call(run, warmup=3, iters=iters, device=device) if iters else run()
-    op.raise_pending()  # every check read: none failed
     return times
 
 

@@ -18,7 +18,7 @@ from kernels.contract import (
     check_window_size,
 )
 from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8
-from kernels.varlen import AuxRequest, varlen_attention, varlen_attn
+from kernels.varlen import AuxRequest, VarlenMetadata, varlen_attention, varlen_attn
 
 # The guarded FlashAttention-4 path as one callable: `workbench audit kernels:varlen_attention_fa4`.
 varlen_attention_fa4 = functools.partial(varlen_attention, backend="fa4")
@@ -35,6 +35,7 @@ __all__ = [
     "check_varlen_tensors",
     "check_causal",
     "check_window_size",
+    "VarlenMetadata",
     "varlen_attention",
     "varlen_attention_fa4",
     "varlen_attn",

@@ -493,3 +493,16 @@ def test_fa4_wrapper_log_reads_the_ratios_drops_warnings_and_needs_provenance(tm
     with pytest.raises(ValueError, match="provenance"):
         fa4_wrapper_log(log)
     assert "8x2048 d128 causal +TAIL" in fa4_wrapper_log().ratios  # the committed H200 log
+
+
+def test_our_variants_run_on_the_batchs_metadata_built_once():
+    """The timed calls of ours pass a VarlenMetadata built before them (a step's): the same
+    outputs as the positional call, and no new metadata per call but where the variant says so."""
+    from kernels import varlen_attention
+    from workbench import Case, pack
+    from workbench.bench import IMPLEMENTATIONS
+
+    batch = pack(Case((37, 5), heads=2, head_dim=16, causal=True, tail_q=3, tail_k=3))
+    run = IMPLEMENTATIONS["ours"](batch, (-1, -1))
+    assert torch.equal(run(), batch.call(varlen_attention, backend="triton"))
+    assert IMPLEMENTATIONS["ours validate=True"](batch, (-1, -1)) is None  # judged on 8x2048 only

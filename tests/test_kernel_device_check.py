@@ -1,14 +1,18 @@
-"""validate=True's device check (kernels/varlen/device_check.py) decides as the host check does.
+"""validate=True's device check (kernels/varlen/device_check.py) decides as the host check does,
+and `VarlenMetadata` raises its error when it says it does.
 
-Natively, `varlen_attention` checks the boundary values with a kernel and raises the host
-check's error before it returns; here the same kernel runs under the interpreter, forced on
-the CPU, and must agree with the host check on every malformed call of the catalogue, on
-valid layouts, and on random boundary vectors.
+Natively, the boundary values are checked by a kernel; here the same kernel runs under the
+interpreter, forced on the CPU, and must agree with the host check on every malformed call of
+the catalogue, on valid layouts, and on random boundary vectors. A stand-in for the CUDA event
+behind a check (`HeldEvent`) keeps it "running on the device" until a test lets it finish, to
+show when its verdict is read: a positional call waits for it before it returns; a call on a
+`VarlenMetadata` never waits in its forward, raises the error at the object's next use once the
+device has reported it, at `check()`, and in its backward before any gradient leaves, and
+until then its outputs are NaN.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -18,11 +22,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels.varlen
+import kernels.varlen.metadata as metadata
 import kernels.varlen.op as op
-from kernels import default_device
+from kernels import VarlenMetadata, default_device
 from kernels.contract import check_cu_seqlens
-from kernels.varlen.device_check import CHUNK, PendingChecks, check_on_device
+from kernels.varlen.device_check import CHUNK, check_on_device
 from kernels.varlen.launch import work_lists
 from workbench import Case, pack
 from workbench.malformed import CATALOGUE, base_args, split_call
@@ -30,10 +34,16 @@ from workbench.malformed import CATALOGUE, base_args, split_call
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def fresh_memo(monkeypatch):
+    """No metadata remembered from another test's positional calls."""
+    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+
+
 @pytest.fixture
 def device_path(monkeypatch):
     """varlen_attention as it runs natively: the metadata's values checked by the kernel."""
-    monkeypatch.setattr(op, "_checks_on_device", lambda: True)
+    monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
 
 
 def _raised(call) -> tuple[type, str] | None:
@@ -47,10 +57,10 @@ def _raised(call) -> tuple[type, str] | None:
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.id for c in CATALOGUE])
 def test_the_device_path_raises_what_the_host_path_raises(case, monkeypatch):
     positional, keywords = split_call(case.build(base_args(device=default_device())))
-    monkeypatch.setattr(op, "_checks_on_device", lambda: False)
+    monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: False)
     host = _raised(lambda: op.varlen_attention(*positional, **keywords))
-    monkeypatch.setattr(op, "_checks_on_device", lambda: True)
-    op._VALIDATED.refs = ()  # nothing remembered from the host call
+    monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
+    monkeypatch.setattr(metadata, "LAST", metadata.Memo())  # nothing remembered from the host call
     assert _raised(lambda: op.varlen_attention(*positional, **keywords)) == host
     assert host is not None and host[0] is case.exception
 
@@ -144,19 +154,19 @@ def test_random_boundaries_get_the_host_checks_verdict():
 
 def test_validation_inside_a_cuda_graph_capture_is_a_clear_error(monkeypatch):
     """The check waits on the device, which a capture forbids: say so instead of a CUDA error."""
-    monkeypatch.setattr(op, "_capturing", lambda: True)
-    op._VALIDATED.refs = ()
+    monkeypatch.setattr(metadata, "capturing", lambda: True)
     positional, keywords = split_call(base_args(device=default_device()))
-    with pytest.raises(ValueError, match="a CUDA graph capture allows no wait; pass validate=False"):
+    with pytest.raises(ValueError, match="a CUDA graph capture allows no wait; build the VarlenMetadata before capturing"):
         op.varlen_attention(*positional, **keywords)
 
 
-# -- when a failure surfaces: deferred to the backward where one will run ----------------------
+# -- when a failure surfaces ---------------------------------------------------------------------
 
 
 class HeldEvent:
     """Stands for the CUDA event behind a check, on the CPU: `query()` is False until the test
-    lets the check finish or something waits for it (`waits` counts the waits)."""
+    lets the check finish or something waits for it (`waits` counts the waits: a synchronize
+    on a finished event waits for nothing)."""
 
     def __init__(self) -> None:
         self.finished, self.waits = False, 0
@@ -165,7 +175,7 @@ class HeldEvent:
         return self.finished
 
     def synchronize(self) -> None:
-        self.waits += 1
+        self.waits += not self.finished
         self.finished = True
 
 
@@ -180,15 +190,29 @@ def held(device_path, monkeypatch):
         check.copied = events.append(HeldEvent()) or events[-1]
         return safe, check
 
-    monkeypatch.setattr(op, "check_on_device", launch)
-    monkeypatch.setattr(op, "_PENDING", PendingChecks())
-    op._VALIDATED.refs = ()
+    monkeypatch.setattr(metadata, "check_on_device", launch)
     return events
 
 
 def _call(args: dict, **extra):
     positional, keywords = split_call(args)
     return op.varlen_attention(*positional, **keywords, **extra)
+
+
+BOUNDARIES = ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded")
+
+
+def _metadata(args: dict) -> VarlenMetadata:
+    """The VarlenMetadata of base_args' batch (its max_seqlen is 4 on both sides), rows bound: its
+    check is launched at once."""
+    q, k, q_padded, k_padded = (args[n] for n in BOUNDARIES)
+    totals = {"total_q": args["q"].shape[0], "total_k": args["k"].shape[0]}
+    return VarlenMetadata(q, k, 4, 4, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, **totals)
+
+
+def _on(args: dict, batch: VarlenMetadata, **extra):
+    """A call on `batch` with args' q, k, v."""
+    return op.varlen_attention(args["q"], args["k"], args["v"], metadata=batch, **extra)
 
 
 def _malformed(requires_grad: bool) -> dict:
@@ -202,18 +226,36 @@ def _malformed(requires_grad: bool) -> dict:
 
 
 def _host_message(args: dict) -> str:
-    q, k, q_padded, k_padded = (args[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded"))
+    q, k, q_padded, k_padded = (args[n] for n in BOUNDARIES)
     totals = {"total_q": args["q"].shape[0], "total_k": args["k"].shape[0]}
     with pytest.raises(ValueError) as error:
         check_cu_seqlens(q, k, 4, 4, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, **totals)
     return str(error.value)
 
 
-def test_a_well_formed_differentiated_call_waits_only_in_its_backward(held):
+@pytest.mark.parametrize("grad", ["requires_grad", "no_grad"])
+def test_a_positional_call_raises_before_it_returns(held, grad):
+    """FlashAttention's and torch's behaviour: the call waits for its check, whatever follows."""
+    args = _malformed(requires_grad=grad == "requires_grad")
+    with pytest.raises(ValueError) as error:
+        _call(args)
+    assert held[0].waits == 1 and str(error.value) == _host_message(args)
+
+
+def test_positional_calls_on_the_same_tensors_wait_once(held):
+    """The layers of one step, called positionally with the very same tensors: one check, one wait."""
+    args = base_args(device=default_device())
+    for _ in range(3):
+        _call(args)
+    assert len(held) == 1 and held[0].waits == 1
+
+
+def test_a_call_on_metadata_waits_only_in_its_backward(held):
     args = base_args(device=default_device())
     for name in "qkv":
         args[name].requires_grad_(True)
-    out = _call(args)
+    batch = _metadata(args)
+    out = _on(args, batch)
     assert len(held) == 1 and held[0].waits == 0  # forward returned without waiting for the check
     out.backward(torch.ones_like(out))
     assert held[0].waits == 1
@@ -224,63 +266,105 @@ def test_a_well_formed_differentiated_call_waits_only_in_its_backward(held):
     assert all(torch.equal(args[n].grad, e.grad) for n, e in zip("qkv", expected))
 
 
+def test_a_malformed_batch_gives_nan_until_its_error_is_raised(held):
+    """Never zeros that could pass for a result: the fills read the verdict on the device."""
+    args = _malformed(requires_grad=False)
+    out, lse = _on(args, _metadata(args), return_lse=True)
+    assert held[0].waits == 0 and bool(out.isnan().all()) and bool(lse.isnan().all())
+
+
 def test_the_backward_raises_before_returning_a_gradient(held):
     args = _malformed(requires_grad=True)
-    out = _call(args)  # no wait, no error yet: the output is the safe copy's (all padding)
-    assert held[0].waits == 0 and int(torch.count_nonzero(out)) == 0
+    out = _on(args, _metadata(args))  # no wait, no error yet
+    assert held[0].waits == 0
     with pytest.raises(ValueError) as error:
         out.backward(torch.ones_like(out))
-    assert str(error.value) == op._BACKWARD + _host_message(args)
+    assert str(error.value) == metadata._BACKWARD + _host_message(args)
     assert all(args[n].grad is None for n in "qkv")
-    op.raise_pending()  # reported once: not again as an earlier call's
 
 
-def test_a_later_call_raises_once_the_device_has_run_the_check(held):
+def test_the_next_use_raises_once_the_device_has_reported(held):
+    """Without waiting; a call on other metadata is not this batch's and raises nothing."""
     args = _malformed(requires_grad=True)
     message = _host_message(args)
-    _call(args)
+    batch = _metadata(args)
+    _on(args, batch)
     args["cu_seqlens_q_padded"].copy_(base_args()["cu_seqlens_q_padded"])  # fixed in place: the error keeps what was checked
     good = base_args(device=default_device())
-    for name in "qkv":
-        good[name].requires_grad_(True)
-    _call(good)  # the check still runs on the device: the call does not wait for it
+    other = _metadata(good)
+    _on(good, other)  # the checks still run on the device: no wait, no error
     assert [e.waits for e in held] == [0, 0]
     held[0].finished = True
+    _on(good, other)  # another batch: not its error
     with pytest.raises(ValueError) as error:
-        _call(good)
-    assert str(error.value) == PendingChecks.EARLIER + message
-    _call(good)  # reported once
+        _on(args, batch)
+    assert str(error.value) == metadata._REPORTED + message and held[0].waits == 0
+    with pytest.raises(ValueError):
+        _on(args, batch)  # a malformed batch stays malformed
 
 
-def test_raise_pending_waits_and_raises(held):
+def test_check_waits_for_the_verdict_once_and_raises(held):
     args = _malformed(requires_grad=True)
-    _call(args)
-    with pytest.raises(ValueError) as error:
-        kernels.varlen.raise_pending()
-    assert held[0].waits == 1 and str(error.value) == PendingChecks.EARLIER + _host_message(args)
-    kernels.varlen.raise_pending()  # nothing left
-
-
-@pytest.mark.parametrize("grad", ["no_grad", "inputs_without_grad"])
-def test_a_call_no_backward_follows_raises_at_once(held, grad):
-    args = _malformed(requires_grad=grad == "no_grad")
-    with torch.no_grad() if grad == "no_grad" else contextlib.nullcontext():
+    batch = _metadata(args)
+    _on(args, batch)
+    for _ in range(2):
         with pytest.raises(ValueError) as error:
-            _call(args)
-    assert held[0].waits == 1 and str(error.value) == _host_message(args)
+            batch.check()
+        assert str(error.value) == _host_message(args)
+    assert held[0].waits == 1  # the verdict is kept
+    good = _metadata(base_args(device=default_device()))
+    assert good.check() is good and held[1].waits == 1
 
 
-def test_the_layers_of_a_step_share_one_pending_check(held):
-    """The same metadata again, its check still running: the same safe copy and check, no new launch."""
+def test_the_layers_of_a_step_share_one_check(held):
+    """The same metadata in every layer: one check launched, no wait until the backward."""
     args = _malformed(requires_grad=True)
-    outs = [_call(args) for _ in range(3)]
+    batch = _metadata(args)
+    outs = [_on(args, batch) for _ in range(3)]
     assert len(held) == 1 and held[0].waits == 0
     with pytest.raises(ValueError, match="its check ran on the device, read here"):
         sum(o.sum() for o in outs).backward()
-    _call(args)  # a failed check is never reused: checked again
-    assert len(held) == 2
-    with pytest.raises(ValueError, match="an earlier varlen_attention call"):
-        op.raise_pending()
+
+
+def test_metadata_from_host_memory_is_checked_at_once():
+    """Boundaries a collator made on the CPU: the host check, in the constructor, costs no sync."""
+    args = _malformed(requires_grad=False)
+    host = {n: args[n].cpu() for n in BOUNDARIES}
+    with pytest.raises(ValueError) as error:
+        VarlenMetadata(
+            host["cu_seqlens_q"],
+            host["cu_seqlens_k"],
+            4,
+            4,
+            cu_seqlens_q_padded=host["cu_seqlens_q_padded"],
+            cu_seqlens_k_padded=host["cu_seqlens_k_padded"],
+            total_q=args["q"].shape[0],
+            total_k=args["k"].shape[0],
+            device=default_device(),
+        )
+    assert str(error.value) == _host_message(args)
+
+
+def test_metadata_bound_to_other_rows_is_a_clear_error():
+    args = base_args(device=default_device())
+    q, k, q_padded, k_padded = (args[n] for n in BOUNDARIES)
+    batch = VarlenMetadata(q, k, 4, 4, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded)
+    assert "not bound yet" in repr(batch)
+    _on(args, batch)  # binds the rows of this q and k
+    shorter = {**args, "q": args["q"][:-1]}
+    with pytest.raises(ValueError, match="describes q of 15 rows and k of 15, but the call passes q of 14"):
+        _on(shorter, batch)
+
+
+def test_metadata_and_boundaries_together_are_a_clear_error():
+    args = base_args(device=default_device())
+    positional, keywords = split_call(args)
+    with pytest.raises(ValueError, match="got metadata= and cu_seqlens_q, cu_seqlens_k"):
+        op.varlen_attention(*positional, **keywords, metadata=_metadata(args))
+    with pytest.raises(ValueError, match="got metadata= and validate"):
+        _on(args, _metadata(args), validate=False)
+    with pytest.raises(TypeError, match="cu_seqlens_k, max_seqlen_q, max_seqlen_k missing"):
+        op.varlen_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"])
 
 
 @pytest.mark.slow
@@ -298,9 +382,9 @@ def _counted(monkeypatch, module, name: str, *also) -> list[int]:
     counts: list[int] = []
     real = getattr(module, name)
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         counts.append(len(args))
-        return real(*args)
+        return real(*args, **kwargs)
 
     for where in (module, *also):
         monkeypatch.setattr(where, name, counted)
@@ -322,7 +406,6 @@ def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkey
     batch = pack(case)
     fills = _counted(monkeypatch, launch, "fill_padding_rows")
     work_lists = _counted(monkeypatch, launch, "work_lists")
-    op._VALIDATED.refs = ()
     results = []
     for validate in (True, True, False):
         fresh = batch.fresh()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kernels.varlen.fa4 as fa4
-from kernels import INTERPRETED, varlen_attention
+from kernels import INTERPRETED, VarlenMetadata, varlen_attention
 from tests.test_kernel_varlen import nan_on_padding
 from workbench import Case, Region, pack, poisoned_memory, probe, reference_attention, region_labels
 
@@ -170,6 +170,8 @@ PADDED = Case(
     dtype="bfloat16",
 )
 CAUSAL = Case((9, 3), seqlens_k=(4, 6), align=4, tail_q=1, heads=4, kv_heads=2, head_dim=64, causal=True, dtype="float16")
+# Documents past kernels.varlen.backends.SHORT_DOCUMENTS, TAIL rows only: "auto" takes FA4.
+LONGER = Case((300, 20), seqlens_k=(300, 20), tail_q=3, tail_k=3, heads=2, head_dim=64, dtype="float16")
 # TAIL rows only (a batch padded to a fixed size): FA4 gets views that end at the last real row.
 TAIL = Case((6, 0, 9), seqlens_k=(7, 2, 5), tail_q=3, tail_k=4, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
 
@@ -270,25 +272,19 @@ def test_a_tail_only_side_costs_no_appended_copy(fake_fa4, case):
     torch.testing.assert_close(out[: real[0]].double(), expected[: real[0]], atol=2e-2, rtol=2e-2)
 
 
-def test_the_layout_is_read_once_per_metadata():
-    """Without a device check (the host check ran): one read for new metadata; the same tensors,
-    unmodified, are not read again. FA4's seqused is given on a side with GAP rows only (padded
-    boundaries equal to the real ones say the same layout without it)."""
-
-    def read(*metadata):
-        layout = remembered(*metadata)
-        return layout.real_q, layout.real_k, *(None if s is None else s.tolist() for s in layout[2:])
-
-    remembered = fa4._Layout()
+def test_the_fa4_layout_is_read_off_the_host_check_once():
+    """Boundaries in host memory are checked on the host, which gives FA4's layout for free: the
+    real rows of each side, and FA4's seqused on a side with GAP rows only (padded boundaries
+    equal to the real ones say the same layout without it). Built once per batch."""
     cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
     padded_k = torch.tensor([0, 6, 11], dtype=torch.int32)
-    assert read(cu_q, cu_k, cu_q, padded_k) == (5, 9, None, [4, 5])
-    cu_q.data[-1] = 4  # bypasses the version counter: unseen, so the count was remembered, not read
-    assert read(cu_q, cu_k, cu_q, padded_k) == (5, 9, None, [4, 5])
-    cu_q[-1] = 4  # an in-place write: read again
-    assert read(cu_q, cu_k, cu_q, padded_k) == (4, 9, None, [4, 5])
-    assert read(cu_q.clone(), cu_k, cu_q, cu_k) == (4, 9, None, None)
-    assert read(cu_q, cu_k, cu_q.clone(), cu_k) == (4, 9, None, None)  # equal values, other tensors: no GAP rows
+    batch = VarlenMetadata(
+        cu_q, cu_k, 3, 5, cu_seqlens_q_padded=cu_q.clone(), cu_seqlens_k_padded=padded_k, total_q=6, total_k=12
+    )
+    layout = batch.fa4_layout()
+    assert (layout.real_q, layout.real_k, layout.seqused_q) == (5, 9, None) and layout.seqused_k.tolist() == [4, 5]
+    assert batch.fa4_layout() is layout
+    assert batch.has_gaps() == (False, True) and batch.padding_to_fill()
 
 
 @pytest.fixture
@@ -297,11 +293,10 @@ def host_reads(fake_fa4, monkeypatch) -> list[int]:
     nothing remembered, and every host read of a tensor's values counted (`tolist`, `item`):
     for each, how many FA4 forwards had run before it. The stand-in's own reads (its float64
     oracle) are not the wrapper's and go uncounted."""
-    import kernels.varlen.op as op
+    import kernels.varlen.metadata as metadata
 
-    monkeypatch.setattr(op, "_checks_on_device", lambda: True)
-    monkeypatch.setattr(op, "_VALIDATED", op._ValidatedMetadata())
-    monkeypatch.setattr(fa4, "_LAYOUT", fa4._Layout())
+    monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
+    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
     reads: list[int] = []
     in_stand_in = [False]
 
@@ -392,12 +387,25 @@ def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_
         batch.call(varlen_attention, backend="fa4")
 
 
-def test_auto_takes_fa4_only_where_the_contract_holds_on_it(fake_fa4):
-    batch = pack(CAUSAL)
-    batch.call(varlen_attention)
-    assert not fake_fa4.calls  # the default is the Triton kernel
-    batch.call(varlen_attention, backend="auto")
-    assert len(fake_fa4.calls) == 1  # auto: FA4 where it can run the call
+@pytest.mark.parametrize(
+    "case, on_fa4",
+    [
+        (LONGER, True),  # no GAP rows, no GQA, a document past SHORT_DOCUMENTS: FA4
+        (LONGER.with_(padded_q=(300, 24)), False),  # GAP rows: the wrapper's copies cost more than FA4 saves
+        (LONGER.with_(kv_heads=1), False),  # GQA on documents under GQA_SHORT_ROWS rows on average
+        (TAIL.with_(kv_heads=None), False),  # every document short: both host-bound, ours the faster
+    ],
+    ids=["tail-only", "gap-rows", "gqa-short-documents", "short-documents"],
+)
+def test_the_default_takes_the_faster_backend_by_the_rule(fake_fa4, case, on_fa4):
+    """backend="auto", the default, runs FA4 where it can run the call and the record's rule
+    (kernels.varlen.backends) says FA4 is the faster; the Triton kernel elsewhere."""
+    batch = pack(case)
+    out = batch.call(varlen_attention)
+    assert bool(fake_fa4.calls) == on_fa4
+    if not on_fa4:
+        assert torch.equal(out, batch.call(varlen_attention, backend="triton"))
+        return
     fresh = batch.fresh(requires_grad=True)
     fresh.call(varlen_attention, return_lse=True, backend="auto")  # lse with a gradient: ours
     fresh.call(varlen_attention, validate=False, backend="auto")  # max_seqlen unchecked: ours

@@ -198,9 +198,9 @@ def test_the_host_cost_benchmark_runs_the_native_path_of_every_variant(capsys):
     (the attention kernels or FA4, the metadata check as often as the variant needs it) through
     the native path of the wrapper, on the CPU; the module's state is as it was afterwards."""
     from benchmarks import host_cost
-    from kernels.varlen import fa4, launch, op
+    from kernels.varlen import fa4, launch, metadata
 
     chosen, load = launch.TUNER.chosen, fa4.load
     assert host_cost.main(["--quick", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.count("ran (not timed)") == len(host_cost.VARIANTS)
-    assert op.INTERPRETED == INTERPRETED and launch.TUNER.chosen is chosen and fa4.load is load
+    assert metadata.INTERPRETED == INTERPRETED and launch.TUNER.chosen is chosen and fa4.load is load

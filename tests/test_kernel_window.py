@@ -171,20 +171,59 @@ def _described(fn) -> list[tuple]:
     return [(p.name, p.kind.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
-def test_varlen_attn_has_torch_211s_signature():
-    assert _described(varlen_attn) == TORCH_211_PARAMETERS
+# torch 2.13 adds these after them (the fixed kernel honours enable_gqa and refuses the rest).
+TORCH_213_ADDED = [
+    ("enable_gqa", "KEYWORD_ONLY", False),
+    ("seqused_k", "KEYWORD_ONLY", None),
+    ("block_table", "KEYWORD_ONLY", None),
+    ("num_splits", "KEYWORD_ONLY", None),
+]
+
+
+def test_varlen_attn_has_torch_213s_signature():
+    assert _described(varlen_attn) == TORCH_211_PARAMETERS + TORCH_213_ADDED
 
 
 def test_varlen_attn_signature_matches_the_installed_torch():
-    """Every parameter of ours is torch's, in order, with its kind and default; whatever a newer
-    torch adds after them is keyword-only with a default, so every call to 2.11's works on ours."""
+    """One signature is the other's beginning (torch 2.11's is ours without 2.13's keyword-only
+    additions): every call to the installed torch's works on ours."""
     varlen = pytest.importorskip("torch.nn.attention.varlen", reason="torch < 2.10 has no varlen_attn")
     theirs = _described(varlen.varlen_attn)
     ours = _described(varlen_attn)
-    assert theirs[: len(ours)] == ours
-    added = list(inspect.signature(varlen.varlen_attn).parameters.values())[len(ours) :]
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty for p in added)
+    shorter = min(len(theirs), len(ours))
+    assert theirs[:shorter] == ours[:shorter] and {p[0] for p in theirs} <= {p[0] for p in ours}, (theirs, ours)
     assert AuxRequest._fields == varlen.AuxRequest._fields
+
+
+@pytest.mark.parametrize(
+    "keyword, value, reason",
+    [
+        ("seqused_k", torch.tensor([3, 2], dtype=torch.int32), "KV-cache decoding"),
+        ("block_table", torch.zeros(2, 1, dtype=torch.int32), "paged KV caches"),
+        ("num_splits", 1, "split-KV"),
+    ],
+)
+def test_varlen_attn_refuses_what_the_kernel_cannot_honour(keyword, value, reason):
+    batch = _small()
+    with pytest.raises(
+        ValueError, match=rf"varlen_attn got {keyword}: the fixed kernel does not do {reason}.*leave {keyword} unset"
+    ):
+        varlen_attn(*batch.args(), **{keyword: value})
+    with pytest.raises(ValueError, match="cu_seq_k=None"):
+        varlen_attn(*batch.args()[:4], None, *batch.args()[5:])
+
+
+def test_varlen_attn_takes_gqa_as_the_installed_torch_does():
+    """torch 2.13's varlen_attn refuses GQA without enable_gqa=True; 2.11's has no flag."""
+    batch = pack(Case((5, 3), heads=4, kv_heads=2, head_dim=16))
+    out = varlen_attn(*batch.args(), enable_gqa=True)
+    assert torch.equal(out, batch.call(varlen_attention))
+    flag = "enable_gqa" in inspect.signature(pytest.importorskip("torch.nn.attention.varlen").varlen_attn).parameters
+    if flag:
+        with pytest.raises(ValueError, match="pass enable_gqa=True"):
+            varlen_attn(*batch.args())
+    else:
+        assert torch.equal(varlen_attn(*batch.args()), out)
 
 
 def test_varlen_attn_return_convention():

@@ -38,19 +38,36 @@ def test_pack_is_what_the_flattening_collator_gives():
     assert (inputs["labels"][0, rows:] == -100).all() and inputs["input_ids"].shape[1] == rows + SIZE.tail
 
 
+@pytest.fixture(autouse=True)
+def fresh_memo(monkeypatch):
+    """No metadata remembered from another test's forward."""
+    from kernels.varlen import metadata
+
+    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+    monkeypatch.setattr(hf, "LAST", metadata.LAST)
+
+
 def _layout(**kwargs):
-    return hf.packed_layout(kwargs.pop("batch", 1), kwargs.pop("q", 8), kwargs.pop("k", 8), torch.device("cpu"), **kwargs)
+    return hf.step_metadata(kwargs.pop("batch", 1), kwargs.pop("q", 8), kwargs.pop("k", 8), torch.device("cpu"), **kwargs)
 
 
 def test_layout_from_cu_seq_lens_leaves_tail_rows_out():
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)
     layout = _layout(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=3, max_length_k=3, position_ids=torch.zeros(1, 8))
-    assert layout.cu_seqlens_q is cu and layout.max_seqlen_q == 3 and layout.cu_seqlens_q_padded is None
+    assert layout.cu_seqlens_q is cu and layout.max_seqlen_q == 3 and layout.given[2] is None
+    assert (layout.total_q, layout.total_k) == (8, 8) and layout.padding_to_fill()  # rows 5-7: TAIL
+
+
+def test_layout_from_cu_seq_lens_without_max_lengths_reads_them():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int64)
+    layout = _layout(cu_seq_lens_q=cu, max_length_q=torch.tensor(3))
+    assert layout.cu_seqlens_k.tolist() == [0, 3, 5] and layout.cu_seqlens_k.dtype == torch.int32
+    assert (layout.max_seqlen_q, layout.max_seqlen_k) == (3, 3)
 
 
 def test_layout_from_position_ids_restarting_per_document():
     layout = _layout(position_ids=torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]]))
-    assert layout.cu_seqlens_q.tolist() == [0, 3, 5, 8] and layout.max_seqlen_k == 3
+    assert layout.cu_seqlens_q.tolist() == [0, 3, 5, 8] and layout.max_seqlen_k == 3 and not layout.padding_to_fill()
     with pytest.raises(ValueError, match="must start every document at 0"):
         _layout(position_ids=torch.tensor([[4, 5, 0, 1, 0, 1, 2, 3]]))
 
@@ -63,13 +80,31 @@ def test_layout_from_right_padding_is_the_padded_layout(four_d):
         mask = torch.zeros(2, 1, 4, 4).masked_fill(~visible, torch.finfo(torch.float32).min)
     layout = _layout(batch=2, q=4, k=4, attention_mask=mask, position_ids=torch.arange(4)[None].expand(2, 4))
     assert layout.cu_seqlens_q.tolist() == [0, 3, 7] and layout.cu_seqlens_q_padded.tolist() == [0, 4, 8]
+    assert layout.has_gaps() == (True, True)
     with pytest.raises(ValueError, match="pads on the left"):
         _layout(batch=2, q=4, k=4, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+
+
+def test_a_mask_without_padding_is_a_plain_batch():
+    layout = _layout(batch=2, q=3, k=3, attention_mask=torch.ones(2, 3))
+    assert layout.cu_seqlens_q.tolist() == [0, 3, 6] and layout.given[2] is None and not layout.padding_to_fill()
 
 
 def test_plain_batch_is_one_sequence_per_row_and_decoding_sees_the_cache():
     layout = _layout(batch=2, q=1, k=6)
     assert layout.cu_seqlens_q.tolist() == [0, 1, 2] and layout.cu_seqlens_k.tolist() == [0, 6, 12]
+
+
+def test_the_layers_of_a_forward_share_its_metadata():
+    """Every layer gets the same tensors from transformers: the same object, built once; new
+    tensors (the next forward) or the same ones written in place build a new one."""
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]])
+    first = _layout(position_ids=positions)
+    assert _layout(position_ids=positions) is first
+    assert _layout(position_ids=positions.clone()) is not first
+    again = _layout(position_ids=positions)
+    positions[0, 3] = 3  # in place: the documents changed
+    assert _layout(position_ids=positions) is not again
 
 
 def test_attention_refuses_what_it_cannot_express():
@@ -94,8 +129,24 @@ def test_transformers_keywords_become_the_contracts():
     out, weights = hf.attention_forward(varlen)(module, query, key, key, None, scaling=0.5, sliding_window=3)
     assert seen["shapes"] == ((10, 4, 16), (10, 2, 16))
     assert seen["args"][0].tolist() == [0, 5, 10] and seen["args"][2:] == (5, 5)
+    assert seen["cu_seqlens_q_padded"] is None and seen["cu_seqlens_k_padded"] is None
     assert seen["causal"] is True and seen["scale"] == 0.5 and seen["window_size"] == (2, 0)  # 3 keys: itself and 2 back
     assert weights is None and torch.equal(out, query.transpose(1, 2))
+
+
+def test_our_attention_gets_the_steps_metadata_and_narrower_values():
+    """`varlen_attention` takes `metadata=`: the swap passes the object, not the boundaries; values
+    may have another head dim than queries and keys (multi-latent attention)."""
+    seen = {}
+
+    def varlen(q, k, v, *args, metadata=None, **kwargs):
+        seen.update(args=args, metadata=metadata, value=v.shape)
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+
+    query, key, value = torch.randn(1, 4, 6, 24), torch.randn(1, 2, 6, 24), torch.randn(1, 2, 6, 16)
+    out, _ = hf.attention_forward(varlen)(torch.nn.Module(), query, key, value, None)
+    assert seen["args"] == () and isinstance(seen["metadata"], hf.VarlenMetadata) and seen["value"] == (6, 2, 16)
+    assert out.shape == (1, 6, 4, 16)
 
 
 def test_register_without_transformers_says_how_to_get_it(monkeypatch):

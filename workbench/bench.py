@@ -73,42 +73,42 @@ def precompile(chosen: list[Workload], jobs: int) -> None:
 # -- implementations: each returns a zero-argument callable producing the output -----------
 
 
+# Every call of ours passes the batch's VarlenMetadata, built once before the timed calls, as a
+# training step builds it once for every layer (host times then compare with a step's).
+
+
 def _ours(batch, window):
     from kernels import varlen_attention
 
-    return lambda: batch.call(varlen_attention, validate=False, window_size=window)
+    step = batch.step_metadata(validate=False)
+    return lambda: batch.call_on(varlen_attention, step, window_size=window, backend="triton")
 
 
 def _ours_validated(batch, window):
-    """validate=True on the metadata the benchmark reuses every call (as the layers of one step do)."""
+    """validate=True on the metadata every call reuses (as the layers of one step do)."""
     from kernels import varlen_attention
 
     if batch.case.seqlens_q[0] != 2048:
         return None  # judged on the 8x2048 workloads only
-    return lambda: batch.call(varlen_attention, validate=True, window_size=window, backend="triton")
+    step = batch.step_metadata(validate=True)
+    return lambda: batch.call_on(varlen_attention, step, window_size=window, backend="triton")
 
 
 def _ours_validated_fresh(batch, window):
-    """validate=True on new metadata tensors each call (as each new batch brings): the device
-    check of the boundaries runs every call (kernels/varlen/device_check.py)."""
-    from kernels import varlen_attention
+    """validate=True on new metadata each call (as each new batch brings): the device check of the
+    boundaries runs every call (kernels/varlen/device_check.py), its verdict read in the backward."""
+    from kernels import VarlenMetadata, varlen_attention
 
     if batch.case.seqlens_q[0] != 2048:
         return None  # judged on the 8x2048 workloads only
     names = ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded")
 
     def run():
-        fresh = {n: getattr(batch, n).clone() for n in names}
-        args = (batch.q, batch.k, batch.v, fresh["cu_seqlens_q"], fresh["cu_seqlens_k"], batch.max_seqlen_q, batch.max_seqlen_k)
-        return varlen_attention(
-            *args,
-            cu_seqlens_q_padded=fresh["cu_seqlens_q_padded"],
-            cu_seqlens_k_padded=fresh["cu_seqlens_k_padded"],
-            causal=batch.case.causal,
-            window_size=window,
-            validate=True,
-            backend="triton",  # validate=True would take FlashAttention-4 where it is installed
+        q, k, q_padded, k_padded = (getattr(batch, n).clone() for n in names)
+        step = VarlenMetadata(
+            q, k, batch.max_seqlen_q, batch.max_seqlen_k, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded
         )
+        return batch.call_on(varlen_attention, step, window_size=window, backend="triton")
 
     return run
 
@@ -123,10 +123,11 @@ def _ours_fa4(batch, window):
     from kernels import varlen_attention
     from kernels.varlen.fa4 import unsupported
 
-    metadata = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded)
-    if unsupported(batch.q, batch.k, batch.v, metadata, return_lse=False, validate=True):
+    boundaries = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded)
+    if unsupported(batch.q, batch.k, batch.v, boundaries, return_lse=False, validate=True):
         return None
-    return lambda: batch.call(varlen_attention, validate=True, window_size=window, backend="fa4")
+    step = batch.step_metadata(validate=True)
+    return lambda: batch.call_on(varlen_attention, step, window_size=window, backend="fa4")
 
 
 def grad_like(out: torch.Tensor) -> torch.Tensor:
@@ -151,9 +152,10 @@ class Graphed:
         from kernels import varlen_attention
 
         batch = batch.fresh()
+        step = batch.step_metadata(validate=False)  # built before the capture, as its work lists are
 
         def forward():
-            return batch.call(varlen_attention, validate=False, window_size=window)
+            return batch.call_on(varlen_attention, step, window_size=window, backend="triton")
 
         with torch.no_grad():
             grad = grad_like(forward())

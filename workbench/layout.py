@@ -18,12 +18,15 @@ import enum
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kernels._compat import default_device
 from kernels.contract import check_window_size
+
+if TYPE_CHECKING:
+    from kernels import VarlenMetadata
 
 
 class Region(enum.IntEnum):
@@ -281,6 +284,21 @@ class PackedBatch:
     def call(self, impl, **overrides: Any):
         """`impl(*args, **kwargs)` with this batch; `overrides` replace or add keywords."""
         return impl(*self.args(), **{**self.kwargs(), **overrides})
+
+    def step_metadata(self, validate: bool = True) -> VarlenMetadata:
+        """The batch's `kernels.VarlenMetadata`, as a training step builds it once for every layer."""
+        from kernels import VarlenMetadata
+
+        padded = {"cu_seqlens_q_padded": self.cu_seqlens_q_padded, "cu_seqlens_k_padded": self.cu_seqlens_k_padded}
+        rows = {"total_q": self.q.shape[0], "total_k": self.k.shape[0]}
+        return VarlenMetadata(
+            self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k, **padded, **rows, validate=validate
+        )
+
+    def call_on(self, impl, metadata: VarlenMetadata, **overrides: Any):
+        """`impl(q, k, v, metadata=metadata, **keywords)`: the batch described by its metadata."""
+        keywords = {name: value for name, value in self.kwargs().items() if not name.startswith("cu_seqlens")}
+        return impl(self.q, self.k, self.v, metadata=metadata, **{**keywords, **overrides})
 
     @property
     def device(self) -> torch.device:

@@ -1261,12 +1261,19 @@ def fill_padding_rows_kernel(
     cu2_padded,
     n_seqs,
     n_search_steps,
+    Verdict,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
+    POISON: tl.constexpr,
 ):
     """The padding rows of up to three (rows, cols) views, X<program_id(2)>: one launch per pass
-    (every launch costs tens of microseconds of host time, more than these writes take)."""
+    (every launch costs tens of microseconds of host time, more than these writes take).
+    POISON: a device check's verdict is read, and NaN written instead of each value where it
+    failed: its safe copy makes every row padding, and a malformed batch must never pass as zeros."""
     target = tl.program_id(2)
+    poison = 0.0
+    if POISON:
+        poison = tl.where(tl.load(Verdict) != 0, float("nan"), 0.0)
     if target == 0:
         _fill_padding_rows(
             X0,
@@ -1274,7 +1281,7 @@ def fill_padding_rows_kernel(
             stride0_col,
             n0_rows,
             n0_cols,
-            value0,
+            value0 + poison,
             cu0_real,
             cu0_padded,
             n_seqs,
@@ -1289,7 +1296,7 @@ def fill_padding_rows_kernel(
             stride1_col,
             n1_rows,
             n1_cols,
-            value1,
+            value1 + poison,
             cu1_real,
             cu1_padded,
             n_seqs,
@@ -1304,7 +1311,7 @@ def fill_padding_rows_kernel(
             stride2_col,
             n2_rows,
             n2_cols,
-            value2,
+            value2 + poison,
             cu2_real,
             cu2_padded,
             n_seqs,

@@ -4,15 +4,13 @@ The host check (`kernels.contract.check_cu_seqlens`) needs the boundary values o
 device->host copy that first waits for all the work queued before it, and leaves the GPU idle
 while the host then checks and launches. Here one small kernel checks the values where they
 live and writes a *safe copy* of them: the boundaries themselves when they pass, all zeros
-when any check fails (every row is then padding: the attention kernels read no row and write
-zeros and -inf, never outside the tensors), a snapshot of the values as they were, for the
-error message, beside its verdict the safe copy's layout (`SafeLayout`) that the FA4 path
-needs, read in the same device->host copy, and the safe copy's work lists, which the Triton
-path would otherwise launch a kernel to make. The kernels are launched on the safe copy.
-Reading the check's flag waits for the check, and so for all the work queued before it: `varlen_attention` reads it at once only
-where nothing else would (no gradient will flow); a call whose output will be differentiated
-leaves its check in `PendingChecks`, resolved without a wait by a later call once the device
-has run it, and at the latest in the call's backward, before any gradient is returned.
+when any check fails (every row is then padding: the attention kernels read no row and the
+padding fills, which read the verdict, write NaN, never outside the tensors), a snapshot of the
+values as they were, for the error message, beside its verdict the safe copy's layout
+(`SafeLayout`) that the FA4 path needs, read in the same device->host copy, and the safe copy's
+work lists, which the Triton path would otherwise launch a kernel to make. The kernels are
+launched on the safe copy. Reading the verdict waits for the check, and so for all the work
+queued before it: `kernels.varlen.metadata.VarlenMetadata` decides when it is read.
 """
 
 from __future__ import annotations
@@ -163,10 +161,10 @@ class DeviceCheck:
     ) -> None:
         self.snapshot, self.limits = tuple(snapshot), tuple(limits)
         self.work = work  # the work lists of the safe copy, written by the check: nothing writes them after
+        self.device_verdict = verdict  # read on the device by the padding fills: NaN after a failure
         self.outcome: bool | None = None  # failed or not, once read
         self.padding = True  # whether q or k has padding rows, once read (until then: maybe)
         self.read_layout = SafeLayout(0, 0, False, False)  # once read
-        self.reported = False  # its error was raised once: PendingChecks raises it no more
         # the pinned buffer and event taken from _HOST_VERDICTS, given back once read
         self.taken: tuple[torch.device, torch.Tensor, torch.cuda.Event] | None = None
         if verdict.is_cuda:
@@ -209,7 +207,6 @@ class DeviceCheck:
         values, after `when` (which says which call it was, where it is not the current one)."""
         if not self.failed():
             return
-        self.reported = True
         q, k, q_padded, k_padded = self.snapshot
         total_q, total_k, max_q, max_k = self.limits
         try:
@@ -223,33 +220,6 @@ class DeviceCheck:
         raise AssertionError(
             "the device check of the metadata failed where the host check passes: a bug of kernels.varlen.device_check"
         )
-
-
-class PendingChecks:
-    """The device checks of calls that did not wait for theirs (their output will be
-    differentiated: the backward resolves them). `raise_finished` surfaces a failure the device
-    has already reported, without waiting; `raise_all` waits for every pending check."""
-
-    EARLIER = "an earlier varlen_attention call (its check ran on the device and was read later) had malformed metadata: "
-
-    def __init__(self) -> None:
-        self.checks: list[DeviceCheck] = []
-
-    def add(self, check: DeviceCheck) -> None:
-        if all(c is not check for c in self.checks):
-            self.checks.append(check)
-
-    def raise_finished(self) -> None:
-        for check in [c for c in self.checks if c.done()]:
-            self.checks.remove(check)
-            if not check.reported:
-                check.raise_if_failed(self.EARLIER)
-
-    def raise_all(self) -> None:
-        while self.checks:
-            check = self.checks.pop(0)
-            if not check.reported:
-                check.raise_if_failed(self.EARLIER)
 
 
 def _bounded(limit) -> int:

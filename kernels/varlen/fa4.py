@@ -21,9 +21,9 @@ only what the contract needs beyond them, and nothing on a batch without padding
   (after `cu_seqlens[-1]`, none between sequences) reaches FA4 as a view that ends at its last
   real row, with no copy (an empty view when no row is real: FA4 then answers 0 and -inf, and
   zero gradients, without running its kernels); a side with GAP rows reaches it as a copy of q
-  (or of k and v) and of dO with its padding rows zeroed. Which side has which (`_Layout`) is
-  read from the device once per new metadata, in the same device->host copy as its device
-  check's verdict, so the layers of one step and unpadded batches pay nothing;
+  (or of k and v) and of dO with its padding rows zeroed. Which side has which
+  (`VarlenMetadata.fa4_layout`) is read once per batch, in the same device->host copy as its
+  device check's verdict, and kept by the batch's metadata: the layers of one step pay nothing;
 - `out`, `lse` and the gradients are full-size buffers of which FA4 writes the rows it sees (a
   view of their leading rows): their TAIL rows are written 0 (lse -inf) once, nothing is
   appended or copied. FA4 stores no row past a sequence's real ones (4.0.0b36: the stores go
@@ -44,17 +44,17 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import weakref
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from kernels._compat import INTERPRETED, device_capability
-from kernels.varlen.device_check import DeviceCheck
 from kernels.varlen.launch import Padding, fill_padding_rows
 
-BACKENDS = ("auto", "triton", "fa4")
+if TYPE_CHECKING:
+    from kernels.varlen.metadata import VarlenMetadata
+
 FA4_DTYPES = (torch.float16, torch.bfloat16)
 FA4_HEAD_DIMS = (64, 128)  # of ours (16, 32, 64, 128, 256), those FA4 compiles on sm90 and sm100
 FA4_ARCHS = (9, 10)  # compute capability majors: Hopper (sm90), Blackwell (sm100)
@@ -112,7 +112,7 @@ def _device_reason(device: torch.device) -> str | None:
     return None
 
 
-def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, return_lse: bool, validate: bool) -> str | None:
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries, *, return_lse: bool, validate: bool) -> str | None:
     """Why this call cannot run on FA4 with the contract kept (None: it can)."""
     kernels = load()
     if isinstance(kernels, str):
@@ -128,59 +128,9 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata, *, 
         return "return_lse=True with gradients: FA4's lse carries no gradient, ours does"
     if not validate:
         return "validate=False: FA4 bounds its work by max_seqlen_q/k, which only validate=True checks"
-    if any(t is not None and t.dtype != torch.int32 for t in metadata):
+    if any(t is not None and t.dtype != torch.int32 for t in boundaries):
         return "int64 boundaries: FA4 takes int32 cu_seqlens"
     return None
-
-
-class Layout(NamedTuple):
-    """What FA4 is told of one metadata, per side: how many rows are real (`cu_seqlens[-1]`), and
-    FA4's `seqused` (the real rows of each padded slot) where padding lies between sequences
-    (GAP rows: padded boundaries that differ from the real ones), None where none does."""
-
-    real_q: int
-    real_k: int
-    seqused_q: torch.Tensor | None
-    seqused_k: torch.Tensor | None
-
-
-class _Layout:
-    """The `Layout` of the last metadata seen: with a device check, the layout it read with its
-    verdict (no read of its own), known by the check alone (its safe copy, which these tensors
-    are, is never written after it); without one, one device->host read per new metadata, none
-    while the same tensors, unmodified, come again (the layers of one step)."""
-
-    def __init__(self) -> None:
-        self.check: DeviceCheck | None = None
-        self.refs: tuple = ()
-        self.versions: tuple = ()
-        self.read = Layout(0, 0, None, None)
-
-    def __call__(self, cu_q, cu_k, cu_q_padded, cu_k_padded, check: DeviceCheck | None = None) -> Layout:
-        if check is not None:
-            if check is not self.check:
-                rows_q, rows_k, gap_q, gap_k = check.layout()
-                self._remember(rows_q, rows_k, gap_q, gap_k, cu_q, cu_k)
-                self.check, self.refs = check, ()
-            return self.read
-        metadata = (cu_q, cu_k, cu_q_padded, cu_k_padded)
-        versions = tuple(t._version for t in metadata)
-        if not (self.refs and all(ref() is t for ref, t in zip(self.refs, metadata)) and self.versions == versions):
-            gaps = [(real != padded).any() for real, padded in ((cu_q, cu_q_padded), (cu_k, cu_k_padded))]
-            rows_q, rows_k, gap_q, gap_k = torch.stack([cu_q[-1].long(), cu_k[-1].long(), *gaps]).tolist()
-            self._remember(rows_q, rows_k, gap_q, gap_k, cu_q, cu_k)
-            self.check, self.refs, self.versions = None, tuple(weakref.ref(t) for t in metadata), versions
-        return self.read
-
-    def _remember(self, rows_q: int, rows_k: int, gap_q: bool, gap_k: bool, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
-        self.read = Layout(rows_q, rows_k, _real_lengths(cu_q) if gap_q else None, _real_lengths(cu_k) if gap_k else None)
-
-
-def _real_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    return (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
-
-
-_LAYOUT = _Layout()
 
 
 class _PaddingZeroed(torch.autograd.Function):
@@ -288,33 +238,32 @@ def fa4_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    cu_seqlens_q_padded: torch.Tensor,
-    cu_seqlens_k_padded: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    metadata: VarlenMetadata,
     causal: bool,
     scale: float,
     window_left: int,
     window_right: int,
     return_lse: bool,
-    check: DeviceCheck | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None). `check`: the
-    device check whose safe copy the boundaries are, passed (its verdict read) before this call."""
-    metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    layout = _LAYOUT(*metadata, check)
+    """FA4 on a call `unsupported` accepts, the contract kept: (out, lse or None). `metadata`'s
+    check has been read (`metadata.check()`) before this call: FA4 never runs on a malformed batch."""
+    cu_q, cu_k, cu_q_padded, cu_k_padded = boundaries = (
+        metadata.cu_seqlens_q,
+        metadata.cu_seqlens_k,
+        metadata.cu_seqlens_q_padded,
+        metadata.cu_seqlens_k_padded,
+    )
+    layout = metadata.fa4_layout()
     gap_q, gap_k = layout.seqused_q is not None, layout.seqused_k is not None
     if gap_q or gap_k:
-        q, k, v = _PaddingZeroed.apply(q, k, v, *metadata, gap_q, gap_k)
+        q, k, v = _PaddingZeroed.apply(q, k, v, *boundaries, gap_q, gap_k)
     arguments = dict(
-        cu_seqlens_q=cu_seqlens_q_padded,
-        cu_seqlens_k=cu_seqlens_k_padded,
+        cu_seqlens_q=cu_q_padded,
+        cu_seqlens_k=cu_k_padded,
         seqused_q=layout.seqused_q,
         seqused_k=layout.seqused_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
+        max_seqlen_q=metadata.max_seqlen_q,
+        max_seqlen_k=metadata.max_seqlen_k,
         softmax_scale=scale,
         causal=causal,
         window_size_left=None if window_left < 0 else window_left,
@@ -326,9 +275,9 @@ def fa4_attention(
         lse = torch.where(lse == float("inf"), float("-inf"), lse)  # a copy: FA4's backward reads its own
     if gap_q:
         # Padding rows only, written in place by a kernel: FA4's saved out reads them nowhere.
-        targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_seqlens_q, cu_seqlens_q_padded)]
+        targets = [Padding(out.view(out.shape[0], -1), 0.0, cu_q, cu_q_padded)]
         if return_lse:
-            targets.append(Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded))
+            targets.append(Padding(lse.T, float("-inf"), cu_q, cu_q_padded))
         fill_padding_rows(*targets)
-        out = _OutputGradZeroed.apply(out, cu_seqlens_q, cu_seqlens_q_padded)
+        out = _OutputGradZeroed.apply(out, cu_q, cu_q_padded)
     return out, (lse if return_lse else None)

@@ -349,8 +349,10 @@ FILL_TARGETS = 3  # views one fill launch takes
 FILL_ROWS = 64
 
 
-def fill_padding_rows(*targets: Padding) -> None:
-    """Writes each target's `value` into its padding rows, any strides: one launch for all."""
+def fill_padding_rows(*targets: Padding, failed: torch.Tensor | None = None) -> None:
+    """Writes each target's `value` into its padding rows, any strides: one launch for all.
+    `failed`: a device check's verdict (non-zero first entry: the boundaries failed), read on
+    the device: NaN is written instead where it says so."""
     if len(targets) > FILL_TARGETS:
         raise ValueError(f"fill_padding_rows takes at most {FILL_TARGETS} targets, got {len(targets)}")
     targets = tuple(t for t in targets if t.view.numel())
@@ -370,8 +372,10 @@ def fill_padding_rows(*targets: Padding) -> None:
         *args,
         n_seqs,
         n_seqs.bit_length(),
+        targets[0].cu_real if failed is None else failed,  # an unread pointer without a verdict
         BLOCK_ROWS=FILL_ROWS,
         BLOCK_COLS=block_cols,
+        POISON=failed is not None,
     )
 
 
@@ -390,12 +394,14 @@ def attention_forward(
     *,
     fill: bool = True,
     work: torch.Tensor | None = None,
+    failed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
     sides (`work_lists`), which the backward pass reuses. The mask is `Window.of(causal,
     window_left, window_right)`. `fill=False` skips the padding fill: only for boundaries known
     to make every row real (there is then nothing to fill). `work`: the work lists of these
-    boundaries, made by an earlier call on them (boundaries nothing has written since), or None."""
+    boundaries, made by an earlier call on them (boundaries nothing has written since), or None.
+    `failed`: the verdict of the device check whose safe copy the boundaries are (`fill_padding_rows`)."""
     window = Window.of(causal, window_left, window_right)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     total_q, heads, head_dim = q.shape
@@ -478,6 +484,7 @@ def attention_forward(
         fill_padding_rows(
             Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
             Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
+            failed=failed,
         )
     return out, lse, work
 
@@ -501,10 +508,11 @@ def attention_backward(
     window_right: int = -1,
     *,
     fill: bool = True,
+    failed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv, each exactly 0 on padding rows; reads only REAL rows of every input.
     `d_lse` None: lse was not used (its gradient is 0); `work`: the forward pass's work lists;
-    `fill`: as in `attention_forward`."""
+    `fill`, `failed`: as in `attention_forward`."""
     window = Window.of(causal, window_left, window_right)
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
     total_q, heads, head_dim = q.shape
@@ -606,5 +614,6 @@ def attention_backward(
             Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
             Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
             Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+            failed=failed,
         )
     return dq, dk, dv

@@ -10,25 +10,19 @@ wrapper, which cost about as much host time as the kernel launches themselves. B
 compute bitwise the same (tested).
 """
 
-import weakref
+import functools
+import inspect
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from kernels._compat import INTERPRETED, check_kernel_device
-from kernels.contract import (
-    check_causal,
-    check_cu_seqlens_tensors,
-    check_max_seqlen,
-    check_scale,
-    check_varlen_inputs,
-    check_varlen_tensors,
-    check_window_size,
-)
-from kernels.varlen.device_check import DeviceCheck, DeviceChecked, PendingChecks, check_on_device
-from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
+from kernels._compat import check_kernel_device
+from kernels.contract import check_causal, check_scale, check_varlen_tensors, check_window_size
+from kernels.varlen.backends import BACKENDS, fa4_is_faster
+from kernels.varlen.fa4 import fa4_attention, unsupported
 from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
+from kernels.varlen.metadata import VarlenMetadata, capturing, implicit
+from kernels.varlen.metadata import eager as _eager
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -136,163 +130,149 @@ def _backward(ctx, d_out, d_lse, _d_work):
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _eager() -> bool:
-    """Nothing traces the call: the custom op's opaque node is not needed."""
-    return not torch.compiler.is_compiling() and _current_dispatch_mode() is None
-
-
 class _VarlenAttention(torch.autograd.Function):
     """The eager road: the launchers behind one autograd node (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, check, work, q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask):
-        metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        out, lse, work = attention_forward(q, k, v, *metadata, *mask, fill=_padding_to_fill(check), work=work)
+    def forward(ctx, metadata: VarlenMetadata, q, k, v, *mask):
+        boundaries = metadata.boundaries
+        fill = metadata.padding_to_fill()
+        out, lse, work = attention_forward(q, k, v, *boundaries, *mask, fill=fill, work=metadata.work, failed=metadata.verdict)
+        metadata.work = work  # made once per batch: the later layers of the step launch nothing for it
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse, work, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        ctx.mask, ctx.check = mask, check
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask, ctx.batch = mask, metadata
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
+        metadata: VarlenMetadata = ctx.batch
         if d_out is None:  # only lse was used
             d_out = torch.zeros_like(out)
         dq, dk, dv = attention_backward(
-            d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask, fill=_padding_to_fill(ctx.check)
+            d_out,
+            d_lse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            metadata.work,
+            *metadata.boundaries,
+            *ctx.mask,
+            fill=metadata.padding_to_fill(),
+            failed=metadata.verdict,
         )
-        # The forward's device check, if it was left unread: read after the launches (the GPU
-        # keeps working), before any gradient leaves.
-        if ctx.check is not None:
-            ctx.check.raise_if_failed(_BACKWARD)
-        return None, None, dq, dk, dv, *([None] * (4 + len(ctx.mask)))
-
-
-def _padding_to_fill(check: DeviceCheck | None) -> bool:
-    """Whether the padding rows must be filled: unless the device check of these boundaries is
-    known, without a wait, to have passed with every row real (the layers of a step after the
-    first, an unpadded batch). Skipping the fill saves a launch, tens of microseconds of host time."""
-    return check is None or not check.all_rows_real()
-
-
-_BACKWARD = "the backward of a varlen_attention call whose metadata is malformed (its check ran on the device, read here): "
-
-
-class _ValidatedMetadata:
-    """The last metadata that passed the host check or went through the device check, so that
-    the layers of one step, which all pass the same cu_seqlens tensors, pay for the check once.
-    A device check's safe copy and outcome are kept with it: a later call on the same metadata
-    runs on that copy and shares that outcome, read or pending (a failed one is never reused).
-
-    It holds weak references: a tensor that is freed can never match, even if a new one gets
-    its memory. A match needs the very same tensor objects, each with the version counter
-    it had when checked (any in-place write bumps it), the same row counts of q and k, the
-    same max_seqlen and scale. Anything else runs the whole check again. (A write that bypasses
-    torch's version counter, such as a raw kernel writing into the tensor's memory, is not seen:
-    pass validate=True with new tensors, as each new batch brings, to be sure.)"""
-
-    def __init__(self) -> None:
-        self.refs: tuple = ()
-        self.key: tuple = ()
-        self.device: DeviceChecked | None = None  # the device check's safe copy and outcome; None after the host check
-
-    @staticmethod
-    def _key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> tuple:
-        versions = tuple(None if t is None else t._version for t in metadata)
-        return (versions, q.shape[0], k.shape[0], q.device, max_seqlen_q, max_seqlen_k, scale)
-
-    def holds(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale) -> bool:
-        if len(self.refs) != len(metadata) or not all(isinstance(t, torch.Tensor) for t in metadata[:2]):
-            return False
-        if any((ref is None) != (t is None) or (ref is not None and ref() is not t) for ref, t in zip(self.refs, metadata)):
-            return False
-        if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
-            return False
-        if self.device is not None and self.device[1].done() and self.device[1].failed():
-            return False  # checked again, and raised, by the call
-        return self.key == self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
-
-    def remember(self, metadata, q, k, max_seqlen_q, max_seqlen_k, scale, device: DeviceChecked | None = None) -> None:
-        self.refs = tuple(None if t is None else weakref.ref(t) for t in metadata)
-        self.key = self._key(metadata, q, k, max_seqlen_q, max_seqlen_k, scale)
-        self.device = device
-
-
-_VALIDATED = _ValidatedMetadata()
-_PENDING = PendingChecks()
-
-
-def raise_pending() -> None:
-    """Waits for the device checks of earlier `varlen_attention` calls that have not been read
-    yet (calls whose output was to be differentiated, whose backward has not run), and raises
-    the first failure's error, naming it as an earlier call's. Returns if all passed."""
-    _PENDING.raise_all()
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _checks_on_device() -> bool:
-    """The metadata's values are checked by a kernel natively in eager mode (device_check);
-    under the interpreter they are host memory already, and a traced call keeps the host check."""
-    return not INTERPRETED and _eager()
-
-
-def _sync_free_checks_pass(q, k, v, metadata, limits, scale) -> bool:
-    """Whether the checks that need no host read pass. A call that fails one takes the host
-    check, which raises the first failure in the order a CPU call reports it."""
-    try:
-        check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
-        check_cu_seqlens_tensors(*metadata[:2], cu_seqlens_q_padded=metadata[2], cu_seqlens_k_padded=metadata[3], device=q.device)
-        for side, limit in zip("qk", limits):
-            check_max_seqlen(f"max_seqlen_{side}", limit, f"cu_seqlens_{side}")
-        check_scale(scale, q.shape[-1])
-    except (TypeError, ValueError):
-        return False
-    return True
+        # The device check, if nothing read it yet: read after the launches (the GPU keeps
+        # working), before any gradient leaves.
+        metadata.read_in_backward()
+        return None, dq, dk, dv, *([None] * len(ctx.mask))
 
 
 def check_backend(backend: object) -> str:
     if backend not in BACKENDS:
         raise ValueError(
-            f'backend = {backend!r} is not one of {", ".join(map(repr, BACKENDS))}; pass "auto" (FlashAttention-4 where '
-            'it can run the call, else the Triton kernel), "triton" or "fa4".'
+            f'backend = {backend!r} is not one of {", ".join(map(repr, BACKENDS))}; pass "auto" (the faster kernel that '
+            'keeps the contract for this call, docs/contract.md, Backends), "triton" or "fa4".'
         )
     return str(backend)
 
 
-def _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, validate) -> bool:
-    """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run."""
+def _one_scale(scale: float | None, softmax_scale: float | None) -> float | None:
+    """`softmax_scale` is FlashAttention's name for `scale`: either may be given, not both."""
+    if softmax_scale is None:
+        return scale
+    if scale is not None:
+        raise ValueError(
+            f"got scale={scale!r} and softmax_scale={softmax_scale!r}; they are one argument (softmax_scale is "
+            "FlashAttention's name for scale): pass one of them."
+        )
+    return softmax_scale
+
+
+def _runs_on_fa4(backend: str, eager: bool, q, k, v, metadata: VarlenMetadata, return_lse: bool) -> bool:
+    """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run;
+    "auto" takes it where it can run the call and the record says it is the faster
+    (`backends.fa4_is_faster`)."""
     if backend == "triton":
         return False
     reason = (
         "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
         if not eager
-        else unsupported(q, k, v, metadata, return_lse=return_lse, validate=validate)
+        else unsupported(q, k, v, metadata.boundaries, return_lse=return_lse, validate=metadata.validate)
     )
     if reason and backend == "fa4":
         raise ValueError(f'backend="fa4" cannot run this call: {reason}. Pass backend="auto" to run it on the Triton kernel.')
-    return reason is None
+    if reason:
+        return False
+    if backend == "fa4":
+        return True
+    metadata.check()  # FA4 needs the layout, read with the verdict (one wait per batch)
+    return fa4_is_faster(q, k, metadata)
+
+
+def _metadata_of(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    boundaries: tuple[torch.Tensor | None, ...],
+    limits: tuple[int | None, int | None],
+    metadata: VarlenMetadata | None,
+    validate: bool | None,
+) -> VarlenMetadata:
+    """The call's metadata: the one passed, or (a positional call) the one `implicit` builds."""
+    if metadata is None:
+        if any(b is None for b in (*boundaries[:2], *limits)):
+            missing = [
+                n
+                for n, b in zip(("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"), (*boundaries[:2], *limits))
+                if b is None
+            ]
+            raise TypeError(
+                f"varlen_attention needs the batch's boundaries: {', '.join(missing)} missing; pass cu_seqlens_q, "
+                "cu_seqlens_k, max_seqlen_q, max_seqlen_k, or metadata=VarlenMetadata(...) built once per step."
+            )
+        validate = True if validate is None else validate
+        cu_q, cu_k, cu_q_padded, cu_k_padded = boundaries
+        return implicit(cu_q, cu_k, *limits, cu_q_padded, cu_k_padded, q.shape[0], k.shape[0], validate, q.device)
+    if not isinstance(metadata, VarlenMetadata):
+        raise TypeError(
+            f"metadata must be a kernels.VarlenMetadata, got {type(metadata).__name__}; build one per step with "
+            "VarlenMetadata(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)."
+        )
+    given = [n for n, b in zip(_BOUNDARY_NAMES, (*boundaries, *limits)) if b is not None]
+    if given or validate is not None:
+        given += ["validate"] if validate is not None else []
+        raise ValueError(
+            f"varlen_attention got metadata= and {', '.join(given)}: the metadata already holds the boundaries and "
+            "whether they are validated; pass one or the other (build the VarlenMetadata with the values you meant)."
+        )
+    metadata.bind(q, k)
+    return metadata
+
+
+_BOUNDARY_NAMES = ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded", "max_seqlen_q", "max_seqlen_k")
 
 
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
     *,
     cu_seqlens_q_padded: torch.Tensor | None = None,
     cu_seqlens_k_padded: torch.Tensor | None = None,
+    metadata: VarlenMetadata | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
     scale: float | None = None,
+    softmax_scale: float | None = None,
     return_lse: bool = False,
-    validate: bool = True,
-    backend: str = "triton",
+    validate: bool | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Attention over packed variable-length sequences, keeping the padding contract (docs/contract.md).
 
@@ -300,6 +280,11 @@ def varlen_attention(
     of q, len_i = cu_seqlens_q[i + 1] - cu_seqlens_q[i] (the padded boundaries default to
     cu_seqlens_q); the same for keys. Every other row is padding, and padding never influences
     a real row.
+
+    The batch is described either positionally, as FlashAttention's varlen functions take it,
+    or by ``metadata``, a `kernels.VarlenMetadata` built once per step and passed to every
+    layer: checked once, then no host sync, no validation and no allocation for it per call
+    (the object for training loops, kernels/varlen/metadata.py).
 
     Args:
         q: queries, (T_q, H, D).
@@ -309,52 +294,41 @@ def varlen_attention(
             grid is bounded by the row counts, so no row goes unprocessed).
         cu_seqlens_q_padded, cu_seqlens_k_padded: where each sequence starts in memory, (N + 1,),
             for layouts with padding between sequences (THD with cu_seqlens_padded).
+        metadata: the batch's `VarlenMetadata`, instead of the six arguments above.
         causal: a bool; True is ``window_size=(left, 0)``, bottom-right aligned.
         window_size: FlashAttention's ``(left, right)``, -1 = unbounded: query i of a sequence
             sees key j iff ``i + len_k - len_q - left <= j <= i + len_k - len_q + right``
             (bottom-right aligned when len_q != len_k). ``(-1, 0)`` is causal, ``(4096, 0)`` a
             causal sliding window. Key blocks wholly outside the window are skipped.
-        scale: softmax scale, 1/sqrt(D) by default.
+        scale: softmax scale, 1/sqrt(D) by default. ``softmax_scale``: the same, by
+            FlashAttention's name (pass one of them).
         return_lse: return ``(out, lse)`` instead of ``out``.
-        validate: check the boundary values too (docs/contract.md, Validation). On the CPU,
-            or traced, the host checks them before launching: a malformed call raises at once.
-            Natively a kernel checks them on the GPU and the attention kernels run on its safe
-            copy (all padding if a check fails: zeros, nothing read out of bounds); reading its
-            verdict waits for all the work queued before it. So a call whose output will be
-            differentiated (grad enabled, q, k or v requiring grad; the Triton backend) returns
-            without waiting, and a malformed one raises at the first of: a later
-            ``varlen_attention`` call that finds the check done (it never waits),
-            ``kernels.varlen.raise_pending()``, and this call's backward, before it returns any
-            gradient. Until then its output is zeros, and a value read from it first (a loss
-            printed before ``backward``) is computed from them. Every other call waits for the
-            check and raises before it returns. Skipped when the very same, unmodified metadata
-            tensors were checked last, as in the layers of one step (which then share that
-            check). False keeps only the checks that need no wait on the device, for CUDA
-            graphs and ``torch.compile(fullgraph=True)``.
-
-        backend: which kernel computes the call. "triton": ours. "fa4": FlashAttention-4
-            (the optional extra ``fa4``) with the contract kept by a thin wrapper
-            (kernels/varlen/fa4.py); a call it cannot express is refused with the reason.
-            "auto": FA4 where it can run the call, ours elsewhere. "triton" is the default: the
-            wrapper keeps the contract (its H200 audit passes) but its copies make it slower
-            than ours on batches with GAP rows. Since FA4's tiles read rows past a
-            sequence's end, the wrapper hands FA4 views that end at the last real row on a
-            side with TAIL rows only, and copies with the padding rows zeroed on a side with
-            GAP rows (docs/contract.md, Backends). FA4 runs a
-            call eagerly on an sm90 or sm100 GPU, float16/bfloat16, head dim 64 or 128, int32
-            boundaries, with ``validate=True`` (FA4 bounds its work by max_seqlen) and no
-            gradient through lse (``return_lse=True`` while q, k or v require grad). Every
-            other call (CPU, other GPUs, float32, other head dims, ``torch.compile``) runs
-            on the Triton kernel.
+        validate: (positional calls) check the boundary values too (docs/contract.md,
+            Validation); a malformed call raises before it returns. Natively a kernel checks
+            them on the GPU, and the call waits for its verdict once per new boundary tensors:
+            the same, unmodified tensors passed again (the layers of one step) share that check.
+            False keeps only the checks that need no look at the values, for CUDA graphs and
+            ``torch.compile(fullgraph=True)``. A ``metadata`` object was validated (or not) when
+            it was built, and says when its verdict is read.
+        backend: which kernel computes the call. "auto" (the default): the faster of the two
+            that keep the contract for this call, by the rule docs/contract.md (Backends)
+            derives from the benchmark record (`kernels.varlen.backends`); on a machine without
+            FlashAttention-4, the Triton kernel. "triton": ours. "fa4": FlashAttention-4 (the
+            optional extra ``fa4``) with the contract kept by a thin wrapper
+            (kernels/varlen/fa4.py); a call it cannot express is refused with the reason. FA4
+            runs a call eagerly on an sm90 or sm100 GPU, float16/bfloat16, the head dims it
+            compiles, int32 boundaries, validated metadata (FA4 bounds its work by max_seqlen)
+            and no gradient through lse.
 
     Returns:
         out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
         with ``return_lse``, also lse (H, T_q) float32 (flash-attn's varlen layout), -inf on
-        those rows. Gradients of q, k, v are exactly 0 on padding rows, never NaN.
+        those rows. Gradients of q, k, v are exactly 0 on padding rows, never NaN. (A
+        ``metadata`` whose device check finds the batch malformed: NaN until its error is raised.)
 
     Shape legend:
         N: sequences in the batch; T_q, T_k: rows of q and of k/v (real rows plus any padding);
-        H: query heads; H_kv: key/value heads; D: head dim (16, 32, 64, 128 or 256);
+        H: query heads; H_kv: key/value heads; D: head dim (`HEAD_DIMS`);
         dtypes float32, float16, bfloat16.
 
     Example::
@@ -369,85 +343,28 @@ def varlen_attention(
         >>> out.shape
         torch.Size([8, 2, 16])
     """
-    _PENDING.raise_finished()  # an earlier call's failed check the device has reported: no wait
     check_causal(causal)
     left, right = check_window_size(window_size)
     check_backend(backend)
-    metadata = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-    limits = (max_seqlen_q, max_seqlen_k)
-    asked_to_validate = validate
-    reused = validate and _VALIDATED.holds(metadata, q, k, *limits, scale)
-    if reused:
-        validate = False  # the same metadata, unchanged, was checked: tensor checks only
-    if validate and _capturing():
-        raise ValueError(
-            "validate=True checks the boundary values, which waits on the device, and a CUDA graph capture allows no "
-            "wait; pass validate=False inside the capture (check the metadata once before capturing)."
-        )
-    on_device = validate and _checks_on_device() and _sync_free_checks_pass(q, k, v, metadata, limits, scale)
-    if validate and not on_device:
-        check_varlen_inputs(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_k_padded=cu_seqlens_k_padded,
-            scale=scale,
-            dtypes=DTYPES,
-            head_dims=HEAD_DIMS,
-        )
-        _VALIDATED.remember(metadata, q, k, *limits, scale)
-    elif not validate:
-        check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
-        check_cu_seqlens_tensors(
-            cu_seqlens_q,
-            cu_seqlens_k,
-            cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_k_padded=cu_seqlens_k_padded,
-            device=q.device,
-        )
-    check_kernel_device("q", q)  # after the type checks: a list has no device to report
-    kernel_metadata = (
-        cu_seqlens_q,
-        cu_seqlens_k,
-        cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded,
-        cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded,
-    )
-    device_check = None
-    if reused and _VALIDATED.device is not None:  # the device check of these tensors: its safe copy, its outcome
-        kernel_metadata, device_check = _VALIDATED.device
-    if on_device:  # the kernels run on the check's safe copy: all padding if the check fails
-        checked = check_on_device(*metadata, q.shape[0], k.shape[0], *limits)
-        kernel_metadata, device_check = checked
-        _VALIDATED.remember(metadata, q, k, *limits, scale, checked)
+    scale = _one_scale(scale, softmax_scale)
+    check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
+    boundaries = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+    positional = metadata is None
+    metadata = _metadata_of(q, k, boundaries, (max_seqlen_q, max_seqlen_k), metadata, validate)
+    check_kernel_device("q", q)
+    if not positional:
+        metadata.raise_if_reported()  # a malformed batch the device has reported: raised, no wait
     mask = (causal, check_scale(scale, q.shape[-1]), left, right)
     eager = _eager()  # asked once: it reads torch.compile's state and the dispatch mode stack
-    backward_reads_check = False  # whether out's backward is ours and reads device_check
-    if _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse, asked_to_validate):
-        if device_check is not None:
-            # FA4 needs the layout, read with the verdict (one wait): a malformed call raises
-            # before FA4 runs on anything.
-            device_check.raise_if_failed()
-        out, lse = fa4_attention(q, k, v, *kernel_metadata, int(max_seqlen_q), int(max_seqlen_k), *mask, return_lse, device_check)
+    if _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse):
+        metadata.check()  # FA4 never runs on a malformed batch
+        out, lse = fa4_attention(q, k, v, metadata, *mask, return_lse)
     elif eager:
-        # kernel_metadata is the check's safe copy, whose work lists the check wrote
-        work = None if device_check is None else device_check.work
-        out, lse = _VarlenAttention.apply(device_check, work, q, k, v, *kernel_metadata, *mask)
-        backward_reads_check = out.grad_fn is not None
+        out, lse = _VarlenAttention.apply(metadata, q, k, v, *mask)
     else:
-        out, lse, _ = _forward_op(q, k, v, *kernel_metadata, *mask)
-    if device_check is not None:
-        # Reading the check's flag waits for all the work queued before it. A call whose output
-        # will be differentiated leaves it to its backward (which reads it before returning any
-        # gradient), to later calls and to raise_pending; every other call reads it now.
-        if backward_reads_check and not device_check.done():
-            _PENDING.add(device_check)
-        else:
-            device_check.raise_if_failed()
+        out, lse, _ = _forward_op(q, k, v, *metadata.boundaries, *mask)
+    if positional:
+        metadata.check()  # a positional call raises before it returns (one wait per new metadata)
     return (out, lse) if return_lse else out
 
 
@@ -457,32 +374,69 @@ class AuxRequest(NamedTuple):
     lse: bool = False
 
 
+@functools.cache
+def _torch_varlen_parameters() -> frozenset[str]:
+    """The parameters of the installed torch's `varlen_attn` (none where it has none)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
+    except ImportError:
+        return frozenset()
+    return frozenset(inspect.signature(torch_varlen_attn).parameters)
+
+
+# What torch's varlen_attn takes that the fixed kernel cannot honour, and why.
+_REFUSED = {
+    "seqused_k": "KV-cache decoding (inference-only in torch too)",
+    "block_table": "paged KV caches",
+    "num_splits": "split-KV scheduling (it never splits a sequence's keys)",
+}
+
+
 def varlen_attn(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     cu_seq_q: torch.Tensor,
-    cu_seq_k: torch.Tensor,
+    cu_seq_k: torch.Tensor | None,
     max_q: int,
     max_k: int,
     *,
     return_aux: AuxRequest | None = None,
     scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """torch 2.11's `torch.nn.attention.varlen.varlen_attn`, same signature and return
+    """torch's `torch.nn.attention.varlen.varlen_attn` (2.11 to 2.13), same signature and return
     convention, on the fixed kernel: the fix is one import away::
 
         from kernels import varlen_attn  # instead of: from torch.nn.attention.varlen import varlen_attn
 
     Returns out (T_q, H, D), or (out, lse) with lse (H, T_q) float32 when `return_aux.lse`
     (torch's own AuxRequest works too). `window_size=(-1, 0)` is causal. Unlike torch's, rows
-    of q past cu_seq_q[-1] (trailing padding) come back exactly 0 with zero gradients, and GQA
-    needs no flag. Metadata is validated when eager (`varlen_attention`'s ``validate=True``); inside
-    `torch.compile` or CUDA graph capture only the checks that need no wait on the device run.
+    of q past cu_seq_q[-1] (trailing padding) come back exactly 0 with zero gradients.
+    `enable_gqa` as the installed torch has it: where its varlen_attn takes the flag (2.13),
+    fewer key/value heads than query heads need ``enable_gqa=True``; where it has none (2.11),
+    GQA needs no flag. The paged-cache and decoding keywords (`seqused_k`, `block_table`,
+    `num_splits`) are refused with the reason. Metadata is validated when eager
+    (`varlen_attention`'s ``validate=True``); inside `torch.compile` or CUDA graph capture only
+    the checks that need no look at the values run.
     """
+    for name, value_ in (("seqused_k", seqused_k), ("block_table", block_table), ("num_splits", num_splits)):
+        if value_ is not None:
+            raise ValueError(
+                f"varlen_attn got {name}: the fixed kernel does not do {_REFUSED[name]}; call torch's "
+                f"torch.nn.attention.varlen.varlen_attn for that, or leave {name} unset."
+            )
+    if cu_seq_k is None:
+        raise ValueError(
+            "varlen_attn got cu_seq_k=None, which torch allows only with a paged KV cache (block_table); pass the "
+            "keys' boundaries, (N + 1,) int32."
+        )
+    _check_gqa_flag(query, key, enable_gqa)
     want_lse = return_aux is not None and bool(return_aux.lse)
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     return varlen_attention(
         query,
         key,
@@ -494,5 +448,18 @@ def varlen_attn(
         window_size=window_size,
         scale=scale,
         return_lse=want_lse,
-        validate=not (torch.compiler.is_compiling() or capturing),
+        validate=not (torch.compiler.is_compiling() or capturing()),
     )
+
+
+def _check_gqa_flag(query: object, key: object, enable_gqa: bool) -> None:
+    """A torch whose varlen_attn has enable_gqa refuses fewer key/value heads than query heads without it."""
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__} {enable_gqa!r}; pass True or False.")
+    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and query.dim() == key.dim() == 3):
+        return  # varlen_attention names what is wrong with them
+    if not enable_gqa and query.shape[1] != key.shape[1] and "enable_gqa" in _torch_varlen_parameters():
+        raise ValueError(
+            f"query has {query.shape[1]} heads and key/value {key.shape[1]}: torch {torch.__version__}'s varlen_attn "
+            "takes grouped-query attention only with enable_gqa=True; pass enable_gqa=True."
+        )

@@ -1,0 +1,119 @@
+"""`VarlenMetadata` (kernels/varlen/metadata.py): built once, shared by every call of a step, and
+computing bitwise what the positional call computes; the one memo positional calls share;
+FlashAttention's `softmax_scale` keyword."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import VarlenMetadata, varlen_attention
+from kernels.varlen import metadata
+from workbench import Case, pack
+
+CASE = Case((5, 0, 9), seqlens_k=(7, 3, 9), padded_q=(6, 2, 9), padded_k=(8, 3, 10), tail_q=2, heads=2, head_dim=16, causal=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_memo(monkeypatch):
+    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+
+
+def _metadata(batch, **extra) -> VarlenMetadata:
+    padded = {"cu_seqlens_q_padded": batch.cu_seqlens_q_padded, "cu_seqlens_k_padded": batch.cu_seqlens_k_padded}
+    return VarlenMetadata(batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k, **padded, **extra)
+
+
+def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes():
+    batch = pack(CASE)
+    positional = batch.fresh()
+    out = positional.call(varlen_attention, return_lse=True)
+    torch.autograd.backward(out[0], torch.ones_like(out[0]))
+    explicit = batch.fresh()
+    step = _metadata(explicit)
+    again = varlen_attention(explicit.q, explicit.k, explicit.v, metadata=step, causal=True, return_lse=True)
+    torch.autograd.backward(again[0], torch.ones_like(again[0]))
+    for a, b in zip(
+        (*out, positional.q.grad, positional.k.grad, positional.v.grad), (*again, *(t.grad for t in explicit.inputs().values()))
+    ):
+        assert torch.equal(a, b)
+
+
+def test_every_layer_of_a_step_reuses_what_the_first_made():
+    """After the first call: no new work lists, no new boundaries, no check."""
+    batch = pack(CASE)
+    step = _metadata(batch)
+    varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True)
+    made = (step.work, step.boundaries)
+    for _ in range(2):
+        varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True)
+    assert step.work is made[0] and step.boundaries is made[1]
+
+
+def test_positional_calls_share_the_last_metadata_while_the_tensors_are_unchanged():
+    batch = pack(CASE)
+    batch.call(varlen_attention)
+    first = metadata.LAST.value
+    batch.call(varlen_attention, window_size=(2, 0))  # another mask, the same batch: the same metadata
+    assert metadata.LAST.value is first
+    batch.cu_seqlens_k.add_(0)  # an in-place write bumps the version counter: built again
+    batch.call(varlen_attention)
+    assert metadata.LAST.value is not first
+    second = metadata.LAST.value
+    batch.call(varlen_attention, validate=False)  # another validation: another metadata
+    assert metadata.LAST.value is not second
+
+
+def test_a_freed_tensor_never_matches_a_new_one():
+    memo = metadata.Memo()
+    cu = torch.tensor([0, 3])
+    memo.get((cu,), "x", lambda: "first")
+    del cu
+    assert memo.get((torch.tensor([0, 3]),), "x", lambda: "second") == "second"
+
+
+def test_boundaries_in_host_memory_are_checked_there_and_copied_once():
+    """As a collator makes them: the host check, with the layout (nothing read back later), then
+    one copy to the device the kernels run on ('meta' stands for a GPU here)."""
+    cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    step = VarlenMetadata(cu_q, cu_k, 3, 5, total_q=6, total_k=9, device="meta")
+    assert all(t.device.type == "meta" for t in step.boundaries) and step.device_check is None
+    assert step.padding_to_fill() and step.has_gaps() == (False, False) and step.fa4_layout().real_q == 5
+    assert "host check passed" in repr(step)
+    with pytest.raises(ValueError, match="lives on meta but q is on cpu; build it with device=q.device"):
+        step.bind(torch.zeros(6, 1, 16), torch.zeros(9, 1, 16))
+
+
+def test_an_unpadded_batch_launches_no_fill():
+    """The host check knows every row is real: no padding fill is launched."""
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert not VarlenMetadata(cu, cu, 3, 3, total_q=5, total_k=5).padding_to_fill()
+    assert VarlenMetadata(cu, cu, 3, 3, total_q=6, total_k=5).padding_to_fill()  # one TAIL row of q
+    assert VarlenMetadata(cu, cu, 3, 3, total_q=5, total_k=5, validate=False).padding_to_fill()  # unknown: fill
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(total_q=5), ValueError, "pass both total_q and total_k"),
+        (dict(total_q=-1, total_k=5), TypeError, "total_q must be a non-negative Python int"),
+        (dict(validate="yes"), TypeError, "validate must be a bool"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_the_fix(kwargs, error, match):
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(error, match=match):
+        VarlenMetadata(cu, cu, 3, 3, **kwargs)
+
+
+def test_an_unbound_metadata_says_how_to_bind_it():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="pass total_q and total_k when building it"):
+        VarlenMetadata(cu, cu, 3, 3).boundaries  # noqa: B018
+
+
+def test_softmax_scale_is_scale():
+    batch = pack(CASE)
+    assert torch.equal(batch.call(varlen_attention, softmax_scale=0.3), batch.call(varlen_attention, scale=0.3))
+    with pytest.raises(ValueError, match="softmax_scale is FlashAttention's name for scale"):
+        batch.call(varlen_attention, scale=0.3, softmax_scale=0.3)
