@@ -304,9 +304,14 @@ def probe(src: Path) -> dict:
     carried = manifest(src)
     carried["sdist"]["requires"] = sdist_requirements(src / carried["sdist"]["file"])
     _, df = _run(["df", "-h", "/tmp", str(ROOT)])
+    _, cache = _run(["ldconfig", "-p"])
     return {
         "toolchain": toolchain(),
         "headers": headers(),
+        # TE's core library needs these at load time (cudnn, nvrtc and curand it loads itself)
+        "loader_sees": [
+            line.strip() for line in cache.splitlines() if re.search(r"lib(cudnn|nccl|nvrtc|curand|cublas|cudart)\.so", line)
+        ],
         "requirements": requirement_table(carried, _installed),
         "dry_run": dry_run(src, carried),
         "disk": df.splitlines(),
@@ -372,9 +377,17 @@ def build(src: Path, out: Path | None, jobs: int) -> dict:
 
 
 def install(wheel: Path) -> dict:
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade"]
-    rc, text = _run([*command, "--target", str(SITE), str(wheel)])
-    return {"rc": rc, "tail": text.splitlines()[-5:]}
+    """The built wheel merged into SITE. Its extension lies in transformer_engine/wheel_lib (where TE
+    looks for it), inside the core wheel's package: `pip install --target --upgrade` would replace
+    that whole folder, so the wheel goes to a folder of its own and is copied over, merging."""
+    alone = BUILD / "installed"
+    shutil.rmtree(alone, ignore_errors=True)
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(alone)]
+    rc, text = _run([*command, str(wheel)])
+    if rc == 0:
+        shutil.copytree(alone, SITE, dirs_exist_ok=True)
+    files = sorted(str(p.relative_to(alone)) for p in alone.rglob("*.so")) if alone.exists() else []
+    return {"rc": rc, "into": str(SITE), "extension": files, "tail": text.splitlines()[-5:]}
 
 
 def reuse(ext: Path) -> dict:

@@ -7,7 +7,8 @@ postmortems/te_thd_2892/upstream.py describes: the report's script as written an
 its slips mended in turn, then every recipe x boundaries case on the report's shapes. Each is a
 child process with TE's debug log on, `--jobs` at a time; a child killed by a signal is recorded
 as such ("outcome": "killed", "signal": "SIGSEGV"), with the backend its log had named. The record
-(workbench.records, with provenance) holds one entry per run; a summary line per run is printed.
+(workbench.records, with provenance) holds one entry per run, rewritten as each run ends (marked
+`partial` until the last), so a call cut short keeps what finished; a summary line per run is printed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import dataclasses
 import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -55,21 +56,33 @@ def main() -> int:
             return 2
         cases = [c for c in cases if c.name in wanted]
     scripts = [] if args.only else list(range(len(SLIPS) + 1))
-    with ThreadPoolExecutor(args.jobs) as pool:
-        script_runs = list(pool.map(lambda mended: run_script(mended, args.timeout), scripts))
-        case_runs = list(pool.map(lambda case: spawn(case, args.device, args.timeout), cases))
-    for run in [*script_runs, *case_runs]:
-        print(summary(run), flush=True)
-    if args.record:
+    command = shlex.join(["python3", "scripts/te_thd_cases.py", *sys.argv[1:]])
+    done: dict[tuple[str, int | str], dict] = {}
+
+    def record(partial: bool) -> None:
+        """The runs finished so far, in table order (`partial` until the last): a call killed at
+        its time limit keeps them."""
+        if not args.record:
+            return
         from workbench.records import write_record
 
         payload = {
             "report": REPORT,
             "slips": [dataclasses.asdict(s) for s in SLIPS],
-            "script_runs": script_runs,
-            "case_runs": case_runs,
+            "script_runs": [done[("script", m)] for m in scripts if ("script", m) in done],
+            "case_runs": [done[("case", c.name)] for c in cases if ("case", c.name) in done],
+            "partial": partial,
         }
-        write_record(args.record, payload, command=shlex.join(["python3", "scripts/te_thd_cases.py", *sys.argv[1:]]))
+        write_record(args.record, payload, command=command)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_script, m, args.timeout): ("script", m) for m in scripts}
+        futures |= {pool.submit(spawn, c, args.device, args.timeout): ("case", c.name) for c in cases}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            print(summary(done[futures[future]]), flush=True)
+            record(partial=True)
+    record(partial=False)
     return 0
 
 

@@ -89,42 +89,44 @@ def main() -> int:
         "te-bf16": lambda: te_attention(None),
         "te-fp8": lambda: te_attention(fp8_delayed_recipe()),
     }
-    records = []
+    config = {
+        "dim": args.dim,
+        "heads": 2,
+        "steps": args.steps,
+        "bidirectional_steps": args.bidirectional_steps,
+        "seed": args.seed,
+    }
+    command = shlex.join(["python3", "scripts/te_thd_training.py", *sys.argv[1:]])
+    records: list[dict] = []
     for name, make in attentions.items():
         if args.only and name != args.only:
             continue
         attention = make()
-        records += _runs(name, "causal", lambda a: boundary_runs(a, args.steps, args.seed, dim=args.dim), attention)
-        records += _runs(
-            name,
-            "bidirectional",
-            lambda a: train_bidirectional(args.bidirectional_steps, args.seed, attention=a, dim=args.dim, monitor=True),
-            attention,
-        )
-    for r in records:
-        if "error" in r:
-            print(f"{r['attention']:<8} {r['objective']:<13} ERROR {r['error']}")
-        else:
-            print(
-                f"{r['attention']:<8} {r['objective']:<13} {r['boundaries']:<9} final loss {r['final_loss']:.4f}  "
-                f"held-out ppl {r['eval_perplexity']:.3f}  last grad norm {(r['grad_norms'] or [float('nan')])[-1]:.3g}"
-            )
-    if args.record:
-        from workbench.records import write_record
+        for objective, train_runs in (
+            ("causal", lambda a: boundary_runs(a, args.steps, args.seed, dim=args.dim)),
+            (
+                "bidirectional",
+                lambda a: train_bidirectional(args.bidirectional_steps, args.seed, attention=a, dim=args.dim, monitor=True),
+            ),
+        ):
+            runs = _runs(name, objective, train_runs, attention)
+            for r in runs:
+                print(_line(r), flush=True)
+            records += runs
+            if args.record:  # rewritten after each pair of runs: a call cut short keeps them
+                from workbench.records import write_record
 
-        config = {
-            "dim": args.dim,
-            "heads": 2,
-            "steps": args.steps,
-            "bidirectional_steps": args.bidirectional_steps,
-            "seed": args.seed,
-        }
-        write_record(
-            args.record,
-            {"config": config, "runs": records},
-            command=shlex.join(["python3", "scripts/te_thd_training.py", *sys.argv[1:]]),
-        )
+                write_record(args.record, {"config": config, "runs": records}, command=command)
     return 0
+
+
+def _line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['attention']:<8} {r['objective']:<13} ERROR {r['error']}"
+    return (
+        f"{r['attention']:<8} {r['objective']:<13} {r['boundaries']:<9} final loss {r['final_loss']:.4f}  "
+        f"held-out ppl {r['eval_perplexity']:.3f}  last grad norm {(r['grad_norms'] or [float('nan')])[-1]:.3g}"
+    )
 
 
 if __name__ == "__main__":

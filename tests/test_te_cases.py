@@ -13,6 +13,8 @@ import ast
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ import torch
 from postmortems.te_thd_2892 import upstream
 from workbench.layout import Case, Fill, Region, pack
 from workbench.provenance import REPO
+from workbench.records import read_record
 
 FAKE_TE = {"PYTHONPATH": str(REPO / "tests" / "data" / "fake_te")}
 SMALL = Case(
@@ -177,3 +180,48 @@ def test_the_scripts_summary_line_says_how_each_run_ended():
     assert line.split()[:4] == ["block:different", "killed", "SIGSEGV", "FusedAttention"]
     line = script.summary({"mended": [], "outcome": "exited", "code": 1, "error": "AssertionError: x", "backend": backend})
     assert "script, mended: none" in line and "AssertionError: x" in line
+
+
+def _run_script(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+@pytest.mark.slow  # child processes: a fresh interpreter each
+def test_the_cases_script_records_each_run_with_provenance(tmp_path):
+    record = tmp_path / "cases.json"
+    done = _run_script("te_thd_cases.py", "--device", "cpu", "--only", "block:different", "--record", str(record), env=FAKE_TE)
+    assert done.returncode == 0, done.stderr
+    data = read_record(record)
+    assert data["partial"] is False and data["script_runs"] == [] and data["provenance"]["command"].startswith("python3 scripts/")
+    (run,) = data["case_runs"]
+    assert run["case"] == "block:different" and run["signal"] == "SIGSEGV"
+    assert [s["name"] for s in data["slips"]] == [s.name for s in upstream.SLIPS]
+    bad = _run_script("te_thd_cases.py", "--only", "nope:equal")
+    assert bad.returncode == 2 and "--only ['nope:equal'] are not cases" in bad.stderr
+
+
+@pytest.mark.slow  # a fresh interpreter training the toy
+def test_the_training_script_records_the_loss_and_gradient_norm_of_every_step(tmp_path):
+    record = tmp_path / "training.json"
+    done = _run_script(
+        "te_thd_training.py",
+        "--only",
+        "replica",
+        "--steps",
+        "3",
+        "--bidirectional-steps",
+        "2",
+        "--dim",
+        "32",
+        "--record",
+        str(record),
+    )
+    assert done.returncode == 0, done.stderr
+    data = read_record(record)
+    assert data["config"]["dim"] == 32
+    runs = {(r["objective"], r["boundaries"]): r for r in data["runs"]}
+    assert set(runs) == {(o, b) for o in ("causal", "bidirectional") for b in ("separate", "identical")}
+    assert len(runs["causal", "separate"]["losses"]) == len(runs["causal", "separate"]["grad_norms"]) == 3
+    assert runs["causal", "separate"]["losses"] == runs["causal", "identical"]["losses"]  # causal: padding follows each sequence
+    assert runs["bidirectional", "separate"]["losses"] != runs["bidirectional", "identical"]["losses"]

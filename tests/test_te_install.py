@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import tarfile
+import zipfile
 
 import pytest
 
@@ -122,3 +123,34 @@ def test_a_step_fails_when_nothing_was_built_or_te_does_not_import(script):
     assert script.succeeded({"step": "build", "built": True, "check": {"imports": True}})
     assert not script.succeeded({"step": "reuse", "check": {"imports": False, "rc": -11}})
     assert not script.succeeded({"step": "check", "imports": False})
+
+
+def _wheel(path, files):
+    info = "transformer_engine_torch-2.20.2.dist-info"
+    files = {
+        **files,
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: transformer_engine_torch\nVersion: 2.20.2\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as whl:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            whl.writestr(name, text)
+    return path
+
+
+def test_the_built_extension_joins_the_core_package_without_replacing_it(script, tmp_path, monkeypatch):
+    """The extension lies in transformer_engine/wheel_lib, inside the core wheel's package."""
+    site = tmp_path / "site"
+    _headers(site / "transformer_engine" / "wheel_lib", "libtransformer_engine.so")
+    (site / "transformer_engine" / "__init__.py").write_text("# the core's\n")
+    monkeypatch.setattr(script, "SITE", site)
+    monkeypatch.setattr(script, "BUILD", tmp_path / "build")
+    extension = "transformer_engine/wheel_lib/transformer_engine_torch.cpython-312-x86_64-linux-gnu.so"
+    wheel = _wheel(tmp_path / "transformer_engine_torch-2.20.2-py3-none-any.whl", {extension: "built"})
+    done = script.install(wheel)
+    assert done["rc"] == 0 and done["extension"] == [extension], done
+    assert (site / extension).read_text() == "built"
+    assert (site / "transformer_engine" / "wheel_lib" / "libtransformer_engine.so").exists()
+    assert (site / "transformer_engine" / "__init__.py").read_text() == "# the core's\n"
+    assert (site / "transformer_engine_torch-2.20.2.dist-info" / "METADATA").exists()  # TE checks the versions

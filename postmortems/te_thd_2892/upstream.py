@@ -6,19 +6,22 @@ an output of unpadded size under FP8 delayed scaling, and a correct result in BF
 run settle that on TE as installed:
 
 - `REPORT_SCRIPT`, the report's script exactly as written, then with its slips (`SLIPS`) mended
-  one at a time, each run as a file of its own: what each version does (exit status, the error
-  and the line that raised it);
-- `te_cases()`: the cases the report meant, its shapes (`REPORT_CASE`: 4 sequences padded for FP8
-  alignment, 32 heads of 48, causal, BF16 inputs, normal values in every row as its script draws
-  them) through TE's DotProductAttention called as the audit matrix calls it
-  (`workbench.audit.adapters.te`), under each recipe of `RECIPES`, with the boundaries
+  one at a time, each run as a file of its own (`run_script`): how each version ended, the error
+  and the line of the script that raised it;
+- `te_cases()`: the cases the report meant, on its shapes (`REPORT_CASE`: 4 sequences padded for
+  FP8 alignment, 32 heads of 48, causal, BF16 inputs, normal values in every row as its script
+  draws them, `report_batch`), through TE's DotProductAttention called as the audit matrix calls
+  it (`workbench.audit.adapters.te`), under each recipe of `RECIPES`, with the boundaries
   `different` (real cu_seqlens, padded cu_seqlens_padded) and `equal` (cu_seqlens =
-  cu_seqlens_padded: VERL's workaround). Each is measured by `workbench.probes.probe` against the
-  fp64 oracle: out, dq, dk, dv on REAL rows within the FlashAttention-style bound, what padding
-  rows hold, non-finite counts; TE's raw output shape; the backend TE chose (its debug log).
+  cu_seqlens_padded: VERL's workaround). `run_case` measures each with `workbench.probes.probe`
+  against the fp64 oracle: out, dq, dk, dv on REAL rows within the FlashAttention-style bound,
+  what padding rows hold, non-finite counts; and TE's own output shape. Equal boundaries are
+  judged three ways: by the real boundaries (`contract`), the same with dO zero on padding rows
+  as a loss over real tokens sends it (`contract_real_rows_grad`), and by the boundaries passed
+  (`as_called`, every row a token).
 
-Every run is a child process (`spawn`, `run_script`) with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2, so
-that a SIGSEGV is recorded as a finding (`outcome`), and the log names the backend even then
+Every run is a child process (`spawn`, `run_script`) with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2, so that
+a SIGSEGV is recorded as a finding (`outcome`), with the backend TE's log had named before it
 (`backend_log`). scripts/te_thd_cases.py runs them all and records the result.
 """
 
