@@ -288,16 +288,19 @@ def dry_run(src: Path, carried: dict) -> dict:
     """`pip install --dry-run` of the core wheel, the metapackage and the sdist against the image,
     the wheels as metadata-only stubs, the sdist's metadata prepared by TE's setup.py."""
     te = carried["te"]
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(src / "stubs")]
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--no-index", "--find-links", str(src / "stubs")]
     command += ["--no-build-isolation", "--report", "-", f"transformer-engine-cu13=={te}", f"transformer-engine=={te}"]
     command.append(str(src / carried["sdist"]["file"]))
-    rc, text = _run(command, env={**os.environ, **BUILD_ENV}, timeout=240)
-    report = text[text.find("{") :] if rc == 0 and "{" in text else ""
+    try:  # --quiet: stdout holds the report alone
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **BUILD_ENV}, timeout=240)
+    except subprocess.TimeoutExpired:
+        return {"command": shlex.join(command[1:]), "rc": None, "would_install": None, "tail": ["timed out after 240 s"]}
     try:
-        install = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(report)["install"]]
+        install = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(done.stdout)["install"]]
     except (ValueError, KeyError):
         install = None
-    return {"command": " ".join(command[1:]), "rc": rc, "would_install": install, "tail": text.splitlines()[-25:]}
+    tail = (done.stderr or done.stdout).strip().splitlines()[-25:]
+    return {"command": shlex.join(command[1:]), "rc": done.returncode, "would_install": install, "tail": tail}
 
 
 def probe(src: Path) -> dict:

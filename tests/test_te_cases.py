@@ -225,3 +225,13 @@ def test_the_training_script_records_the_loss_and_gradient_norm_of_every_step(tm
     assert len(runs["causal", "separate"]["losses"]) == len(runs["causal", "separate"]["grad_norms"]) == 3
     assert runs["causal", "separate"]["losses"] == runs["causal", "identical"]["losses"]  # causal: padding follows each sequence
     assert runs["bidirectional", "separate"]["losses"] != runs["bidirectional", "identical"]["losses"]
+
+
+@pytest.mark.gpu
+def test_te_itself_runs_a_case_in_its_child():
+    if importlib.util.find_spec("transformer_engine") is None:
+        pytest.skip("TransformerEngine is not installed here (docs/gpu-transformer-engine.md)")
+    case = SMALL.with_(head_dim=64)
+    run = upstream.spawn(upstream.TeCase(RECIPE["bf16"], "different", case), "cuda", 300)
+    assert run["outcome"] == "exited" and run["code"] == 0, run
+    assert run["contract"]["ran"] == "forward+backward" and run["backend"]["selected"], run
