@@ -11,7 +11,9 @@ import torch
 
 from kernels import INTERPRETED, varlen_attention
 from postmortems import te_thd_2892 as pm
+from postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
 from workbench import Region, pack, probe, reference_attention
+from workbench.health import GradientHealth
 from workbench.postmortem import Results
 from workbench.tinylm import IGNORE, PAD_TOKEN, SyntheticTask, dense_attention
 
@@ -104,6 +106,54 @@ def test_training_the_causal_toy():
     assert zeroed.losses == pytest.approx(end.losses, rel=1e-5)
     chain = runs[pm.TRAINING_RUNS[3]][1].causal_chain()
     assert chain.origin.step == 0 and chain.first_parameter == "norm.weight"
+
+
+def test_boundary_runs_are_the_toys_own_and_take_any_attention():
+    """The runs a TE-backed toy is compared with: train_three_ways' first two, through `attention`."""
+    three = pm.train_three_ways(steps=4)
+    calls = []
+
+    def seen(q, *args, **kwargs):
+        calls.append((q.shape[-1], kwargs["causal"], int(kwargs["cu_seqlens_q"][-1]) == q.shape[0]))
+        return dense_attention(q, *args, **kwargs)
+
+    runs = boundary_runs(seen, steps=4)
+    for name in pm.TRAINING_RUNS[:2]:
+        assert runs[name][0].losses == three[name][0].losses
+    # 2 layers x 4 steps x 2 runs, each then judged on held-out data (2 layers) with the correct
+    # boundaries; the workaround trains with real boundaries ending at the last row (cu_seqlens =
+    # cu_seqlens_padded), the correct run with boundaries before it.
+    assert len(calls) == 2 * (2 * 4 + 2) and {c[:2] for c in calls} == {(16, True)}
+    assert [c[2] for c in calls] == [False] * 10 + [True] * 8 + [False] * 2
+    wide = train_bidirectional(2, attention=seen, dim=64)
+    assert set(wide) == {"correct", "workaround"} and {c[:2] for c in calls[20:]} == {(32, False)}
+
+
+def test_on_device_moves_attention_and_its_gradients_and_brings_the_output_back():
+    batch = pack(pm.padding_case(0.2, causal=True), "cpu")
+    there = on_device(dense_attention, "cpu", torch.float64)
+    out = batch.call(there)
+    assert out.dtype == batch.q.dtype == torch.float32
+    out.square().sum().backward()
+    grads = [t.grad.clone() for t in (batch.q, batch.k, batch.v)]
+    again = batch.fresh()
+    direct = again.call(reference_attention, compute_dtype=torch.float64).float()
+    direct.square().sum().backward()
+    assert torch.allclose(out, direct, atol=1e-6)
+    for grad, t in zip(grads, (again.q, again.k, again.v)):
+        assert torch.allclose(grad, t.grad, atol=1e-5)
+
+
+def test_global_grad_norm_is_the_norm_of_every_gradient_together():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    with GradientHealth(model) as monitor:
+        for _ in range(2):
+            model(torch.ones(5, 3)).square().sum().backward()
+            expected = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])))
+            monitor.step()
+            model.zero_grad()
+        assert global_grad_norms(monitor)[-1] == pytest.approx(expected, rel=1e-6)
+        assert len(global_grad_norms(monitor)) == 2
 
 
 def test_bidirectional_toy_sees_padding_under_the_workaround():

@@ -1,8 +1,11 @@
 """Post-mortem te-thd-2892: real vs padded cu_seqlens in TransformerEngine's THD attention, FP8
 alignment padding and VERL's identical-boundaries workaround (NVIDIA/TransformerEngine#2892).
 
-TransformerEngine needs compiled CUDA extensions that cannot be built here (nor on the GPU
-image), so nothing on this page runs TE itself. Every claim says what produced its evidence:
+TransformerEngine itself runs on a GPU only: scripts/te_pack.sh and scripts/te_install.py install
+its wheels and build its PyTorch extension on the GPU machine (docs/gpu-transformer-engine.md),
+and `upstream` runs the report's repro on it (scripts/te_thd_cases.py; the toy's training through
+TE's attention: scripts/te_thd_training.py). The page's claims do not read those records yet:
+every claim says what produced its evidence:
 a reading of TE's source at a named commit, our replica of a mechanism (the contract as one
 masked matmul, `workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model
 (`workbench.tinylm`), or our own kernel (`kernels.varlen_attention`, also under our context-parallel
@@ -14,6 +17,7 @@ The study, one function per part:
    (VERL's workaround) does to real rows of attention, causal and not;
 2. `train_three_ways` / `bidirectional_seeds` / `health_runs`: the same on a tiny model's training
    (causal: nothing; bidirectional: several seeds; per-parameter gradient norms by padding share);
+   `boundary_runs`: the causal pair through any attention (TE's, on the GPU, through `on_device`);
 3. `fp8_study`: blockwise FP8 scales from real rows, from every row, and from every row with the
    padding zeroed;
 4. `tail_blind` / `zero_tail`: a backend that never writes the rows after `cu_seqlens[-1]`, and
@@ -21,7 +25,8 @@ The study, one function per part:
 5. `auto_detect_table`: TE's `pad_between_seqs` auto-detect, transcribed from two commits;
 6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), the 2 x cp_size padding rule of
    context parallelism (`workbench.audit.context_parallel.padding_rule_study`, `cp_rule_table`),
-   `te_recipe` (TE's THD padding test on our kernel), `cast_study` (the Triton interpreter's e4m3 cast).
+   `te_recipe` (TE's THD padding test on our kernel), `cast_study` (the Triton interpreter's e4m3 cast);
+7. `upstream` (GPU only, not imported here): TE itself on the report's script and the cases it meant.
 
 `reproduce()` runs them all and returns `TeResults`; `claims` checks them.
 """
@@ -62,6 +67,7 @@ from postmortems.te_thd_2892.mechanism import (
     cast_study,
     contract_error,
     fp8_study,
+    identical_boundaries,
     layout_contract,
     pad_between_seqs_main,
     pad_between_seqs_v2_12,
@@ -73,6 +79,7 @@ from postmortems.te_thd_2892.mechanism import (
 from postmortems.te_thd_2892.study import TeResults, fp8_zero_padding_scales_equal, reproduce
 from postmortems.te_thd_2892.training import (
     bidirectional_seeds,
+    boundary_runs,
     health_runs,
     padded_batch,
     qkv_norm_ratio,
@@ -100,6 +107,7 @@ __all__ = [
     "auto_detect",
     "auto_detect_table",
     "bidirectional_seeds",
+    "boundary_runs",
     "cast_study",
     "cast_table",
     "cp_rule_table",
@@ -109,6 +117,7 @@ __all__ = [
     "fp8_table",
     "fp8_zero_padding_scales_equal",
     "health_runs",
+    "identical_boundaries",
     "layout_contract",
     "pack",
     "pad_between_seqs_main",

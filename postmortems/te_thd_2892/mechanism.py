@@ -125,22 +125,27 @@ def te_recipe(
     return RecipeResult(case, pads, tol, te_error, checks, padding)
 
 
-def workaround_call(batch, impl=varlen_attention):
-    """What VERL does: the padded boundaries passed as the real ones, so padding rows count as tokens."""
-    longest_q = int(batch.cu_seqlens_q_padded.diff().max())
-    longest_k = int(batch.cu_seqlens_k_padded.diff().max())
-    return impl(
-        batch.q,
-        batch.k,
-        batch.v,
-        batch.cu_seqlens_q_padded,
-        batch.cu_seqlens_k_padded,
-        longest_q,
-        longest_k,
-        cu_seqlens_q_padded=batch.cu_seqlens_q_padded,
-        cu_seqlens_k_padded=batch.cu_seqlens_k_padded,
-        causal=batch.case.causal,
-    )
+def identical_boundaries(impl):
+    """`impl` called the way VERL's workaround calls it: the padded boundaries passed as the real ones
+    (and the longest padded sequence as max_seqlen), so that padding rows count as tokens."""
+
+    def workaround(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded, cu_seqlens_k_padded, **kwargs
+    ):
+        return impl(
+            q,
+            k,
+            v,
+            cu_seqlens_q_padded,
+            cu_seqlens_k_padded,
+            int(cu_seqlens_q_padded.diff().max()),
+            int(cu_seqlens_k_padded.diff().max()),
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_k_padded=cu_seqlens_k_padded,
+            **kwargs,
+        )
+
+    return workaround
 
 
 def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorCheck:
@@ -150,7 +155,7 @@ def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorChe
     oracle = batch.call(reference_attention).cpu()[real]
     baseline = batch.call(reference_attention, compute_dtype=case.torch_dtype).cpu()[real]
     return error_check(
-        "out", workaround_call(batch, impl).cpu()[real], oracle, baseline, case.torch_dtype, **batch.reduction_lengths()
+        "out", batch.call(identical_boundaries(impl)).cpu()[real], oracle, baseline, case.torch_dtype, **batch.reduction_lengths()
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -131,6 +132,36 @@ def _training_seqlens(steps: int, seed: int) -> list[tuple[int, ...]]:
     return [tuple(torch.randint(6, 40, (TRAIN_SEQS,), generator=generator).tolist()) for _ in range(steps)]
 
 
+def _width(dim: int | None) -> dict[str, int]:
+    return {} if dim is None else {"dim": dim}
+
+
+def causal_batches(steps: int, seed: int, **layout) -> tuple[list[PackedTokens], PackedTokens]:
+    """The causal toy's training batches (the same sequences in every run) and its held-out batch,
+    both packed in `layout` (`SyntheticTask.batch`'s align= or tail_align=)."""
+    task = SyntheticTask(seed=seed)
+    batches = [task.batch(lengths, **layout) for lengths in _training_seqlens(steps, seed)]
+    return batches, SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, **layout)
+
+
+def boundary_runs(
+    attention=dense_attention, steps: int = TRAIN_STEPS, seed: int = 0, *, dim: int | None = None
+) -> dict[str, tuple[TrainingRun, GradientHealth]]:
+    """The tiny causal LM trained through `attention` on packed batches whose sequences are each
+    padded to a multiple of `ALIGN` (FP8 alignment), with the boundaries kept apart ("correct":
+    real cu_seqlens, padded cu_seqlens_padded) and made identical ("workaround": cu_seqlens =
+    cu_seqlens_padded, VERL's). Same model seed, data and optimizer: the runs differ only in the
+    boundaries attention is given, and a run through another `attention` only in the attention.
+    `dim`: the model's width (None: LMConfig's; its 2 heads each get dim / 2 channels)."""
+    batches, held_out = causal_batches(steps, seed, align=ALIGN)
+    common = dict(config=LMConfig(seed=seed, **_width(dim)), attention=attention, monitor_factory=GradientHealth)
+    correct, workaround = TRAINING_RUNS[:2]
+    return {
+        correct: train(correct, batches, held_out, **common),
+        workaround: train(workaround, batches, held_out, workaround=True, **common),
+    }
+
+
 def train_three_ways(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, tuple[TrainingRun, GradientHealth]]:
     """The tiny causal LM trained on the same packed sequences with each layout / metadata choice.
 
@@ -141,30 +172,40 @@ def train_three_ways(steps: int = TRAIN_STEPS, seed: int = 0) -> dict[str, tuple
       through `zero_tail(tail_blind(...))`, the workaround.
 
     Attention is `dense_attention` (the contract as one masked matmul, tested against the fp64
-    oracle). Every run is evaluated on the same held-out sequences, packed in its own layout.
+    oracle). Every run is evaluated on the same held-out sequences, packed in its own layout
+    (a tail-only backend cannot read padding between sequences).
     """
-    seqlens = _training_seqlens(steps, seed)
-
-    def batches(**layout):
-        task = SyntheticTask(seed=seed)  # same sequences for every run
-        return [task.batch(lengths, **layout) for lengths in seqlens]
-
-    # Held out: the same sequences in each run's own layout (a tail-only backend cannot read padding between sequences).
-    between = dict(eval_batch=SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, align=ALIGN))
-    at_end = dict(eval_batch=SyntheticTask(seed=seed + 1).batch(EVAL_SEQLENS, tail_align=ALIGN))
+    runs = boundary_runs(dense_attention, steps, seed)
+    batches, held_out = causal_batches(steps, seed, tail_align=ALIGN)
     common = dict(config=LMConfig(seed=seed), monitor_factory=GradientHealth)
-    correct, workaround, end, blind, zeroed = TRAINING_RUNS
-    runs = {
-        correct: train(correct, batches(align=ALIGN), **between, **common),
-        workaround: train(workaround, batches(align=ALIGN), workaround=True, **between, **common),
-        end: train(end, batches(tail_align=ALIGN), **at_end, **common),
-    }
+    _, _, end, blind, zeroed = TRAINING_RUNS
+    runs[end] = train(end, batches, held_out, **common)
     with poisoned_memory():
-        runs[blind] = train(blind, batches(tail_align=ALIGN), attention=tail_blind(dense_attention), **at_end, **common)
-        runs[zeroed] = train(
-            zeroed, batches(tail_align=ALIGN), attention=zero_tail(tail_blind(dense_attention)), **at_end, **common
-        )
+        runs[blind] = train(blind, batches, held_out, attention=tail_blind(dense_attention), **common)
+        runs[zeroed] = train(zeroed, batches, held_out, attention=zero_tail(tail_blind(dense_attention)), **common)
     return runs
+
+
+def on_device(attention, device, dtype: torch.dtype):
+    """`attention` (the contract's call) run on `device` in `dtype`, the rest of the model where it is:
+    q, k, v and the boundaries go over, the output comes back in q's dtype and device (both moves
+    differentiable), so that a model trained on the CPU can attend through a GPU library."""
+    device = torch.device(device)
+
+    def moved(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+        there = [x.to(device, dtype).contiguous() for x in (q, k, v)]
+        bounds = {name: x.to(device) if isinstance(x, torch.Tensor) else x for name, x in kwargs.items()}
+        out = attention(*there, cu_seqlens_q.to(device), cu_seqlens_k.to(device), max_seqlen_q, max_seqlen_k, **bounds)
+        return out.to(q.device, q.dtype)
+
+    return moved
+
+
+def global_grad_norms(monitor: GradientHealth) -> list[float]:
+    """The norm of all parameters' gradients together, step by step (what trainers log as grad_norm)."""
+    names = list(monitor.names.values())
+    steps = len(monitor.norms(names[0]))
+    return [math.sqrt(sum(monitor.norms(name)[i] ** 2 for name in names)) for i in range(steps)]
 
 
 @dataclass(frozen=True)
@@ -202,7 +243,13 @@ def padded_batch(task: SyntheticTask, seqlens, fraction: float) -> PackedTokens:
 
 
 def train_bidirectional(
-    steps: int = BIDIRECTIONAL_STEPS, seed: int = 0, *, fraction: float | None = None, monitor: bool = False
+    steps: int = BIDIRECTIONAL_STEPS,
+    seed: int = 0,
+    *,
+    fraction: float | None = None,
+    monitor: bool = False,
+    attention=dense_attention,
+    dim: int | None = None,
 ) -> dict[str, tuple[TrainingRun, GradientHealth | None]]:
     """A bidirectional (non-causal) tiny model trained on masked tokens, correct vs workaround.
 
@@ -210,10 +257,11 @@ def train_bidirectional(
     task's vocabulary) and predicted from the rest of its sequence. Layout: each sequence
     padded to a multiple of `ALIGN` (fraction None) or by `fraction` of its rows. Without a
     causal mask, the workaround shows a sequence's padding keys to all of its real queries.
+    `attention` and `dim` as in `boundary_runs`.
     """
     seqlens = _training_seqlens(steps, seed)
     mask_token = SyntheticTask().vocab
-    config = LMConfig(vocab=mask_token + 1, seed=seed, causal=False)
+    config = LMConfig(vocab=mask_token + 1, seed=seed, causal=False, **_width(dim))
 
     def layout(task, lengths):
         return task.batch(lengths, align=ALIGN) if fraction is None else padded_batch(task, lengths, fraction)
@@ -230,7 +278,15 @@ def train_bidirectional(
     )
     factory = GradientHealth if monitor else None
     return {
-        name: train(name, batches(), eval_batch, config=config, workaround=name == "workaround", monitor_factory=factory)
+        name: train(
+            name,
+            batches(),
+            eval_batch,
+            config=config,
+            attention=attention,
+            workaround=name == "workaround",
+            monitor_factory=factory,
+        )
         for name in ("correct", "workaround")
     }
 

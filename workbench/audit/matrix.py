@@ -33,6 +33,8 @@ ROW_PACKAGE = {
     "fa4": "flash-attn-4",
     "ours-fa4": "flash-attn-4",
     "cudnn-ragged": "nvidia-cudnn-frontend",
+    "te": "transformer-engine",
+    "te-fp8": "transformer-engine",
 }
 # The matrix's rows are single-process paths, on which the context-parallel check is n/a by
 # construction: it is no column here (its record is data/gpu/context-parallel-*.json).

@@ -26,7 +26,8 @@ scale, causal or is_causal, window_size, *_padded, seqused_*). Which adapter `de
     fsa-varlen      flash-sparse-attn's varlen functions (`fsa`: fsa_dense_varlen, fsa_sparse_varlen)
     cudnn-ragged    cuDNN's ragged SDPA through our thin function (`cudnn_ragged`)
     contract        any other varlen function: a user's own, workbench.reference_attention...
-    te-thd          TransformerEngine-style THD: qkv_format="thd", cu_seqlens_q/kv(_padded) (`te`)
+    te-thd          TransformerEngine-style THD: qkv_format="thd", cu_seqlens_q/kv(_padded) (`te`; TE's own
+                    DotProductAttention, built per call: te_dot_product_attention, te_dot_product_attention_fp8)
     flex-document   FlexAttention with a document mask (`flex`)
     dmattn          flash-dmattn's Triton and Flex functions (`padded`)
     context-parallel  a context-parallel attention: each rank's zig-zag shards (`context_parallel`)
@@ -77,6 +78,8 @@ MATRIX = (
     ("fsa-sparse-varlen", "workbench.audit.adapters.fsa:fsa_sparse_varlen", "fsa-varlen"),
     ("fa4", "flash_attn.cute:flash_attn_varlen_func", "fa4"),
     ("cudnn-ragged", "workbench.audit.adapters.cudnn_ragged:cudnn_ragged_attention", "cudnn-ragged"),
+    ("te", "workbench.audit.adapters.te:te_dot_product_attention", "te-thd"),
+    ("te-fp8", "workbench.audit.adapters.te:te_dot_product_attention_fp8", "te-thd"),
 )
 
 __all__ = [
