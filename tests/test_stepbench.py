@@ -71,6 +71,46 @@ def test_transformers_hands_every_layer_the_collators_keywords():
         assert torch.equal(cu, packed["cu_seq_lens_q"]) and longest == packed["max_length_q"] and padded is None
 
 
+def test_every_batch_kind_reaches_the_swap_as_its_layout():
+    documents = sb.document_tokens(SHAPE)
+    cu = sb.packed_inputs(documents, CPU)["cu_seq_lens_q"]
+    seen = []
+
+    def recording(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+        seen.append(
+            (
+                cu_seqlens_q.tolist(),
+                (kwargs["cu_seqlens_q_padded"] if kwargs["cu_seqlens_q_padded"] is not None else cu_seqlens_q).tolist(),
+            )
+        )
+        return dense_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+
+    model = SHAPE.model(CPU)
+    sb.Implementation("recording", "stepbench_test_recording", lambda: recording).select(model)
+    rows, longest, plain = len(documents), max(len(d) for d in documents), sum(map(len, documents)) // sb.PLAIN_ROWS
+    expected = {
+        "cu_seq_lens": (cu.tolist(), cu.tolist()),
+        "position_ids": (cu.tolist(), cu.tolist()),  # the boundaries rebuilt from position_ids restarting at 0
+        "right-padded": (cu.tolist(), [i * longest for i in range(rows + 1)]),  # padding rows: GAP rows in place
+        "plain": ([i * plain for i in range(sb.PLAIN_ROWS + 1)],) * 2,  # each row one sequence
+    }
+    for kind in sb.BATCH_KINDS:
+        seen.clear()
+        with torch.no_grad():
+            model(**sb.batch_inputs(kind, documents, CPU))
+        assert seen == [expected[kind]] * SHAPE.size.layers, kind
+    with pytest.raises(ValueError, match="is not one of"):
+        sb.batch_inputs("left-padded", documents, CPU)
+
+
+def test_batch_syncs_counts_each_kind_and_none_on_a_cpu():
+    model = SHAPE.model(CPU)
+    impl = sb.Implementation("dense", "stepbench_test_dense", lambda: dense_attention)
+    found = sb.batch_syncs(model, sb.document_tokens(SHAPE), CPU, impl)
+    assert list(found) == list(sb.BATCH_KINDS)
+    assert all(syncs["host_syncs"] == 0 for syncs in found.values()), found
+
+
 @pytest.fixture(scope="module")
 def baseline():
     """The float64 reference loss and padded SDPA's float32 row, with the model and batches."""
@@ -176,13 +216,22 @@ def _row(impl, median, fastest, syncs=None, status="ran", detail=""):
     }
 
 
-SYNCS = {
-    "host_syncs": 3,
-    "by_owner": {"ours": 1, "transformers": 1, "other": 1},
-    "by_phase": {"forward": 2, "backward": 1},
-    "calls": {"stream sync": 3, "DtoH copy": 2},
-    "examples": {"ours": ["cudaStreamSynchronize", "kernels/hf.py(95): packed_layout"]},
-}
+def _syncs(forward, backward, example="kernels/hf.py(95): packed_layout"):
+    """A SyncCount summary from {owner: n} per phase."""
+    by_owner = {o: forward.get(o, 0) + backward.get(o, 0) for o in ("ours", "transformers", "other")}
+    return {
+        "host_syncs": sum(by_owner.values()),
+        "by_owner": by_owner,
+        "by_phase": {
+            "forward": {**dict.fromkeys(by_owner, 0), **forward},
+            "backward": {**dict.fromkeys(by_owner, 0), **backward},
+        },
+        "calls": {"stream sync": sum(by_owner.values())},
+        "examples": {"ours": ["cudaStreamSynchronize", example]},
+    }
+
+
+SYNCS = _syncs({"ours": 1, "transformers": 1}, {"other": 1})
 
 
 def _record(**overrides):
@@ -200,6 +249,11 @@ def _record(**overrides):
         "shape": {"size": {"layers": 8, "documents": [4000, 3000, 9384]}},
         "padded_shape": [3, 9384],
         "rows": list(rows.values()),
+        "batch_syncs": {
+            "cu_seq_lens": SYNCS,
+            "position_ids": _syncs({"ours": 8, "transformers": 1}, {}, "kernels/hf.py(146): packed_layout"),
+            "right-padded": {"error": "ValueError: cannot"},
+        },
         "provenance": {"device": "NVIDIA H200", "commit": "abc1234"},
     }
 
@@ -213,21 +267,38 @@ def test_ratios_are_each_peers_step_over_the_defaults():
 
 def test_targets_judged_on_medians_and_fastest_steps():
     medians, fastest = br.train_step_targets(_record())
-    verdicts = {t.name: (t.measured, t.met) for t in medians}
+    verdicts = {t.name: (t.measured, t.met) for t in medians[:3]}
     assert verdicts == {
         f"training step: the default >= 0.97x {sb.BARE_FA4}": (0.98, True),
         f"training step: the default >= 1.0x {sb.VARLEN_ATTN}": (0.99, False),
         f"training step: the default >= 1.5x {sb.PADDED_SDPA}": (1.6, True),
     }
     assert [t.met for t in fastest] == [True, False, True]  # 96/95, 90/95, 150/95
-    assert all(t.worst_case == "3 documents, 16384 tokens packed" for t in medians)
+    assert all(t.worst_case == "3 documents, 16384 tokens packed" for t in medians[:3])
+    syncs = medians[3]  # a count, judged once
+    assert (syncs.measured, syncs.met, syncs.worst_case) == (8, False, "position_ids")
+    assert syncs.name == "host syncs of our code per forward <= 1, every batch kind (default backend)"
+
+
+def test_the_batch_kinds_table_and_examples():
+    table = br.batch_syncs_table(_record())
+    assert table.rows == (
+        ("cu_seq_lens", "3", "1 / 1 / 1", "1 / 0", "1 / 0"),
+        ("position_ids", "9", "8 / 1 / 0", "8 / 0", "1 / 0"),
+        ("right-padded", "failed: ValueError: cannot", "-", "-", "-"),
+    )
+    text = br.format_train_step(_record())
+    assert f"{sb.DEFAULT}, position_ids batch, ours: cudaStreamSynchronize\n    kernels/hf.py(146): packed_layout" in text
+    record = _record()
+    del record["batch_syncs"]
+    assert "not judged: host syncs of our code per forward" in br.format_train_step(record)
 
 
 def test_a_skipped_peer_is_shown_with_its_reason_and_left_unjudged():
     why = "FlashAttention-4 is not installed here (ModuleNotFoundError: No module named 'flash_attn')"
     record = _record(**{sb.BARE_FA4: _row(sb.BARE_FA4, None, None, status="skipped", detail=why)})
     medians, _ = br.train_step_targets(record)
-    assert [t.name for t in medians] == [
+    assert [t.name for t in medians[:2]] == [
         f"training step: the default >= 1.0x {sb.VARLEN_ATTN}",
         f"training step: the default >= 1.5x {sb.PADDED_SDPA}",
     ]

@@ -13,7 +13,7 @@ from torch.autograd import DeviceType
 
 from workbench import syncs
 from workbench.provenance import REPO
-from workbench.syncs import ASYNC_COPY, BLOCKING_COPY, WINDOW, count_syncs, owner, runtime_calls, tally, wait_kind
+from workbench.syncs import ASYNC_COPY, BLOCKING_COPY, UNMATCHED_COPY, WINDOW, count_syncs, owner, runtime_calls, tally, wait_kind
 
 
 @pytest.mark.parametrize(
@@ -21,12 +21,13 @@ from workbench.syncs import ASYNC_COPY, BLOCKING_COPY, WINDOW, count_syncs, owne
     [
         ("cudaStreamSynchronize", "", "stream sync"),
         ("cudaStreamSynchronize_ptsz", "", "stream sync"),
-        ("cuEventSynchronize", "", "event sync"),
+        ("cudaEventSynchronize", "", "event sync"),
         ("cudaDeviceSynchronize", "", "device sync"),
         ("cudaMemcpyAsync", "Memcpy DtoH (Device -> Pageable)", BLOCKING_COPY),
         ("cudaMemcpyAsync", "Memcpy DtoH (Device -> Pinned)", ASYNC_COPY),
         ("cudaMemcpy", "Memcpy DtoH (Device -> Pinned)", BLOCKING_COPY),  # the synchronous API waits whatever the memory
-        ("cuMemcpyDtoHAsync_v2", "", BLOCKING_COPY),  # no activity matched: counted, not assumed pinned
+        ("cudaMemcpyAsync_ptsz", "Memcpy DtoH (Device -> Pageable)", BLOCKING_COPY),
+        ("cudaMemcpyAsync", "", UNMATCHED_COPY),  # no GPU activity matched: shown, never a wait
         ("cudaMemcpyAsync", "Memcpy HtoD (Pinned -> Device)", None),
         ("cudaMemcpyAsync", "Memcpy DtoD (Device -> Device)", None),
         ("cudaLaunchKernel", "", None),
@@ -85,7 +86,7 @@ class Event:
 def trace():
     """A step's trace: the counted window, a forward with a transformers mask check (.item(): a
     copy then a stream sync in one op), our layout's read of a maximum, a copy into pinned
-    memory (no wait), an event sync made outside any op (parent found by time), a library's
+    memory (no wait), a copy whose GPU activity is missing, an event sync made outside any op (parent found by time), a library's
     stream sync under our wrapper; a backward with a sync the C++ engine makes under an op with
     no Python frame, a device sync outside any op; and a sync after the window."""
     events: list[Event] = []
@@ -119,11 +120,12 @@ def trace():
     gpu("Memcpy DtoH (Device -> Pinned)", 105)
     add("cudaMemcpyAsync", 112, 113, add("aten::copy_", 111, 115, op), id=106)
     gpu("Memcpy HtoD (Pageable -> Device)", 106)
+    add("cudaMemcpyAsync", 116, 117, add("aten::copy_", 116, 118, op), id=112)  # its activity lost: shown, no wait
     frame("torch/cuda/streams.py(220): synchronize", 120, 140, op)
     add("cudaEventSynchronize", 121, 139, id=107)  # outside any op, on CUPTI's own thread id: no parent
     fa4 = frame("kernels/varlen/fa4.py(200): forward", 300, 390, model)
     library = frame("/opt/venv/lib/python3.12/site-packages/flash_attn/cute/interface.py(9): run", 301, 389, fa4)
-    add("cuStreamSynchronize", 302, 303, add("aten::empty", 301, 304, library), id=108)
+    add("cudaStreamSynchronize", 302, 303, add("aten::empty", 301, 304, library), id=108)
     add("backward", 501, 990, harness)
     engine_op = add("aten::nonzero", 510, 520)  # the autograd engine's thread: no Python frame at all
     add("cudaStreamSynchronize", 511, 519, engine_op, id=109)
@@ -140,12 +142,13 @@ def test_runtime_calls_find_waits_in_the_window_with_their_frames_and_phases():
         ("cudaMemcpyAsync", "forward"),
         ("cudaStreamSynchronize", "forward"),
         ("cudaMemcpyAsync", "forward"),  # into pinned memory: found, counted as a call, no wait
+        ("cudaMemcpyAsync", "forward"),  # no GPU activity: found, counted as a call, no wait
         ("cudaEventSynchronize", "forward"),
-        ("cuStreamSynchronize", "forward"),
+        ("cudaStreamSynchronize", "forward"),
         ("cudaStreamSynchronize", "backward"),
         ("cudaDeviceSynchronize", "backward"),
     ]
-    event_sync = calls[5]
+    event_sync = calls[6]
     assert event_sync.issuer is None
     assert event_sync.frames[:2] == ("torch/cuda/streams.py(220): synchronize", "kernels/varlen/op.py(300): varlen_attention")
     assert calls[0].issuer == calls[1].issuer != calls[2].issuer  # .item(): one op, two calls
@@ -156,8 +159,18 @@ def test_tally_counts_one_sync_per_op_and_splits_by_owner_and_phase():
     found = tally(runtime_calls(trace(), phases=("forward", "backward")))
     assert found.host_syncs == 6
     assert found.by_owner == {"ours": 2, "transformers": 1, "other": 3}  # other: flash_attn, the engine, the device sync
-    assert found.by_phase == {"forward": 4, "backward": 2}
-    assert found.calls == {BLOCKING_COPY: 2, "stream sync": 4, ASYNC_COPY: 1, "event sync": 1, "device sync": 1}
+    assert found.by_phase == {
+        "forward": {"ours": 2, "transformers": 1, "other": 1},
+        "backward": {"ours": 0, "transformers": 0, "other": 2},
+    }
+    assert found.calls == {
+        BLOCKING_COPY: 2,
+        "stream sync": 4,
+        ASYNC_COPY: 1,
+        UNMATCHED_COPY: 1,
+        "event sync": 1,
+        "device sync": 1,
+    }
     assert found.examples["ours"][0] == "cudaMemcpyAsync (Memcpy DtoH (Device -> Pageable))"
     assert found.examples["ours"][1:3] == ["torch/_tensor.py(1): __int__", "kernels/hf.py(95): packed_layout"]
     assert "transformers/masking_utils.py(100): create_causal_mask" in found.examples["transformers"]
@@ -209,5 +222,6 @@ def test_counts_the_waits_torch_makes_on_cuda():
     found = count_syncs(waits)
     assert found.host_syncs == 4, found.summary()
     assert found.calls[ASYNC_COPY] == 1 and found.calls["event sync"] == 1 and found.calls["device sync"] == 1, found.calls
+    assert found.calls[BLOCKING_COPY] == 2 and UNMATCHED_COPY not in found.calls, found.calls  # every copy's GPU activity found
     assert found.by_owner["other"] == 4  # this test's own frames: neither ours nor transformers'
     assert any("test_syncs.py" in frame for frame in found.examples["other"]), found.examples

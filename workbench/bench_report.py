@@ -687,13 +687,26 @@ def train_step_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]
     }
 
 
+OUR_SYNCS_PER_FORWARD = 1  # issue 34: our code syncs at most once per forward, whatever the batch kind, never per layer
+
+
+def our_forward_syncs(record: dict[str, Any]) -> dict[str, int]:
+    """Per batch kind counted (`batch_syncs`), the host syncs our code made in the step's forward."""
+    return {
+        kind: syncs["by_phase"].get("forward", {}).get("ours", 0)
+        for kind, syncs in record.get("batch_syncs", {}).items()
+        if "error" not in syncs
+    }
+
+
 def train_step_targets(record: dict[str, Any]) -> tuple[list[Target], list[Target]]:
-    """The step's targets judged on the medians and on the fastest steps; a peer that did not
-    run is left out (`format_train_step` names it and why)."""
+    """The step's targets judged on the medians and on the fastest steps, the host-sync target
+    (a count: judged once, with the medians) on every batch kind counted; a target whose
+    measurement is missing is left out (`format_train_step` names it and why)."""
     ratios = train_step_ratios(record["rows"])
     documents = record["shape"]["size"]["documents"]
     where = f"{len(documents)} documents, {sum(documents)} tokens packed"
-    return tuple(  # type: ignore[return-value]
+    medians, fastest = (
         [
             Target(f"training step: the default >= {bound}x {peer}", ratios[peer][which], bound, True, where)
             for peer, bound in TRAIN_STEP_TARGETS.items()
@@ -701,10 +714,43 @@ def train_step_targets(record: dict[str, Any]) -> tuple[list[Target], list[Targe
         ]
         for which in ("median", "fastest")
     )
+    syncs = _worst(
+        f"host syncs of our code per forward <= {OUR_SYNCS_PER_FORWARD}, every batch kind (default backend)",
+        {kind: float(n) for kind, n in our_forward_syncs(record).items()},
+        OUR_SYNCS_PER_FORWARD,
+        False,
+    )
+    return medians + ([syncs] if syncs else []), fastest
 
 
-def _syncs_cell(syncs: dict[str, Any] | None, key: str, names: tuple[str, ...]) -> str:
-    return "-" if syncs is None else " / ".join(str(syncs[key].get(n, 0)) for n in names)
+def batch_syncs_table(record: dict[str, Any]):
+    """Per batch kind, the host syncs of one step through our swap (the default backend): all,
+    by owner, and ours and transformers' per phase."""
+    from workbench.postmortem import table
+
+    cells = []
+    for kind, syncs in record.get("batch_syncs", {}).items():
+        if "error" in syncs:
+            cells.append((kind, f"failed: {syncs['error']}", "-", "-", "-"))
+            continue
+        cells.append(
+            (kind, str(syncs["host_syncs"]), _by_owner(syncs), _by_phase(syncs, "ours"), _by_phase(syncs, "transformers"))
+        )
+    phases = " / ".join(PHASES)
+    header = ("batch", "host syncs", " / ".join(OWNERS), f"ours: {phases}", f"transformers: {phases}")
+    return table(header, cells, title="host syncs per step of our swap, per batch kind", fold=len(cells))
+
+
+def _by_owner(syncs: dict[str, Any] | None) -> str:
+    return "-" if syncs is None else " / ".join(str(syncs["by_owner"][o]) for o in OWNERS)
+
+
+def _by_phase(syncs: dict[str, Any] | None, owner: str | None = None) -> str:
+    """Host syncs per phase ("forward / backward"), of `owner`'s code or everyone's."""
+    if syncs is None:
+        return "-"
+    counts = [syncs["by_phase"].get(phase, {}) for phase in PHASES]
+    return " / ".join(str(c.get(owner, 0) if owner else sum(c.values())) for c in counts)
 
 
 def train_step_table(record: dict[str, Any]):
@@ -728,8 +774,8 @@ def train_step_table(record: dict[str, Any]):
                 ms_with_fastest(r["median_ms"], r["min_ms"]),
                 "-" if ratio_ is None else f"{ratio_['median']:.3f}x ({ratio_['fastest']:.3f}x)",
                 "-" if syncs is None else str(syncs["host_syncs"]),
-                _syncs_cell(syncs, "by_owner", OWNERS),
-                _syncs_cell(syncs, "by_phase", PHASES),
+                _by_owner(syncs),
+                _by_phase(syncs),
                 "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}",
                 f"{r['loss']:.4f}",
                 note,
@@ -752,11 +798,14 @@ def train_step_table(record: dict[str, Any]):
 
 
 def sync_examples(record: dict[str, Any], frames: int = 8) -> str:
-    """Per implementation and owner, the first host sync's call and its innermost `frames` frames."""
+    """Per implementation (and per batch kind of the default) and owner, the first host sync's
+    call and its innermost `frames` frames."""
+    counted = [(r["impl"], r.get("syncs")) for r in record["rows"]]
+    counted += [(f"{DEFAULT}, {kind} batch", syncs) for kind, syncs in record.get("batch_syncs", {}).items()]
     lines = []
-    for r in record["rows"]:
-        for who, stack in ((r.get("syncs") or {}).get("examples") or {}).items():
-            lines.append(f"{r['impl']}, {who}: {stack[0]}")
+    for name, syncs in counted:
+        for who, stack in ((syncs or {}).get("examples") or {}).items():
+            lines.append(f"{name}, {who}: {stack[0]}")
             lines += [f"    {frame}" for frame in stack[1 : frames + 1]]
     return "\n".join(lines)
 
@@ -779,7 +828,11 @@ def format_train_step(record: dict[str, Any]) -> str:
         for peer, bound in TRAIN_STEP_TARGETS.items()
         if peer not in timed
     ]
+    if not our_forward_syncs(record):
+        missing.append("not judged: host syncs of our code per forward (no batch kind counted: a CUDA run counts them)")
     parts = [str(train_step_table(record))]
+    if record.get("batch_syncs"):
+        parts.append(str(batch_syncs_table(record)))
     if medians:
         parts.append(format_targets(medians, fastest))
     if missing:

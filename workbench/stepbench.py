@@ -23,13 +23,17 @@ Implementations, each selected by `attn_implementation`:
 Each is timed over `--iters` steps after warm-up with CUDA events (`workbench.timing`); its peak
 memory is read on one more step, and its host syncs counted on one profiled step
 (`workbench.syncs`: by owner, ours / transformers / other, and by phase, forward / backward).
-What the machine cannot run is recorded as skipped with the reason, what fails with its error.
+The default's host syncs are also counted on every kind of batch the swap takes (`BATCH_KINDS`:
+the collator's boundary keywords, position_ids alone, right-padded, plain rows): issue 34 asks
+for at most one sync of our code per forward on each. What the machine cannot run is recorded
+as skipped with the reason, what fails with its error.
 
     python -m workbench.stepbench --record data/gpu/train-step-h200.json
 
-`workbench.bench_report.train_step_report` reads the record and judges the targets (the
+`workbench.bench_report.format_train_step` reads the record and judges the targets (the
 performance page). `--shape cpu --iters 0` runs the same harness on a tiny model in seconds per
-step (our kernel through the Triton interpreter), untimed: what CI checks.
+step (our kernel through the Triton interpreter), untimed and without the profiler: CI's check
+(tests/test_stepbench.py) runs it.
 """
 
 from __future__ import annotations
@@ -131,6 +135,29 @@ def padded_inputs(documents: Sequence[torch.Tensor], device: torch.device | str)
     labels = input_ids.masked_fill(mask == 0, -100)
     on = lambda t: t.to(device)
     return {"input_ids": on(input_ids), "attention_mask": on(mask), "labels": on(labels), "use_cache": False}
+
+
+FLASH_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+BATCH_KINDS = ("cu_seq_lens", "position_ids", "right-padded", "plain")  # the batches the swap takes
+PLAIN_ROWS = 4
+
+
+def batch_inputs(kind: str, documents: Sequence[torch.Tensor], device: torch.device | str) -> dict[str, Any]:
+    """The model's keywords for `documents` as one kind of batch the swap takes: packed with the
+    collator's boundary keywords ("cu_seq_lens"), packed with position_ids alone (the collator's
+    default, "position_ids"), "right-padded" with an attention_mask, or "plain": the tokens in
+    PLAIN_ROWS equal rows without a mask, each row one sequence."""
+    if kind == "cu_seq_lens":
+        return packed_inputs(documents, device)
+    if kind == "position_ids":
+        return {k: v for k, v in packed_inputs(documents, device).items() if k not in FLASH_KEYWORDS}
+    if kind == "right-padded":
+        return padded_inputs(documents, device)
+    if kind == "plain":
+        tokens = torch.cat(list(documents))
+        rows = tokens[: len(tokens) // PLAIN_ROWS * PLAIN_ROWS].view(PLAIN_ROWS, -1).to(device)
+        return {"input_ids": rows, "labels": rows, "use_cache": False}
+    raise ValueError(f"batch kind {kind!r} is not one of {BATCH_KINDS}.")
 
 
 # -- the implementations ---------------------------------------------------------------------
@@ -299,6 +326,27 @@ def measure(
     return row
 
 
+def batch_syncs(
+    model: torch.nn.Module, documents: Sequence[torch.Tensor], device: torch.device, impl: Implementation
+) -> dict[str, dict[str, Any]]:
+    """Host syncs of one step of `impl` per batch kind (`BATCH_KINDS`), each counted after a
+    first step of its own (compiling, tuning): {kind: SyncCount.summary(), or {"error": ...}}."""
+    impl.select(model)
+    found: dict[str, dict[str, Any]] = {}
+    for kind in BATCH_KINDS:
+        step = training_step(model, batch_inputs(kind, documents, device))
+        try:
+            step()
+            found[kind] = count_syncs(step, PHASES).summary()
+        except Exception as exc:  # a batch kind the swap refuses is a finding, not a crash
+            found[kind] = {"error": realclient.first_line(exc)}
+        finally:
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return found
+
+
 @dataclass
 class StepRun:
     """What one run of the benchmark measured."""
@@ -308,6 +356,7 @@ class StepRun:
     device: str
     transformers: str
     rows: list[Row] = field(default_factory=list)
+    batch_syncs: dict[str, dict[str, Any]] = field(default_factory=dict)  # ours (the default) per batch kind
 
     def to_record(self) -> dict[str, Any]:
         from workbench.bench_report import train_step_ratios
@@ -319,6 +368,7 @@ class StepRun:
             "device": self.device,
             "transformers": self.transformers,
             "rows": [asdict(r) for r in self.rows],
+            "batch_syncs": self.batch_syncs,
             "ratios": train_step_ratios([asdict(r) for r in self.rows]),
         }
 
@@ -332,7 +382,8 @@ def run(
     progress: Callable[[StepRun], None] | None = None,
 ) -> StepRun:
     """Measures every implementation (or those named in `impls`) on one model and one set of
-    documents; `progress` gets the run after each row (to write the record as it grows)."""
+    documents, and with `profile` the default's host syncs on every batch kind; `progress` gets
+    the run after each row (to write the record as it grows)."""
     import transformers
 
     device = torch.device(device)
@@ -340,7 +391,7 @@ def run(
     if unknown:
         raise ValueError(f"impls {sorted(unknown)} are not among {list(BY_NAME)}.")
     documents = document_tokens(shape)
-    batches = {False: packed_inputs(documents, device), True: padded_inputs(documents, device)}
+    batches = {False: batch_inputs("cu_seq_lens", documents, device), True: batch_inputs("right-padded", documents, device)}
     model = shape.model(device)
     found = StepRun(shape, tuple(batches[True]["input_ids"].shape), str(device), transformers.__version__)
     for impl in IMPLEMENTATIONS:
@@ -348,6 +399,10 @@ def run(
             found.rows.append(measure(impl, model, batches[impl.padded], device, iters, profile))
             if progress:
                 progress(found)
+    if profile and (impls is None or DEFAULT in impls):
+        found.batch_syncs = batch_syncs(model, documents, device, BY_NAME[DEFAULT])
+        if progress:
+            progress(found)
     return found
 
 

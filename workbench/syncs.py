@@ -2,9 +2,8 @@
 
 A host sync is a moment the CPU waits for the GPU: it stalls the launch queue, so a training
 step that syncs once per layer pays the GPU's whole backlog that many times. The profiler sees
-every CUDA runtime call (and driver call, for libraries that bypass the runtime), so it sees
-the waits `torch.cuda.set_sync_debug_mode` cannot: an event's `synchronize()`, a stream's,
-`torch.cuda.synchronize()`.
+every CUDA runtime call, so it sees the waits `torch.cuda.set_sync_debug_mode` cannot: an
+event's `synchronize()`, a stream's, `torch.cuda.synchronize()`.
 
     found = count_syncs(step, phases=("forward", "backward"))
     found.host_syncs, found.by_owner["ours"], found.examples["ours"]
@@ -34,7 +33,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -44,21 +43,20 @@ OWNERS = ("ours", "transformers", "other")
 OUR_PACKAGES = ("kernels", "workbench")
 # Frames of the measurement itself: they call the code under test and issue nothing of their own.
 HARNESS = ("workbench/syncs.py", "workbench/stepbench.py")
-WINDOW = "workbench.syncs: counted"
-UNPHASED = "outside the named phases"  # the profiler range around the callable; calls outside it are not counted
+WINDOW = "workbench.syncs: counted"  # the profiler range around the callable; calls outside it are not counted
+UNPHASED = "outside the named phases"
 
-# Runtime and driver calls that block the host until the GPU catches up.
-WAITS = {
-    "cudaStreamSynchronize": "stream sync",
-    "cuStreamSynchronize": "stream sync",
-    "cudaEventSynchronize": "event sync",
-    "cuEventSynchronize": "event sync",
-    "cudaDeviceSynchronize": "device sync",
-    "cuCtxSynchronize": "device sync",
-}
-COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy")
-BLOCKING_COPY = "DtoH copy"  # the host waits for it: a synchronous API, or pageable memory
+# Runtime calls that block the host until the GPU catches up. The profiler (kineto) keeps every
+# runtime call but a few event ones (cudaEventSynchronize is kept), and of the driver's calls
+# only kernel launches: a library that synchronizes through the driver (cuStreamSynchronize)
+# is not in the trace. torch's own waits are all runtime calls.
+WAITS = {"cudaStreamSynchronize": "stream sync", "cudaEventSynchronize": "event sync", "cudaDeviceSynchronize": "device sync"}
+COPY_PREFIX = "cudaMemcpy"
+BLOCKING_COPY = "DtoH copy"  # the host waits for it: the synchronous API, or pageable memory
 ASYNC_COPY = "DtoH copy, async into pinned memory"  # counted as a call, never as a wait
+# A copy no GPU activity was matched to (by correlation id): counted as a call, never as a wait,
+# so that a trace where the matching fails shows it.
+UNMATCHED_COPY = "copy of unknown direction"
 
 _FRAME = re.compile(r"^(?P<path>.+)\((?P<line>\d+)\): (?P<function>.+)$")
 
@@ -70,14 +68,16 @@ def _base_name(name: str) -> str:
 
 def wait_kind(name: str, activity: str = "") -> str | None:
     """What kind of host-side call `name` is, given the GPU activity correlated with it (a copy's
-    "Memcpy DtoH (Device -> Pinned)"): a key of WAITS' values, BLOCKING_COPY, ASYNC_COPY, or None
-    (a launch, a host-to-device copy, anything the host does not wait for)."""
+    "Memcpy DtoH (Device -> Pinned)"): one of WAITS' values, BLOCKING_COPY, ASYNC_COPY,
+    UNMATCHED_COPY, or None (a launch, a copy to the device, anything the host does not wait for)."""
     base = _base_name(name)
     if base in WAITS:
         return WAITS[base]
-    if not base.startswith(COPY_PREFIXES):
+    if not base.startswith(COPY_PREFIX):
         return None
-    if "DtoH" not in activity and "DtoH" not in base:
+    if not activity:
+        return UNMATCHED_COPY
+    if "DtoH" not in activity:
         return None
     asynchronous = base.endswith("Async")
     return ASYNC_COPY if asynchronous and "Pinned" in activity else BLOCKING_COPY
@@ -136,7 +136,7 @@ def owner(frames: Sequence[str], repo: Path = REPO) -> str:
 
 @dataclass(frozen=True)
 class RuntimeCall:
-    """One CUDA runtime or driver call the host made, as the counter sees it."""
+    """One CUDA runtime call the host made, as the counter sees it."""
 
     name: str
     start_us: float
@@ -154,23 +154,18 @@ class RuntimeCall:
 @dataclass
 class SyncCount:
     """The host syncs of one profiled call: the headline `host_syncs` (host waits, one per op),
-    split by owner and by phase, one example stack per owner, and every runtime call of a kind
-    `wait_kind` names, by kind."""
+    by owner, by phase and owner ({"forward": {"ours": 1, ...}, ...}), one example stack per
+    owner, and every runtime call of a kind `wait_kind` names, by kind."""
 
     host_syncs: int = 0
     by_owner: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OWNERS, 0))
-    by_phase: dict[str, int] = field(default_factory=dict)
+    by_phase: dict[str, dict[str, int]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "host_syncs": self.host_syncs,
-            "by_owner": self.by_owner,
-            "by_phase": self.by_phase,
-            "calls": self.calls,
-            "examples": self.examples,
-        }
+        """As a record holds it."""
+        return asdict(self)
 
 
 def tally(calls: Iterable[RuntimeCall], repo: Path = REPO) -> SyncCount:
@@ -184,7 +179,7 @@ def tally(calls: Iterable[RuntimeCall], repo: Path = REPO) -> SyncCount:
         if kind is None:
             continue
         kinds[kind] += 1
-        if kind == ASYNC_COPY:
+        if kind in (ASYNC_COPY, UNMATCHED_COPY):
             continue
         waits.setdefault(call.issuer if call.issuer is not None else ("alone", i), call)
     count.calls = dict(kinds)
@@ -192,8 +187,7 @@ def tally(calls: Iterable[RuntimeCall], repo: Path = REPO) -> SyncCount:
         who = owner(call.frames, repo)
         count.host_syncs += 1
         count.by_owner[who] += 1
-        phase = call.phase or UNPHASED
-        count.by_phase[phase] = count.by_phase.get(phase, 0) + 1
+        count.by_phase.setdefault(call.phase or UNPHASED, dict.fromkeys(OWNERS, 0))[who] += 1
         count.examples.setdefault(who, [f"{call.name} ({call.activity})" if call.activity else call.name, *call.frames])
     return count
 
