@@ -47,9 +47,11 @@ WINDOW = "workbench.syncs: counted"  # the profiler range around the callable; c
 UNPHASED = "outside the named phases"
 
 # Runtime calls that block the host until the GPU catches up. The profiler (kineto) keeps every
-# runtime call but a few event ones (cudaEventSynchronize is kept), and of the driver's calls
-# only kernel launches: a library that synchronizes through the driver (cuStreamSynchronize)
-# is not in the trace. torch's own waits are all runtime calls.
+# runtime call but a few noisy ones, and of the driver's calls only launches and virtual-memory
+# calls (libkineto/src/CuptiCbidRegistry.cpp and isTrackedDriverCbid in CuptiActivity.h, read at
+# pytorch/kineto@114171d): a library that synchronizes through the driver (cuStreamSynchronize)
+# is not in the trace. cudaEventSynchronize left kineto's blocklist in 2023 (pytorch/kineto#808);
+# tests/test_syncs.py's GPU test checks the installed profiler. torch's own waits are all runtime calls.
 WAITS = {"cudaStreamSynchronize": "stream sync", "cudaEventSynchronize": "event sync", "cudaDeviceSynchronize": "device sync"}
 COPY_PREFIX = "cudaMemcpy"
 BLOCKING_COPY = "DtoH copy"  # the host waits for it: the synchronous API, or pageable memory
