@@ -184,6 +184,23 @@ def test_a_backward_op_without_frames_takes_its_recorded_stack():
     assert found.by_owner == {"ours": 2, "transformers": 2, "other": 2}
 
 
+class OlderEvent:
+    """An Event as a profiler without `is_python_function` gives it."""
+
+    def __init__(self, event: Event, copies: dict[int, OlderEvent]):
+        self.name, self.device_type, self.id, self.stack = event.name, event.device_type, event.id, event.stack
+        self.time_range = event.time_range
+        self.cpu_parent = copies.get(id(event.cpu_parent))
+        copies[id(event)] = self
+
+
+def test_python_frames_are_known_by_name_where_events_do_not_say():
+    copies: dict[int, OlderEvent] = {}
+    events = [OlderEvent(e, copies) for e in trace()]  # parents come before their children
+    assert not hasattr(events[0], "is_python_function")
+    assert tally(runtime_calls(events)) == tally(runtime_calls(trace()))
+
+
 def test_runtime_calls_need_the_window():
     with pytest.raises(ValueError, match="no range named"):
         runtime_calls([Event("cudaDeviceSynchronize", 0, 1)])

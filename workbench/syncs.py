@@ -204,7 +204,12 @@ def _is_cpu(event: Any) -> bool:
 
 
 def _is_python(event: Any) -> bool:
-    return bool(getattr(event, "is_python_function", False))
+    """A Python-function event of the tracer; by its name ("path(line): function", "<built-in
+    ...>") where the profiler's events do not say (torch before the attribute)."""
+    flag = getattr(event, "is_python_function", None)
+    if flag is not None:
+        return bool(flag)
+    return bool(_FRAME.match(event.name)) or event.name.startswith("<built-in")
 
 
 def _span(event: Any) -> tuple[float, float]:
