@@ -723,6 +723,18 @@ def train_step_targets(record: dict[str, Any]) -> tuple[list[Target], list[Targe
     return medians + ([syncs] if syncs else []), fastest
 
 
+def _by_owner(syncs: dict[str, Any] | None) -> str:
+    return "-" if syncs is None else " / ".join(str(syncs["by_owner"][o]) for o in OWNERS)
+
+
+def _by_phase(syncs: dict[str, Any] | None, owner: str | None = None) -> str:
+    """Host syncs per phase ("forward / backward"), of `owner`'s code or everyone's."""
+    if syncs is None:
+        return "-"
+    counts = [syncs["by_phase"].get(phase, {}) for phase in PHASES]
+    return " / ".join(str(c.get(owner, 0) if owner else sum(c.values())) for c in counts)
+
+
 def batch_syncs_table(record: dict[str, Any]):
     """Per batch kind, the host syncs of one step through our swap (the default backend): all,
     by owner, and ours and transformers' per phase."""
@@ -739,18 +751,6 @@ def batch_syncs_table(record: dict[str, Any]):
     phases = " / ".join(PHASES)
     header = ("batch", "host syncs", " / ".join(OWNERS), f"ours: {phases}", f"transformers: {phases}")
     return table(header, cells, title="host syncs per step of our swap, per batch kind", fold=len(cells))
-
-
-def _by_owner(syncs: dict[str, Any] | None) -> str:
-    return "-" if syncs is None else " / ".join(str(syncs["by_owner"][o]) for o in OWNERS)
-
-
-def _by_phase(syncs: dict[str, Any] | None, owner: str | None = None) -> str:
-    """Host syncs per phase ("forward / backward"), of `owner`'s code or everyone's."""
-    if syncs is None:
-        return "-"
-    counts = [syncs["by_phase"].get(phase, {}) for phase in PHASES]
-    return " / ".join(str(c.get(owner, 0) if owner else sum(c.values())) for c in counts)
 
 
 def train_step_table(record: dict[str, Any]):
