@@ -240,7 +240,7 @@ def test_right_padded_batch_matches_sdpa():
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     logits = {}
     for name in ("sdpa", hf.register()):
-        rc._set_implementation(model, name)
+        rc.set_implementation(model, name)
         with torch.no_grad():
             logits[name] = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool()

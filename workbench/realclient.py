@@ -175,7 +175,9 @@ def _repeat_kv(varlen: Callable) -> Callable:
     return call
 
 
-def _torch_varlen() -> Callable:
+def torch_varlen() -> Callable:
+    """torch's `varlen_attn` behind our varlen signature (the audit's adapter); key/value heads
+    repeated where this torch's has no GQA (2.11: enable_gqa came in 2.12)."""
     from torch.nn.attention.varlen import varlen_attn
 
     from workbench.audit import adapt
@@ -184,7 +186,9 @@ def _torch_varlen() -> Callable:
     return _repeat_kv(adapted) if "gqa" in adapted.lacks else adapted
 
 
-def _flash_attention_4() -> Callable:
+def flash_attention_4() -> Callable:
+    """FlashAttention-4's `flash_attn_varlen_func` bare behind our varlen signature: no padding
+    contract (a padded layout is refused), what a user would otherwise call."""
     import inspect
 
     from flash_attn.cute import flash_attn_varlen_func
@@ -223,7 +227,7 @@ class Backend:
             try:
                 self.varlen()
             except Exception as exc:  # ImportError, or a library that fails while loading (a DSL without its GPU)
-                return f"cannot be loaded here ({_first_line(exc)})"
+                return f"cannot be loaded here ({first_line(exc)})"
         return ""
 
     def register(self) -> None:
@@ -255,14 +259,14 @@ BACKENDS = (
     Backend("ours (kernels.hf)", HF_NAME, _ours),
     Backend(
         "torch varlen_attn",
-        "realclient_torch_varlen",
-        _torch_varlen,
+        "realclienttorch_varlen",
+        torch_varlen,
         cuda_only="varlen_attn runs FlashAttention-2 kernels: CUDA only",
     ),
     Backend(
         "FlashAttention-4 varlen",
         "realclient_fa4",
-        _flash_attention_4,
+        flash_attention_4,
         cuda_only="FlashAttention-4 (CuTe DSL) runs on Hopper and Blackwell only",
     ),
     Backend("transformers sdpa: math", "sdpa", sdpa="MATH"),
@@ -398,12 +402,12 @@ class Report:
         return cls(size, *fields, runs, record.get("provenance", {}))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _set_implementation(model: torch.nn.Module, name: str) -> None:
+def set_implementation(model: torch.nn.Module, name: str) -> None:
     """transformers 5's setter, or 4.x's config field."""
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
@@ -435,7 +439,7 @@ def check(
     def step(backend: Backend, memory: str) -> Step:
         backend.register()
         model = copy.deepcopy(base).to(device=device, dtype=backend.dtype).train()
-        _set_implementation(model, backend.implementation)
+        set_implementation(model, backend.implementation)
         return train_step(model, {**inputs, **dict(backend.inputs)}, backend, memory == "poisoned")
 
     reference = step(REFERENCE, MEMORIES[0])
@@ -450,7 +454,7 @@ def check(
                 try:
                     result = step(backend, memory)
                 except Exception as exc:  # a backend that refuses the batch is a finding, not a crash
-                    run = Run(backend.name, memory, "raised", _first_line(exc))
+                    run = Run(backend.name, memory, "raised", first_line(exc))
                 else:
                     nonfinite = sum(int((~torch.isfinite(g)).sum()) for g in result.grads.values())
                     error = relative_error(result.grads, reference.grads)
