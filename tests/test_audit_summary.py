@@ -98,14 +98,11 @@ def test_incomplete_rows_say_why_from_h200_records(tmp_path):
     found = incomplete(records, snapshot)
     for record in records:
         assert (record["row"] in found) >= (not complete(record)), record["row"]
-    # The lse check came after these records: its cell is left to a run that records it, on every row.
-    lse = "lse: this check was not in the recorded run"
-    assert found["ours"] == found["torch-varlen"] == [lse]
-    assert found["sdpa-flash"] == [lse]  # compute-sanitizer cannot express its layout: n/a, not missing
+    assert "ours" not in found and "torch-varlen" not in found
+    assert "sdpa-flash" not in found  # compute-sanitizer cannot express its layout: n/a, not missing
     # Its checks-only record, then a fuzz-only run killed at its deadline that recorded nothing.
     assert found["sdpa-nested"] == [
         "the latest run's fuzzer killed at the call's deadline after 524 s (the record is an earlier run's)",
-        lse,
         "fuzzer: fuzzing not asked (--budget 0)",
         "compute-sanitizer initcheck: not run: timed out after 240 s",
     ]
@@ -128,8 +125,6 @@ def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):
     from workbench.audit.summary import incomplete
 
     ours = copy.deepcopy(next(r for r in load_matrix() if r["row"] == "ours"))
-    if not any(c["name"] == "lse" for c in ours["checks"]):  # recorded before the lse check: as a run of today records it
-        ours["checks"].append({"name": "lse", "verdict": "pass", "evidence": "lse laid out (H, T_q)", "cases": [], "rows": []})
     assert incomplete([ours], tmp_path) == {}
     ours["fuzz"]["tried"] = 10
     next(c for c in ours["checks"] if c["name"] == "gqa")["evidence"] = "not run: the CUDA context was lost at check tail-rows"
@@ -147,3 +142,20 @@ def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):
         "did not run: ImportError: no module named flash_attn",
         "compute-sanitizer: no record",
     ]
+
+
+def test_a_check_that_joined_the_audit_after_a_run_is_no_gap_of_it(tmp_path):
+    """The lse check came after the H200 records: they are whole without it, and the matrix has no lse
+    column yet; a run made after it joined, that lacks it, left it out."""
+    from workbench.audit.checks import CHECKS
+    from workbench.audit.matrix import columns, complete, left_out
+    from workbench.audit.summary import incomplete
+
+    ours = copy.deepcopy(next(r for r in load_matrix() if r["row"] == "ours"))
+    ours["checks"] = [c for c in ours["checks"] if c["name"] != "lse"]
+    ours["provenance"]["date"] = "2026-12-02 02:22 UTC"
+    assert CHECKS["lse"].added > "2026-12-02" and not left_out(ours, "lse") and complete(ours)
+    assert "lse" not in columns([ours]) and incomplete([ours], tmp_path) == {}
+    ours["provenance"]["date"] = f"{CHECKS['lse'].added} 12:00 UTC"
+    assert left_out(ours, "lse") and not complete(ours)
+    assert incomplete([ours], tmp_path) == {"ours": ["lse: this check was not in the recorded run"]}

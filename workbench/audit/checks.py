@@ -208,6 +208,9 @@ class Check:
     needs: tuple[str, ...]  # features of FEATURES the check cannot do without
     doc: str
     run: Callable[[Context], CheckResult]
+    # ISO date the check joined the audit ("": from the start): a recorded run older than that
+    # could not run it, so its record is not missing it (`workbench.audit.matrix.left_out`)
+    added: str = ""
 
     @property
     def distributed(self) -> bool:
@@ -246,9 +249,11 @@ class Check:
 CHECKS: dict[str, Check] = {}
 
 
-def check(name: str, doc: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[[Context], CheckResult]], Check]:
+def check(
+    name: str, doc: str, needs: tuple[str, ...] = (), added: str = ""
+) -> Callable[[Callable[[Context], CheckResult]], Check]:
     def register(run: Callable[[Context], CheckResult]) -> Check:
-        CHECKS[name] = Check(name, needs, doc, run)
+        CHECKS[name] = Check(name, needs, doc, run, added)
         return CHECKS[name]
 
     return register
@@ -338,7 +343,7 @@ def _top_left_out(batch: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
     q, k, v = (t.detach().cpu().to(dtype) for t in (batch.q, batch.k, batch.v))
     rows_q = real_rows(batch.cu_seqlens_q.cpu(), batch.cu_seqlens_q_padded.cpu())
     rows_k = real_rows(batch.cu_seqlens_k.cpu(), batch.cu_seqlens_k_padded.cpu())
-    out = q.new_zeros(q.shape)
+    out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim: out's
     bounds_q, bounds_k = batch.cu_seqlens_q.tolist(), batch.cu_seqlens_k.tolist()
     for i in range(len(bounds_q) - 1):
         at_q, at_k = rows_q[bounds_q[i] : bounds_q[i + 1]], rows_k[bounds_k[i] : bounds_k[i + 1]]
@@ -492,6 +497,7 @@ def _lse_findings(batch: PackedBatch, lse: Any) -> tuple[list[str], str, float]:
     "a returned lse matches the fp64 oracle's: REAL rows within the bound, -inf on rows that see no key and on GAP and "
     "TAIL rows, laid out (H, T_q) (added: the audit compared out alone, so a wrong lse beside a right out passed)",
     needs=("lse",),
+    added="2026-12-05",
 )
 def _lse(ctx: Context) -> CheckResult:
     unequal, causal = "unequal" not in ctx.impl.lacks, "causal" not in ctx.impl.lacks
