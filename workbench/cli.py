@@ -351,14 +351,15 @@ after editing, run `workbench execute ID` (explorers static, cells in order) bef
 AUDIT_HELP = f"""\
 Checks any varlen attention against the padding contract: REAL rows against the fp64 oracle,
 GAP and TAIL rows exactly 0 under NaN-poisoned memory, empty and fully masked sequences, GQA,
-windows, determinism; fuzzes random layouts; grades input validation apart. The verdict table
-prints last.
+windows, determinism, the lse where it returns one; fuzzes random layouts; grades input
+validation apart. The verdict table prints last.
 
 A varlen function needs no adapter: its call is read off its parameter names (cu_seqlens_q or
-cu_q, max_seqlen_q or max_q, softmax_scale or scale, causal or is_causal, window_size,
-cu_seqlens_*_padded, seqused_*), e.g. f(q, k, v, cu_q, cu_k, max_q, max_k, causal=False,
-scale=None). What it has no parameter for is n/a in the report, with the reason. Anything
-else takes an adapter; registering one:
+cu_q, max_seqlen_q or max_q, scale or softmax_scale, causal or is_causal, window_size,
+cu_seqlens_*_padded, seqused_*, return_lse), e.g. f(q, k, v, cu_q, cu_k, max_q, max_k,
+causal=False, scale=None), or self-attention's one set of boundaries, self_attn(q, k, v,
+cu_seqlens, max_seqlen, causal=False, softmax_scale=None). What it has no parameter for is n/a
+in the report, with the reason. Anything else takes an adapter; registering one:
 
 {REGISTER_EXAMPLE}
 """
