@@ -67,13 +67,17 @@ def test_repro_suggests_the_id_of_a_module_name(project, capsys):
     assert "known ids: my-bug" in capsys.readouterr().err
 
 
-def test_repro_shows_progress_case_by_case(project, capsys):
+def test_repro_shows_progress_case_by_case_and_claim_by_claim_in_lines_that_fit(project, capsys, monkeypatch):
     scaffold_variant(project, "progress", FAST_FIX)
+    monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda: os.terminal_size((60, 24)))
     assert cli.main(["repro", "progress"]) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert any("imported postmortems.progress" in line and "reproducing 1 case(s)" in line for line in err), err
+    printed = capsys.readouterr()
+    err = printed.err.splitlines()
+    assert "imported postmortems.progress" in printed.err and "reproducing 1 case(s)" in " ".join(printed.err.split()), err
     assert any(line.split()[1:3] == ["case", "1/1:"] and "q=[5, 3]" in line for line in err), err
     assert any("reproduced (1 layouts); checking 2 claims" in line for line in err), err
+    assert any(line.split()[1:3] == ["claim", "2/2:"] for line in err), err
+    assert max(map(len, err + printed.out.splitlines())) <= 60, printed
 
 
 def test_progress_says_what_is_still_running_in_lines_that_fit(capsys):

@@ -259,19 +259,19 @@ def _repro(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     pm = Registry().get(args.id)
-    print(f"{pm.id}: {pm.meta.title}", flush=True)
+    width = shutil.get_terminal_size().columns
+    print(textwrap.fill(f"{pm.id}: {pm.meta.title}", width, subsequent_indent="  "), flush=True)
     mode = "Triton interpreter" if DEVICE == "cpu" else "native Triton"
-    print(
-        f"  imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
-        f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})",
-        file=sys.stderr,
-        flush=True,
+    imported = (
+        f"imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
+        f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})"
     )
-    with _Progress(list(pm.module.CASES)) as progress:
+    print(textwrap.fill(imported, width, initial_indent="  ", subsequent_indent="    "), file=sys.stderr, flush=True)
+    with _Progress(list(pm.module.CASES), width=width) as progress:
         results = pm.reproduce(device=args.device)
         progress.say(f"reproduced ({len(progress.seen)} layouts); checking {len(pm.claims)} claims")
         verdicts = pm.claims.check(results, starting=lambda i, statement: progress.claim(i, statement, len(pm.claims)))
-    lines, cut = claim_lines(verdicts, shutil.get_terminal_size().columns)
+    lines, cut = claim_lines(verdicts, width)
     print("\n".join(lines))
     if cut:
         print(f"(evidence cut to {EVIDENCE_LINES} lines; --record FILE keeps it whole)")
