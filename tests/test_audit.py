@@ -132,7 +132,7 @@ PLANTED = [
     (tail_unwritten, "tail-rows", "out: .* non-finite values in 4 TAIL rows"),
     (gap_unwritten, "gap-rows", "out: .* non-finite values in .* GAP rows"),
     (padding_reaches_real_rows, "padding-leak", r"\(nan padding\): out: .* non-finite REAL values"),
-    (top_left_causal, "causal-unequal", "error .* > bound"),
+    (top_left_causal, "causal-unequal", "error .* > bound.*; out matches top-left aligned causal masking .* aligns bottom-right"),
     (gqa_interleaved, "gqa", "H=4/2 .* error .* > bound"),
     (nondeterministic, "determinism", "values differ"),
     (window_left_ignored, "sliding-window", r"window=\(2, 1\) .*error .* > bound"),
@@ -145,6 +145,36 @@ def test_each_check_catches_its_planted_bug(impl, check, evidence):
     result = report.result(check)
     assert result.verdict is Verdict.FAIL, result
     assert result.evidence and __import__("re").search(evidence, result.evidence), result.evidence
+
+
+def sdpa_is_causal_per_sequence(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, scale=None):
+    """Each sequence through SDPA with is_causal: top-left aligned for every len_q, len_k (query i
+    sees keys 0..i), so the rows the contract leaves without a key (len_q > len_k) see some."""
+    group = q.shape[1] // k.shape[1]
+    rows = []
+    for a, b, c, d in zip(cu_q.tolist(), cu_q[1:].tolist(), cu_k.tolist(), cu_k[1:].tolist()):
+        if b == a or d == c:
+            rows.append(torch.zeros_like(q[a:b]))
+            continue
+        qi, ki, vi = (x.transpose(0, 1) for x in (q[a:b], k[c:d].repeat_interleave(group, 1), v[c:d].repeat_interleave(group, 1)))
+        rows.append(F.scaled_dot_product_attention(qi, ki, vi, is_causal=causal, scale=scale).transpose(0, 1))
+    return torch.cat([*rows, torch.zeros_like(q[int(cu_q[-1]) :])])
+
+
+def causal_ignored(q, *args, causal=False, **kw):
+    return oracle(q, *args, **kw)
+
+
+def test_the_top_left_hint_comes_only_where_out_matches_top_left_alignment():
+    """Both causal checks of len_q != len_k give the hint, on either side of len_q = len_k; a causal
+    failure of another cause (the mask dropped) gets none."""
+    report = audit(sdpa_is_causal_per_sequence, budget=0, checks=["real-accuracy", "causal-unequal", "fully-masked-rows"])
+    assert report.verdicts() == {"real-accuracy": "pass", "causal-unequal": "FAIL", "fully-masked-rows": "FAIL"}, report.table()
+    for name in ("causal-unequal", "fully-masked-rows"):
+        assert "; out matches top-left aligned causal masking" in report.result(name).evidence, report.table()
+    report = audit(causal_ignored, "contract", budget=0, checks=["causal-unequal", "fully-masked-rows"])
+    assert report.verdicts() == {"causal-unequal": "FAIL", "fully-masked-rows": "FAIL"}, report.table()
+    assert not any("top-left" in r.evidence for r in report.results), report.table()
 
 
 def test_a_failing_window_case_replays_with_its_window():
@@ -204,14 +234,17 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
 ):
     """flash-attn 2's signature, computed by the oracle, trusting its metadata as FA does (a
-    negative window bound is unbounded, a non-int one truncated, as its C++ takes them)."""
+    negative window bound is unbounded, a non-int one truncated, as its C++ takes them);
+    return_attn_probs=True gives (out, softmax_lse, S_dmask)."""
     assert dropout_p == 0.0
     left, right = window_size
     window = (max(int(left), -1), max(int(right), -1))
-    out = oracle(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=softmax_scale, window_size=window
-    )
-    return (out, None, None) if return_attn_probs else out
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out = oracle(*args, causal=causal, scale=softmax_scale, window_size=window)
+    if not return_attn_probs:
+        return out
+    kwargs = dict(causal=causal, scale=softmax_scale, window_size=window, compute_dtype=q.dtype, validate=False)
+    return out, reference_attention(*args, **kwargs, return_lse=True)[1].float(), None
 
 
 def te_dot_product_attention(
@@ -277,7 +310,7 @@ def test_adapters_are_detected_from_signatures():
     assert detect(te_dot_product_attention).name == "te-thd"
     with pytest.raises(ValueError, match=r"no adapter recognises .*sdpa_bshd.*`bshd` is never guessed"):
         detect(sdpa_bshd)
-    with pytest.raises(ValueError, match=r"adapter = 'nope' is not registered; known adapters: .*torch-varlen"):
+    with pytest.raises(ValueError, match=r"adapter='nope' is not registered; known adapters: .*torch-varlen"):
         adapt(reference_attention, "nope")
     with pytest.raises(ValueError, match=r"target 'workbench:nothing_here'.*has no attribute 'nothing_here'"):
         adapt("workbench:nothing_here")
@@ -342,7 +375,7 @@ def test_flash_attn_adapter_on_a_fake_of_its_signature():
     verdicts = report.verdicts()
     assert verdicts.pop("gap-rows") == "n/a" and verdicts.pop("input-validation") == "no validation"
     assert report.passed  # validation is graded apart: it never fails the audit
-    assert set(verdicts.values()) == {"pass"}, verdicts
+    assert set(verdicts.values()) == {"pass"}, verdicts  # lse included: return_attn_probs=True asks for it
     rows = {r["id"]: r["outcome"] for r in report.result("input-validation").rows}
     # The fake trusts its metadata: a list crashes deep inside (AttributeError: an accident, not
     # a refusal); a short max_seqlen is ignored, which gives the oracle's answer; a negative
@@ -356,6 +389,7 @@ def test_te_adapter_maps_thd_keywords_and_bottom_right_causal():
     verdicts = report.verdicts()
     assert verdicts.pop("custom-scale") == "n/a" and "constructor" in report.result("custom-scale").evidence
     assert verdicts.pop("sliding-window") == "n/a" and "window_size" in report.result("sliding-window").evidence
+    assert verdicts.pop("lse") == "n/a" and "no return_lse keyword" in report.result("lse").evidence
     assert set(verdicts.values()) == {"pass", "validates"}, report.table()
     rows = {r["id"]: r for r in report.result("input-validation").rows}
     assert rows["scale-nan"]["outcome"] == "n/a" and "constructor" in rows["scale-nan"]["evidence"]
@@ -367,6 +401,7 @@ def test_bshd_adapter_catches_sdpa_letting_masked_nan_through_and_passes_a_guard
     verdicts = report.verdicts()
     assert verdicts.pop("tail-rows") == verdicts.pop("gap-rows") == verdicts.pop("input-validation") == "n/a"
     assert verdicts.pop("custom-scale") == "n/a"  # sdpa_bshd takes no scale keyword
+    assert verdicts.pop("lse") == "n/a"  # nor gives an lse
     # Masked scores are -inf, but probability 0 times a NaN value at a padded position is NaN.
     assert verdicts.pop("padding-leak") == "FAIL" and "(nan padding): out:" in report.result("padding-leak").evidence
     assert set(verdicts.values()) == {"pass"}, report.table()  # torch >= 2.5 SDPA gives 0 on fully masked rows
@@ -534,7 +569,7 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
     assert main(["audit", "no_such_module_xyz:f"]) == 2
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
     assert main(["audit", "workbench:reference_attention", "--checks", "tail-rows,nope"]) == 2
-    assert "checks = ['nope'] are unknown" in capsys.readouterr().err
+    assert "--checks / --skip name unknown checks ['nope']" in capsys.readouterr().err
 
 
 def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():

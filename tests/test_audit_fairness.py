@@ -29,6 +29,7 @@ def test_a_correct_plain_pytorch_attention_passes_and_its_validation_is_its_own_
     correctness = {r.name: r.verdict for r in report.results if r.name != "input-validation"}
     # It takes no window_size: the window check is not applicable (windows are opt-in), not failed.
     assert correctness.pop("sliding-window") is Verdict.NA and "takes no window_size" in report.result("sliding-window").evidence
+    assert correctness.pop("lse") is Verdict.NA and "no return_lse parameter" in report.result("lse").evidence
     assert set(correctness.values()) == {Verdict.PASS}, report.table()
     assert report.passed, str(report)
     assert report.validation in ("no validation", "partly validates"), report.table()
@@ -87,7 +88,8 @@ def test_skip_beside_checks(capsys):
         "fully-masked-rows",
         "causal-unequal",
         "sliding-window",
+        "lse",
     ]
     assert "input-validation" not in report.verdicts()
     assert main(["audit", "workbench:reference_attention", "--budget", "0", "--skip", "nope"]) == 2
-    assert "checks = ['nope'] are unknown" in capsys.readouterr().err
+    assert "--checks / --skip name unknown checks ['nope']" in capsys.readouterr().err

@@ -84,7 +84,7 @@ def test_the_shrinker_drops_an_unrelated_empty_sequence():
 def test_time_limit_stops_the_fuzzer_and_says_so():
     result = fuzz(adapt(tail_unwritten, "contract"), 10_000, time_limit=0.5)
     assert 0 < result.tried < 10_000 and "time limit" in result.stopped_early
-    with pytest.raises(ValueError, match=r"budget = -1 must be >= 0"):
+    with pytest.raises(ValueError, match=r"budget=-1 must be >= 0"):
         fuzz(adapt(tail_unwritten, "contract"), -1)
 
 

@@ -13,8 +13,9 @@ import torch
 from test_audit import oracle
 
 import kernels
+from workbench import reference_attention
 from workbench.audit import Verdict, adapt, audit, detect
-from workbench.audit.adapters import REGISTER_EXAMPLE
+from workbench.audit.adapters import REGISTER_EXAMPLE, AdapterRefused
 from workbench.audit.adapters.cudnn_ragged import cudnn_ragged_attention
 from workbench.audit.adapters.varlen import infer
 from workbench.audit.checks import Finding
@@ -61,7 +62,7 @@ def flash_attn_varlen_func(
 
     cu_q, padded_q = layout(cu_seqlens_q, seqused_q)
     cu_k, padded_k = layout(cu_seqlens_k, seqused_k)
-    out = oracle(
+    out, lse = reference_attention(
         q,
         k,
         v,
@@ -74,8 +75,11 @@ def flash_attn_varlen_func(
         causal=causal,
         scale=softmax_scale,
         window_size=tuple(-1 if w is None else w for w in window_size),
+        return_lse=True,
+        compute_dtype=q.dtype,
+        validate=False,
     )
-    return (out, torch.zeros(q.shape[1], q.shape[0])) if return_lse else out
+    return (out, lse.float()) if return_lse else out
 
 
 def users_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None):
@@ -186,9 +190,6 @@ def test_the_seqused_call_and_its_snippet_agree():
 
 
 def test_when_inference_fails_the_error_shows_how_to_register_an_adapter():
-    def not_varlen(x, y, z, lengths):
-        return x
-
     with pytest.raises(ValueError) as error:
         detect(not_varlen)
     message = str(error.value)
@@ -212,3 +213,121 @@ def test_the_readme_shows_the_register_example_as_the_code_defines_it():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert REGISTER_EXAMPLE in readme
+
+
+# -- self-attention: one set of boundaries for q and k ----------------------------------------------
+
+
+def self_attn(q, k, v, cu_seqlens, max_seqlen, causal=False, softmax_scale=None):
+    """Training code's self-attention: one cu_seqlens and one max_seqlen for q and k."""
+    return kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=causal, scale=softmax_scale)
+
+
+def self_attn_scale_dropped(q, k, v, cu_seqlens, max_seqlen, is_causal=False, scale=None):
+    """The same with `scale` taken and never passed on: always 1/sqrt(D)."""
+    return kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=is_causal)
+
+
+def self_attn_oracle(q, k, v, cu_seqlens, max_seqlen, causal=False, softmax_scale=None):
+    return oracle(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=causal, scale=softmax_scale)
+
+
+SELF_ATTENTION_CHECKS = ["real-accuracy", "tail-rows", "custom-scale", "causal-unequal", "fully-masked-rows"]
+
+
+def test_a_single_boundary_self_attention_is_inferred_and_unequal_layouts_are_na_with_the_reason():
+    signature = infer(self_attn)
+    assert signature.shared == "cu_seqlens" and signature.names["max_seqlen_k"] == "max_seqlen"
+    report = audit(self_attn, budget=2, checks=SELF_ATTENTION_CHECKS)
+    assert report.adapter == "contract" and report.passed and report.fuzz.tried == 2, str(report)
+    assert report.verdicts() == {
+        "real-accuracy": "pass",
+        "tail-rows": "pass",
+        "custom-scale": "pass",
+        "causal-unequal": "n/a",
+        "fully-masked-rows": "n/a",
+    }, report.table()
+    reason = "self_attn takes one cu_seqlens for q and k (self-attention): only layouts with len_q == len_k"
+    assert reason in report.result("causal-unequal").evidence, report.table()
+
+
+def test_a_broken_self_attention_fails_the_check_of_what_it_breaks():
+    report = audit(self_attn_scale_dropped, budget=0, checks=SELF_ATTENTION_CHECKS)
+    failed = {name for name, verdict in report.verdicts().items() if verdict == "FAIL"}
+    assert failed == {"custom-scale"}, report.table()
+    assert "scale=0.3" in report.result("custom-scale").evidence
+
+
+def test_a_self_attention_call_is_refused_when_q_and_k_boundaries_differ_and_its_snippet_names_them_once():
+    signature = infer(self_attn_oracle)
+    cu, other = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 5], dtype=torch.int32)
+    q = torch.zeros(5, 2, 16)
+    _, same = signature.arguments(q, q, cu, cu.clone(), 3, 3, None, None, True, 0.5, (-1, -1))
+    assert same.pop("cu_seqlens") is cu and same == {"max_seqlen": 3, "causal": True, "softmax_scale": 0.5}
+    with pytest.raises(AdapterRefused, match="takes one cu_seqlens for q and k"):
+        signature.arguments(q, q, cu, other, 3, 4, None, None, False, None, (-1, -1))
+    with pytest.raises(AdapterRefused, match="takes one max_seqlen for q and k"):
+        signature.arguments(q, q, cu, cu, 3, 4, None, None, False, None, (-1, -1))
+
+    case = Case((3, 2), tail_q=1, tail_k=1, heads=2, head_dim=16)
+    snippet = torch_snippet(adapt(self_attn_oracle), case, Finding("tail-rows", "planted"))
+    assert snippet.count("cu_seqlens=") == 1 and snippet.count("max_seqlen=") == 1, snippet
+    printed = []
+    exec(compile(snippet, "<snippet>", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    assert printed == [f"{n}: damaged REAL rows [], padding rows not 0 []" for n in ("out", "dq", "dk", "dv")], printed
+
+
+SCALES_SEEN: list[tuple] = []
+
+
+def both_scales(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None, softmax_scale=None):
+    """varlen_attention with `softmax_scale` as an alias of `scale`: passing both is an error."""
+    if scale is not None and softmax_scale is not None:
+        raise ValueError("pass scale or softmax_scale (its alias), not both")
+    SCALES_SEEN.append((scale, softmax_scale))
+    return oracle(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale or softmax_scale)
+
+
+def test_a_function_with_scale_and_its_alias_softmax_scale_gets_scale_alone():
+    assert infer(both_scales).names["scale"] == "scale"
+    SCALES_SEEN.clear()
+    report = audit(both_scales, budget=0, checks=["custom-scale"])
+    assert report.verdicts() == {"custom-scale": "pass"}, report.table()
+    assert (0.3, None) in SCALES_SEEN and all(alias is None for _, alias in SCALES_SEEN), SCALES_SEEN
+
+
+# -- errors name what the user types: --flags on the command line, keywords in Python ---------------
+
+
+def not_varlen(x, y, z, lengths):
+    return x
+
+
+def test_python_errors_name_keywords(capsys):
+    with pytest.raises(ValueError) as no_adapter:
+        detect(not_varlen)
+    assert "Pass adapter=NAME, NAME one of" in str(no_adapter.value) and "--adapter" not in str(no_adapter.value).split("\n\n")[0]
+    with pytest.raises(ValueError, match=r"^adapter='nope' is not registered"):
+        adapt(not_varlen, adapter="nope")
+    with pytest.raises(ValueError, match=r"^checks= / skip= name unknown checks \['nope'\]"):
+        audit(users_attention, budget=0, checks=["nope"])
+    with pytest.raises(ValueError, match=r"^budget=-1 must be >= 0"):
+        audit(users_attention, budget=-1, checks=["real-accuracy"])
+    assert "audit it with device='cuda' on a GPU" in adapt("torch.nn.attention.varlen:varlen_attn", device="cpu").why_not()
+
+
+def test_command_line_errors_name_flags(capsys):
+    from workbench.cli import main
+
+    assert main(["audit", "test_audit_inference:not_varlen"]) == 2
+    message = capsys.readouterr().err.split("\n\n")[0]
+    assert "Pass --adapter NAME, NAME one of" in message and "adapter=" not in message, message
+    assert main(["audit", "test_audit_inference:users_attention", "--adapter", "nope"]) == 2
+    assert "workbench audit: --adapter nope is not registered" in capsys.readouterr().err
+    assert main(["audit", "test_audit_inference:users_attention", "--budget", "-1", "--checks", "real-accuracy"]) == 2
+    assert "workbench audit: --budget -1 must be >= 0" in capsys.readouterr().err
+    assert (
+        main(["audit", "torch.nn.attention.varlen:varlen_attn", "--device", "cpu", "--budget", "0", "--checks", "tail-rows"]) == 2
+    )
+    out = capsys.readouterr().out
+    assert "audit it with --device cuda on a GPU" in out and "device='cuda'" not in out, out

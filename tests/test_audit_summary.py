@@ -142,3 +142,20 @@ def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):
         "did not run: ImportError: no module named flash_attn",
         "compute-sanitizer: no record",
     ]
+
+
+def test_a_check_that_joined_the_audit_after_a_run_is_no_gap_of_it(tmp_path):
+    """The lse check came after the H200 records: they are whole without it, and the matrix has no lse
+    column yet; a run made after it joined, that lacks it, left it out."""
+    from workbench.audit.checks import CHECKS
+    from workbench.audit.matrix import columns, complete, left_out
+    from workbench.audit.summary import incomplete
+
+    ours = copy.deepcopy(next(r for r in load_matrix() if r["row"] == "ours"))
+    ours["checks"] = [c for c in ours["checks"] if c["name"] != "lse"]
+    ours["provenance"]["date"] = "2026-12-02 02:22 UTC"
+    assert CHECKS["lse"].added > "2026-12-02" and not left_out(ours, "lse") and complete(ours)
+    assert "lse" not in columns([ours]) and incomplete([ours], tmp_path) == {}
+    ours["provenance"]["date"] = f"{CHECKS['lse'].added} 12:00 UTC"
+    assert left_out(ours, "lse") and not complete(ours)
+    assert incomplete([ours], tmp_path) == {"ours": ["lse: this check was not in the recorded run"]}

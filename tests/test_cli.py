@@ -67,27 +67,48 @@ def test_repro_suggests_the_id_of_a_module_name(project, capsys):
     assert "known ids: my-bug" in capsys.readouterr().err
 
 
-def test_repro_shows_progress_case_by_case(project, capsys):
+def test_repro_shows_progress_case_by_case_and_claim_by_claim_in_lines_that_fit(project, capsys, monkeypatch):
     scaffold_variant(project, "progress", FAST_FIX)
+    monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda: os.terminal_size((60, 24)))
     assert cli.main(["repro", "progress"]) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert any("imported postmortems.progress" in line and "reproducing 1 case(s)" in line for line in err), err
+    printed = capsys.readouterr()
+    err = printed.err.splitlines()
+    assert "imported postmortems.progress" in printed.err and "reproducing 1 case(s)" in " ".join(printed.err.split()), err
     assert any(line.split()[1:3] == ["case", "1/1:"] and "q=[5, 3]" in line for line in err), err
     assert any("reproduced (1 layouts); checking 2 claims" in line for line in err), err
+    assert any(line.split()[1:3] == ["claim", "2/2:"] for line in err), err
+    assert max(map(len, err + printed.out.splitlines())) <= 60, printed
 
 
-def test_progress_says_it_is_still_running(capsys):
-    from workbench import Case
-
-    case = Case(seqlens_q=(3,))
-    with cli._Progress([case], quiet=0.2) as progress:
+def test_progress_says_what_is_still_running_in_lines_that_fit(capsys):
+    case, long = Case(seqlens_q=(3,)), Case(seqlens_q=tuple(range(1, 200)))
+    with cli._Progress([case, long], quiet=0.2, width=80) as progress:
         progress.packed(case)
         progress.packed(case)  # the same layout again: not repeated
         progress.packed(case.with_(seed=1))
-        __import__("time").sleep(1.5)
-    err = capsys.readouterr().err
-    assert err.count("case 1/1") == 1 and "layout 2: q=[3]" in err
-    assert "still reproducing (2 layouts so far)" in err
+        time.sleep(1.5)
+        progress.packed(long)
+        progress.claim(1, "padding rows of out, dq, dk, dv are exactly 0", 2)
+        time.sleep(1.5)
+    err = capsys.readouterr().err.splitlines()
+    assert sum("case 1/2" in line for line in err) == 1 and any("layout 2: q=[3]" in line for line in err)
+    assert any(re.search(r"still running \(\d+ s; 2 layouts so far\) layout 2: q=\[3\]", line) for line in err), err
+    assert any(re.search(r"still running \(\d+ s; 3 layouts so far\) claim 2/2: padding rows of", line) for line in err), err
+    assert any("case 2/2: q=[1, 2, 3," in line and line.endswith("...") for line in err), err
+    assert max(map(len, err)) <= 80, err
+
+
+def test_claim_lines_wrap_the_claim_and_cut_long_evidence():
+    from workbench.postmortem import OURS, ClaimVerdict
+
+    long = ClaimVerdict("padding rows of out, dq, dk, dv are exactly 0 " * 3, False, "row 7: nan; " * 60, OURS)
+    short = ClaimVerdict("real rows match", True, "max error 0.1 of the bound", OURS)
+    lines, cut = cli.claim_lines([long, short], 80)
+    assert cut and max(map(len, lines)) <= 80, lines
+    assert lines[0].startswith("FAILS  our kernel  padding rows") and lines[3].strip().startswith("evidence: row 7: nan;")
+    assert lines[5].endswith(" ...") and lines[6].startswith("HOLDS  our kernel  real rows match")
+    assert lines[7].strip() == "evidence: max error 0.1 of the bound" and len(lines) == 8
+    assert not cli.claim_lines([short], 80)[1]
 
 
 def test_repro_prints_verdicts_and_records_with_provenance(project, tmp_path, capsys):
@@ -128,15 +149,15 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
     scaffold_variant(project, "listed", FAST_FIX)
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["id", "status", "verdict", "(last", "build)", "title"]
-    assert lines[2].split()[:4] == ["listed", "open", "not", "built"]
+    assert lines[0].split()[:5] == ["id", "status", "verdict", "(last", "build)"]
+    assert lines[2].split()[:5] == ["listed", "upstream", "unaware", "not", "built"]  # the scaffold's status
 
     site = project.root / "site" / "_build"
     site.mkdir(parents=True)
     (site / "manifest.json").write_text(json.dumps({"postmortems": [{"id": "listed", "verdict": "2/2 claims hold"}]}))
     assert read_manifest(site)["postmortems"][0]["id"] == "listed"
     assert cli.main(["list"]) == 0
-    assert "  2/2 claims hold  " in capsys.readouterr().out.splitlines()[2]
+    assert "  2/2 claims hold" in capsys.readouterr().out.splitlines()[2]
 
 
 @pytest.mark.parametrize("columns", [60, 100, 200])
@@ -149,10 +170,36 @@ def test_list_fits_the_terminal_without_importing_the_modules(project, capsys, m
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines)) <= columns
-    assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].endswith("...")
+    assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].split()[1:3] == ["upstream", "unaware"]
+    if lines[0].endswith("title"):  # room for titles: one line each, cut at a word
+        assert columns - lines[0].index("title") >= cli.TITLE_MIN and len(lines) == 3
+        assert lines[2].endswith("...") and title.startswith(lines[2][lines[0].index("title") : -3])
+    else:  # the title under its row, on two lines, cut at a word
+        assert columns - len(lines[0]) < cli.TITLE_MIN and lines[3].startswith("    A title far longer than any")
+        assert lines[4].startswith("    ") and lines[4].endswith("...") and len(lines) == 5
     assert cli.main(["list", "--wide"]) == 0
     assert capsys.readouterr().out.splitlines()[2].endswith(title.strip())  # whole
     assert not any(name.startswith(f"{project.package}.") for name in sys.modules)  # read, not imported
+
+
+def test_list_shows_every_title_readably_at_80_columns():
+    """The repository's own post-mortems, as a newcomer's 80-column terminal shows them."""
+    from workbench.registry import Registry
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "workbench", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert listed.returncode == 0, listed.stderr
+    lines, text = listed.stdout.splitlines(), " ".join(listed.stdout.split())
+    assert max(map(len, lines)) <= 80, lines
+    for postmortem_id in Registry().ids():
+        row = next(line for line in lines if line.startswith(f"{postmortem_id} "))
+        title = cli._meta_from_source(Registry().package_dir / postmortem_id.replace("-", "_"))["title"]
+        assert row.split()[1] in listed.stdout and " ".join(title.split()[:8]) in text, (title, listed.stdout)
 
 
 def test_list_without_postmortems_says_how_to_start(project, capsys):
@@ -186,10 +233,31 @@ def test_lab_opens_jupyterlab_on_notebooks(project, monkeypatch, uid):
     assert calls[0].count("--allow-root") == 1
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = f"/proc/{pid}/stat"
+    return not (os.path.exists(stat) and open(stat).read().rpartition(")")[2].split()[0] == "Z")
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGTERM,
+        signal.SIGINT,
+        pytest.param(
+            signal.SIGKILL, marks=pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent-death signal")
+        ),
+    ],
+    ids=["SIGTERM", "SIGINT", "SIGKILL"],
+)
 def test_lab_stops_its_child_when_signalled(tmp_path, sig):
-    """`workbench lab` killed by its PID takes JupyterLab with it: the signal is forwarded."""
+    """`workbench lab` killed by its PID or Ctrl-C takes JupyterLab with it: the signal is
+    forwarded; killed with -9, which it cannot see, the kernel's parent-death signal stops it."""
     pid_file = tmp_path / "child.pid"
     child = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(60)"
     parent = subprocess.Popen(
@@ -207,9 +275,7 @@ def test_lab_stops_its_child_when_signalled(tmp_path, sig):
     assert parent.wait(timeout=30) != 0
     child_pid = int(pid_file.read_text())
     while time.monotonic() < deadline:
-        try:
-            os.kill(child_pid, 0)
-        except ProcessLookupError:
+        if not _alive(child_pid):
             return
         time.sleep(0.1)
     os.kill(child_pid, signal.SIGKILL)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+from pathlib import Path
 
 import pytest
 
 from postmortems.fa4_unwritten_padding import META as FOUND
 from postmortems.torch_varlen_176793 import META as REPORTED
-from workbench.registry import Registry
+from workbench.registry import Registry, forget_modules
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_reported_bug_names_its_report_and_links_it():
@@ -35,9 +38,39 @@ def test_a_report_must_be_one_of_the_links_and_contradicts_upstream_unaware():
         dataclasses.replace(REPORTED, upstream_status="upstream unaware")
 
 
+def report_problem(pm) -> str | None:
+    """Why `pm`'s META breaks the rule "a report exactly where upstream knows", naming the file,
+    the field and the fix; None when it keeps it."""
+    source = Path(pm.module.__file__)
+    cases = source.parent / "cases.py" if source.name == "__init__.py" else source
+    where = f"{pm.id}: META in {cases.relative_to(ROOT) if cases.is_relative_to(ROOT) else cases}"
+    if pm.meta.upstream_status != "upstream unaware" and not pm.meta.report:
+        return (
+            f'{where} has upstream_status={pm.meta.upstream_status!r} but report="": set report= to the url of '
+            'the upstream report (add it to links first), or upstream_status="upstream unaware" if nobody reported it.'
+        )
+    if pm.meta.upstream_status == "upstream unaware" and pm.meta.report:
+        return f"{where} names report={pm.meta.report!r} with upstream_status 'upstream unaware': give the status it got."
+    return None
+
+
 def test_every_postmortem_names_its_report_unless_upstream_is_unaware():
-    for pm in Registry().postmortems():
-        assert bool(pm.meta.report) == (pm.meta.upstream_status != "upstream unaware"), pm.id
+    problems = [p for pm in Registry().postmortems() if (p := report_problem(pm))]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_report_rule_names_the_file_the_field_and_the_fix(project):
+    """A fresh scaffold keeps the rule (`workbench new` then `make test` passes); marked open
+    without a report, the failure says where and what to fill."""
+    package_path, _ = project.scaffold("my-bug", "A title")
+    assert project.get("my-bug").meta.upstream_status == "upstream unaware" and report_problem(project.get("my-bug")) is None
+    cases = package_path / "cases.py"
+    cases.write_text(cases.read_text().replace('upstream_status="upstream unaware"', 'upstream_status="open"'))
+    forget_modules(f"{project.package}.my_bug")
+    assert report_problem(project.get("my-bug")) == (
+        f"my-bug: META in {cases} has upstream_status='open' but report=\"\": set report= to the url of "
+        'the upstream report (add it to links first), or upstream_status="upstream unaware" if nobody reported it.'
+    )
 
 
 _DATES = re.compile(r"<dt>Dates</dt><dd>(.*?)</dd>", re.DOTALL)

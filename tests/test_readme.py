@@ -2,8 +2,11 @@
 `workbench new` example is a valid id that no post-mortem has, and it says how to get the
 command on PATH."""
 
+import importlib
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,46 @@ def test_new_example_is_a_valid_id_no_committed_postmortem_has():
 
 def test_readme_says_how_to_put_workbench_on_path():
     assert "source .venv/bin/activate" in README and ".venv/bin/workbench" in README
+
+
+def _section(title: str) -> str:
+    """The README's `## title` section, up to the next one."""
+    start = README.index(f"\n## {title}\n")
+    return README[start : README.index("\n## ", start + 1)]
+
+
+SWAP_CHECKS = """
+assert model.config._attn_implementation == "varlen_contract"
+assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+# The documents stay apart: the second one's logits do not move when the first one's tokens change.
+with torch.no_grad():
+    other = input_ids.clone()
+    other[0, :5] = (other[0, :5] + 1) % config.vocab_size
+    first, second = (model(input_ids=ids, position_ids=position_ids).logits[0, 5:] for ids in (input_ids, other))
+assert torch.equal(first, second) and not torch.equal(model(input_ids=other).logits[0, 5:], second)
+print("swapped")
+"""
+
+
+def test_start_here_swap_from_a_config_runs_as_written():
+    """The start-here block, verbatim, in a fresh interpreter on the CPU: a model built from the config
+    runs our kernel as its attention, trains a step with finite gradients, and keeps the packed
+    documents apart."""
+    (block,) = re.findall(r"```python\n(.*?)```", _section("NaN gradients? Start here"), flags=re.DOTALL)
+    assert "attn_implementation=kernels.hf.register()" in block
+    env = {**os.environ, "WORKBENCH_DEVICE": "cpu"}
+    run = subprocess.run(
+        [sys.executable, "-c", block + SWAP_CHECKS], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("swapped"), run.stderr[-3000:]
+
+
+def test_start_here_names_what_exists():
+    section = _section("NaN gradients? Start here")
+    assert "make setup" in section and re.search(r"^setup:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
+    assert "python -m workbench.realclient" in section and callable(importlib.import_module("workbench.realclient").main)
+    assert "workbench audit mypkg.attn:my_varlen_attention" in section
+    # The head dims are the contract's to state: the link goes to a section it has.
+    assert "[docs/contract.md](docs/contract.md#the-call), The call" in section
+    assert "\n## The call\n" in (ROOT / "docs" / "contract.md").read_text()
+    assert README.index("## NaN gradients? Start here") < README.index("## The two commands")

@@ -41,7 +41,7 @@ def test_pages_index_and_manifest(built_site):
     ]
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
-    assert 'class="wb-status wb-status-open"' in page and "2/2 claims hold" in page
+    assert 'class="wb-status wb-status-upstream-unaware"' in page and "2/2 claims hold" in page
     # Upstream status and our verdict apart; the evidence badge names the strongest level (only our kernel here).
     assert '<dt>Our verdict</dt><dd class="wb-our-verdict">scaffold: nothing of an upstream report verified yet</dd>' in page
     assert '<span class="wb-evidence wb-evidence-ours"' in page and "strongest evidence: our fixed kernel, run here" in page

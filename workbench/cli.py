@@ -25,7 +25,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from workbench.adapter_example import REGISTER_EXAMPLE
@@ -90,12 +92,41 @@ def _list(args: argparse.Namespace) -> int:
     if len(rows) == 1:
         print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
         return 0
-    lines = fixed_width(rows).splitlines()
-    width = None if args.wide else shutil.get_terminal_size().columns
-    if width is not None:  # a title cut to the terminal ends in "..."; --wide prints it whole
-        lines = [line if len(line) <= width else line[: max(width - 3, 0)] + "..." for line in lines]
-    print("\n".join(lines))
+    print(_listing(rows, None if args.wide else shutil.get_terminal_size().columns))
     return 0
+
+
+TITLE_MIN = 60  # a title column narrower than this shows too little of most titles: they go under their rows
+TITLE_LINES = 2  # lines a title under its row may take before it is cut
+
+
+def _listing(rows: Sequence[tuple[str, ...]], width: int | None) -> str:
+    """`list`'s table for a terminal `width` columns wide (None: titles whole). Where the title
+    column has TITLE_MIN columns, one line per post-mortem with its title cut at a word; where it
+    has fewer, each title goes under its row, indented, on up to TITLE_LINES lines."""
+    lines = fixed_width(rows).splitlines()
+    if width is None:
+        return "\n".join(lines)
+    start = len(lines[0]) - len(rows[0][-1])  # the title column's first character
+    if width - start >= TITLE_MIN:
+        titles = [rows[0][-1], "", *(row[-1] for row in rows[1:])]  # the rule line has none
+        return "\n".join(
+            line if len(line) <= width else line[:start] + textwrap.shorten(title, width - start, placeholder="...")
+            for line, title in zip(lines, titles)
+        )
+    # id and status first: a row too long for the terminal loses the end of its verdict
+    short = [
+        line if len(line) <= width else line[: width - 3] + "..." for line in fixed_width([row[:-1] for row in rows]).splitlines()
+    ]
+    out = short[:2]
+    for line, (*_, title) in zip(short[2:], rows[1:]):
+        out += [
+            line,
+            *textwrap.wrap(
+                title, width, initial_indent="    ", subsequent_indent="    ", max_lines=TITLE_LINES, placeholder="..."
+            ),
+        ]
+    return "\n".join(out)
 
 
 ID_RULE = re.compile(r"[a-z][a-z0-9-]*")
@@ -119,34 +150,48 @@ def _id_problem(command: str, postmortem_id: str, known: list[str] | None = None
 
 class _Progress:
     """What `repro` is doing, on stderr while the post-mortem runs: each layout it packs (the
-    registered CASES by number) and, after `quiet` seconds without news, a line saying it is
-    still running. Needs nothing of the post-mortem module: it observes `workbench.pack`."""
+    registered CASES by number), each claim it checks, and, after `quiet` seconds without news, a
+    line saying which of them is still running and for how long. Lines are cut to the terminal's
+    `width`. Needs nothing of the post-mortem module: it observes `workbench.pack`."""
 
-    def __init__(self, cases: list, quiet: float = 5.0) -> None:
+    def __init__(self, cases: list, quiet: float = 5.0, width: int | None = None) -> None:
         import threading
 
         self.cases, self.quiet = cases, quiet
+        self.width = width or shutil.get_terminal_size().columns
         self.seen: set = set()
-        self.start = self.last = time.perf_counter()
+        self.start = self.last = self.since = time.perf_counter()
+        self.running = "the post-mortem's reproduce()"  # what runs now, named by the still-running line
         self.lock, self.done = threading.Lock(), threading.Event()
         self.ticker = threading.Thread(target=self._tick, daemon=True)
 
     def say(self, message: str) -> None:
         with self.lock:
             self.last = time.perf_counter()
-            print(f"  {self.last - self.start:6.1f}s  {message}", file=sys.stderr, flush=True)
+            prefix = f"  {self.last - self.start:6.1f}s  "
+            room = max(self.width - len(prefix), 20)
+            print(prefix + textwrap.shorten(message, room, placeholder="..."), file=sys.stderr, flush=True)
+
+    def now(self, what: str) -> None:
+        """`what` starts: said now, and named while it runs."""
+        self.running, self.since = what, time.perf_counter()
+        self.say(what)
 
     def packed(self, case) -> None:
         if case in self.seen:
             return
         self.seen.add(case)
         where = f"case {self.cases.index(case) + 1}/{len(self.cases)}" if case in self.cases else f"layout {len(self.seen)}"
-        self.say(f"{where}: {case.label()}")
+        self.now(f"{where}: {case.label()}")
+
+    def claim(self, index: int, statement: str, count: int) -> None:
+        self.now(f"claim {index + 1}/{count}: {statement}")
 
     def _tick(self) -> None:
         while not self.done.wait(1.0):
             if time.perf_counter() - self.last >= self.quiet:
-                self.say(f"still reproducing ({len(self.seen)} layouts so far)")
+                running = time.perf_counter() - self.since
+                self.say(f"still running ({running:.0f} s; {len(self.seen)} layouts so far) {self.running}")
 
     def __enter__(self) -> _Progress:
         import contextlib
@@ -162,6 +207,28 @@ class _Progress:
         self.done.set()
         self.ticker.join()
         self._stack.close()
+
+
+EVIDENCE_LINES = 3  # lines of a claim's evidence `repro` prints; --record keeps it whole
+
+
+def claim_lines(verdicts: list, width: int) -> tuple[list[str], bool]:
+    """The claims for a terminal `width` columns wide: verdict, evidence level and the claim on a
+    line (the claim wrapped in its column), the evidence under it on up to EVIDENCE_LINES lines;
+    and whether some evidence was cut."""
+    verdict_width = max(len(v.verdict) for v in verdicts)
+    level_width = max(len(v.level.short) for v in verdicts)
+    indent = " " * (verdict_width + level_width + 4)
+    room = max(width - len(indent), 20)
+    lines, cut = [], False
+    for v in verdicts:
+        claim = textwrap.wrap(v.claim, room) or [""]
+        lines.append(f"{v.verdict:<{verdict_width}}  {v.level.short:<{level_width}}  {claim[0]}")
+        lines += [indent + more for more in claim[1:]]
+        evidence = f"evidence: {v.evidence}"
+        cut = cut or len(textwrap.wrap(evidence, room)) > EVIDENCE_LINES
+        lines += [indent + line for line in textwrap.wrap(evidence, room, max_lines=EVIDENCE_LINES, placeholder=" ...")]
+    return lines, cut
 
 
 def _repro(args: argparse.Namespace) -> int:
@@ -186,25 +253,28 @@ def _repro(args: argparse.Namespace) -> int:
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         record = ["--record", args.record] if args.record else []
         return subprocess.call([sys.executable, "-m", "workbench.cli", "repro", args.id, *record], env=env)
-    from workbench.postmortem import claims_table, overall_verdict
+    from workbench.postmortem import overall_verdict
     from workbench.records import write_record
     from workbench.registry import Registry
 
     started = time.perf_counter()
     pm = Registry().get(args.id)
-    print(f"{pm.id}: {pm.meta.title}", flush=True)
+    width = shutil.get_terminal_size().columns
+    print(textwrap.fill(f"{pm.id}: {pm.meta.title}", width, subsequent_indent="  "), flush=True)
     mode = "Triton interpreter" if DEVICE == "cpu" else "native Triton"
-    print(
-        f"  imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
-        f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})",
-        file=sys.stderr,
-        flush=True,
+    imported = (
+        f"imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
+        f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})"
     )
-    with _Progress(list(pm.module.CASES)) as progress:
+    print(textwrap.fill(imported, width, initial_indent="  ", subsequent_indent="    "), file=sys.stderr, flush=True)
+    with _Progress(list(pm.module.CASES), width=width) as progress:
         results = pm.reproduce(device=args.device)
         progress.say(f"reproduced ({len(progress.seen)} layouts); checking {len(pm.claims)} claims")
-    verdicts = pm.claims.check(results)
-    print(claims_table(verdicts))
+        verdicts = pm.claims.check(results, starting=lambda i, statement: progress.claim(i, statement, len(pm.claims)))
+    lines, cut = claim_lines(verdicts, width)
+    print("\n".join(lines))
+    if cut:
+        print(f"(evidence cut to {EVIDENCE_LINES} lines; --record FILE keeps it whole)")
     print(overall_verdict(verdicts))
     if args.record:
         # A post-mortem's `gpu_probes(device)` adds what only a run of the upstream code there shows.
@@ -281,14 +351,15 @@ after editing, run `workbench execute ID` (explorers static, cells in order) bef
 AUDIT_HELP = f"""\
 Checks any varlen attention against the padding contract: REAL rows against the fp64 oracle,
 GAP and TAIL rows exactly 0 under NaN-poisoned memory, empty and fully masked sequences, GQA,
-windows, determinism; fuzzes random layouts; grades input validation apart. The verdict table
-prints last.
+windows, determinism, the lse where it returns one; fuzzes random layouts; grades input
+validation apart. The verdict table prints last.
 
 A varlen function needs no adapter: its call is read off its parameter names (cu_seqlens_q or
-cu_q, max_seqlen_q or max_q, softmax_scale or scale, causal or is_causal, window_size,
-cu_seqlens_*_padded, seqused_*), e.g. f(q, k, v, cu_q, cu_k, max_q, max_k, causal=False,
-scale=None). What it has no parameter for is n/a in the report, with the reason. Anything
-else takes an adapter; registering one:
+cu_q, max_seqlen_q or max_q, scale or softmax_scale, causal or is_causal, window_size,
+cu_seqlens_*_padded, seqused_*, return_lse), e.g. f(q, k, v, cu_q, cu_k, max_q, max_k,
+causal=False, scale=None), or self-attention's one set of boundaries, self_attn(q, k, v,
+cu_seqlens, max_seqlen, causal=False, softmax_scale=None). What it has no parameter for is n/a
+in the report, with the reason. Anything else takes an adapter; registering one:
 
 {REGISTER_EXAMPLE}
 """
@@ -311,11 +382,34 @@ def _lab(args: argparse.Namespace) -> int:
     return run_forwarding_signals(command)
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal the kernel sends a process when its parent dies
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` after which the kernel sends the child SIGTERM when this process dies, however
+    it dies (kill -9 included, which no handler of ours sees); None where there is no such signal
+    (outside Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+    parent = os.getpid()
+
+    def tie() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the tie was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return tie
+
+
 def run_forwarding_signals(command: list[str]) -> int:
     """Runs `command` and returns its exit status; SIGTERM, SIGINT and SIGHUP sent to this process
-    are passed on to it, so that stopping `workbench lab` by its PID stops JupyterLab too (it
-    then shuts its kernels down itself) instead of leaving it running as an orphan."""
-    child = subprocess.Popen(command)
+    are passed on to it, so that stopping `workbench lab` by its PID or Ctrl-C stops JupyterLab
+    too (it then shuts its kernels down itself) instead of leaving it running as an orphan. On
+    Linux the child also gets SIGTERM when this process dies unannounced (kill -9)."""
+    child = subprocess.Popen(command, preexec_fn=_dies_with_parent())
     forwarded = [signal.SIGTERM, signal.SIGINT, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
     previous = {sig: signal.signal(sig, lambda sig, frame: child.send_signal(sig)) for sig in forwarded}
     try:

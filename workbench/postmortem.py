@@ -447,9 +447,15 @@ class Claims:
     def levels(self) -> list[Evidence]:
         return [e for _, e, _ in self._checks]
 
-    def check(self, results: Any) -> list[ClaimVerdict]:
-        """Evaluates every claim; a check that raises is a claim that does not hold."""
-        return [_evaluate(statement, level, check, results) for statement, level, check in self._checks]
+    def check(self, results: Any, starting: Callable[[int, str], None] | None = None) -> list[ClaimVerdict]:
+        """Evaluates every claim; a check that raises is a claim that does not hold. `starting(i,
+        statement)` hears of each claim before it is checked (`workbench repro`'s progress)."""
+        verdicts = []
+        for i, (statement, level, check) in enumerate(self._checks):
+            if starting:
+                starting(i, statement)
+            verdicts.append(_evaluate(statement, level, check, results))
+        return verdicts
 
     def verdict(self, results: Any, prefix: str) -> ClaimVerdict:
         """The one claim whose statement starts with `prefix`, evaluated alone."""

@@ -46,6 +46,7 @@ from typing import Any
 
 from workbench.errors import RegistryError
 from workbench.scaffold import render_notebook, render_package
+from workbench.usercode import UserModuleError, import_user_module
 
 PACKAGE = "postmortems"
 HEADER_TAG = "wb-header"
@@ -273,7 +274,10 @@ class Registry:
         if postmortem_id not in self.ids():
             known = ", ".join(self.ids()) or "none yet"
             raise RegistryError(f"no post-mortem {postmortem_id!r} in {self.package_dir} (known: {known}).")
-        module = importlib.import_module(f"{self.package}.{name}")
+        try:
+            module = import_user_module(f"{self.package}.{name}")
+        except UserModuleError as exc:  # its own code raised: say what, and where
+            raise RegistryError(f"post-mortem {postmortem_id!r} does not import: {exc}") from exc
         validate_module(module)
         return PostMortem(module, self.notebooks_dir / f"{module.META.id}.ipynb")
 

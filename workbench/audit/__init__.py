@@ -55,6 +55,7 @@ from workbench.audit.checks import (
 from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
 from workbench.audit.isolate import Spec, Worker, sticky
 from workbench.audit.records import format_campaign, format_verdicts
+from workbench.audit.spelling import command_line, option
 
 DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
 
@@ -239,7 +240,9 @@ def audit(
     names = [n for n, c in CHECKS.items() if c.suits(impl)] if checks is None else list(checks)
     unknown = [n for n in [*names, *skip] if n not in CHECKS]
     if unknown:
-        raise ValueError(f"checks = {unknown} are unknown; the audit's checks are {list(CHECKS)}.")
+        raise ValueError(
+            f"{option('checks')} / {option('skip')} name unknown checks {unknown}; the audit's checks are {list(CHECKS)}."
+        )
     names = [n for n in names if n not in skip]
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim=_default_head_dim(impl))
     if budget is None:
@@ -344,7 +347,6 @@ def _argv(args) -> list[str]:
 def run_command(args) -> int:
     """`workbench audit` (see workbench.cli): exit 0 all applicable checks hold, 1 something
     fails, 2 bad usage (or nothing could run here, e.g. CUDA-only code on a CPU)."""
-    import importlib
     import os
     import subprocess
     import sys
@@ -353,6 +355,7 @@ def run_command(args) -> int:
 
     from kernels import DEVICE
     from workbench.records import write_json
+    from workbench.usercode import UserModuleError, import_user_module
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -372,24 +375,28 @@ def run_command(args) -> int:
     if os.getcwd() not in sys.path:  # like `python -m`: the user's modules in the working directory import
         sys.path.insert(0, os.getcwd())
     try:
-        for module in args.imports:
-            importlib.import_module(module)
-        report = audit(
-            args.target,
-            args.adapter,
-            device=args.device,
-            dtype=args.dtype,
-            budget=args.budget,
-            seed=args.seed,
-            time_limit=args.time_limit,
-            workers=args.workers,
-            isolate=getattr(args, "isolate", None),
-            check_timeout=getattr(args, "check_timeout", None),
-            checks=args.checks.split(",") if args.checks else None,
-            skip=args.skip.split(",") if getattr(args, "skip", None) else (),
-            log=lambda line: print(line, file=sys.stderr, flush=True),
-            checkpoint=write if args.record else None,
-        )
+        with command_line():  # its errors and n/a reasons name --flags, not keywords
+            for module in args.imports:
+                try:
+                    import_user_module(module)
+                except UserModuleError as exc:
+                    raise ValueError(f"--import {module}: {exc}") from exc
+            report = audit(
+                args.target,
+                args.adapter,
+                device=args.device,
+                dtype=args.dtype,
+                budget=args.budget,
+                seed=args.seed,
+                time_limit=args.time_limit,
+                workers=args.workers,
+                isolate=getattr(args, "isolate", None),
+                check_timeout=getattr(args, "check_timeout", None),
+                checks=args.checks.split(",") if args.checks else None,
+                skip=args.skip.split(",") if getattr(args, "skip", None) else (),
+                log=lambda line: print(line, file=sys.stderr, flush=True),
+                checkpoint=write if args.record else None,
+            )
     except (ValueError, ImportError) as exc:
         print(f"workbench audit: {exc}", file=sys.stderr)
         return 2

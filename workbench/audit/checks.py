@@ -25,8 +25,11 @@ from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.adapters.context_parallel import CP_SIZE
 from workbench.audit.campaign import run_campaign, summarize
 from workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
-from workbench.layout import Case, Fill, Region, pack
+from workbench.bounds import error_check
+from workbench.layout import Case, Fill, PackedBatch, Region, pack, real_rows
+from workbench.poison import poisoned_memory
 from workbench.probes import TENSORS, ProbeRecord, probe
+from workbench.reference import reference_attention
 
 
 class Verdict(str, enum.Enum):
@@ -205,6 +208,9 @@ class Check:
     needs: tuple[str, ...]  # features of FEATURES the check cannot do without
     doc: str
     run: Callable[[Context], CheckResult]
+    # ISO date the check joined the audit ("": from the start): a recorded run older than that
+    # could not run it, so its record is not missing it (`workbench.audit.matrix.left_out`)
+    added: str = ""
 
     @property
     def distributed(self) -> bool:
@@ -243,9 +249,11 @@ class Check:
 CHECKS: dict[str, Check] = {}
 
 
-def check(name: str, doc: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[[Context], CheckResult]], Check]:
+def check(
+    name: str, doc: str, needs: tuple[str, ...] = (), added: str = ""
+) -> Callable[[Callable[[Context], CheckResult]], Check]:
     def register(run: Callable[[Context], CheckResult]) -> Check:
-        CHECKS[name] = Check(name, needs, doc, run)
+        CHECKS[name] = Check(name, needs, doc, run, added)
         return CHECKS[name]
 
     return register
@@ -327,16 +335,60 @@ def _custom_scale(ctx: Context) -> CheckResult:
     return CheckResult("", Verdict.PASS, f"scales 0.3 and 1.7: {max_ratio(records)}", records=tuple(records))
 
 
+def _top_left_out(batch: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
+    """out of causal attention aligned top-left (query i sees keys 0..i of its sequence: FlashAttention
+    before 2.1, SDPA's is_causal), by the oracle in `dtype`, sequence by sequence: top-left is the
+    contract's bottom-right over the first len_q keys when len_q <= len_k, and the window
+    (-1, len_q - len_k) when len_q > len_k."""
+    q, k, v = (t.detach().cpu().to(dtype) for t in (batch.q, batch.k, batch.v))
+    rows_q = real_rows(batch.cu_seqlens_q.cpu(), batch.cu_seqlens_q_padded.cpu())
+    rows_k = real_rows(batch.cu_seqlens_k.cpu(), batch.cu_seqlens_k_padded.cpu())
+    out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim: out's
+    bounds_q, bounds_k = batch.cu_seqlens_q.tolist(), batch.cu_seqlens_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        at_q, at_k = rows_q[bounds_q[i] : bounds_q[i + 1]], rows_k[bounds_k[i] : bounds_k[i + 1]]
+        len_q = len(at_q)
+        at_k = at_k[:len_q]  # keys past len_q: no query sees them top-left
+        window = (-1, len_q - len(at_k))
+        cu_q, cu_k = (torch.tensor([0, n], dtype=torch.int32) for n in (len_q, len(at_k)))
+        out[at_q] = reference_attention(
+            q[at_q], k[at_k], v[at_k], cu_q, cu_k, len_q, len(at_k), window_size=window, compute_dtype=dtype, validate=False
+        )
+    return out
+
+
+TOP_LEFT = (
+    "out matches top-left aligned causal masking (query i sees keys 0..i of its sequence); the contract (FlashAttention "
+    ">= 2.1) aligns bottom-right: query i sees key j iff j <= i + len_k - len_q"
+)
+
+
+def _with_alignment_hint(result: CheckResult) -> CheckResult:
+    """A causal FAIL whose out matches top-left alignment, within the bound, says so: the likeliest cause."""
+    if result.verdict is not Verdict.FAIL or not result.records or result.records[-1].case is not result.cases[0]:
+        return result
+    record, case = result.records[-1], result.cases[0]
+    batch = pack(case, "cpu", requires_grad=False)
+    real = batch.regions("out") == Region.REAL
+    oracle, baseline = _top_left_out(batch, torch.float64), _top_left_out(batch, batch.q.dtype)
+    got = record.tensors["out"]
+    if got.shape == oracle.shape and torch.isfinite(got[real]).all():
+        match = error_check("out", got[real], oracle[real], baseline[real], batch.q.dtype, **batch.reduction_lengths())
+        if match.within:
+            result.evidence += f"; {TOP_LEFT}"
+    return result
+
+
 @check("fully-masked-rows", "query rows with no visible key give 0 and gradient 0, never NaN", needs=("unequal", "causal"))
 def _fully_masked(ctx: Context) -> CheckResult:
     cases = [ctx.case((3, 2, 4), seqlens_k=(3, 0, 2), causal=True)]
-    return ctx.judge(cases, ("real-accuracy",))
+    return _with_alignment_hint(ctx.judge(cases, ("real-accuracy",)))
 
 
 @check("causal-unequal", "causal masking is bottom-right aligned when len_q != len_k", needs=("unequal", "causal"))
 def _causal_unequal(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3), seqlens_k=(9, 7), causal=True), ctx.case((6, 9), seqlens_k=(4, 9), causal=True, seed=1)]
-    return ctx.judge(cases, ("real-accuracy",), poisoned=False)
+    return _with_alignment_hint(ctx.judge(cases, ("real-accuracy",), poisoned=False))
 
 
 @check("gqa", "grouped-query (H_kv < H) and multi-query (H_kv = 1) attention match the oracle", needs=("gqa",))
@@ -396,6 +448,83 @@ def _sliding_window(ctx: Context) -> CheckResult:
         shapes_run = ", ".join(f"{c.window}{' causal' if c.causal else ''}" for c in cases)
         result.evidence = f"windows {shapes_run}: {result.evidence}"
     return result
+
+
+# Layouts of an lse the check recognises: the contract's (flash-attn's varlen functions') and its transpose.
+LSE_LAYOUTS = ("(H, T_q)", "(T_q, H)")
+
+
+def _lse_findings(batch: PackedBatch, lse: Any) -> tuple[list[str], str, float]:
+    """What is wrong with `lse` against the fp64 oracle's (REAL rows that see a key within the bound,
+    -inf on rows that see no key and on GAP and TAIL rows); with the layout it came in and the
+    error's fraction of the bound."""
+    heads, rows = batch.q.shape[1], batch.q.shape[0]
+    shapes = {"(H, T_q)": (heads, rows), "(T_q, H)": (rows, heads)}
+    layout = next((name for name in LSE_LAYOUTS if isinstance(lse, torch.Tensor) and tuple(lse.shape) == shapes[name]), None)
+    if layout is None:
+        got = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
+        return [f"lse is {got}; expected a tensor (H, T_q) = {shapes['(H, T_q)']} (or its transpose)"], "", 0.0
+    lse = (lse if layout == "(H, T_q)" else lse.transpose(0, 1)).detach().cpu().double()
+    inputs, metadata = batch.args()[:3], batch.args()[3:]
+    _, oracle = reference_attention(
+        *(t.detach().double() for t in inputs), *metadata, **batch.kwargs(), return_lse=True, validate=False
+    )
+    _, baseline = reference_attention(
+        *(t.detach() for t in inputs), *metadata, **batch.kwargs(), return_lse=True, compute_dtype=batch.q.dtype, validate=False
+    )
+    oracle, baseline = oracle.cpu(), baseline.cpu().double()
+    real = (batch.regions("lse") == Region.REAL)[None, :].expand_as(lse)
+    sees = real & torch.isfinite(oracle)
+    findings = []
+    check = error_check(
+        "lse", lse[sees], oracle[sees], baseline[sees], batch.q.dtype, head_dim=batch.q.shape[-1], **batch.reduction_lengths()
+    )
+    if not check.within:
+        findings.append(f"REAL rows: error {check.error:.3g} > bound {check.bound:.3g} ({check.ratio:.3g}x PyTorch's own error)")
+    for where, rows in (("REAL rows that see no key", real & ~sees), ("GAP and TAIL rows", ~real)):
+        wrong = lse[rows][~torch.isneginf(lse[rows])]
+        if wrong.numel():
+            values = ", ".join(sorted({f"{x:.3g}" for x in wrong.tolist()})[:3])
+            findings.append(
+                f"{wrong.numel()} of {int(rows.sum())} values ({int(rows[0].sum())} rows x {heads} heads) on {where} are not "
+                f"-inf (e.g. {values})"
+            )
+    return findings, layout, check.error / check.bound if check.bound else 0.0
+
+
+@check(
+    "lse",
+    "a returned lse matches the fp64 oracle's: REAL rows within the bound, -inf on rows that see no key and on GAP and "
+    "TAIL rows, laid out (H, T_q) (added: the audit compared out alone, so a wrong lse beside a right out passed)",
+    needs=("lse",),
+    added="2026-12-05",
+)
+def _lse(ctx: Context) -> CheckResult:
+    unequal, causal = "unequal" not in ctx.impl.lacks, "causal" not in ctx.impl.lacks
+    cases = [
+        ctx.case((5, 3, 7), padded_q=(8, 4, 7), padded_k=(6, 3, 9), tail_q=3, tail_k=2),
+        # causal with len_q > len_k: the first rows of a sequence see no key
+        ctx.case((6, 4), seqlens_k=(3, 4) if unequal else None, causal=causal, tail_q=1, tail_k=1, seed=1),
+    ]
+    layouts, worst = set(), 0.0
+    for i, case in enumerate(cases):
+        batch = pack(case, ctx.impl.device, requires_grad=False)
+        with torch.no_grad(), poisoned_memory():
+            _, lse = batch.call(ctx.impl, return_lse=True, **ctx.impl.case_kwargs(case))
+        findings, layout, ratio = _lse_findings(batch, lse)
+        if findings:
+            laid_out = f" (lse laid out {layout})" if layout not in ("", LSE_LAYOUTS[0]) else ""
+            evidence = f"{case.label()}{laid_out}: " + "; ".join(findings)
+            return CheckResult("", Verdict.FAIL, evidence, (case, *cases[:i], *cases[i + 1 :]))
+        layouts.add(layout)
+        worst = max(worst, ratio)
+    return CheckResult(
+        "",
+        Verdict.PASS,
+        f"lse laid out {', '.join(sorted(layouts))}: worst REAL error {worst:.2f} of the bound; -inf on every row that sees "
+        "no key and on every GAP and TAIL row (poisoned memory)",
+        tuple(cases),
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -28,6 +28,7 @@ from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from workbench.audit.checks import Finding, layout_findings, single_threaded
 from workbench.audit.isolate import Crash, Spec, Worker, cuda_error, sticky
 from workbench.audit.snippets import torch_snippet
+from workbench.audit.spelling import option
 from workbench.layout import Case, Fill, pack
 from workbench.probes import ProbeRecord, probe
 from workbench.strategies import LayoutSpace
@@ -489,9 +490,9 @@ def fuzz(
     that a caller killed before the end keeps the layouts tried.
     """
     if budget < 0:
-        raise ValueError(f"budget = {budget} must be >= 0 (the number of layouts to try).")
+        raise ValueError(f"{option('budget', budget)} must be >= 0 (the number of layouts to try).")
     if workers < 1:
-        raise ValueError(f"workers = {workers} must be >= 1.")
+        raise ValueError(f"{option('workers', workers)} must be >= 1.")
     profile = PROFILES[profile] if isinstance(profile, str) else (profile or default_profile(impl))
     start = time.perf_counter()
     began = time.time()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.audit.campaign import CUDA_ERRORS, CUDA_FAULTS
+from workbench.audit.spelling import option
 
 PRELOAD = ["workbench.audit"]  # what the fork server imports once, before any child forks
 
@@ -98,7 +99,8 @@ class Spec:
         if impl.target is None:
             raise ValueError(
                 f"{impl.name} cannot be audited in a child process: it is not importable as 'module:function'; "
-                "define it at the top level of an importable module, or run it in this process (isolate=False, workers=1)."
+                f"define it at the top level of an importable module, or run it in this process ({option('isolate', False)}, "
+                f"{option('workers', 1)})."
             )
         registered = ADAPTERS.get(impl.adapter.name) is impl.adapter
         return cls(

@@ -105,9 +105,17 @@ def layout_seconds(fuzzed: dict[str, Any]) -> float:
 
 
 def left_out(record: dict[str, Any], column: str) -> bool:
-    """A "not run" cell that another run could fill (one that ran past its time limit is an answer)."""
+    """A "not run" cell that another run could fill (one that ran past its time limit is an answer,
+    and a check that joined the audit after the run is no gap of it: `--recheck` records one)."""
     verdict, evidence = cell(record, column)
-    return verdict == "not run" and TIMED_OUT not in evidence
+    return verdict == "not run" and TIMED_OUT not in evidence and not _after_the_run(record, column)
+
+
+def _after_the_run(record: dict[str, Any], column: str) -> bool:
+    """Whether check `column` joined the audit after the run that wrote `record` (and is not in it)."""
+    added = CHECKS[column].added if column in CHECKS else ""
+    recorded = str(record.get("provenance", {}).get("date", ""))[:10]
+    return bool(added and recorded) and recorded < added and all(c["name"] != column for c in record.get("checks", []))
 
 
 def complete(record: dict[str, Any]) -> bool:

@@ -23,7 +23,8 @@ from workbench.audit.fuzz import case_source
 from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, Claims, Evidence
 from workbench.scaffold import parse_cells
 
-# Failing checks whose failing case is a layout (the others: determinism, input-validation).
+# Failing checks whose failing case a probe of out and the gradients replays (not: determinism,
+# input-validation, lse).
 _FINDING_OF = {
     "real-accuracy": "real-accuracy",
     "tail-rows": "tail-rows",

@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workbench.audit.checks import TIMED_OUT
 from workbench.audit.judgements import judgements
-from workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, ran
+from workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, left_out, ran
 from workbench.audit.sanitizer import NOT_APPLICABLE, status
 from workbench.provenance import GPU_DATA
 
@@ -174,9 +173,8 @@ def incomplete(records: list[dict[str, Any]], directory: Path = GPU_DATA) -> dic
         else:
             left: dict[str, list[str]] = {}
             for column in [*CORRECTNESS, "fuzzer", "input-validation"]:
-                verdict, evidence = cell(record, column)
-                if verdict == "not run" and TIMED_OUT not in evidence:
-                    left.setdefault(evidence.removeprefix("not run: "), []).append(column)
+                if left_out(record, column):
+                    left.setdefault(cell(record, column)[1].removeprefix("not run: "), []).append(column)
             why += [f"{', '.join(columns)}: {reason}" for reason, columns in left.items()]
             if record.get("fuzz") and not fuzz_budget(record):
                 cut = record["fuzz"].get("partial")

@@ -6,7 +6,8 @@ The audit drives every implementation through one call shape, `kernels.varlen_at
          cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None)
 
 plus `window_size=(left, right)` for a case with a window (`Case.window`), and only then: an
-adapter that takes it says so by not lacking "window".
+adapter that takes it says so by not lacking "window". Likewise `return_lse=True`, asked by the
+lse check of an adapter that takes it (not lacking "lse"), returns `(out, lse)`.
 
 An adapter wraps a function of another shape into that one and says what the function cannot
 express (no padded layout, no GQA, CUDA only...): checks that need it are "not applicable",
@@ -39,7 +40,7 @@ Registering your own takes a few lines (`REGISTER_EXAMPLE`): a function that wra
 contract's shape, and what it lacks (a dict, or a function of (fn, device) returning one).
 
 Features an adapter can lack (`FEATURES`): padded, tail, gqa, causal, unequal, scale, metadata,
-window, backward, one-process (a context-parallel attention), context-parallel (any other), and
+window, lse, backward, one-process (a context-parallel attention), context-parallel (any other), and
 `run` (the function cannot run here at all, e.g. CUDA-only code on a CPU).
 """
 

@@ -8,7 +8,6 @@ The features an adapter can lack are `FEATURES`; a check that needs one the func
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +16,9 @@ from typing import Any
 import torch
 
 from workbench.adapter_example import REGISTER_EXAMPLE
+from workbench.audit.spelling import option
 from workbench.layout import Fill
+from workbench.usercode import UserModuleError, import_user_module, not_found
 
 FEATURES = {
     "run": "the function runs on this device",
@@ -30,6 +31,7 @@ FEATURES = {
     "scale": "a custom softmax scale",
     "metadata": "the function receives cu_seqlens/max_seqlen itself (the bad-input campaign feeds it malformed ones)",
     "window": "a sliding or local window: window_size=(left, right), FlashAttention's semantics, bottom-right aligned",
+    "lse": "the function returns each row's log-sum-exp beside out ((out, lse), or on return_lse=True)",
     "one-process": "the function computes in one process (a context-parallel attention needs the ranks of a process group)",
     "context-parallel": "a context-parallel attention (context_parallel_attention's call on each rank of a process group)",
 }
@@ -149,8 +151,13 @@ class Adapted:
     aliases: dict[str, str]
 
     def __call__(self, *args, **kwargs):
+        """out; (out, lse) when called with return_lse=True (only where the adapter takes it: "lse" not lacking)."""
         inputs = tuple(args[:3]) + tuple(kwargs.get(n) for n in ("q", "k", "v") if n in kwargs)
-        return _checked_output(self.name, self.impl(*args, **kwargs), inputs)
+        result = self.impl(*args, **kwargs)
+        if kwargs.get("return_lse"):
+            out, lse = result
+            return _checked_output(self.name, out, inputs), lse
+        return _checked_output(self.name, result, inputs)
 
     @property
     def __name__(self) -> str:  # probe() names its records after impl.__name__
@@ -178,11 +185,10 @@ def load(target: str) -> Callable:
     if not colon or not module_name or not attrs:
         raise ValueError(f"target {target!r} must look like module:function, e.g. kernels:varlen_attention.")
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"target {target!r}: cannot import module {module_name!r} ({exc}); is it installed and on PYTHONPATH?"
-        ) from exc
+        obj: Any = import_user_module(module_name)
+    except UserModuleError as exc:  # not found, or its own code raised: the message says which, and where
+        cannot = "cannot import module" if not_found(module_name, exc.__cause__) else "cannot load"
+        raise ValueError(f"target {target!r}: {cannot} {module_name!r}: {exc}") from exc
     for attr in attrs.split("."):
         if not hasattr(obj, attr):
             raise ValueError(
@@ -217,7 +223,8 @@ def detect(fn: Callable) -> Adapter:
         why = f"{exc} "
     raise ValueError(
         f"no adapter recognises {getattr(fn, '__qualname__', fn)!r} (parameters: {params(fn)}): {why}"
-        f"Pass adapter= one of {sorted(ADAPTERS)} (`bshd` is never guessed), or register your own:\n\n{REGISTER_EXAMPLE}"
+        f"Pass {option('adapter', metavar='NAME')}, NAME one of {sorted(ADAPTERS)} (`bshd` is never guessed), or register "
+        f"your own:\n\n{REGISTER_EXAMPLE}"
     )
 
 
@@ -240,7 +247,7 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
     elif adapter in ADAPTERS:
         chosen = ADAPTERS[adapter]
     else:
-        raise ValueError(f"adapter = {adapter!r} is not registered; known adapters: {', '.join(sorted(ADAPTERS))}.")
+        raise ValueError(f"{option('adapter', adapter)} is not registered; known adapters: {', '.join(sorted(ADAPTERS))}.")
     device = torch.device(device) if device is not None else default_device()
     check_signature(fn, chosen)
     named = chosen.aliases(fn) if callable(chosen.aliases) else chosen.aliases
@@ -252,6 +259,8 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
         # Windows are opt-in: an adapter (or a contract-shaped function) written without them is
         # never handed one, so the window check is n/a for it and the fuzzer draws none.
         lacks["window"] = f"{name} through adapter {chosen.name!r} takes no window_size keyword: no window can be passed"
+    if "lse" not in lacks and not _takes_keyword(impl, "return_lse"):  # likewise: asked for only where it is taken
+        lacks["lse"] = f"{name} through adapter {chosen.name!r} gives out alone (no return_lse keyword): no lse to check"
     if "one-process" not in lacks:  # it computes in one process: the context-parallel check is not for it
         lacks["context-parallel"] = (
             f"{name} is a single-process attention; the context-parallel check audits a context-parallel one "
@@ -284,7 +293,8 @@ def check_signature(fn: Callable, adapter: Adapter) -> None:
         raise ValueError(
             f"adapter {adapter.name!r} calls {getattr(fn, '__qualname__', fn)!r} with {positional} positional arguments"
             f"{' and keywords ' + ', '.join(keywords) if keywords else ''}, which its signature {signature} cannot take "
-            f"({exc}); pick the adapter that matches it (one of {sorted(ADAPTERS)}) or register your own."
+            f"({exc}); pick the adapter that matches it ({option('adapter', metavar='NAME')}, NAME one of {sorted(ADAPTERS)}) "
+            "or register your own."
         ) from exc
 
 
@@ -320,12 +330,14 @@ class ContractCall:
     scale: Any = None
     window_size: Any = (-1, -1)
     padding_fill: Fill | str = Fill.ZEROS  # the case's fill for the padded batch an adapter builds (`fill_kwargs`)
+    return_lse: bool = False  # return (out, lse): the lse check asks, of a wrapper that names it
 
 
 _POSITIONAL = 7
 # Keywords a wrapper takes only when it says so: one that does not name window_size is never
-# handed a window (`adapt`), one that does not name padding_fill builds no padded batch.
-OPTIONAL_KEYWORDS = ("window_size", "padding_fill")
+# handed a window (`adapt`), one that does not name padding_fill builds no padded batch, one that
+# does not name return_lse is never asked for the lse.
+OPTIONAL_KEYWORDS = ("window_size", "padding_fill", "return_lse")
 
 
 def contract_signature(takes: tuple[str, ...] = ()) -> inspect.Signature:
@@ -369,4 +381,6 @@ def heads_differ(q, k) -> bool:
 
 
 def cuda_only(what: str, device: torch.device) -> dict[str, str]:
-    return {} if device.type == "cuda" else {"run": f"{what} runs on CUDA only; audit it with --device cuda on a GPU"}
+    return (
+        {} if device.type == "cuda" else {"run": f"{what} runs on CUDA only; audit it with {option('device', 'cuda')} on a GPU"}
+    )

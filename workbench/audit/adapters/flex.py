@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from workbench.audit.adapters.base import ContractCall, contract_shaped, first, register_adapter
+from workbench.audit.spelling import option
 
 _COMPILED: dict[Callable, Callable] = {}
 
@@ -40,7 +41,7 @@ def _flex_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
         return {}
     return {
         "backward": "FlexAttention has no backward on CPU ('FlexAttention does not support backward on CPU', "
-        "torch 2.11+): out is checked here; --device cuda checks dq, dk and dv too"
+        f"torch 2.11+): out is checked here; {option('device', 'cuda')} checks dq, dk and dv too"
     }
 
 

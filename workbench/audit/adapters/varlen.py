@@ -4,18 +4,27 @@
 name, never by position (FlashAttention-4 has `qv` fourth):
 
     cu_seqlens_q/k       cu_seqlens_q, cu_q, cu_seq_q (torch's varlen_attn)      required
-    max_seqlen_q/k       max_seqlen_q, max_q
+                         or one cu_seqlens for both (self-attention, below)
+    max_seqlen_q/k       max_seqlen_q, max_q; or one max_seqlen for both
     padded layout        cu_seqlens_q_padded, cu_q_padded; or seqused_q/k (below)
-    scale                softmax_scale, scale
+    scale                scale, softmax_scale (the first a function has: exactly one is passed)
     causal               causal, is_causal; without one, window_size=(left, 0) (torch >= 2.11)
     window               window_size: (-1, -1) unbounded, or (None, None) where that is its default (FA4)
     GQA                  enable_gqa=True when H_kv < H, if the function has it
+    lse                  return_lse=True (return_attn_probs=True: FlashAttention 2/3) when the lse check asks
 
 q, k, v go positionally (the first three parameters); everything else by keyword (a function
 with **kwargs also gets the padded layout, causal and scale under the contract's names when it
 names no parameter for them; a window only if it names window_size). Out is the
-first element of a tuple return ((out, lse) and the like). A role the function has no parameter
-for is a feature it lacks, and the checks that need it are n/a with that reason.
+first element of a tuple return ((out, lse) and the like), the lse its second (the lse check). A
+role the function has no parameter for is a feature it lacks, and the checks that need it are n/a
+with that reason.
+
+Self-attention code often takes one set of boundaries for queries and keys:
+`self_attn(q, k, v, cu_seqlens, max_seqlen, causal=False, softmax_scale=None)`. Both sides' roles
+then go to the one parameter, so such a function expresses layouts with len_q == len_k only: it
+lacks "unequal" (the checks of len_q != len_k, such as causal alignment, are n/a), and a call
+whose q and k boundaries differ is refused, never sent with one side's.
 
 seqused_q/k (FlashAttention-3/4) say how many rows of each sequence are real: with cu_seqlens set
 to the padded layout, sequence i's real rows are [cu_seqlens_padded[i], cu_seqlens_padded[i] +
@@ -39,12 +48,14 @@ import torch
 from workbench.audit.adapters.base import (
     AdapterRefused,
     ContractCall,
+    NoOutput,
     contract_shaped,
     cuda_only,
     first,
     heads_differ,
     register_adapter,
 )
+from workbench.audit.spelling import option
 
 ROLES: dict[str, tuple[str, ...]] = {
     "cu_seqlens_q": ("cu_seqlens_q", "cu_q", "cu_seq_q"),
@@ -55,10 +66,16 @@ ROLES: dict[str, tuple[str, ...]] = {
     "cu_seqlens_k_padded": ("cu_seqlens_k_padded", "cu_k_padded"),
     "seqused_q": ("seqused_q",),
     "seqused_k": ("seqused_k",),
-    "scale": ("softmax_scale", "scale"),
+    "scale": ("scale", "softmax_scale"),  # scale first: a function that takes both gets it alone
     "causal": ("causal", "is_causal"),
     "window_size": ("window_size",),
     "enable_gqa": ("enable_gqa",),
+    "return_lse": ("return_lse", "return_attn_probs"),
+}
+# One parameter for both sides' role (self-attention), where the function names neither side's.
+SHARED: dict[str, tuple[str, str]] = {
+    "cu_seqlens": ("cu_seqlens_q", "cu_seqlens_k"),
+    "max_seqlen": ("max_seqlen_q", "max_seqlen_k"),
 }
 REQUIRED = ("cu_seqlens_q", "cu_seqlens_k")
 # A function with **kwargs gets these under the contract's own names when it names no parameter
@@ -89,6 +106,12 @@ class VarlenSignature:
     # and max_seqlen positionally, in the contract's order)
     variadic: bool = False
 
+    @property
+    def shared(self) -> str | None:
+        """The one boundaries parameter of a self-attention signature (None: one per side)."""
+        name = self.names["cu_seqlens_q"]
+        return name if name == self.names["cu_seqlens_k"] else None
+
     def layout(self, side: str) -> str | None:
         """How side "q" or "k" takes a padded layout: "padded", "seqused", or None."""
         if f"cu_seqlens_{side}_padded" in self.names:
@@ -97,6 +120,11 @@ class VarlenSignature:
 
     def lacks(self) -> dict[str, str]:
         names, lacks = self.names, {}
+        if self.shared:
+            lacks["unequal"] = (
+                f"{self.function} takes one {self.shared} for q and k (self-attention): only layouts with len_q == len_k "
+                "can be expressed"
+            )
         if None in (self.layout("q"), self.layout("k")):
             lacks["padded"] = (
                 f"{self.function} has no padded layout (cu_seqlens_*_padded, or seqused_q and seqused_k), so GAP rows cannot be expressed"
@@ -118,14 +146,26 @@ class VarlenSignature:
         return window
 
     def arguments(
-        self, q, k, cu_q, cu_k, max_q, max_k, padded_q, padded_k, causal, scale, window
+        self, q, k, cu_q, cu_k, max_q, max_k, padded_q, padded_k, causal, scale, window, return_lse=False
     ) -> tuple[tuple, dict[str, Any]]:
         """The call's arguments after q, k, v: (positional, keywords)."""
         names, out = self.names, {}
+
+        def put(role: str, value: Any) -> None:
+            """One role's value; a parameter both sides share takes it only where their values agree."""
+            name = names[role]
+            if name not in out:
+                out[name] = value
+            elif not _same_value(out[name], value):
+                raise AdapterRefused(
+                    f"{self.function} takes one {name} for q and k (self-attention): a call whose q and k {name} differ "
+                    "(len_q != len_k) cannot be expressed."
+                )
+
         for side, cu, padded, longest in (("q", cu_q, padded_q, max_q), ("k", cu_k, padded_k, max_k)):
-            out[names[f"cu_seqlens_{side}"]] = cu
+            put(f"cu_seqlens_{side}", cu)
             if f"max_seqlen_{side}" in names:
-                out[names[f"max_seqlen_{side}"]] = longest
+                put(f"max_seqlen_{side}", longest)
             how = self.layout(side)
             if how == "padded":
                 out[names[f"cu_seqlens_{side}_padded"]] = padded
@@ -160,28 +200,48 @@ class VarlenSignature:
             raise AdapterRefused(f"{self.function} takes no softmax_scale or scale: scale={scale} cannot be expressed.")
         if "enable_gqa" in names and heads_differ(q, k):
             out[names["enable_gqa"]] = True
+        if return_lse and "return_lse" in names:
+            out[names["return_lse"]] = True
         if self.variadic:
             return tuple(out.pop(names[role]) for role in _POSITIONAL), out
         return (), out
+
+    def with_lse(self, result: Any) -> tuple[Any, torch.Tensor]:
+        """(out, lse) from what a call that asked for the lse returned: the second element of its tuple."""
+        if isinstance(result, (tuple, list)) and len(result) >= 2 and isinstance(result[1], torch.Tensor):
+            return result[0], result[1]
+        got = f"{type(result).__name__}{f' of {len(result)}' if isinstance(result, (tuple, list)) else ''}"
+        if "return_lse" in self.names:
+            raise NoOutput(f"{self.function} returned {got} with {self.names['return_lse']}=True, not (out, lse)")
+        raise AdapterRefused(
+            f"{self.function} returns {got}, not (out, lse), and has no return_lse parameter: it gives no lse to check"
+        )
 
     def source(self, fn: str) -> list[str]:
         """The same call in a plain-torch snippet (its variables: cu_q, cu_k, cu_q_pad, cu_k_pad, max_q,
         max_k, causal, scale, window, H, H_kv)."""
         names, lines, args = self.names, [], ["q", "k", "v"]
+
+        def keyword(name: str, expression: str) -> None:
+            """`name=expression` once: a parameter both sides share (self-attention) takes q's, equal to k's."""
+            if not any(a.startswith(f"{name}=") for a in args):
+                args.append(f"{name}={expression}")
+
         for side in ("q", "k"):
             cu, pad = f"cu_{side}", f"cu_{side}_pad"
-            args.append(f"{names[f'cu_seqlens_{side}']}={cu}")
-            if self.layout(side) == "padded":
-                args.append(f"{names[f'cu_seqlens_{side}_padded']}={pad}")
-            elif self.layout(side) == "seqused":
+            if self.layout(side) == "seqused":
                 lines.append(
                     f"layout_{side}, used_{side} = ({cu}, None) if {pad} is None else ({pad}, {cu}.diff().int())"
                     f"  # real rows of sequence i: [{pad}[i], {pad}[i] + used_{side}[i])"
                 )
-                args[-1] = f"{names[f'cu_seqlens_{side}']}=layout_{side}"
-                args.append(f"{names[f'seqused_{side}']}=used_{side}")
+                keyword(names[f"cu_seqlens_{side}"], f"layout_{side}")
+                keyword(names[f"seqused_{side}"], f"used_{side}")
+            else:
+                keyword(names[f"cu_seqlens_{side}"], cu)
+                if self.layout(side) == "padded":
+                    keyword(names[f"cu_seqlens_{side}_padded"], pad)
             if f"max_seqlen_{side}" in names:
-                args.append(f"{names[f'max_seqlen_{side}']}=max_{side}")
+                keyword(names[f"max_seqlen_{side}"], f"max_{side}")
         if "causal" in names:
             args.append(f"{names['causal']}=causal")
             window = "window"
@@ -219,6 +279,9 @@ def infer(fn: Callable) -> VarlenSignature:
         for role, candidates in ROLES.items()
         if any(n in parameters for n in candidates)
     }
+    for shared, roles in SHARED.items():  # self_attn(q, k, v, cu_seqlens, max_seqlen): one parameter, both sides
+        if shared in parameters and not any(role in names for role in roles):
+            names.update(dict.fromkeys(roles, shared))
     # fn(q, k, v, *args): what it does not name goes positionally, so all four go in the contract's order
     variadic = variadic and any(role not in names for role in _POSITIONAL)
     if variadic:
@@ -249,7 +312,7 @@ def _signature(fn: Callable, adapter: str) -> VarlenSignature:
     except ValueError as exc:
         raise ValueError(
             f"adapter {adapter!r} cannot call {getattr(fn, '__qualname__', fn)!r}: {exc} Pick the adapter that matches it "
-            f"(one of {sorted(ADAPTERS)}) or register your own:\n\n{REGISTER_EXAMPLE}"
+            f"({option('adapter', metavar='NAME')}, NAME one of {sorted(ADAPTERS)}) or register your own:\n\n{REGISTER_EXAMPLE}"
         ) from exc
 
 
@@ -269,12 +332,26 @@ def _wrap(fn: Callable, adapter: str) -> Callable:
             c.causal,
             c.scale,
             c.window_size,
+            c.return_lse,
         )
-        return first(fn(c.q, c.k, c.v, *args, **keywords))
+        result = fn(c.q, c.k, c.v, *args, **keywords)
+        return signature.with_lse(result) if c.return_lse else first(result)
 
-    call = contract_shaped(body, takes=("window_size",))
+    call = contract_shaped(body, takes=("window_size", "return_lse"))
     call.signature = signature  # type: ignore[attr-defined]  # the snippet spells the same call
     return call
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two values of one argument are the same (tensors: equal shape, dtype and values)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
+            and torch.equal(a, b)
+        )
+    return type(a) is type(b) and a == b
 
 
 def _inferable(fn: Callable) -> bool:
