@@ -456,8 +456,9 @@ LSE_LAYOUTS = ("(H, T_q)", "(T_q, H)")
 
 def _lse_findings(batch: PackedBatch, lse: Any) -> tuple[list[str], str, float]:
     """What is wrong with `lse` against the fp64 oracle's (REAL rows that see a key within the bound,
-    -inf on rows that see no key and on GAP and TAIL rows); with the layout it came in and the
-    error's fraction of the bound."""
+    an infinity on rows that see no key and on GAP and TAIL rows: the contract says -inf,
+    FlashAttention +inf, so that exp(-lse) is 0 there; the sign is a convention, NaN or a finite
+    value is not); with the layout it came in and the error's fraction of the bound."""
     heads, rows = batch.q.shape[1], batch.q.shape[0]
     shapes = {"(H, T_q)": (heads, rows), "(T_q, H)": (rows, heads)}
     layout = next((name for name in LSE_LAYOUTS if isinstance(lse, torch.Tensor) and tuple(lse.shape) == shapes[name]), None)
@@ -482,20 +483,21 @@ def _lse_findings(batch: PackedBatch, lse: Any) -> tuple[list[str], str, float]:
     if not check.within:
         findings.append(f"REAL rows: error {check.error:.3g} > bound {check.bound:.3g} ({check.ratio:.3g}x PyTorch's own error)")
     for where, rows in (("REAL rows that see no key", real & ~sees), ("GAP and TAIL rows", ~real)):
-        wrong = lse[rows][~torch.isneginf(lse[rows])]
+        wrong = lse[rows][~torch.isinf(lse[rows])]
         if wrong.numel():
             values = ", ".join(sorted({f"{x:.3g}" for x in wrong.tolist()})[:3])
             findings.append(
                 f"{wrong.numel()} of {int(rows.sum())} values ({int(rows[0].sum())} rows x {heads} heads) on {where} are not "
-                f"-inf (e.g. {values})"
+                f"an infinity (e.g. {values})"
             )
     return findings, layout, check.error / check.bound if check.bound else 0.0
 
 
 @check(
     "lse",
-    "a returned lse matches the fp64 oracle's: REAL rows within the bound, -inf on rows that see no key and on GAP and "
-    "TAIL rows, laid out (H, T_q) (added: the audit compared out alone, so a wrong lse beside a right out passed)",
+    "a returned lse matches the fp64 oracle's: REAL rows within the bound, an infinity on rows that see no key and on GAP "
+    "and TAIL rows (-inf in the contract, +inf in FlashAttention's convention), laid out (H, T_q) (added: the audit "
+    "compared out alone, so a wrong lse beside a right out passed)",
     needs=("lse",),
     added="2026-12-05",
 )
@@ -506,7 +508,7 @@ def _lse(ctx: Context) -> CheckResult:
         # causal with len_q > len_k: the first rows of a sequence see no key
         ctx.case((6, 4), seqlens_k=(3, 4) if unequal else None, causal=causal, tail_q=1, tail_k=1, seed=1),
     ]
-    layouts, worst = set(), 0.0
+    layouts, worst, signs = set(), 0.0, set()
     for i, case in enumerate(cases):
         batch = pack(case, ctx.impl.device, requires_grad=False)
         with torch.no_grad(), poisoned_memory():
@@ -518,11 +520,12 @@ def _lse(ctx: Context) -> CheckResult:
             return CheckResult("", Verdict.FAIL, evidence, (case, *cases[:i], *cases[i + 1 :]))
         layouts.add(layout)
         worst = max(worst, ratio)
+        signs |= {"+inf" if x > 0 else "-inf" for x in lse.detach().cpu()[torch.isinf(lse.detach().cpu())].unique().tolist()}
     return CheckResult(
         "",
         Verdict.PASS,
-        f"lse laid out {', '.join(sorted(layouts))}: worst REAL error {worst:.2f} of the bound; -inf on every row that sees "
-        "no key and on every GAP and TAIL row (poisoned memory)",
+        f"lse laid out {', '.join(sorted(layouts))}: worst REAL error {worst:.2f} of the bound; {' and '.join(sorted(signs))} "
+        "on every row that sees no key and on every GAP and TAIL row (poisoned memory)",
         tuple(cases),
     )
 
