@@ -88,7 +88,7 @@ def checks_only() -> Iterator[None]:
         stack.enter_context(mock.patch.object(op, "check_kernel_device", lambda *a: None))
         # natively the boundary values are checked by a kernel after the launch; the host check
         # raises the same errors (tests/test_kernel_device_check.py) before it
-        stack.enter_context(mock.patch.object(op, "_checks_on_device", lambda: False))
+        stack.enter_context(mock.patch.object(op, "_checks_on_device", lambda q: False))
         yield
 
 

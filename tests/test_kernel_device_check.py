@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def device_path(monkeypatch):
     """varlen_attention as it runs natively: the metadata's values checked by the kernel."""
-    monkeypatch.setattr(op, "_checks_on_device", lambda: True)
+    monkeypatch.setattr(op, "_checks_on_device", lambda q: True)
 
 
 def _raised(call) -> tuple[type, str] | None:
@@ -47,9 +47,9 @@ def _raised(call) -> tuple[type, str] | None:
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.id for c in CATALOGUE])
 def test_the_device_path_raises_what_the_host_path_raises(case, monkeypatch):
     positional, keywords = split_call(case.build(base_args(device=default_device())))
-    monkeypatch.setattr(op, "_checks_on_device", lambda: False)
+    monkeypatch.setattr(op, "_checks_on_device", lambda q: False)
     host = _raised(lambda: op.varlen_attention(*positional, **keywords))
-    monkeypatch.setattr(op, "_checks_on_device", lambda: True)
+    monkeypatch.setattr(op, "_checks_on_device", lambda q: True)
     op._VALIDATED.refs = ()  # nothing remembered from the host call
     assert _raised(lambda: op.varlen_attention(*positional, **keywords)) == host
     assert host is not None and host[0] is case.exception

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from kernels._compat import INTERPRETED, check_kernel_device
+from kernels._compat import check_kernel_device
 from kernels.contract import (
     check_causal,
     check_cu_seqlens_tensors,
@@ -26,6 +26,7 @@ from kernels.contract import (
     check_varlen_tensors,
     check_window_size,
 )
+from kernels.runtime import interpreted
 from kernels.varlen.device_check import DeviceCheck, DeviceChecked, PendingChecks, check_on_device
 from kernels.varlen.fa4 import BACKENDS, fa4_attention, unsupported
 from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
@@ -233,10 +234,11 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _checks_on_device() -> bool:
+def _checks_on_device(q: object) -> bool:
     """The metadata's values are checked by a kernel natively in eager mode (device_check);
-    under the interpreter they are host memory already, and a traced call keeps the host check."""
-    return not INTERPRETED and _eager()
+    under the interpreter they are host memory already, and a traced call keeps the host check
+    (as does a q that is no tensor: the host check names what is wrong)."""
+    return isinstance(q, torch.Tensor) and not interpreted(q.device) and _eager()
 
 
 def _sync_free_checks_pass(q, k, v, metadata, limits, scale) -> bool:
@@ -384,7 +386,7 @@ def varlen_attention(
             "validate=True checks the boundary values, which waits on the device, and a CUDA graph capture allows no "
             "wait; pass validate=False inside the capture (check the metadata once before capturing)."
         )
-    on_device = validate and _checks_on_device() and _sync_free_checks_pass(q, k, v, metadata, limits, scale)
+    on_device = validate and _checks_on_device(q) and _sync_free_checks_pass(q, k, v, metadata, limits, scale)
     if validate and not on_device:
         check_varlen_inputs(
             q,
