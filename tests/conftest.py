@@ -190,7 +190,7 @@ def gpu_skip_reason() -> str | None:
     if kernels.default_device().type != "cuda":
         return "gpu: the default device is the CPU here (WORKBENCH_DEVICE=cpu)"
     if kernels.interpreted("cuda"):
-        return "gpu: the kernels run through the Triton interpreter on CUDA here (TRITON_INTERPRET=1)"
+        return "gpu: the kernels run through the Triton interpreter on CUDA here (TRITON_INTERPRET=1 before triton's import)"
     return None
 
 

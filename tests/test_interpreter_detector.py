@@ -95,7 +95,7 @@ def test_detector_runs_once():
 def test_compiled_answers_false_without_launching_anything(monkeypatch):
     """Where kernels compile (CUDA tensors), no dot is run to answer: a launch here would raise."""
     if interpreted("cuda"):
-        pytest.skip("TRITON_INTERPRET=1: kernels on CUDA tensors are interpreted here")
+        pytest.skip("TRITON_INTERPRET=1 before triton's import: kernels on CUDA tensors are interpreted here")
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a dot was launched to answer for compiled kernels")

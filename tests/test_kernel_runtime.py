@@ -21,7 +21,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 import kernels.runtime as runtime
 from kernels import interpreted, use_interpreter
-from kernels.runtime import _interprets, jit
+from kernels.runtime import _first_tensor_on_cpu, jit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,18 +65,19 @@ EXPECTED = torch.arange(16, dtype=torch.float32) + 2 + sum(range(2, 18))  # two 
 
 
 @pytest.fixture
-def no_triton_interpret(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def library_compiled(monkeypatch):
+    """As where TRITON_INTERPRET=1 was not set before triton was imported (CI may set it)."""
+    monkeypatch.setattr(runtime, "_LIBRARY_INTERPRETED", False)
 
 
-def test_interpreted_on_the_cpu_compiled_on_cuda(no_triton_interpret):
+def test_interpreted_on_the_cpu_compiled_on_cuda(library_compiled):
     for where in ("cpu", torch.device("cpu"), torch.zeros(1)):
         assert interpreted(where)
     for where in ("cuda", torch.device("cuda", 0), torch.zeros(1, device="meta")):
         assert not interpreted(where)
 
 
-def test_use_interpreter_forces_every_device_and_ends_with_its_block(no_triton_interpret):
+def test_use_interpreter_forces_every_device_and_ends_with_its_block(library_compiled):
     with use_interpreter():
         assert interpreted("cuda")
         with use_interpreter():
@@ -88,14 +89,17 @@ def test_use_interpreter_forces_every_device_and_ends_with_its_block(no_triton_i
     assert not interpreted("cuda")
 
 
-def test_triton_interpret_forces_every_device(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_triton_interpret_forces_every_device_where_it_made_tritons_library_interpreted(monkeypatch):
+    """TRITON_INTERPRET=1 before triton's import: Triton's library is interpreted, nothing can
+    compile, every device is interpreted. Set afterwards, it changes nothing of ours."""
+    monkeypatch.setattr(runtime, "_LIBRARY_INTERPRETED", True)
     assert interpreted("cuda")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not interpreted("cuda")
+    monkeypatch.setattr(runtime, "_LIBRARY_INTERPRETED", False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not interpreted("cuda") and interpreted("cpu")
 
 
-def test_a_launch_goes_where_its_first_tensor_is(monkeypatch, no_triton_interpret):
+def test_a_launch_goes_where_its_first_tensor_is(monkeypatch, library_compiled):
     """Routing of `kernel[grid](...)`: the first tensor argument decides; a meta tensor stands in
     for a CUDA one (neither is on the CPU), both roads recorded instead of run."""
     roads = []
@@ -112,7 +116,8 @@ def test_a_launch_goes_where_its_first_tensor_is(monkeypatch, no_triton_interpre
     with use_interpreter():
         _nested_kernel[(1,)](on_meta, on_meta, N=16)
     assert roads == ["compiled", "interpreted", "interpreted"]
-    assert _interprets((3, on_cpu), {}) and not _interprets((3,), {"X": on_meta}) and not _interprets((3,), {})
+    assert _first_tensor_on_cpu((3, on_cpu, on_meta), {}) and _first_tensor_on_cpu((3,), {"X": on_cpu})
+    assert not _first_tensor_on_cpu((3, on_meta, on_cpu), {}) and not _first_tensor_on_cpu((3,), {})
 
 
 def test_use_interpreter_on_a_cpu_run():
