@@ -6,7 +6,7 @@ Why not `triton.jit`: Triton decides once, when a function is decorated, whether
 (a `JITFunction`) or interpreted (an `InterpretedFunction`), by reading TRITON_INTERPRET; its
 own library (`tl.sum`, `tl.zeros`, the reductions' combine functions) is decorated when triton
 is imported. So a process that imported triton (transformers does) before setting the variable
-cannot interpret any kernel, and one that set it cannot compile any. Our kernels are decorated
+cannot interpret a kernel that calls Triton's library, and one that set it cannot compile any. Our kernels are decorated
 with `jit` below instead: a `JITFunction` (the compiler and nested calls see what they always
 see) whose launch picks
 
@@ -25,7 +25,7 @@ While it runs, these are process-wide (Triton's interpreter is: it patches `trit
 for every thread during a launch): `JITFunction.__call__`, `InterpretedFunction.__call__`, the
 interpreter's `_patch_lang` and `_patch_lang_tensor`, and `triton.knobs.runtime.interpret`
 (True, which also puts TRITON_INTERPRET=1 in `os.environ`). Interpreted launches therefore take
-one lock, one at a time; another thread must not compile or launch natively meanwhile.
+one lock, one at a time; another thread must not decorate, compile or launch natively meanwhile.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class InterpretableJITFunction(JITFunction):
         return self._launch(grid, warmup, args, kwargs)
 
     def __getitem__(self, grid):
-        # What Triton's does, without its detour through `run`: a compiled launch costs about
-        # 0.2 us of host time more than `triton.jit`'s (Triton's own takes tens of microseconds).
+        # Triton's `__getitem__` without its detour through `run`: a compiled launch then costs about
+        # 0.2 us of host time more than one of `triton.jit` (which takes tens of microseconds).
         return lambda *args, **kwargs: self._launch(grid, False, args, kwargs)
 
     def _launch(self, grid, warmup: bool, args: tuple, kwargs: dict):
@@ -104,7 +104,7 @@ def interpreter_forced() -> bool:
 
 def interpreted(where: torch.Tensor | torch.device | str) -> bool:
     """Whether our kernels run through Triton's interpreter for tensors on `where` (a device or
-    a tensor): on the CPU always, on CUDA only where `interpreter_forced()`."""
+    a tensor): on the CPU always, on CUDA (or any other device) only where `interpreter_forced()`."""
     device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
     return device.type == "cpu" or interpreter_forced()
 
