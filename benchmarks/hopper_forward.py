@@ -85,7 +85,7 @@ def _default_tile(workload: Workload, batch):
         c.heads // (c.kv_heads or c.heads),
         workload.sliding,
     )
-    return TUNER.chosen.get(key, candidate_tiles("forward", c.head_dim, c.torch_dtype)[0])
+    return TUNER.chosen.get(key, candidate_tiles("forward", c.head_dim, c.torch_dtype, batch.q.device)[0])
 
 
 def _ours(batch, window):

@@ -9,7 +9,7 @@ variant of the call, with the native code path of the wrapper and no kernel run.
 every Triton kernel (the attention kernels, the work lists, the padding fill, the device
 check of the metadata, which returns "passed"), the tuner's timing (the first candidate
 tile), and FA4's private forward and backward. On the CPU the tensors are CPU tensors, the
-native path is forced (`INTERPRETED` off in the wrapper's modules) and the few CUDA-only
+native path is forced (`interpreted` answers False in the wrapper's modules) and the few CUDA-only
 queries are answered as an H200 would (compute capability 9.0, q "on a GPU" for FA4's
 platform check): their cost is then not counted, a GPU run counts it. What remains is
 everything else our Python does per call: argument checks, the metadata cache, autograd,
@@ -41,6 +41,7 @@ from unittest import mock
 
 import torch
 
+import kernels.interpreter as interpreter
 import kernels.varlen.device_check as device_check
 import kernels.varlen.fa4 as fa4
 import kernels.varlen.launch as launch
@@ -125,8 +126,8 @@ def stubbed(device: torch.device) -> Iterator[dict[str, StubKernel | StubFA4]]:
     with contextlib.ExitStack() as stack:
         for module, name in KERNELS:
             stack.enter_context(mock.patch.object(module, name, stubs[name]))
-        for module in (metadata, launch, fa4):
-            stack.enter_context(mock.patch.object(module, "INTERPRETED", False))
+        for module in (metadata, launch, fa4, interpreter):
+            stack.enter_context(mock.patch.object(module, "interpreted", lambda where: False))
         stack.enter_context(mock.patch.object(launch.TUNER, "_time", lambda key, candidates, run: candidates[0]))
         stack.enter_context(mock.patch.object(launch.TUNER, "_spills", lambda key, candidates, run, **_: {candidates[0]: 0}))
         stack.enter_context(mock.patch.object(launch.TUNER, "chosen", {}))

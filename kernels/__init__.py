@@ -1,12 +1,13 @@
 """Triton kernels: the fixed varlen attention and replicas of upstream buggy mechanisms.
 
-`kernels._compat` is imported first: without CUDA it switches Triton to its CPU interpreter
-before any `@triton.jit` below is evaluated.
+Each launch runs compiled on CUDA tensors and through Triton's CPU interpreter on CPU tensors
+(`interpreted`; `use_interpreter()` forces the interpreter): importing `kernels` sets nothing
+and patches nothing, in any import order (kernels/runtime.py).
 """
 
 import functools
 
-from kernels._compat import DEVICE, INTERPRETED, default_device  # first: it picks interpreter or native
+from kernels._compat import DEVICE, default_device
 from kernels.contract import (
     VarlenShape,
     check_causal,
@@ -18,6 +19,7 @@ from kernels.contract import (
     check_window_size,
 )
 from kernels.fp8 import Fp8Blockwise, quantize_fp8_blockwise, varlen_attention_fp8
+from kernels.runtime import interpreted, use_interpreter
 from kernels.varlen import AuxRequest, VarlenMetadata, varlen_attention, varlen_attn
 
 # The guarded FlashAttention-4 path as one callable: `workbench audit kernels:varlen_attention_fa4`.
@@ -25,8 +27,9 @@ varlen_attention_fa4 = functools.partial(varlen_attention, backend="fa4")
 
 __all__ = [
     "DEVICE",
-    "INTERPRETED",
     "default_device",
+    "interpreted",
+    "use_interpreter",
     "VarlenShape",
     "check_cu_seqlens",
     "check_cu_seqlens_tensors",

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.contract import check_causal, check_cu_seqlens, check_scale, check_varlen_tensors, check_window_size
+from kernels.runtime import jit
 from kernels.varlen.launch import Window
 
 FP8 = torch.float8_e4m3fn
@@ -47,7 +48,7 @@ class Fp8Blockwise:
         return self.data.to(dtype) * rows[:, :, None]
 
 
-@triton.jit
+@jit
 def _sequence_of_rows(rows, cu, cu_padded, BATCH: tl.constexpr, BATCH_POW2: tl.constexpr):
     """For each row: its sequence (BATCH for TAIL rows) and whether it is a REAL row."""
     seqs = tl.arange(0, BATCH_POW2)
@@ -59,7 +60,7 @@ def _sequence_of_rows(rows, cu, cu_padded, BATCH: tl.constexpr, BATCH_POW2: tl.c
     return inside & (rows - start < length)
 
 
-@triton.jit
+@jit
 def _round_to_e4m3(y):
     """y (fp32, |y| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32.
 
@@ -76,7 +77,7 @@ def _round_to_e4m3(y):
     return r * step
 
 
-@triton.jit
+@jit
 def _quantize_kernel(
     X,
     Out,
@@ -113,7 +114,7 @@ def _quantize_kernel(
     tl.store(Scale + block * tl.num_programs(1) + head, scale)
 
 
-@triton.jit
+@jit
 def _plain_cast_kernel(X, Out, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(Out + offs, tl.load(X + offs, mask=offs < n).to(tl.float8e4nv), mask=offs < n)
@@ -228,7 +229,7 @@ def quantize_fp8_blockwise(
     return Fp8Blockwise(data, scale, block)
 
 
-@triton.jit
+@jit
 def _attention_fp8_kernel(
     Q,
     K,

@@ -1,6 +1,6 @@
 """Does the installed Triton interpreter compute `tl.dot` on bfloat16 correctly?
 
-Under `TRITON_INTERPRET=1` numpy holds every tensor, and numpy has no bfloat16: the interpreter
+Under Triton's interpreter numpy holds every tensor, and numpy has no bfloat16: the interpreter
 stores bf16 as its raw uint16 bits. Its `create_dot` converts only 8-bit float operands before
 `np.matmul`, so a bf16 `tl.dot` multiplies bit patterns as integers (triton-lang/triton#11584;
 fix PR #11585 closed as "not supported yet"). The result is finite and wrong by ~1e9.
@@ -10,13 +10,13 @@ here, from an observation rather than from "are we interpreted?", lets it retire
 the interpreter is fixed, and it never exists in native code. A kernel consumes it as:
 
     from kernels.interpreter import dot_upcast_needed
-    DOT_UPCAST=dot_upcast_needed(q.dtype)          # launch argument, a tl.constexpr
+    DOT_UPCAST=dot_upcast_needed(q.dtype, q.device)   # launch argument, a tl.constexpr
     if DOT_UPCAST: a, b = a.to(tl.float32), b.to(tl.float32)   # in the kernel, before tl.dot
 
-Natively `dot_upcast_needed` is False without running anything, so the branch is compiled out.
-
-The check runs in whatever mode this process is in (Triton decides at decoration time). To
-test the interpreter on a machine with a GPU, run it in a child process:
+Every answer is per device, as kernels run (kernels/runtime.py): interpreted on CPU tensors,
+compiled on CUDA tensors, where `dot_upcast_needed` is False without running anything, so the
+branch is compiled out. On a machine with a GPU the interpreter is asked with CPU tensors, in
+the same process (`report("cpu")`), or from a shell:
 
     WORKBENCH_DEVICE=cpu python -m kernels.interpreter      # prints the report as JSON
 """
@@ -36,8 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._compat import INTERPRETED, default_device
+from kernels._compat import default_device
 from kernels.contract import check_scale, check_varlen_inputs, check_window_size
+from kernels.runtime import interpreted, jit, triton_library_interpreted
 
 HOPPER = 90  # compute capability of the GPU machine (H200)
 
@@ -52,7 +53,7 @@ RELATIVE_TOLERANCE = 1e-2
 DOT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@triton.jit
+@jit
 def _dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr, UPCAST: tl.constexpr):
     offsets = tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :]
     a = tl.load(a_ptr + offsets)
@@ -114,7 +115,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_dot(dtype: torch.dtype | str, device: torch.device | str | None = None, *, upcast: bool = False) -> DotCheck:
-    """Runs one 16x16 `tl.dot` in `dtype` in this process's mode and measures its error."""
+    """Runs one 16x16 `tl.dot` in `dtype` on `device` (default: `default_device()`), interpreted or
+    compiled as kernels run there, and measures its error."""
     if isinstance(dtype, str):
         by_name = {_dtype_name(d): d for d in DOT_DTYPES}
         if dtype not in by_name:
@@ -126,30 +128,37 @@ def check_dot(dtype: torch.dtype | str, device: torch.device | str | None = None
     exact = a.double().cpu() @ b.double().cpu()
     got = triton_dot(a, b, upcast=upcast).double().cpu()
     return DotCheck(
-        str(dtype).removeprefix("torch."), INTERPRETED, upcast, float((got - exact).abs().max()), float(exact.abs().max())
+        str(dtype).removeprefix("torch."), interpreted(a), upcast, float((got - exact).abs().max()), float(exact.abs().max())
     )
 
 
-@functools.cache
-def bf16_dot_is_broken() -> bool:
-    """True when this process's interpreter gets a bf16 `tl.dot` wrong. Natively always False.
+def bf16_dot_is_broken(device: torch.device | str | None = None) -> bool:
+    """True when a bf16 `tl.dot` of a kernel launched on `device` (default: `default_device()`)
+    comes out wrong: where kernels are interpreted, and this Triton's interpreter gets it wrong.
 
-    Native compilation converts bf16 properly, so nothing is run there; under the interpreter
-    one 16x16 dot is run once and the answer cached.
+    Compiled kernels convert bf16 properly, so nothing is run for them; the interpreter's
+    answer is one 16x16 dot, run once per process (`interpreter_bf16_dot_is_broken`).
     """
-    return INTERPRETED and not check_dot(torch.bfloat16, device="cpu").correct
+    return interpreted(default_device() if device is None else device) and interpreter_bf16_dot_is_broken()
 
 
-def dot_upcast_needed(dtype: torch.dtype) -> bool:
-    """Whether a kernel must upcast `dtype` operands of `tl.dot` to fp32 to get a right answer."""
-    return dtype == torch.bfloat16 and bf16_dot_is_broken()
+@functools.cache
+def interpreter_bf16_dot_is_broken() -> bool:
+    """Whether this Triton's interpreter gets a bf16 `tl.dot` wrong: one 16x16 dot on CPU tensors."""
+    return not check_dot(torch.bfloat16, device="cpu").correct
+
+
+def dot_upcast_needed(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a kernel launched on `device` must upcast `dtype` operands of `tl.dot` to fp32 to
+    get a right answer."""
+    return dtype == torch.bfloat16 and bf16_dot_is_broken(device)
 
 
 # A whole sequence fits in one block: enough for the reproduction, small enough for the interpreter.
 SINGLE_BLOCK_MAX_SEQLEN = 128
 
 
-@triton.jit
+@jit
 def _single_block_attention_kernel(
     Q,
     K,
@@ -334,13 +343,13 @@ def native_dots(arch: int = HOPPER) -> dict[bool, NativeDot]:
     """The bf16 16x16 dot kernel compiled for CUDA `arch` with the upcast flag off and on.
 
     It shows what the flag costs natively: off, the branch is gone from the IR and bf16 goes to
-    the tensor cores as it is. Compiling needs no GPU. An interpreted process compiles in a
-    native child process: after interpreted kernels run, triton 3.6 leaves functions of
-    `triton.language.core` (arange, full, broadcast, ...) patched with the interpreter's, which
-    can break native code generation in the same process. Uses the `ASTSource` API of Triton 3.6.
+    the tensor cores as it is. Compiling needs no GPU, and runs in this process, even after
+    interpreted launches (kernels/runtime.py restores what they patch), unless Triton's own
+    library was decorated for the interpreter (TRITON_INTERPRET=1): then in a child process.
+    Uses the `ASTSource` API of Triton 3.6.
     """
-    if INTERPRETED:
-        rows = _run_module(__name__, ["--native-dots", str(arch)], interpret=False)
+    if triton_library_interpreted():
+        rows = _run_module(__name__, ["--native-dots", str(arch)])
         return {row["upcast"]: NativeDot(**row | {"mma": tuple(row["mma"])}) for row in rows}
     return {flag: _compile_dot(flag, arch) for flag in (False, True)}
 
@@ -353,11 +362,8 @@ def bit_pattern_product(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 
 
 def bit_pattern_gap() -> float:
-    """max |interpreted bf16 tl.dot - bit_pattern_product|: 0.0 exactly when that is the mechanism."""
-    if not INTERPRETED:
-        raise RuntimeError(
-            "bit_pattern_gap() describes the interpreter; run it with TRITON_INTERPRET=1 (see interpreter_report)."
-        )
+    """max |interpreted bf16 tl.dot - bit_pattern_product|: 0.0 exactly when that is the mechanism.
+    The dot runs on CPU tensors, so through the interpreter, on any machine."""
     a, b = dot_operands(torch.bfloat16, "cpu")
     return float(np.abs(triton_dot(a, b).numpy() - bit_pattern_product(a, b)).max())
 
@@ -366,45 +372,34 @@ def _row(check: DotCheck) -> dict:
     return asdict(check) | {"relative": check.relative, "correct": check.correct}
 
 
-def report() -> dict:
-    """This process's answer, JSON-ready: Triton version, mode, each dtype's dot, the workaround,
-    the mechanism check (interpreter only) and the detector's verdict."""
+def report(device: torch.device | str | None = None) -> dict:
+    """The answer on `device` (default: `default_device()`), JSON-ready: Triton version, mode,
+    each dtype's dot, the workaround, the mechanism check (interpreter only) and the detector's
+    verdict. `report("cpu")` is the interpreter's, on any machine."""
+    device = default_device() if device is None else torch.device(device)
     return {
         "triton": triton.__version__,
-        "interpreted": INTERPRETED,
-        "device": str(default_device()),
-        "checks": {_dtype_name(d): _row(check_dot(d)) for d in DOT_DTYPES},
-        "workaround": _row(check_dot("bfloat16", upcast=True)),
-        "bit_pattern_gap": bit_pattern_gap() if INTERPRETED else None,
-        "bf16_dot_is_broken": bf16_dot_is_broken(),
+        "interpreted": interpreted(device),
+        "device": str(device),
+        "checks": {_dtype_name(d): _row(check_dot(d, device)) for d in DOT_DTYPES},
+        "workaround": _row(check_dot("bfloat16", device, upcast=True)),
+        "bit_pattern_gap": bit_pattern_gap() if interpreted(device) else None,
+        "bf16_dot_is_broken": bf16_dot_is_broken(device),
     }
 
 
-def _run_module(module: str, args: list[str], *, interpret: bool, timeout: float = 300.0):
-    """Runs `python -m module *args` on the CPU, interpreted or native, and parses its JSON."""
+def _run_module(module: str, args: list[str], *, timeout: float = 300.0):
+    """Runs `python -m module *args` in a child process that compiles (no TRITON_INTERPRET), on
+    the CPU, and parses its JSON: how a process whose Triton library is interpreted compiles."""
     # The child imports the same source tree as this process, installed or not.
     root = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))
-    env = os.environ | {"WORKBENCH_DEVICE": "cpu", "TRITON_INTERPRET": "1" if interpret else "0", "PYTHONPATH": path}
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env |= {"WORKBENCH_DEVICE": "cpu", "PYTHONPATH": path}
     child = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if child.returncode != 0:
-        mode = "under the interpreter" if interpret else "natively"
-        raise RuntimeError(f"`python -m {module}` {mode} failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
+        raise RuntimeError(f"`python -m {module}` failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
     return json.loads(child.stdout)
-
-
-def run_interpreted(module: str, timeout: float = 300.0) -> dict:
-    """Runs `python -m module` under the Triton interpreter on CPU and parses the JSON it prints.
-
-    A process cannot switch modes once its kernels are decorated, so this is how a native (GPU)
-    process gets the interpreter's answer.
-    """
-    return _run_module(module, [], interpret=True, timeout=timeout)
-
-
-def interpreter_report() -> dict:
-    """`report()` from the Triton interpreter: this process if interpreted, else a child process."""
-    return report() if INTERPRETED else run_interpreted(__name__)
 
 
 if __name__ == "__main__":

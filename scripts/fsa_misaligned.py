@@ -19,7 +19,7 @@ each with 2 heads of 64, float16, through flash_dense_attn_varlen_func and flash
 --fixed adds the fixed-length flash_dense_attn_func on a batch of 2 sequences of 7 and of 8
 (its lse is (B, H, S): the same preprocess kernel, the same rule, at b * H * S + h * S floats).
 
-CPU (TRITON_INTERPRET=1, set here): the interpreter runs every kernel of the forward and the
+CPU (the library imported for Triton's interpreter): the interpreter runs every kernel of the forward and the
 backward, and every `tl.make_tensor_descriptor` is recorded where it is created (kernel, source
 line, base address mod 16, strides in bytes) against Triton's own rule (its docstring: "base ...
 must be 16-byte aligned", leading strides multiples of 16 bytes; the interpreter's
@@ -71,8 +71,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: workbench, postmortems
 
-# Imported where used, not here: the package imports `kernels`, which sets TRITON_INTERPRET=1 on a
-# machine without a GPU, and --ptx must compile the kernels, not interpret them.
+# Imported where used, not here: the CPU run imports flash_sparse_attn for the interpreter, --ptx
+# for compilation, and `triton.jit` decides once per module (--ptx compiles in a child process).
 
 CASES = {
     "audit": ((5, 3, 7), 3, 2),
@@ -424,7 +424,7 @@ def hopper_ptx() -> dict:
 
     from workbench.upstream import import_module
 
-    import_module("flash_sparse_attn", stub={"triton_kernels": "flash_sparse_attn"})
+    import_module("flash_sparse_attn", stub={"triton_kernels": "flash_sparse_attn"}, for_interpreter=False)
     from flash_sparse_attn.ops.triton import flash_bwd_preprocess
 
     kernel = flash_bwd_preprocess._bwd_preprocess_kernel._kernel  # under cache_utils.CachedKernel
@@ -467,7 +467,8 @@ def hopper_ptx() -> dict:
 
 
 def hopper_ptx_in_subprocess(timeout: int) -> dict:
-    """`hopper_ptx` in a process without TRITON_INTERPRET (the kernels must be compiled, not interpreted)."""
+    """`hopper_ptx` in a fresh process without TRITON_INTERPRET, whose flash_sparse_attn is imported for
+    compilation (this process's may be imported for the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, __file__, "--ptx-only"], env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: kernels, workbench
 
-import kernels  # noqa: F401  (first: on a machine without a GPU it selects the Triton interpreter)
+from kernels.runtime import jit  # compiled on CUDA tensors, through the Triton interpreter on CPU tensors
 
 # isort: split
 import torch
@@ -43,7 +43,7 @@ PRINT_LIMIT = 100_000
 WRITTEN = "written exactly:"
 
 
-@triton.jit
+@jit
 def copy_rows_kernel(Src, Dst, n_rows, DIM: tl.constexpr, BLOCK: tl.constexpr, DESCRIPTOR: tl.constexpr):
     start = tl.program_id(0) * BLOCK
     rows = start + tl.arange(0, BLOCK)
@@ -62,7 +62,7 @@ def program(variant: str) -> bool:
     from kernels.varlen.hopper import ensure_descriptor_allocator
 
     device = default_device()
-    ensure_descriptor_allocator()  # device-side descriptors take their scratch from Triton's allocator
+    ensure_descriptor_allocator(device)  # device-side descriptors take their scratch from Triton's allocator
     src = torch.randn(ROWS, DIM, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     copy_rows_kernel[(triton.cdiv(ROWS, BLOCK),)](src, dst, ROWS, DIM=DIM, BLOCK=BLOCK, DESCRIPTOR=variant == "descriptor")

@@ -181,14 +181,16 @@ def pytest_addoption(parser):
 
 # -- markers ---------------------------------------------------------------------------------
 def gpu_skip_reason() -> str | None:
-    """Why `gpu` tests cannot run here (None when they can): they need the kernels compiled
-    natively on CUDA, not interpreted."""
+    """Why `gpu` tests cannot run here (None when they can): they need the default device to be
+    CUDA, with the kernels compiled there, not interpreted."""
     import torch
 
     if not torch.cuda.is_available():
         return f"gpu: torch {torch.__version__} sees no CUDA device"
-    if kernels.INTERPRETED:
-        return "gpu: the kernels run through the Triton interpreter here (TRITON_INTERPRET=1 or WORKBENCH_DEVICE=cpu)"
+    if kernels.default_device().type != "cuda":
+        return "gpu: the default device is the CPU here (WORKBENCH_DEVICE=cpu)"
+    if kernels.interpreted("cuda"):
+        return "gpu: the kernels run through the Triton interpreter on CUDA here (TRITON_INTERPRET=1 before triton's import)"
     return None
 
 

@@ -155,7 +155,7 @@ def test_compile_candidates_runs_forward_and_backward_pinned(monkeypatch):
 
     monkeypatch.setattr(launch.TileTuner, "launch", spy)
     _compile_candidates(Case((5,), heads=2, head_dim=16, causal=True), index=3, device=str(default_device()))
-    expected = {k: launch.candidate_tiles(k, 16, torch.float32) for k in ("forward", "dkdv", "dq")}
+    expected = {k: launch.candidate_tiles(k, 16, torch.float32, default_device()) for k in ("forward", "dkdv", "dq")}
     assert [k for k, _ in seen] == ["forward", "dq", "dkdv"]  # dQ first: it writes delta
     assert all(tile == expected[k][min(3, len(expected[k]) - 1)] for k, tile in seen)
 

@@ -156,8 +156,9 @@ def test_padding_rule_study():
 
 
 def test_on_cpu_ranks_interpret_on_a_gpu_machine(monkeypatch):
-    """With fewer GPUs than ranks, a run needs on_cpu=True: its ranks then import kernels with the
-    Triton interpreter on the CPU (over gloo); this process keeps its environment."""
+    """With fewer GPUs than ranks, a run needs on_cpu=True: its ranks then default to the CPU, where
+    the kernels run through the Triton interpreter (over gloo); this process keeps its environment,
+    and TRITON_INTERPRET is left alone."""
     import os
 
     from workbench import context_parallel as cp
@@ -177,7 +178,7 @@ def test_on_cpu_ranks_interpret_on_a_gpu_machine(monkeypatch):
     before = {name: os.environ.get(name) for name in ("WORKBENCH_DEVICE", "TRITON_INTERPRET")}
     with pytest.raises(RuntimeError, match="spawned"):
         cp.run_context_parallel([(batch, batch.q)], on_cpu=True)
-    assert seen == {"backend": "gloo", "device": "cpu", "interpret": "1"}
+    assert seen == {"backend": "gloo", "device": "cpu", "interpret": before["TRITON_INTERPRET"]}
     assert {name: os.environ.get(name) for name in before} == before
 
 

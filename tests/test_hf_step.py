@@ -73,7 +73,7 @@ def _batches() -> dict[str, tuple[dict, int]]:
 def test_one_build_and_at_most_one_read_per_forward(counted, kind):
     inputs, reads = _batches()[kind]
     model = rc.llama(SIZE)
-    rc._set_implementation(model, hf.register())
+    rc.set_implementation(model, hf.register())
     for forward in (1, 2):  # two steps: the second batch's tensors are new (as the collator's are)
         batch = {name: t.clone() if isinstance(t, torch.Tensor) else t for name, t in inputs.items()}
         with torch.no_grad():

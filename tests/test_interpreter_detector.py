@@ -5,6 +5,7 @@ interpreter (where triton 3.6 has the bug), natively on a GPU, and on a future T
 the interpreter, and fail if the detector and reality ever disagree.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import INTERPRETED
+import kernels.interpreter
+from kernels import interpreted
 from kernels.interpreter import (
     BLOCK,
     SINGLE_BLOCK_MAX_SEQLEN,
@@ -24,8 +26,9 @@ from kernels.interpreter import (
     check_dot,
     dot_operands,
     dot_upcast_needed,
+    interpreter_bf16_dot_is_broken,
     native_dots,
-    run_interpreted,
+    report,
     single_block_attention,
     triton_dot,
 )
@@ -34,9 +37,13 @@ from workbench import Case, pack, probe
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _dot_matches_torch(dtype: torch.dtype) -> bool:
+# The CPU (interpreted) always; CUDA (compiled) where there is one.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _dot_matches_torch(dtype: torch.dtype, device: str | None = None) -> bool:
     """An observation independent of `check_dot`: allclose against torch's fp64 product."""
-    a, b = dot_operands(dtype)
+    a, b = dot_operands(dtype, device)
     return torch.allclose(triton_dot(a, b).double().cpu(), a.double().cpu() @ b.double().cpu(), rtol=1e-3, atol=1e-3)
 
 
@@ -48,27 +55,21 @@ def test_fp32_and_fp16_dots_are_correct(dtype):
     assert _dot_matches_torch(dtype)
 
 
-def test_detector_matches_an_independent_observation():
-    assert bf16_dot_is_broken() == (INTERPRETED and not _dot_matches_torch(torch.bfloat16))
+@pytest.mark.parametrize("device", DEVICES)
+def test_detector_matches_an_independent_observation(device):
+    assert bf16_dot_is_broken(device) == (interpreted(device) and not _dot_matches_torch(torch.bfloat16, device))
 
 
 def test_detector_reports_the_interpreter_bug_as_orders_of_magnitude():
-    if not bf16_dot_is_broken():
-        pytest.skip("this Triton computes bf16 tl.dot correctly here (native, or an interpreter fixed upstream)")
-    assert check_dot(torch.bfloat16).relative > 1e6
+    if not interpreter_bf16_dot_is_broken():
+        pytest.skip("this Triton's interpreter computes bf16 tl.dot correctly (fixed upstream)")
+    assert check_dot(torch.bfloat16, "cpu").relative > 1e6
 
 
 def test_bug_is_the_product_of_raw_bit_patterns():
-    if not bf16_dot_is_broken():
-        pytest.skip("no bf16 dot bug in this mode: nothing to explain")
+    if not interpreter_bf16_dot_is_broken():
+        pytest.skip("no bf16 dot bug in this interpreter: nothing to explain")
     assert bit_pattern_gap() == 0.0
-
-
-def test_bit_pattern_gap_refuses_native_mode():
-    if INTERPRETED:
-        pytest.skip("native-mode refusal; this process runs the interpreter")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        bit_pattern_gap()
 
 
 def test_workaround_makes_bf16_dot_correct():
@@ -76,45 +77,61 @@ def test_workaround_makes_bf16_dot_correct():
     assert check.correct and check.relative < 1e-5, check
 
 
-def test_upcast_is_needed_for_bf16_only_and_exactly_when_broken():
-    assert dot_upcast_needed(torch.bfloat16) == bf16_dot_is_broken()
-    assert not dot_upcast_needed(torch.float16)
-    assert not dot_upcast_needed(torch.float32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_upcast_is_needed_for_bf16_only_and_exactly_when_broken(device):
+    assert dot_upcast_needed(torch.bfloat16, device) == bf16_dot_is_broken(device)
+    assert not dot_upcast_needed(torch.float16, device)
+    assert not dot_upcast_needed(torch.float32, device)
 
 
 def test_detector_runs_once():
-    bf16_dot_is_broken()
-    before = bf16_dot_is_broken.cache_info()
-    bf16_dot_is_broken()
-    after = bf16_dot_is_broken.cache_info()
+    bf16_dot_is_broken("cpu")
+    before = interpreter_bf16_dot_is_broken.cache_info()
+    bf16_dot_is_broken("cpu")
+    after = interpreter_bf16_dot_is_broken.cache_info()
     assert (after.hits, after.misses) == (before.hits + 1, before.misses)
 
 
-@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
-def test_native_mode_answers_false_without_launching_anything():
-    # On a machine without a GPU a native launch raises ("0 active drivers"), so a clean False
-    # proves that the native answer is decided without running a kernel.
-    env = os.environ | {"TRITON_INTERPRET": "0", "WORKBENCH_DEVICE": "cpu" if not torch.cuda.is_available() else "cuda"}
-    code = "import torch; from kernels.interpreter import dot_upcast_needed as f; print(f(torch.bfloat16), f(torch.float16))"
-    child = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert child.returncode == 0, child.stderr
-    assert child.stdout.split() == ["False", "False"]
+def test_compiled_answers_false_without_launching_anything(monkeypatch):
+    """Where kernels compile (CUDA tensors), no dot is run to answer: a launch here would raise."""
+    if interpreted("cuda"):
+        pytest.skip("TRITON_INTERPRET=1 before triton's import: kernels on CUDA tensors are interpreted here")
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a dot was launched to answer for compiled kernels")
+
+    monkeypatch.setattr(kernels.interpreter, "check_dot", no_launch)
+    monkeypatch.setattr(kernels.interpreter, "interpreter_bf16_dot_is_broken", no_launch)
+    assert not bf16_dot_is_broken("cuda") and not dot_upcast_needed(torch.bfloat16, "cuda")
 
 
-@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
-def test_interpreter_report_in_a_child_process():
-    report = run_interpreted("kernels.interpreter")
-    assert report["interpreted"] is True and report["device"] == "cpu"
-    assert report["checks"]["float16"]["correct"] and report["checks"]["float32"]["correct"]
-    assert report["workaround"]["correct"]
+def test_the_interpreters_report_on_any_machine():
+    """`report("cpu")`: the interpreter's answer, in this process (no child process, whatever ran before)."""
+    found = report("cpu")
+    assert found["interpreted"] is True and found["device"] == "cpu"
+    assert found["checks"]["float16"]["correct"] and found["checks"]["float32"]["correct"]
+    assert found["workaround"]["correct"]
     # The detector's verdict is what its own check observed, and the mechanism explains it.
-    assert report["bf16_dot_is_broken"] == (not report["checks"]["bfloat16"]["correct"])
-    if report["bf16_dot_is_broken"]:
-        assert report["bit_pattern_gap"] == 0.0
+    assert found["bf16_dot_is_broken"] == (not found["checks"]["bfloat16"]["correct"])
+    if found["bf16_dot_is_broken"]:
+        assert found["bit_pattern_gap"] == 0.0
 
 
-# A native child process compiles the dot kernel; in the fast loop the post-mortem's compile claim
-# (tests/test_pm_interpreter.py) checks the same two kernels, here each field is checked.
+@pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
+def test_the_interpreters_report_from_a_shell():
+    """`WORKBENCH_DEVICE=cpu python -m kernels.interpreter`, with triton imported first."""
+    env = os.environ | {"WORKBENCH_DEVICE": "cpu"}
+    code = "import triton, runpy; runpy.run_module('kernels.interpreter', run_name='__main__')"
+    child = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    printed = json.loads(child.stdout)
+    assert printed["interpreted"] is True and printed["device"] == "cpu"
+    assert printed["bf16_dot_is_broken"] == (not printed["checks"]["bfloat16"]["correct"])
+
+
+# The dot kernel compiled in this process (after interpreted launches of it above); in the fast
+# loop the post-mortem's compile claim (tests/test_pm_interpreter.py) checks the same two kernels,
+# here each field is checked.
 @pytest.mark.slow
 def test_native_compilation_drops_the_upcast_branch():
     off, on = native_dots()[False], native_dots()[True]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kernels.varlen.fa4 as fa4
-from kernels import INTERPRETED, VarlenMetadata, varlen_attention
+from kernels import VarlenMetadata, default_device, interpreted, varlen_attention
 from tests.test_kernel_varlen import nan_on_padding
 from workbench import Case, Region, pack, poisoned_memory, probe, reference_attention, region_labels
 
@@ -215,7 +215,7 @@ def test_fa4_gets_the_layout_as_padded_starts_and_real_lengths(fake_fa4):
 
 @pytest.mark.slow  # every check and 8 fuzzed layouts; the fast loop keeps the contract tests above
 @pytest.mark.skipif(
-    not INTERPRETED,
+    not interpreted(default_device()),
     reason="its Triton fallback runs on CPU tensors under the interpreter only; "
     "on a GPU, data/gpu/audit-ours-fa4.json audits the real FA4 behind the wrapper",
 )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import INTERPRETED, default_device
+from kernels import default_device, interpreted
 from kernels.varlen.hopper import (
     ForwardConfig,
     check_descriptor_alignment,
@@ -62,7 +62,7 @@ def _marks(config: ForwardConfig, dtype: str):
     there the twin alone runs where it is a case of its own here, and the flag still runs alone
     (the default's twin) and with both other switches (ALL). Natively, every combination runs."""
     twin = ForwardConfig(config.descriptors, False, config.persistent)
-    if INTERPRETED and config.warp_specialize and twin in CONFIGS and str(config) != ALL:
+    if interpreted(default_device()) and config.warp_specialize and twin in CONFIGS and str(config) != ALL:
         return pytest.mark.skip(reason=f"interpreted, warp_specialize is ignored: the same run as {twin}-{dtype}")
     return () if (config, dtype) in FAST else pytest.mark.slow
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import INTERPRETED
+from kernels import default_device, interpreted
 from tests.test_kernel_varlen import varlen_attention
 from workbench import Case, Fill, Region, error_check, pack, reference_attention
 
@@ -68,7 +68,7 @@ def _loss(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded):
             "inductor",
             marks=[
                 pytest.mark.slow,
-                pytest.mark.skipif(INTERPRETED, reason="inductor's CPU C++ build takes ~100 s; runs natively"),
+                pytest.mark.skipif(interpreted(default_device()), reason="inductor's CPU C++ build takes ~100 s; runs natively"),
             ],
         ),
     ],
@@ -160,11 +160,12 @@ def test_real_rows_agree_with_torch_varlen_attn(dtype, window):
         assert check.within, f"vs torch varlen_attn, window {window}: {check}"
 
 
-@pytest.mark.skipif(INTERPRETED, reason="natively only: the interpreter reads CPU tensors")
-def test_cpu_tensors_natively_get_a_clear_error():
-    batch = pack(CASE, device="cpu")
-    with pytest.raises(ValueError, match=r"q is on cpu, but the Triton kernels run natively on CUDA"):
-        batch.call(varlen_attention)
+def test_tensors_on_another_device_get_a_clear_error():
+    """CUDA tensors are compiled for, CPU tensors interpreted; any other device is refused by name."""
+    q = torch.zeros(8, 2, 16, device="meta")
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"q is on meta, but the Triton kernels run on CUDA tensors \(compiled\) or on CPU"):
+        varlen_attention(q, q, q, cu, cu, 5, 5, validate=False)
 
 
 @pytest.mark.parametrize("use_lse", [False, True], ids=["out", "out-and-lse"])
@@ -198,9 +199,11 @@ def test_the_host_cost_benchmark_runs_the_native_path_of_every_variant(capsys):
     (the attention kernels or FA4, the metadata check as often as the variant needs it) through
     the native path of the wrapper, on the CPU; the module's state is as it was afterwards."""
     from benchmarks import host_cost
+    from kernels import interpreter
     from kernels.varlen import fa4, launch, metadata
 
     chosen, load = launch.TUNER.chosen, fa4.load
     assert host_cost.main(["--quick", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.count("ran (not timed)") == len(host_cost.VARIANTS)
-    assert metadata.INTERPRETED == INTERPRETED and launch.TUNER.chosen is chosen and fa4.load is load
+    assert all(module.interpreted is interpreted for module in (metadata, launch, fa4, interpreter))
+    assert launch.TUNER.chosen is chosen and fa4.load is load

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import INTERPRETED, default_device
+from kernels import default_device, interpreted
 from kernels.varlen.launch import (
     BLOCK_SIZES,
     KEYS,
@@ -25,6 +25,7 @@ from workbench import Case, pack
 
 # Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k
 # (rows that see no key), len_q < len_k, an empty sequence, GQA, gaps and a tail.
+ON_INTERPRETER = interpreted(default_device())  # the tests' batches are on the default device
 CAUSAL_CASE = Case((140, 0, 37), seqlens_k=(129, 3, 150), align=8, tail_q=3, heads=2, kv_heads=1, causal=True, dtype="float16")
 FULL_CASE = Case((131, 20), padded_q=(133, 24), heads=2, dtype="float16")
 
@@ -36,7 +37,7 @@ def test_every_native_candidate_tile_keeps_the_contract(row_bytes, index):
     interpreter runs them at head dim 16: what a tile changes is the blocking of rows and keys,
     and numpy's cost grows with the head dim."""
     tiles = {kernel: by_bytes[row_bytes][index] for kernel, by_bytes in NATIVE_TILES.items()}
-    head_dim = 16 if INTERPRETED else row_bytes // 2
+    head_dim = 16 if ON_INTERPRETER else row_bytes // 2
     # The causal case runs every mask path; without the mask only the ragged end differs.
     cases = (CAUSAL_CASE, FULL_CASE) if index == 0 else (CAUSAL_CASE,)
     with TUNER.pinned(**tiles):
@@ -51,7 +52,7 @@ def test_every_native_candidate_tile_keeps_the_contract_under_windows(index, win
     masked edges, rows that see no key (len_q > len_k), for each pinned tile."""
     tiles = {kernel: by_bytes[256][index] for kernel, by_bytes in NATIVE_TILES.items()}
     with TUNER.pinned(**tiles):
-        assert_contract(CAUSAL_CASE.with_(causal=False, head_dim=16 if INTERPRETED else 128), window_size=window)
+        assert_contract(CAUSAL_CASE.with_(causal=False, head_dim=16 if ON_INTERPRETER else 128), window_size=window)
 
 
 def test_pinned_names_kernels():
@@ -86,7 +87,7 @@ def test_candidate_tiles_cover_every_supported_row_width():
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for head_dim in (16, 32, 64, 128, 256):
             for kernel in NATIVE_TILES:
-                tiles = candidate_tiles(kernel, head_dim, dtype)
+                tiles = candidate_tiles(kernel, head_dim, dtype, torch.device("cuda"))
                 assert tiles and all(t.block_m in BLOCK_SIZES or kernel == "dkdv" for t in tiles)
                 assert all(t.block_n in BLOCK_SIZES or kernel != "dkdv" for t in tiles)
 
@@ -159,7 +160,7 @@ def test_an_untimed_call_takes_the_first_candidate_that_does_not_spill(monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(INTERPRETED, reason="times tiles with CUDA events")
+@pytest.mark.skipif(ON_INTERPRETER, reason="times tiles with CUDA events")
 def test_tuner_times_each_candidate_once_and_not_while_syncs_are_forbidden():
     tuner = TileTuner()
     launched = []
@@ -187,7 +188,7 @@ def test_tuner_times_each_candidate_once_and_not_while_syncs_are_forbidden():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(INTERPRETED, reason="reads the compiled kernels' registers")
+@pytest.mark.skipif(ON_INTERPRETER, reason="reads the compiled kernels' registers")
 def test_tuned_kernels_do_not_spill(monkeypatch):
     """A timed call (causal, 4k rows) and an untimed one (a sliding window over a few hundred
     rows, where the first dK/dV candidate spills) at bf16 head dim 128 get tiles that do not

@@ -196,7 +196,7 @@ def test_drawn_layouts(case):
 def test_fp32_draw_over_67_keys_is_within_the_floored_bound():
     """The draw above passes now; interpreted (the platform it failed on), it still fails the old floor."""
     assert_contract(DRAWN_67_KEYS)
-    if kernels.INTERPRETED:
+    if kernels.interpreted(default_device()):
         batch = pack(DRAWN_67_KEYS)
         out = probe(varlen_attention, batch, grad_out=nan_on_padding(batch), poisoned=True).errors["out"]
         one_dot = torch.finfo(torch.float32).eps * math.sqrt(DRAWN_67_KEYS.head_dim)  # |out| < 1: scale 1

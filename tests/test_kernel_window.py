@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import INTERPRETED, AuxRequest, default_device, varlen_attn
+from kernels import AuxRequest, default_device, interpreted, varlen_attn
 from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
 from workbench import Case, Fill, pack, reference_attention
 from workbench.bounds import lse_error
@@ -33,6 +33,7 @@ from workbench.reference import visible_keys
 # The window shapes of torch's test_varlen_vs_sdpa (pytorch/pytorch test/test_varlen_attention.py).
 TORCH_WINDOWS = [(-1, -1), (-1, 0), (4, 0), (-1, 4), (0, 0), (1, 0), (0, 1), (0, -1), (4, 4), (8, 2), (1025, 1025)]
 DEVICE = default_device()
+ON_INTERPRETER = interpreted(DEVICE)  # the interpreter: small sizes
 
 
 # -- the padding contract with windows -----------------------------------------------------
@@ -242,7 +243,7 @@ def test_varlen_attn_return_convention():
 
 # -- torch's criteria, re-stated ------------------------------------------------------------
 
-if INTERPRETED:
+if ON_INTERPRETER:
     EMBED, HEADS, MAX_LEN, BATCH, UNIT = 32, 2, 48, 3, 16  # head dim 16, sequences of 16..48 tokens
 else:
     EMBED, HEADS, MAX_LEN, BATCH, UNIT = 1024, 16, 1024, 4, 64  # torch's own sizes
@@ -288,7 +289,7 @@ def _within_twice_sdpa(name, ours, sdpa, golden, dtype):
     ours_error = float((ours.detach() - golden.to(dtype)).abs().max())
     sdpa_error = float((sdpa.detach() - golden.to(dtype)).abs().max())
     floor = _rounding_floor(golden)
-    if INTERPRETED:
+    if ON_INTERPRETER:
         # The interpreter's tiny blocks make both errors a few roundings to `dtype`, so that one
         # rounding more flips the comparison: allow one unit in the last place of the largest
         # value. Natively, at torch's sizes, the bound is torch's own.
@@ -352,8 +353,8 @@ def test_within_twice_sdpa_error_with_a_custom_scale(window):
 )
 def test_batch_invariance_under_permutation(window):
     """Sequence i's output, lse and gradients are bitwise the same wherever it sits in the batch."""
-    lengths = [37, 5, 70, 16] if INTERPRETED else [1000, 17, 513, 64, 2048, 1]
-    heads, kv_heads, head_dim = (2, 1, 16) if INTERPRETED else (8, 2, 128)
+    lengths = [37, 5, 70, 16] if ON_INTERPRETER else [1000, 17, 513, 64, 2048, 1]
+    heads, kv_heads, head_dim = (2, 1, 16) if ON_INTERPRETER else (8, 2, 128)
     generator = torch.Generator().manual_seed(0)
     xs = [torch.randn(n, heads + 2 * kv_heads, head_dim, generator=generator).to(torch.bfloat16) for n in lengths]
     grads = [torch.randn(n, heads, head_dim, generator=generator).to(torch.bfloat16) for n in lengths]

@@ -1,15 +1,13 @@
 """The flash-dmattn Triton replica: correct where upstream is, NaN exactly where upstream is, and the two fixes."""
 
-import kernels  # noqa: I001  (first: without CUDA it selects the interpreter before triton.language loads)
-
 import math
 
 import numpy as np
 import pytest
 import torch
-import triton
 import triton.language as tl
 
+from kernels import default_device
 from kernels.replicas.dmattn import (
     _finite_or_zero,
     dmattn_backward,
@@ -17,11 +15,12 @@ from kernels.replicas.dmattn import (
     launch_patch_as_written,
     triton_dmattn_func,
 )
+from kernels.runtime import jit
 from postmortems.flash_dmattn_121 import dense_reference
 from workbench import poisoned_memory
 from workbench.bounds import error_check
 
-DEVICE = kernels.default_device()  # CUDA natively: Triton cannot read CPU tensors there
+DEVICE = default_device()  # CUDA where there is one (compiled), else the CPU (interpreted)
 
 
 def _inputs(batch=1, seqlen_q=48, seqlen_k=None, heads=1, kv_heads=None, head_dim=16, dtype=torch.float16, seed=0):
@@ -161,7 +160,7 @@ def test_every_dk_dv_row_is_written(seqlen_q, seqlen_k, causal):
     assert torch.equal(empty.dk, zeros.dk) and torch.equal(empty.dv, zeros.dv)
 
 
-@triton.jit
+@jit
 def _finite_or_zero_kernel(X, Y, N: tl.constexpr):
     offs = tl.arange(0, N)
     tl.store(Y + offs, _finite_or_zero(tl.load(X + offs)))

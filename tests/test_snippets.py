@@ -329,7 +329,7 @@ def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
 def _native_cuda() -> bool:
     import kernels
 
-    return torch.cuda.is_available() and not kernels.INTERPRETED
+    return kernels.default_device().type == "cuda" and not kernels.interpreted("cuda")
 
 
 @contextlib.contextmanager
@@ -729,6 +729,7 @@ def test_paste_block_passes_its_battery(published_site, block_runs, page, name):
     block = next(b for p, n, b in _blocks(published_site) if (p, n) == (page, name))
     run: dict[str, Any] = {"page": page, "block": name, "sha256": block_digest(block), "verdict": "failed"}
     block_runs.append(run)
+    environ = dict(os.environ)  # a block may set variables (TRITON_INTERPRET=1): this session keeps its own
     with PAGE_CONTEXT.get(page, contextlib.nullcontext)() as itself:
         run["stand_in"] = itself is False
         try:
@@ -742,6 +743,9 @@ def test_paste_block_passes_its_battery(published_site, block_runs, page, name):
         except Exception as exc:
             run["error"] = f"{type(exc).__name__}: {exc}"[:2000]
             raise
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
     run["verdict"] = "passed"
 
 

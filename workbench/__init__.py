@@ -2,8 +2,8 @@
 
 The names below are imported on first use (PEP 562), so that `import workbench` and the
 command line's quick commands (`workbench --help`, `list`) do not pay for torch, Triton and
-matplotlib. Whatever needs a device imports `kernels` first (through `kernels._compat`), so
-without CUDA Triton still runs through its CPU interpreter.
+matplotlib. In any import order the kernels run compiled on CUDA tensors and through
+Triton's CPU interpreter on CPU tensors (kernels/runtime.py).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tu
     from kernels.varlen.launch import NATIVE_TILES, TUNER, candidate_tiles
 
     dtype = case.torch_dtype
-    tiles = {k: candidate_tiles(k, case.head_dim, dtype) for k in NATIVE_TILES}
+    tiles = {k: candidate_tiles(k, case.head_dim, dtype, torch.device(device)) for k in NATIVE_TILES}
     # 256 rows: every stride keeps the 16-divisibility the benchmark's layouts have, so the
     # compiled specializations are the ones the timed process loads.
     small = case.with_(seqlens_q=(200, 56), seqlens_k=None, padded_q=None, padded_k=None, align=None, tail_q=0, tail_k=0)

@@ -240,7 +240,7 @@ def _repro(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     import torch
 
-    from kernels import DEVICE
+    from kernels import DEVICE, interpreted
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -249,7 +249,8 @@ def _repro(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     if args.device and args.device != DEVICE:
-        # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
+        # The default device (WORKBENCH_DEVICE) is read once, at import, and the post-mortem's helpers and
+        # its upstream imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         record = ["--record", args.record] if args.record else []
         return subprocess.call([sys.executable, "-m", "workbench.cli", "repro", args.id, *record], env=env)
@@ -261,7 +262,7 @@ def _repro(args: argparse.Namespace) -> int:
     pm = Registry().get(args.id)
     width = shutil.get_terminal_size().columns
     print(textwrap.fill(f"{pm.id}: {pm.meta.title}", width, subsequent_indent="  "), flush=True)
-    mode = "Triton interpreter" if DEVICE == "cpu" else "native Triton"
+    mode = "Triton interpreter" if interpreted(DEVICE) else "native Triton"
     imported = (
         f"imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
         f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})"

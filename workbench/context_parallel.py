@@ -358,19 +358,18 @@ def cp_backend(cp_size: int) -> str:
 
 
 @contextlib.contextmanager
-def _children_interpreted() -> Iterator[None]:
-    """Processes spawned inside compute on the CPU through the Triton interpreter: `kernels`
-    reads these variables when a child imports it (this process keeps its own choice)."""
-    saved = {name: os.environ.get(name) for name in ("WORKBENCH_DEVICE", "TRITON_INTERPRET")}
-    os.environ.update(WORKBENCH_DEVICE="cpu", TRITON_INTERPRET="1")
+def _children_on_cpu() -> Iterator[None]:
+    """Processes spawned inside default to the CPU (`WORKBENCH_DEVICE`, read when a child imports
+    `kernels`), where the kernels run through the Triton interpreter; this process keeps its own."""
+    saved = os.environ.get("WORKBENCH_DEVICE")
+    os.environ["WORKBENCH_DEVICE"] = "cpu"
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if saved is None:
+            os.environ.pop("WORKBENCH_DEVICE", None)
+        else:
+            os.environ["WORKBENCH_DEVICE"] = saved
 
 
 def run_context_parallel(
@@ -395,7 +394,7 @@ def run_context_parallel(
     with tempfile.TemporaryDirectory(prefix="wb-cp-") as workdir:
         jobs = [_job(batch, d_out) for batch, d_out in batches]
         torch.save({"batches": jobs, "impl": impl, "validate": validate, "device": "cpu"}, Path(workdir) / "job.pt")
-        with _children_interpreted() if on_cpu else contextlib.nullcontext():
+        with _children_on_cpu() if on_cpu else contextlib.nullcontext():
             _spawn(_worker, (cp_size, _free_port(), workdir, backend, timeout_s), cp_size, timeout_s)
         per_rank = [torch.load(Path(workdir) / f"rank{r}.pt", weights_only=False) for r in range(cp_size)]
     return backend, [[rank[i] for rank in per_rank] for i in range(len(batches))]

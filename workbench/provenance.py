@@ -9,19 +9,13 @@ import subprocess
 from pathlib import Path
 
 import torch
+import triton
 
-from kernels._compat import DEVICE, INTERPRETED
+from kernels._compat import DEVICE
+from kernels.runtime import interpreted
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_DATA = REPO / "data" / "gpu"  # results recorded on GPU machines, each with its provenance
-
-
-def triton_version() -> str:
-    # Imported here, not at the top: `import triton` before kernels._compat has chosen the
-    # interpreter leaves triton.language in compiled mode, and every kernel then fails on a CPU.
-    import triton
-
-    return triton.__version__
 
 
 def git_commit() -> str:
@@ -56,9 +50,9 @@ def provenance() -> dict[str, str]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": triton_version(),
+        "triton": triton.__version__,
         "device": device_name(),
-        "mode": "Triton interpreter" if INTERPRETED else "native",
+        "mode": "Triton interpreter" if interpreted(DEVICE) else "native",  # on the default device
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

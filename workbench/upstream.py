@@ -98,15 +98,26 @@ def stub_missing(package: str, used_by: str) -> bool:
     return False
 
 
-def import_module(name: str, *, stub: Mapping[str, str] | None = None, install: str = "") -> types.ModuleType:
+def import_module(
+    name: str, *, stub: Mapping[str, str] | None = None, install: str = "", for_interpreter: bool | None = None
+) -> types.ModuleType:
     """Imports `name` as installed, after stubbing each missing package of `stub` (package -> who imports it).
 
-    A missing `name` itself is a ModuleNotFoundError saying how to install it (`install`: the
-    pip command; default `pip install <top-level name>`)."""
+    Its Triton kernels are decorated for Triton's CPU interpreter when `for_interpreter` (default:
+    where the default device's kernels are interpreted, `kernels.interpreted(default_device())`),
+    else for compilation: `triton.jit` decides when it decorates, so a module's first import
+    fixes it for the process. A missing `name` itself is a ModuleNotFoundError saying how to
+    install it (`install`: the pip command; default `pip install <top-level name>`)."""
+    from kernels import default_device, interpreted
+    from kernels.runtime import decorating_for_interpreter
+
     for package, used_by in (stub or {}).items():
         stub_missing(package, used_by)
+    if for_interpreter is None:
+        for_interpreter = interpreted(default_device())
     try:
-        return importlib.import_module(name)
+        with decorating_for_interpreter() if for_interpreter else contextlib.nullcontext():
+            return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         top = name.partition(".")[0]
         if exc.name not in (name, top):

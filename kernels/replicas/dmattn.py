@@ -43,19 +43,20 @@ import triton.language as tl
 
 from kernels.contract import check_scale
 from kernels.interpreter import dot_upcast_needed
+from kernels.runtime import jit
 
 FLASH_DMATTN_DTYPES = (torch.float16, torch.bfloat16)  # upstream asserts "Only support fp16 and bf16"
 BLOCK_SIZES = (16, 32, 64, 128)
 LSE_ROUND = 128  # upstream rounds the lse / delta row count up to a multiple of 128
 
 
-@triton.jit
+@jit
 def _finite_or_zero(x):
     """The Copilot patch's `tl.where(tl.isfinite(x), x, 0.0)`: NaN fails x == x, +-inf fails |x| < inf."""
     return tl.where((x == x) & (tl.abs(x) < float("inf")), x, 0.0)
 
 
-@triton.jit
+@jit
 def _dot(a, b, UPCAST: tl.constexpr):
     # The Triton interpreter multiplies the raw bits of bf16 operands (triton-lang/triton#11584):
     # there only (UPCAST comes from kernels.interpreter.dot_upcast_needed), operands already
@@ -66,7 +67,7 @@ def _dot(a, b, UPCAST: tl.constexpr):
     return tl.dot(a, b)
 
 
-@triton.jit
+@jit
 def _scores(
     q,
     k,
@@ -102,7 +103,7 @@ def _scores(
     return acc_s
 
 
-@triton.jit
+@jit
 def _load_mask(Mask, offs_m, offs_n, stride_mm, seqlen_q, seqlen_k, HAS_MASK: tl.constexpr):
     """The tile's mask and whether any entry is True; rows/keys out of range load as False (upstream's other=False)."""
     if HAS_MASK:
@@ -120,7 +121,7 @@ def _load_mask(Mask, offs_m, offs_n, stride_mm, seqlen_q, seqlen_k, HAS_MASK: tl
     return mask, any_active
 
 
-@triton.jit
+@jit
 def _fwd_kernel(
     Q,
     K,
@@ -235,7 +236,7 @@ def _fwd_kernel(
     )
 
 
-@triton.jit
+@jit
 def _bwd_preprocess_do_o_dot(
     Out,
     DO,
@@ -269,7 +270,7 @@ def _bwd_preprocess_do_o_dot(
     tl.store(Delta + off_hb * seqlen_q_rounded + offs_m, tl.sum(o * do, axis=1))
 
 
-@triton.jit
+@jit
 def _bwd_kernel(
     Q,
     K,
@@ -418,7 +419,7 @@ def _bwd_kernel(
             tl.store(Written + offs_n, tl.full([BLOCK_N], 1, tl.int8), mask=offs_n < seqlen_k)
 
 
-@triton.jit
+@jit
 def _copilot_where_isfinite(X, Y, N: tl.constexpr):
     """The Copilot PR's masking exactly as written: `tl.where(tl.isfinite(x), x, 0.0)`."""
     offs = tl.arange(0, N)
@@ -536,7 +537,7 @@ def _forward(q, k, v, mask, bias, causal, scale, guard, block_m, block_n):
         HAS_MASK=mask is not None,
         HAS_BIAS=bias is not None,
         GUARD=guard,
-        UPCAST=dot_upcast_needed(q.dtype),
+        UPCAST=dot_upcast_needed(q.dtype, q.device),
         BLOCK_HEADDIM=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -611,7 +612,7 @@ def _backward(
         GUARD=guard,
         PATCH=patch,
         RECORD_WRITES=record_writes,
-        UPCAST=dot_upcast_needed(q.dtype),
+        UPCAST=dot_upcast_needed(q.dtype, q.device),
         BLOCK_HEADDIM=block_d,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter import dot_upcast_needed
+from kernels.runtime import jit
 
 BLOCK_M = 64  # query rows per program
 BLOCK_N = 64  # key rows per inner step
@@ -66,7 +67,7 @@ def _uninitialised_like(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@jit
 def _visible(rows, cols, len_q, len_k, CAUSAL: tl.constexpr):
     """Query `rows` see key `cols` (broadcast): in range and, if causal, bottom-right aligned."""
     ok = (rows[:, None] < len_q) & (cols[None, :] < len_k)
@@ -75,7 +76,7 @@ def _visible(rows, cols, len_q, len_k, CAUSAL: tl.constexpr):
     return ok
 
 
-@triton.jit
+@jit
 def _fwd_kernel(
     Q,
     K,
@@ -150,7 +151,7 @@ def _fwd_kernel(
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=rows < len_q)
 
 
-@triton.jit
+@jit
 def _bwd_delta_kernel(
     Out,
     dOut,
@@ -178,7 +179,7 @@ def _bwd_delta_kernel(
     tl.store(Delta + head * stride_dh + q_start + rows, tl.sum(o * do, 1), mask=rows < len_q)
 
 
-@triton.jit
+@jit
 def _bwd_dkdv_kernel(
     Q,
     K,
@@ -248,7 +249,7 @@ def _bwd_dkdv_kernel(
     tl.store(dV + kv_offs, dv.to(dV.dtype.element_ty), mask=kv_mask)
 
 
-@triton.jit
+@jit
 def _bwd_dq_kernel(
     Q,
     K,
@@ -312,7 +313,7 @@ def _bwd_dq_kernel(
 
 
 def _launch_options(q: torch.Tensor, causal: bool) -> dict:
-    upcast = dot_upcast_needed(q.dtype)
+    upcast = dot_upcast_needed(q.dtype, q.device)
     fp32_operands = upcast or q.dtype == torch.float32
     return {
         "HEAD_DIM": q.shape[2],

@@ -26,14 +26,15 @@ Scores live in base 2: `qk_scale = scale * log2(e)` so that `exp2` (one instruct
 `exp`; lse is stored in natural log.
 """
 
-import triton
 import triton.language as tl
+
+from kernels.runtime import jit
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
-@triton.jit
+@jit
 def write_block_starts(
     cu_seqlens,
     Starts,
@@ -63,7 +64,7 @@ def write_block_starts(
         total += tl.sum(blocks, 1)
 
 
-@triton.jit(do_not_specialize=["n_seqs"])
+@jit(do_not_specialize=["n_seqs"])
 def block_starts_kernel(
     cu_seqlens_q,
     cu_seqlens_k,
@@ -92,7 +93,7 @@ def block_starts_kernel(
     )
 
 
-@triton.jit
+@jit
 def _last_at_or_below(boundaries, x, n_segments, n_steps):
     """Largest s in [0, n_segments] with boundaries[s] <= x, elementwise for x >= 0.
 
@@ -109,7 +110,7 @@ def _last_at_or_below(boundaries, x, n_segments, n_steps):
     return lo
 
 
-@triton.jit
+@jit
 def _work_item(pid, block_starts, n_seqs, n_search_steps, REVERSE: tl.constexpr):
     """(sequence, block of it) of work item `pid`; sequence == n_seqs for a surplus item.
 
@@ -124,7 +125,7 @@ def _work_item(pid, block_starts, n_seqs, n_search_steps, REVERSE: tl.constexpr)
     return seq, block
 
 
-@triton.jit
+@jit
 def _sequence(cu_real, cu_padded, seq):
     """(first row in memory, real length) of sequence `seq`; int64 rows keep offsets safe."""
     start = tl.load(cu_padded + seq).to(tl.int64)
@@ -132,7 +133,7 @@ def _sequence(cu_real, cu_padded, seq):
     return start, length
 
 
-@triton.jit
+@jit
 def _visible(rows, cols, len_k, offset, left, right, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
     """Query `rows` see key `cols` (broadcast): a real key inside the window, bottom-right
     aligned (offset = len_k - len_q). Rows past len_q are not masked: they are never stored."""
@@ -144,7 +145,7 @@ def _visible(rows, cols, len_k, offset, left, right, WINDOW_LEFT: tl.constexpr, 
     return ok
 
 
-@triton.jit
+@jit
 def _key_ranges(
     row_start,
     len_q,
@@ -185,7 +186,7 @@ def _key_ranges(
     return key_lo, full_lo, full_hi, key_hi
 
 
-@triton.jit
+@jit
 def _query_ranges(
     col_start,
     len_q,
@@ -225,7 +226,7 @@ def _query_ranges(
     return row_lo, masked_end, full_end, row_hi
 
 
-@triton.jit
+@jit
 def _block_start(i, lo, n_first, second_lo, STEP: tl.constexpr):
     """Start of step i of a walk over [lo, lo + n_first * STEP) then on from second_lo: the
     window's two masked edges in one loop. With a left and a right bound a kernel then compiles
@@ -234,7 +235,7 @@ def _block_start(i, lo, n_first, second_lo, STEP: tl.constexpr):
     return tl.where(i < n_first, lo + i * STEP, second_lo + (i - n_first) * STEP)
 
 
-@triton.jit
+@jit
 def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):
     # Under the Triton interpreter, tl.dot on bfloat16 multiplies the raw bit patterns
     # (triton-lang/triton#11584). There, and only there, bf16 operands are upcast to fp32:
@@ -248,13 +249,13 @@ def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):
     return tl.dot(a, b, acc, input_precision="ieee")
 
 
-@triton.jit
+@jit
 def _load_rows(base, start, rows, row_ok, stride_t, dims):
     """A (rows, head_dim) tile; rows past the real length read as 0, never touching padding."""
     return tl.load(base + (start + rows)[:, None] * stride_t + dims[None, :], mask=row_ok[:, None], other=0.0)
 
 
-@triton.jit
+@jit
 def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constexpr):
     """k, v tiles of keys `cols` (K, V at the sequence's first row). Row offsets are int64, as
     in _load_rows, and recomputed each step from `cols`: a loop-carried tile of pointers would
@@ -270,7 +271,7 @@ def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constex
     return k, v
 
 
-@triton.jit
+@jit
 def _forward_step(
     acc,
     l_i,
@@ -323,7 +324,7 @@ def _forward_step(
     return acc, l_i, m_new
 
 
-@triton.jit
+@jit
 def _forward_blocks(
     acc,
     l_i,
@@ -414,7 +415,7 @@ def _forward_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit
+@jit
 def _rows_descriptor(base, start, length, stride_t, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A descriptor over one sequence's rows of one head, [length, HEAD_DIM] from row `start`:
     TMA zero-fills loads past `length` and drops stores there, so the next sequence and the
@@ -426,7 +427,7 @@ def _rows_descriptor(base, start, length, stride_t, BLOCK: tl.constexpr, HEAD_DI
     )
 
 
-@triton.jit
+@jit
 def _forward_tile(
     Q,
     K,
@@ -568,7 +569,7 @@ def _forward_tile(
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "n_items", "window_left", "window_right"])
+@jit(do_not_specialize=["n_seqs", "n_search_steps", "n_items", "window_left", "window_right"])
 def attention_forward_kernel(
     Q,
     K,
@@ -636,7 +637,7 @@ def attention_forward_kernel(
             )  # fmt: skip
 
 
-@triton.jit
+@jit
 def _load_lse_log2(Lse, rows, row_ok):
     """lse in base 2 for exp2(s - lse); -inf (row with no visible key) becomes 0 so that exp2
     never sees +inf. Such rows have every score masked anyway."""
@@ -644,7 +645,7 @@ def _load_lse_log2(Lse, rows, row_ok):
     return tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
 
 
-@triton.jit
+@jit
 def _dkdv_step(
     dk,
     dv,
@@ -688,7 +689,7 @@ def _dkdv_step(
     return dk, dv
 
 
-@triton.jit
+@jit
 def _dkdv_blocks(
     dk,
     dv,
@@ -783,7 +784,7 @@ def _dkdv_blocks(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
+@jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_backward_dkdv_kernel(
     Q,
     K,
@@ -934,7 +935,7 @@ def attention_backward_dkdv_kernel(
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
-@triton.jit
+@jit
 def _dq_step(
     dq,
     q,
@@ -969,7 +970,7 @@ def _dq_step(
     return _dot(ds.to(k.dtype), k, DOT_UPCAST, dq)
 
 
-@triton.jit
+@jit
 def _dq_blocks(
     dq,
     q,
@@ -1056,7 +1057,7 @@ def _dq_blocks(
     return dq
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
+@jit(do_not_specialize=["n_seqs", "n_search_steps", "window_left", "window_right"])
 def attention_backward_dq_kernel(
     Q,
     K,
@@ -1202,7 +1203,7 @@ def attention_backward_dq_kernel(
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@jit
 def _fill_padding_rows(
     X,
     stride_row,
@@ -1233,7 +1234,7 @@ def _fill_padding_rows(
     tl.store(X + rows.to(tl.int64)[:, None] * stride_row + cols[None, :] * stride_col, fill, mask=mask)
 
 
-@triton.jit(do_not_specialize=["n_seqs", "n_search_steps"])
+@jit(do_not_specialize=["n_seqs", "n_search_steps"])
 def fill_padding_rows_kernel(
     X0,
     stride0_row,

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-import triton
 import triton.language as tl
 
 from kernels.contract import check_cu_seqlens
+from kernels.runtime import jit
 from kernels.varlen.attention_kernels import write_block_starts
 from kernels.varlen.launch import BLOCK_SIZES, SMALLEST_BLOCK_LOG2, work_lists_shape
 
@@ -40,7 +40,7 @@ class SafeLayout(NamedTuple):
     gap_k: bool
 
 
-@triton.jit
+@jit
 def _side_errors(Real, Padded, n_seqs, total, max_seqlen, CHUNK: tl.constexpr):
     """How many checks of one side fail: both vectors start at 0 and never decrease, a real
     length fits its padded slot and max_seqlen, the padded layout ends within `total` rows.
@@ -58,7 +58,7 @@ def _side_errors(Real, Padded, n_seqs, total, max_seqlen, CHUNK: tl.constexpr):
     return errors
 
 
-@triton.jit(do_not_specialize=["n_seqs", "total_q", "total_k", "max_q", "max_k"])
+@jit(do_not_specialize=["n_seqs", "total_q", "total_k", "max_q", "max_k"])
 def check_metadata_kernel(
     CuQ,
     CuK,

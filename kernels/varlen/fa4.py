@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kernels._compat import INTERPRETED, device_capability
+from kernels._compat import device_capability
+from kernels.runtime import interpreted
 from kernels.varlen.launch import Padding, fill_padding_rows
 
 if TYPE_CHECKING:
@@ -98,14 +99,16 @@ def load() -> Kernels | str:
 
 def platform_reason(q: torch.Tensor) -> str | None:
     """Why FA4 cannot run on q's device (None: it can)."""
+    if interpreted(q.device):
+        return f"FA4 runs natively on CUDA only, q is on {q.device} (the Triton interpreter)"
     return _device_reason(q.device)
 
 
 @functools.cache
 def _device_reason(device: torch.device) -> str | None:
     """`platform_reason` per device, asked once: a device's kind and compute capability stay."""
-    if INTERPRETED or device.type != "cuda":
-        return f"FA4 runs natively on CUDA only, q is on {device}{' (the Triton interpreter)' if INTERPRETED else ''}"
+    if device.type != "cuda":
+        return f"FA4 runs natively on CUDA only, q is on {device}"
     major, minor = device_capability(device)
     if major not in FA4_ARCHS:
         return f"FA4 runs on sm90 and sm100 GPUs, this one is sm{major}{minor}"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from kernels._compat import INTERPRETED
+from kernels.runtime import interpreted
 
 if TYPE_CHECKING:
     from kernels.varlen.launch import Tile
@@ -70,13 +70,14 @@ def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def ensure_descriptor_allocator() -> None:
+def ensure_descriptor_allocator(device: torch.device) -> None:
     """Device-side descriptors live in global scratch that Triton asks an allocator for. Triton
     keeps it in a ContextVar (triton/runtime/_allocation.py), so one set in the main thread is
-    unset in another: set ours wherever none is, and never replace a caller's."""
+    unset in another: set ours wherever none is, and never replace a caller's. The interpreter
+    (kernels launched on `device` interpreted) needs none."""
     from triton.runtime import _allocation
 
-    if not INTERPRETED and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    if not interpreted(device) and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_descriptor_scratch)
 
 
@@ -102,7 +103,7 @@ def warp_specialize_fails(config: ForwardConfig, tile: Tile, capability: tuple[i
 
 def persistent_programs(device: torch.device, n_items: int) -> int:
     """About one program per SM (4 under the interpreter: enough to exercise the tile walk)."""
-    sms = 4 if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
+    sms = 4 if interpreted(device) else torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(sms, n_items))
 
 

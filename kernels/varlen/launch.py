@@ -32,8 +32,9 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
-from kernels._compat import INTERPRETED, device_capability
+from kernels._compat import device_capability
 from kernels.interpreter import dot_upcast_needed
+from kernels.runtime import interpreted
 from kernels.varlen.attention_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
@@ -98,9 +99,9 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
 }
 
 
-def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[Tile, ...]:
-    """The tiles `TUNER` may pick for `kernel` ('forward', 'dkdv' or 'dq'), best guess first."""
-    if INTERPRETED:
+def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[Tile, ...]:
+    """The tiles `TUNER` may pick for `kernel` ('forward', 'dkdv' or 'dq') on `device`, best guess first."""
+    if interpreted(device):
         return (INTERPRETER_TILE,)
     by_row_bytes = NATIVE_TILES[kernel]
     row_bytes = head_dim * dtype.itemsize
@@ -414,10 +415,10 @@ def attention_forward(
     config = active_forward_config()
     if config.descriptors:
         check_descriptor_alignment(("q", q), ("k", k), ("v", v), ("out", out))
-        ensure_descriptor_allocator()
-    capability = None if INTERPRETED else device_capability(q.device)
+        ensure_descriptor_allocator(q.device)
+    capability = None if interpreted(q.device) else device_capability(q.device)
     candidates = tuple(
-        t for t in candidate_tiles("forward", head_dim, q.dtype) if not warp_specialize_fails(config, t, capability)
+        t for t in candidate_tiles("forward", head_dim, q.dtype, q.device) if not warp_specialize_fails(config, t, capability)
     )
 
     def launch(tile: Tile):
@@ -464,7 +465,7 @@ def attention_forward(
             BLOCK_M=tile.block_m,
             BLOCK_N=tile.block_n,
             HEAD_DIM=head_dim,
-            DOT_UPCAST=dot_upcast_needed(q.dtype),
+            DOT_UPCAST=dot_upcast_needed(q.dtype, q.device),
             DESCRIPTORS=config.descriptors,
             WARP_SPECIALIZE=config.warp_specialize,
             PERSISTENT=config.persistent,
@@ -522,7 +523,7 @@ def attention_backward(
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     delta = torch.empty_like(lse)  # written on REAL rows by the dQ pass, read there by dK/dV
-    common = dict(GROUP=group, **window.constexprs(), HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype))
+    common = dict(GROUP=group, **window.constexprs(), HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype, q.device))
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
@@ -599,13 +600,13 @@ def attention_backward(
     # dQ first: it writes delta, which the dK/dV pass reads.
     TUNER.launch(
         _shape_class("dq", q, total_q, rows.n_seqs, window, group),
-        candidate_tiles("dq", head_dim, q.dtype),
+        candidate_tiles("dq", head_dim, q.dtype, q.device),
         launch_dq,
         total_q * heads,
     )
     TUNER.launch(
         _shape_class("dkdv", q, total_k, keys.n_seqs, window, group),
-        candidate_tiles("dkdv", head_dim, q.dtype),
+        candidate_tiles("dkdv", head_dim, q.dtype, q.device),
         launch_dkdv,
         total_k * heads,
     )

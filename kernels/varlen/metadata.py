@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from kernels._compat import INTERPRETED
 from kernels.contract import check_cu_seqlens, check_cu_seqlens_tensors, check_max_seqlen
+from kernels.runtime import interpreted
 from kernels.varlen.device_check import DeviceCheck, SafeLayout, check_on_device
 
 Boundaries = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -70,15 +70,16 @@ def capturing() -> bool:
 
 
 def checks_on_device(boundary: torch.Tensor) -> bool:
-    """Whether the boundary values are checked by a kernel where they live: natively and eagerly.
-    Under the interpreter they are host memory already, and a traced call keeps the host check.
+    """Whether the boundary values are checked by a kernel where they live: compiled and eagerly.
+    Where the kernels are interpreted they are host memory (or copied there), and a traced call
+    keeps the host check.
     A capture allows no check (it would need a wait): a clear error."""
     if capturing():
         raise ValueError(
             "validate=True checks the boundary values, which waits on the device, and a CUDA graph capture allows no "
             "wait; build the VarlenMetadata before capturing, or pass validate=False inside the capture."
         )
-    return not INTERPRETED and eager()
+    return not interpreted(boundary.device) and eager()
 
 
 class Fa4Layout(NamedTuple):

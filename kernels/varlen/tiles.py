@@ -5,8 +5,8 @@ shared memory is slow or fails, and compiling tells so for free, before any GPU 
     python -m kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--dtype bfloat16]
 
 prints one JSON row per (kernel, head_dim, mask, tile), the mask being none, causal or
-sliding (a left and a right bound). Compiling is native-only, so an
-interpreted process (no GPU) compiles in a child process (`resource_table`).
+sliding (a left and a right bound). Compiling needs no GPU; a process whose Triton library is
+interpreted (TRITON_INTERPRET=1) compiles in a child process (`resource_table`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import tempfile
 
 import torch
 
-from kernels._compat import INTERPRETED
 from kernels.interpreter import _run_module
+from kernels.runtime import triton_library_interpreted
 from kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
 from kernels.varlen.launch import NATIVE_TILES, Tile
 
@@ -137,7 +137,7 @@ def resource_table(
     head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER, kernels=("forward", "dkdv", "dq")
 ) -> list[dict]:
     """compile_tile for every candidate of NATIVE_TILES at these head dims, under every mask."""
-    if INTERPRETED:
+    if triton_library_interpreted():
         args = [
             "--arch",
             str(arch),
@@ -148,7 +148,7 @@ def resource_table(
             "--kernels",
             *kernels,
         ]
-        return _run_module("kernels.varlen.tiles", args, interpret=False, timeout=1800)  # not __name__: "__main__" under -m
+        return _run_module("kernels.varlen.tiles", args, timeout=1800)  # not __name__: "__main__" under -m
     rows = []
     for kernel in kernels:
         for head_dim in head_dims:

@@ -35,7 +35,7 @@ def _outcome(run) -> dict:
 def speed_vs_upstream(device) -> dict:
     """Forward + backward time of 1.2.2's Triton kernel on a right-padded dense batch (boolean mask,
     the workaround layout) and of our varlen_attention on the same tokens packed, bf16, causal."""
-    func = upstream_triton_func()
+    func = upstream_triton_func(device)
     batch, n = len(TIMING_SEQLENS), max(TIMING_SEQLENS)
     generator = torch.Generator().manual_seed(121)
     shape = (batch, n, TIMING_HEADS, TIMING_HEAD_DIM)

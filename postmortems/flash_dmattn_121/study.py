@@ -137,7 +137,7 @@ def _quiet():
 
 def upstream_call_errors(device=None) -> dict[str, str]:
     """What the report's own snippet and its nearest working spelling raise on 1.2.2 (seed config, no mask)."""
-    func = upstream_triton_func()
+    func = upstream_triton_func(device)
     case = replace(SEED, dtype=upstream_dtype(device))
     found = {}
 
@@ -185,7 +185,7 @@ def upstream_run(case: MaskCase, device=None, *, poisoned: bool = False) -> Upst
     """1.2.2's `triton_dmattn_func` on `case` (in `case.dtype`): mask expanded to (B, H, Q, K) as it
     asserts, an explicit zero bias (None breaks its backward), dO as the case draws it (zero on padding
     query rows when `case.loss_mask`). `poisoned` runs it with NaN-filled fresh memory."""
-    func = upstream_triton_func()
+    func = upstream_triton_func(device)
     x = case.inputs(device)
     leaves = [x[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
     shape = (case.batch, case.heads, case.seqlen, case.seqlen)
@@ -457,7 +457,7 @@ def _attention(variant: str, pad: int, device):
     mask = case.mask().to(device)
     if variant == TRAIN_VARIANTS[1]:
         return lambda q, k, v: triton_dmattn_func(q.to(dtype), k.to(dtype), v.to(dtype), mask, None, True, patch=True)
-    func = upstream_triton_func()
+    func = upstream_triton_func(device)
     full = mask.expand(2, TRAIN_HEADS, TRAIN_SEQLEN, TRAIN_SEQLEN).contiguous()
     bias = torch.zeros(full.shape, dtype=dtype, device=device)
     if variant == TRAIN_VARIANTS[2]:

@@ -9,7 +9,8 @@ import importlib.util
 
 import torch
 
-from kernels import INTERPRETED, default_device
+from kernels import default_device, interpreted
+from kernels.runtime import decorating_for_interpreter
 from workbench.upstream import import_module, installed_file, run_file
 
 UPSTREAM_PACKAGE = "flash-dmattn"
@@ -31,7 +32,7 @@ UPSTREAM_DTYPES = {"cpu": "float16", "cuda": "bfloat16"}
 def upstream_dtype(device=None) -> str:
     """The dtype the upstream kernel is studied in on `device`: fp16 under the interpreter, bf16 natively."""
     device = default_device() if device is None else torch.device(device)
-    return UPSTREAM_DTYPES["cpu" if INTERPRETED else device.type]
+    return UPSTREAM_DTYPES["cpu" if interpreted(device) else device.type]
 
 
 def upstream_version() -> str | None:
@@ -42,16 +43,21 @@ def upstream_version() -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=1)
-def upstream_module():
-    """flash-dmattn's own `flash_dmattn_triton` module, unmodified.
+def upstream_module(device=None):
+    """flash-dmattn's own `flash_dmattn_triton` module, unmodified, as it runs on `device`
+    (default: `default_device()`).
 
-    Natively it is imported as is. Under the Triton interpreter the same source file is compiled
-    with Python's assertions stripped (`optimize=1`, what `python -O` does), because 1.2.2 asserts
-    `q.is_cuda` before every launch and the interpreter runs on CPU tensors; every kernel and every
-    line of its launchers is upstream's. `kernels` is imported first (by this module), which makes
-    the interpreter handle runtime loop bounds under numpy >= 2.4.
+    Natively it is imported as is. For the Triton interpreter (CPU tensors) the same source file
+    is compiled with Python's assertions stripped (`optimize=1`, what `python -O` does), because
+    1.2.2 asserts `q.is_cuda` before every launch and the interpreter runs on CPU tensors; every
+    kernel and every line of its launchers is upstream's. Its kernels are decorated for the
+    interpreter (`decorating_for_interpreter`), whatever this process imported first.
     """
+    return _upstream_module(interpreted(default_device() if device is None else device))
+
+
+@functools.lru_cache(maxsize=2)
+def _upstream_module(for_interpreter: bool):
     version = upstream_version()
     if version is None:
         raise ModuleNotFoundError(
@@ -59,16 +65,20 @@ def upstream_module():
             f"FLASH_DMATTN_SKIP_CUDA_BUILD=TRUE FLASH_DMATTN_FORCE_BUILD=TRUE pip install --no-deps --no-build-isolation "
             f"{UPSTREAM_PACKAGE}=={UPSTREAM_VERSION}"
         )
-    if not INTERPRETED:
+    if not for_interpreter:
         return importlib.import_module(UPSTREAM_MODULE)
-    return run_file(
-        installed_file(UPSTREAM_PACKAGE, UPSTREAM_MODULE.replace(".", "/") + ".py"), f"{UPSTREAM_MODULE}_interpreted", optimize=1
-    )
+    with decorating_for_interpreter():
+        return run_file(
+            installed_file(UPSTREAM_PACKAGE, UPSTREAM_MODULE.replace(".", "/") + ".py"),
+            f"{UPSTREAM_MODULE}_interpreted",
+            optimize=1,
+        )
 
 
-def upstream_triton_func():
-    """1.2.2's `triton_dmattn_func(query, key, value, attn_mask=None, attn_bias=None, is_causal=False, softmax_scale=None)`."""
-    return upstream_module().triton_dmattn_func
+def upstream_triton_func(device=None):
+    """1.2.2's `triton_dmattn_func(query, key, value, attn_mask=None, attn_bias=None, is_causal=False, softmax_scale=None)`,
+    as it runs on `device` (`upstream_module`)."""
+    return upstream_module(device).triton_dmattn_func
 
 
 def import_successor():

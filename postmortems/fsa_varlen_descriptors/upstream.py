@@ -11,8 +11,9 @@ descriptor over no element); outside it the interpreter asserts as it always doe
 To run the library under the interpreter at all, `load("cpu")` stands in, in this process only, for
 what needs CUDA (the SM count, the launch-config cache: 64 x 64 tiles, the library's own
 is_autotune=False default; its compiled-kernel cache), lets Triton 3.6's interpreter see methods of
-`@aggregate` classes, and gives it the descriptor atomic add it lacks; it takes this repository's
-interpreter fix (`kernels`: loop bounds under numpy >= 2.4). The library's files are not changed.
+`@aggregate` classes, and gives it the descriptor atomic add it lacks; its kernels are decorated
+for the interpreter (`kernels.runtime.decorating_for_interpreter`: every launch then runs inside
+`interpreting()`, with the loop-bound fix for numpy >= 2.4). The library's files are not changed.
 flash_sparse_attn imports OpenAI's triton_kernels for its projection kernels only: a stub stands in
 for it where it is missing (`workbench.upstream`).
 """
@@ -21,11 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import sys
 from collections.abc import Iterator
 from types import FrameType, ModuleType
 
+from kernels.runtime import decorating_for_interpreter
 from workbench.upstream import import_module
 
 VERSION = "2.0.6"
@@ -67,12 +68,9 @@ def _prepare_interpreter() -> None:
     descriptor recorder. Changes this process only; once."""
     if _PREPARED:
         return
-    os.environ["TRITON_INTERPRET"] = "1"
     import numpy as np
     import triton.language.core as core
     from triton.runtime import interpreter
-
-    import kernels  # noqa: F401  (this repository's interpreter fix: loop bounds under numpy >= 2.4)
 
     original_aggregate = core._aggregate
 
@@ -151,10 +149,11 @@ def load(device: str = "cpu") -> ModuleType:
         raise ValueError(f"device={device!r}: flash_sparse_attn runs on 'cuda', or on 'cpu' under the Triton interpreter")
     if device == "cpu":
         _prepare_interpreter()
-    fsa = import_fsa()
-    fsa_triton = importlib.import_module("flash_sparse_attn.ops.triton")
-    for name in ("cache_utils", "launch_template", "flash_bwd_preprocess"):
-        importlib.import_module(f"flash_sparse_attn.ops.triton.{name}")
+    with decorating_for_interpreter() if device == "cpu" else contextlib.nullcontext():
+        fsa = import_fsa()
+        fsa_triton = importlib.import_module("flash_sparse_attn.ops.triton")
+        for name in ("cache_utils", "launch_template", "flash_bwd_preprocess"):
+            importlib.import_module(f"flash_sparse_attn.ops.triton.{name}")
     if device == "cpu":
         _stand_in_for_cuda(fsa_triton)
     return fsa

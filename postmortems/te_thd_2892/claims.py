@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from kernels import INTERPRETED
 from postmortems.te_thd_2892.cases import HEALTH_FRACTIONS, HEALTH_STEPS, TE_MAIN, TE_V2_12, TRAINING_RUNS, WORKAROUND_FRACTION
 from postmortems.te_thd_2892.study import TeResults
 from postmortems.te_thd_2892.training import qkv_norm_ratio
@@ -298,8 +297,8 @@ def _cp_rule_nccl(r: TeResults):
 def _cast(r: TeResults):
     values, sample = r.cast["values"], r.cast["sample"]
     differs = values["triton_differs"] > 0 and sample["triton_differs"] > 0
-    holds = differs == INTERPRETED and values["quantizer_matches"] and sample["quantizer_matches"]
-    where = "interpreted" if INTERPRETED else "native"
+    holds = differs == values["interpreted"] and values["quantizer_matches"] and sample["quantizer_matches"]
+    where = "interpreted" if values["interpreted"] else "native"
     return holds, (
         f"{where}: 124.3 -> {values['triton'][0]:g} (torch {values['torch'][0]:g}); {sample['triton_differs']:.1%} of N(0, 9) values differ; "
         f"quantizer == torch: {values['quantizer_matches'] and sample['quantizer_matches']}"

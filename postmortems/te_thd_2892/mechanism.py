@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import default_device, varlen_attention
+from kernels import default_device, interpreted, varlen_attention
 from kernels.fp8 import FP8, FP8_MAX, plain_cast_e4m3, quantize_fp8_blockwise, quantize_reference, varlen_attention_fp8
 from postmortems.te_thd_2892.cases import (
     ALIGN,
@@ -256,6 +256,7 @@ def cast_study(device=None) -> dict:
         ours, torchs = quantize_fp8_blockwise(rows, cu), quantize_reference(rows, cu)
         found[name] = {
             "x": x.cpu(),
+            "interpreted": interpreted(x),  # Triton's cast ran through the interpreter
             "torch": torch_cast,
             "triton": triton_cast,
             "quantizer": ours.data.float().cpu().flatten(),

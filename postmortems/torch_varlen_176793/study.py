@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kernels import INTERPRETED, varlen_attention
+from kernels import default_device, varlen_attention
 from kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
 from postmortems.torch_varlen_176793.cases import META, STUDY
 from postmortems.torch_varlen_176793.mechanism import corrected_repro, record_at, run_sweep, seed_input_problems
@@ -157,6 +157,7 @@ class TorchVarlenResults(Results):
 
 def reproduce(device: str | torch.device | None = None) -> TorchVarlenResults:
     small = dict(seqlens=STUDY.seqlens_q, heads=STUDY.heads, head_dim=STUDY.head_dim, dtype=STUDY.torch_dtype, device=device)
+    on_cpu = torch.device(default_device() if device is None else device).type == "cpu"  # where the tiny LM trains
     corrected = {}
     with poisoned_memory():
         corrected["poisoned"] = corrected_repro(replica_varlen_attn, **small)
@@ -169,8 +170,8 @@ def reproduce(device: str | torch.device | None = None) -> TorchVarlenResults:
         workarounds=workaround_checks(replica_varlen_attn, STUDY, device),
         damage=qkv_damage(replica_varlen_attn, device=device),
         check=assess_proposed_check(device),
-        training=training() if INTERPRETED else None,
-        norms=gradient_norms() if INTERPRETED else None,
+        training=training() if on_cpu else None,
+        norms=gradient_norms() if on_cpu else None,
         gpu=latest_gpu_record(META, "points"),
         gpu_damage=latest_gpu_record(META, "damage"),
     )

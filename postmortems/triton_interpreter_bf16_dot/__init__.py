@@ -7,9 +7,9 @@ patterns. Any kernel with a bf16 `tl.dot` run on the CPU interpreter returns res
 large and finite: a silent bug inside the tool people use to study silent bugs. Compiled runs on
 a GPU are correct.
 
-The study (`study()`) runs in one mode, the interpreter or native, and returns plain JSON-ready
-data; `reproduce()` always includes the interpreter's answer (a child process on a GPU box), on a
-GPU the native one, the native compilation of the dot kernel, the installed interpreter's source
+The study (`study(device)`) runs on one device, the CPU (the interpreter) or CUDA (native), and
+returns plain JSON-ready data; `reproduce()` always includes the interpreter's answer (CPU tensors,
+in the same process on a GPU box), on a GPU the native one, the native compilation of the dot kernel, the installed interpreter's source
 of the bug, and the GPU runs recorded under data/gpu/ (`gpu_records(META)`). Tables and figures
 for the notebook are built here from those results with `table()` and `figure()`; source listings
 go through `listing(name)`, so a test can check that a committed notebook shows the current code.

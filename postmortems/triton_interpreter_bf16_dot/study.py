@@ -4,9 +4,7 @@ the workaround, what compiled Triton does, the interpreter's source, and reprodu
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,13 +13,8 @@ from typing import Any
 
 import torch
 
-from kernels import DEVICE, INTERPRETED, varlen_attention
-from kernels.interpreter import (
-    native_dots,
-    report,
-    run_interpreted,
-    single_block_attention,
-)
+from kernels import default_device, interpreted, varlen_attention
+from kernels.interpreter import native_dots, report, single_block_attention
 from postmortems.triton_interpreter_bf16_dot.cases import (
     BF16,
     CASES,
@@ -51,27 +44,30 @@ def _attention_row(impl: str, record) -> dict[str, Any]:
     }
 
 
-def attention_study() -> list[dict[str, Any]]:
+def attention_study(device: str | torch.device | None = None) -> list[dict[str, Any]]:
     """A user's bf16 reproduction (no workaround) next to fp32/fp16, the workaround, and our
-    fixed kernel forward and backward, each probed against the fp64 oracle."""
-    rows = [_attention_row(REPRODUCTION, probe(single_block_attention, pack(case), backward=False)) for case in CASES]
-    bf16 = pack(BF16)
+    fixed kernel forward and backward, each probed against the fp64 oracle, on `device`."""
+    rows = [_attention_row(REPRODUCTION, probe(single_block_attention, pack(case, device), backward=False)) for case in CASES]
+    bf16 = pack(BF16, device)
     rows.append(_attention_row(WORKAROUND, probe(partial(single_block_attention, upcast=True), bf16, backward=False)))
     rows.append(_attention_row(FIXED, probe(varlen_attention, bf16)))
     return rows
 
 
-def forward_seconds(impl: Callable = varlen_attention, repeats: int = TIMING_REPEATS) -> dict[str, float]:
-    """Best-of-`repeats` forward time of `impl` per dtype, after one warm-up call.
+def forward_seconds(
+    impl: Callable = varlen_attention, repeats: int = TIMING_REPEATS, device: str | torch.device | None = None
+) -> dict[str, float]:
+    """Best-of-`repeats` forward time of `impl` per dtype on `device`, after one warm-up call.
 
     Under the interpreter the clock is this process's CPU time: the interpreter is single-threaded
     Python and numpy, and CPU time ignores other jobs on a shared CI machine. Natively it is wall
     time with the GPU synchronised.
     """
-    clock = time.process_time if INTERPRETED else time.perf_counter
+    device = default_device() if device is None else torch.device(device)
+    clock = time.process_time if interpreted(device) else time.perf_counter
     seconds = {}
     for case in CASES:
-        batch = pack(case, requires_grad=False)
+        batch = pack(case, device, requires_grad=False)
         batch.call(impl)
         best = float("inf")
         for _ in range(repeats):
@@ -100,9 +96,9 @@ def impact_figures() -> dict[str, str]:
     return {"bf16_relative_error": _decade(record["results"]["interpreter"]["detector"]["checks"]["bfloat16"]["relative"])}
 
 
-def study() -> dict[str, Any]:
-    """Everything this post-mortem measures, in this process's mode. JSON-ready."""
-    return {"detector": report(), "attention": attention_study(), "forward_seconds": forward_seconds()}
+def study(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Everything this post-mortem measures on `device` (on the CPU: the interpreter's). JSON-ready."""
+    return {"detector": report(device), "attention": attention_study(device), "forward_seconds": forward_seconds(device=device)}
 
 
 def compiled() -> dict[str, dict[str, Any]]:
@@ -135,19 +131,18 @@ class StudyResults(Results):
 
 
 def reproduce(device: str | torch.device | None = None) -> StudyResults:
-    """The interpreter's study (here, or in a child process when this one is native), the native
-    study when this process runs on a GPU, the native compilation of the dot kernel, the
+    """The interpreter's study (on CPU tensors, on any machine), the native study when `device`
+    (default: `default_device()`) runs compiled, the native compilation of the dot kernel, the
     interpreter's source, and the recorded GPU runs."""
-    device = DEVICE if device is None else torch.device(device).type
-    if device != DEVICE:
+    device = default_device() if device is None else torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
-            f"reproduce(device={device!r}) but kernels chose {DEVICE!r} at import; run "
-            f"`workbench repro {META.id} --device {device}` (or set WORKBENCH_DEVICE={device})."
+            f"reproduce(device={str(device)!r}) but torch {torch.__version__} sees no CUDA device: run "
+            f"`workbench repro {META.id} --device cuda` on a GPU machine, or pass device='cpu' (the interpreter's study)."
         )
-    here = study()
     return StudyResults(
-        interpreter=here if INTERPRETED else run_interpreted(__name__),
-        native=None if INTERPRETED else here,
+        interpreter=study("cpu"),
+        native=None if interpreted(device) else study(device),
         compiled=compiled(),
         source=interpreter_source(),
         gpu=gpu_records(META),
@@ -213,7 +208,3 @@ def listing(name: str) -> Listing:
 
 def _row(results: StudyResults, impl: str, dtype: str = "bfloat16") -> dict[str, Any]:
     return next(r for r in results.interpreter["attention"] if r["impl"] == impl and r["dtype"] == dtype)
-
-
-if __name__ == "__main__":  # the child process of `run_interpreted`: the interpreter's study as JSON
-    json.dump(study(), sys.stdout)

@@ -364,7 +364,8 @@ def run_command(args) -> int:
         )
         return 2
     if args.device and args.device != DEVICE:
-        # `kernels` chose native vs interpreted Triton when it was imported: rerun under the other choice.
+        # The default device (WORKBENCH_DEVICE) is read once, at import, and the audit's helpers and upstream
+        # imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         return subprocess.call([sys.executable, "-m", "workbench.cli", "audit", *_argv(args)], env=env)
 
