@@ -128,13 +128,14 @@ def test_oracle_checks_the_window_too():
 
 def test_validation_is_remembered_for_the_same_unchanged_metadata(monkeypatch):
     from kernels import contract
-    from kernels.varlen import op
+    from kernels.varlen import metadata
 
     # A check of the boundary values is one host copy of all four (CPU) or one check kernel (natively).
     copies = []
-    real, real_on_device = contract._to_host, op.check_on_device
+    real, real_on_device = contract._to_host, metadata.check_on_device
+    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
     monkeypatch.setattr(contract, "_to_host", lambda tensors: copies.append(len(tensors)) or real(tensors))
-    monkeypatch.setattr(op, "check_on_device", lambda *args: copies.append(4) or real_on_device(*args))
+    monkeypatch.setattr(metadata, "check_on_device", lambda *args: copies.append(4) or real_on_device(*args))
     batch = _small()
     batch.call(varlen_attention)
     batch.call(varlen_attention)
