@@ -128,8 +128,8 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
     scaffold_variant(project, "listed", FAST_FIX)
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["id", "status", "verdict", "(last", "build)", "title"]
-    assert lines[2].split()[:4] == ["listed", "open", "not", "built"]
+    assert lines[0].split() == ["id", "upstream", "verdict", "(last", "build)", "title"]
+    assert lines[2].split()[:5] == ["listed", "not", "checked", "not", "built"]  # the scaffold's status entry
 
     site = project.root / "site" / "_build"
     site.mkdir(parents=True)

@@ -1,5 +1,6 @@
 """ "Reported" only with the report's link: a post-mortem header says "reported <date> in <the
-report>" where someone reported the bug upstream, and "found by our audit, <date>" where nobody did."""
+report>" where someone reported the bug upstream (its status names the report), and "found by our
+audit, <date>" where no upstream report was found."""
 
 from __future__ import annotations
 
@@ -10,34 +11,36 @@ import re
 import pytest
 
 from postmortems.fa4_unwritten_padding import META as FOUND
+from postmortems.fa4_unwritten_padding import STATUS as FOUND_STATUS
 from postmortems.torch_varlen_176793 import META as REPORTED
+from postmortems.torch_varlen_176793 import STATUS as REPORTED_STATUS
 from workbench.registry import Registry
 
 
 def test_a_reported_bug_names_its_report_and_links_it():
-    text, report = REPORTED.origin()
+    text, report = REPORTED.origin(REPORTED_STATUS)
     assert (text, report and report.name) == ("reported 2026-03-07 in", "pytorch#176793")
     assert "Reported 2026-03-07 in [pytorch#176793](https://github.com/pytorch/pytorch/issues/176793)" in (
-        REPORTED.header_markdown()
+        REPORTED.header_markdown(REPORTED_STATUS)
     )
 
 
 def test_a_bug_nobody_reported_says_who_found_it():
-    assert FOUND.origin() == ("found by our audit, 2026-12-01", None)
-    assert "Found by our audit, 2026-12-01 ·" in FOUND.header_markdown()
-    assert "Reported" not in FOUND.header_markdown()
+    assert FOUND.origin(FOUND_STATUS) == ("found by our audit, 2026-12-01", None)
+    assert "Found by our audit, 2026-12-01 ·" in FOUND.header_markdown(FOUND_STATUS)
+    assert "Reported" not in FOUND.header_markdown(FOUND_STATUS)
 
 
-def test_a_report_must_be_one_of_the_links_and_contradicts_upstream_unaware():
-    with pytest.raises(ValueError, match="must be the url of one of Meta.links"):
-        dataclasses.replace(REPORTED, report="https://github.com/pytorch/pytorch/issues/1")
-    with pytest.raises(ValueError, match="'upstream unaware' with a report"):
-        dataclasses.replace(REPORTED, upstream_status="upstream unaware")
+def test_a_report_must_be_one_of_the_links_and_the_status_its_own():
+    with pytest.raises(ValueError, match="none of META's links"):
+        REPORTED.origin(dataclasses.replace(REPORTED_STATUS, reference="https://github.com/pytorch/pytorch/issues/1"))
+    with pytest.raises(ValueError, match="was given the upstream status of 'fa4-unwritten-padding'"):
+        REPORTED.origin(FOUND_STATUS)
 
 
-def test_every_postmortem_names_its_report_unless_upstream_is_unaware():
+def test_every_postmortem_names_its_report_unless_none_was_found():
     for pm in Registry().postmortems():
-        assert bool(pm.meta.report) == (pm.meta.upstream_status != "upstream unaware"), pm.id
+        assert bool(pm.status.reference) == (pm.status.status != "none found"), pm.id
 
 
 _DATES = re.compile(r"<dt>Dates</dt><dd>(.*?)</dd>", re.DOTALL)
@@ -46,7 +49,7 @@ _DATES = re.compile(r"<dt>Dates</dt><dd>(.*?)</dd>", re.DOTALL)
 def test_page_headers_say_reported_only_with_the_link(published_site):
     for pm in Registry().postmortems():
         dates = html.unescape(_DATES.search((published_site / f"{pm.id}.html").read_text()).group(1))  # type: ignore[union-attr]
-        if pm.meta.report:
-            assert f'reported {pm.meta.reported} in <a class="wb-link" href="{pm.meta.report}">' in dates, pm.id
+        if pm.status.reference:
+            assert f'reported {pm.meta.reported} in <a class="wb-link" href="{pm.status.reference}">' in dates, pm.id
         else:
             assert dates.startswith(f"found by our audit, {pm.meta.reported} ") and "reported" not in dates, pm.id

@@ -41,11 +41,11 @@ def test_pages_index_and_manifest(built_site):
     ]
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
-    assert 'class="wb-status wb-status-open"' in page and "2/2 claims hold" in page
-    # Upstream status and our verdict apart; the evidence badge names the strongest level (only our kernel here).
+    assert 'class="wb-status wb-status-not-checked">not checked</span>' in page and "2/2 claims hold" in page
+    # Upstream status and our verdict apart; the evidence badge names the headline claim's level (our kernel here).
     assert '<dt>Our verdict</dt><dd class="wb-our-verdict">scaffold: nothing of an upstream report verified yet</dd>' in page
-    assert '<span class="wb-evidence wb-evidence-ours"' in page and "strongest evidence: our fixed kernel, run here" in page
-    assert "header_markdown()" not in page, "the header cell is replaced by the page header"
+    assert '<span class="wb-evidence wb-evidence-ours"' in page and "bug shown by: our fixed kernel, run here" in page
+    assert "header_markdown(" not in page, "the header cell is replaced by the page header"
     assert "HOLDS" in page and "Not recorded yet." in page
     # Code folded behind a toggle, outputs visible; anchors on headings; lab CSS linked, not inlined.
     assert page.count('<details class="wb-code"') == page.count("jp-CodeCell") > 0
@@ -161,7 +161,7 @@ def test_for_site_drops_live_widgets_and_the_header_cell(scaffolded):
     ]
     shown = for_site(nb, pm)
     assert "widgets" not in shown.metadata and "widgets" in nb.metadata, "the executed notebook stays intact"
-    assert "header_markdown()" not in shown.cells[0].source
+    assert "header_markdown(" not in shown.cells[0].source
     assert [o.data for o in shown.cells[0].outputs] == [
         {"text/plain": "IntSlider(value=1)", "text/html": '<div class="wb-explorer">frames</div>'}
     ]

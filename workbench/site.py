@@ -4,8 +4,8 @@
 kernel per notebook, on the default device: the Triton interpreter without a GPU), renders it
 with nbconvert and the templates under site/templates/, and writes site/_build/:
 
-* `<id>.html` for each post-mortem: a header rendered from META (upstream status apart from
-  our verdict, a badge with the strongest evidence level its claims reached, fix type), the
+* `<id>.html` for each post-mortem: a header rendered from META and its upstream status (kept
+  apart from our verdict, a badge with the evidence level of its headline claim, fix type), the
   executed notebook (its header cell dropped: the page header replaces it; code inputs folded
   behind a toggle, outputs visible; headings with anchors), the static explorer frames, and a
   provenance footer;
@@ -86,18 +86,19 @@ class Page:
     description: str = ""
 
     def row(self) -> dict[str, Any]:
-        from workbench.postmortem import overall_verdict, strongest
+        from workbench.postmortem import overall_verdict
 
         if self.postmortem is None:
             raise ValueError(f"{self.file} is a plain notebook: it has no index row.")
-        meta = self.postmortem.meta
-        best = strongest(v.level for v in self.verdicts)
+        meta, status = self.postmortem.meta, self.postmortem.status
+        headline = next(v.level for v in self.verdicts if v.claim == self.postmortem.claims.headline)
         return {
             "id": meta.id,
             "title": meta.title,
             "component": meta.component,
-            "status": meta.upstream_status,
-            "status_note": meta.status_note,
+            "status": status.label,
+            "status_class": status.css_class,
+            "status_note": status.sentence(),
             "fix_type": meta.fix_type,
             "tags": list(meta.tags),
             "page": self.file,
@@ -105,9 +106,10 @@ class Page:
             "category": meta.category,
             "impact": self.postmortem.impact,
             "our_verdict": meta.our_verdict,
-            # The strongest evidence about upstream that a claim reached ("ours": only our kernel was run).
-            "evidence": best.label if best else Evidence("ours").label,
-            "evidence_kind": best.kind if best else "ours",
+            # The level at which the bug itself was shown: its headline claim's (a control claim's
+            # stronger level, or our kernel's run, says nothing of how the bug was shown).
+            "evidence": headline.label,
+            "evidence_kind": headline.kind,
             "levels": [level.short for level in _distinct(v.level for v in self.verdicts)],
             "all_hold": all(v.holds for v in self.verdicts),
         }
@@ -150,11 +152,6 @@ def describe(nb, limit: int = 280) -> tuple[str, str]:
     if len(kept) > limit:  # one long sentence: cut at a word
         kept = kept[:limit].rsplit(" ", 1)[0] + " …"
     return title, kept
-
-
-def status_class(status: str) -> str:
-    """CSS class of a status badge ('partially fixed' -> 'wb-status-partially-fixed')."""
-    return "wb-status-" + re.sub(r"[^a-z]+", "-", status.lower()).strip("-")
 
 
 def for_site(nb, postmortem: PostMortem | None) -> Any:
@@ -234,10 +231,10 @@ def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> s
         "inlining": {"css": []},  # the highlighting CSS is in static/lab.css (EXPORTER_CONFIG turns its preprocessor off)
         "wb": {
             "meta": page.postmortem.meta if page.postmortem else None,
+            "status": page.postmortem.status if page.postmortem else None,
             "row": page.row() if page.postmortem else None,
             "verdicts": page.verdicts,
             "levels": _distinct(v.level for v in page.verdicts),
-            "status_class": status_class(page.postmortem.meta.upstream_status) if page.postmortem else "",
             "provenance": provenance,
         },
     }
@@ -279,17 +276,44 @@ def page_problems(text: str) -> list[str]:
     return problems
 
 
-def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
+USE_PAGE = "use.html"  # "Use the fixed kernel", linked from every page
+
+
+def _jinja(site_dir: Path):
     import jinja2
 
-    env = jinja2.Environment(
+    return jinja2.Environment(
         # postmortem/ holds the macros the notebook pages share (the provenance footer).
         loader=jinja2.FileSystemLoader([site_dir / "templates", site_dir / "templates" / "postmortem"]),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
-    env.filters["status_class"] = status_class
+
+
+def render_use(provenance: dict[str, str], site_dir: Path) -> str:
+    """The "Use the fixed kernel" page: every fact from `workbench.usage`, read now."""
+    from kernels.hf import NAME
+    from workbench import usage
+
+    dist = usage.distribution()
+    return (
+        _jinja(site_dir)
+        .get_template("use.html.j2")
+        .render(
+            dist=dist,
+            extras=usage.user_extras(dist),
+            range=usage.supported(),
+            hf_name=NAME,
+            hf_distribution=usage.HF_DISTRIBUTION,
+            clash=usage.name_clash(),
+            provenance=provenance,
+        )
+    )
+
+
+def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
+    env = _jinja(site_dir)
     rows = [p.row() for p in pages if p.postmortem]
     tags = sorted({t for r in rows for t in r["tags"]})
     others = [p for p in pages if not p.postmortem]
@@ -334,9 +358,11 @@ def build(
     notebooks = registry.notebooks()
     if not notebooks:
         raise BuildError(f"no notebooks under {registry.notebooks_dir}; `workbench new <id> <title>` starts one.")
-    for _path, pm in notebooks:
+    for path, pm in notebooks:
         if pm is not None:
             check_notebook(pm)
+        if f"{path.stem}.html" in ("index.html", USE_PAGE):
+            raise BuildError(f"{path} would render over the site's own {path.stem}.html; rename the notebook.")
 
     stamp = provenance()
     if execute_notebooks:
@@ -381,6 +407,7 @@ def build(
                 raise BuildError(f"site not built; {page.file} ({page.source}): " + "; ".join(problems))
             _write_checked(staging / page.file, text)
         _write_checked(staging / "index.html", render_index(pages, stamp, site_dir))
+        _write_checked(staging / USE_PAGE, render_use(stamp, site_dir))
         manifest = {
             "postmortems": [p.row() for p in pages if p.postmortem],
             "notebooks": [p.file for p in pages if not p.postmortem],

@@ -31,6 +31,7 @@ def _regions(evidence: str) -> dict[str, set[str]]:
     "only through padding rows: out, dq, dk and dv are non-finite on TAIL and GAP rows, never on REAL rows, while "
     "every accuracy check on REAL rows passes",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _audit(r: Fa4PaddingResults):
     checks = recorded_checks(r)

@@ -12,6 +12,7 @@ from workbench.postmortem import (
     Link,
     Meta,
 )
+from workbench.upstream_status import finding_status
 
 META = Meta(
     id="flash-dmattn-121",
@@ -19,11 +20,6 @@ META = Meta(
     component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Triton backend",
     category="training bug",
     impact="flash-dmattn 1.2.2 Triton: a length not a multiple of 64, or a row seeing none of keys 0-63 (left padding + causal), NaN-fills dK and dV",
-    upstream_status="closed (not fixed)",
-    status_note=(
-        "#121 is closed; the last flash-dmattn release (1.2.2) still NaN-fills dK/dV in its Triton backend at lengths off 64 "
-        "and for fully masked rows; flash-sparse-attn 2.x dropped the boolean-mask API; no fix was merged"
-    ),
     our_verdict=(
         "the report's symptom is reproduced on the released Triton backend at lengths not a multiple of 64 (with dK NaN too), "
         "not on its own configuration (256); fully masked rows give a second NaN; the proposed patch cannot compile and, "
@@ -33,23 +29,36 @@ META = Meta(
     fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); workarounds: pad lengths to a multiple of 64, pad on the right or let padding rows see themselves",
     tags=("attention mask", "padding", "ragged length", "NaN", "unsound fix"),
     reported="2025-08-24",
-    report="https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "flash-sparse-attention#121",
             "https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
             date="2025-08-24",
             kind="issue",
-            status="closed; filed against the CUDA backend",
+            status="closed; its minimal snippet calls triton_dmattn_func, the Triton backend",
         ),
         Link(
-            "flash-sparse-attention#136 (tensor sanitization)",
+            "flash-sparse-attention#122 (Copilot's fix for #121, branch copilot/fix-121, commit 9969738)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/pull/122",
+            date="2025-08-24",
+            kind="PR",
+            status="not merged: tl.where(tl.isfinite(dv), dv, 0.0) and zeros_like for dk/dv; not on main",
+        ),
+        Link(
+            "flash-sparse-attention#136 (tensor sanitization, ce22f2d)",
             "https://github.com/HKUSTDial/flash-sparse-attention/pull/136",
             date="2025-08-29",
             kind="PR",
-            status="open, not merged: a nan_to_num helper",
+            status="merged: nan_to_num of out and gradients in the CUDA interface",
+        ),
+        Link(
+            "071ab90: 'Disables tensor sanitization in attention ops'",
+            "https://github.com/SmallDoges/flash-dmattn/commit/071ab90f1c8f2ca884a68bc8a6dc7b8887cd2c97",
+            date="2025-10-26",
+            kind="commit",
+            status="#136's sanitization commented out, before 1.2.2",
         ),
         Link(
             "flash-sparse-attention#185 (varlen with mask and bias)",
@@ -80,6 +89,7 @@ META = Meta(
     ),
     seed="001_90a18acb6ed00fca.txt",
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 VARIANTS = {"replica": {}, "patch": {"patch": True}, "guard": {"guard": True}}
 

@@ -293,6 +293,7 @@ def _gpu_seed(r: Results):
 @claims(
     "on the GPU in bf16: fully masked rows and lengths not a multiple of 64 give the CPU's NaN pattern, the workarounds are finite and within bound",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _gpu_cases(r: Results):
     cases = _gpu_probes(r)["cases"]

@@ -139,6 +139,7 @@ def _matches_gpu(r: Results):
     "on the H200 (fp16/bf16, compiled): every failing check on zero or random padding is finite and wrong in out, dq, "
     "dk and dv, 20-1200x PyTorch's own error; most fuzzed layouts fail",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _gpu_record(r: Results):
     wrong = {k: v for k, v in r.recorded.items() if k not in PADDING_SET}

@@ -52,6 +52,7 @@ def _auto_detect_new(r: TeResults):
 @claims(
     "VERL's workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it",
     evidence=REPLICA,
+    headline=True,
 )
 def _workaround_noncausal(r: TeResults):
     points = r.workaround_sweep[False]

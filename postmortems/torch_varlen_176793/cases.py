@@ -8,6 +8,7 @@ from workbench.postmortem import (
     Meta,
     source_at,
 )
+from workbench.upstream_status import finding_status
 
 META = Meta(
     id="torch-varlen-176793",
@@ -16,8 +17,6 @@ META = Meta(
     category="training bug",
     impact="q/k/v longer than cu_seqlens[-1] (a padded token budget): garbage or NaN in the padding rows' gradients "
     "reaches the QKV weight gradient, silently when finite",
-    upstream_status="open",
-    status_note="issue open; the ValueError PRs #186786 and #188933 were closed without merging",
     our_verdict="mechanism confirmed on an H200 and in a replica; the report's 'forward is fine' holds only for rows "
     "the loss reads, and its proposed ValueError forbids a legal layout",
     detection="garbage or NaN in rows >= cu_seqlens[-1] of the output and of dq/dk/dv; wrong or NaN QKV weight gradients",
@@ -27,7 +26,6 @@ META = Meta(
     # The issue's own opening date, as recorded by NeuralDBG's tracking file for it (BUG-002):
     # "OPEN, since 2026-03-07"; flash-attention#2324 (same mechanism, by varlen_attn's author) follows on 03-10.
     reported="2026-03-07",
-    report="https://github.com/pytorch/pytorch/issues/176793",
     published="2026-11-29",
     revised="2026-12-01",
     links=(
@@ -75,6 +73,7 @@ META = Meta(
     ),
     seed="000_1019a3997e440af2.txt",
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # The upstream source we read, at the commit we read it.
 VARLEN_PY = source_at("pytorch/pytorch@255ac567c50191b57bf8674134ba731c0b64e3ef")  # torch/nn/attention/varlen.py

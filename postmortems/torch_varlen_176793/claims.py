@@ -213,6 +213,7 @@ def register_gpu_claims(target: Claims) -> None:
         "H200, varlen_attn, memory poisoned: every trailing pad > 0 leaves non-finite TAIL rows in out, dq, dk and dv; "
         "no trailing rows, none; REAL rows within bound of fp64 at every point",
         evidence=UPSTREAM_GPU,
+        headline=True,
     )
     def _gpu_poisoned(r: TorchVarlenResults):
         points = [p for p in _gpu_points(r, "varlen_attn", True) if "error" not in p]
