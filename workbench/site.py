@@ -50,9 +50,11 @@ from workbench.execute import describe_error, execute_all, first_error
 from workbench.pasteblocks import TAG as _TAG
 from workbench.postmortem import READER_SECTIONS, Evidence
 from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
+from workbench.scaffold import ALT_KEY
 
 SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+NO_ALT = "No description has been provided for this image"  # what nbconvert writes where a figure has none
 # A request the page would make by itself (not a link a reader may follow).
 _EXTERNAL = re.compile(
     r"""<(?:script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*["']?((?:https?:)?//[^"'\s>]+)"""
@@ -178,7 +180,41 @@ def for_site(nb, postmortem: PostMortem | None) -> Any:
         if cell.cell_type == "code":
             cell.outputs = outputs
             cell.source = _TEST_MARKER.sub("", cell.source).lstrip("\n")
+            _describe_figures(cell)
     return nb
+
+
+_IMG = re.compile(r"<img\b[^>]*>", re.IGNORECASE)
+_ALT = re.compile(r"""\salt\s*=\s*(?:"[^"]*"|'[^']*')""", re.IGNORECASE)
+_ALT_VALUE = re.compile(r'\salt\s*=\s*"([^"]*)"', re.IGNORECASE)
+IMAGE_TYPES = ("image/png", "image/jpeg")
+
+
+def _describe_figures(cell) -> None:
+    """Gives every figure of `cell` the description its metadata `wb-alt` holds (what the figure
+    shows, written in the notebook): as the alt of a PNG output (the template reads it) and of the
+    pictures in an HTML output (an explorer's frames)."""
+    alt = cell.metadata.get(ALT_KEY)
+    if not alt:
+        return
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        for kind in IMAGE_TYPES:
+            if kind in data:
+                output.setdefault("metadata", {}).setdefault(kind, {})["alt"] = alt
+        if "text/html" in data:
+            data["text/html"] = _IMG.sub(lambda m: _with_alt(m.group(0), alt), data["text/html"])
+
+
+def _with_alt(tag: str, alt: str) -> str:
+    """An `<img ...>` tag with `alt` as its only alt attribute."""
+    return _ALT.sub("", tag).replace("<img", f'<img alt="{html.escape(alt, quote=True)}"', 1)
+
+
+def undescribed_figures(text: str) -> int:
+    """The pictures of a rendered page with no description (no alt, or nbconvert's placeholder)."""
+    alts = [_ALT_VALUE.search(tag) for tag in _IMG.findall(text)]
+    return sum(1 for m in alts if m is None or not m.group(1).strip() or m.group(1) == NO_ALT)
 
 
 # nbval's markers (`# NBVAL_CHECK_OUTPUT`) and comments about nbval steer the test run, not the reader.
@@ -403,6 +439,11 @@ def build(
         for page in pages:
             text = render_page(for_site(executed[page.source], page.postmortem), page, stamp, site_dir)
             problems = page_problems(text) if page.postmortem else []
+            if undescribed_figures(text):
+                problems.append(
+                    f"{undescribed_figures(text)} figure(s) without a description: give each figure cell the metadata "
+                    f"{ALT_KEY!r}, what its figure shows (the alt text)"
+                )
             if problems:
                 raise BuildError(f"site not built; {page.file} ({page.source}): " + "; ".join(problems))
             _write_checked(staging / page.file, text)

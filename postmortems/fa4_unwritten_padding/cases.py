@@ -26,6 +26,7 @@ META = Meta(
     tags=("FlashAttention-4", "uninitialised memory", "TAIL rows", "GAP rows", "NaN gradients", "audit finding"),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fa4.json); no upstream report
     published="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "flash-attention#1228: padding rows past cu_seqlens[-1] uninitialised, NaN/inf forward and backward (FA2)",
@@ -55,6 +56,14 @@ META = Meta(
             "2026-03-10",
             "PR",
             "closed",
+        ),
+        Link(
+            "flash-attention#2562: FA4 varlen padded with zero-length sequences (cu_seqlens_q=[0, 0, ...]); the hdim-256 "
+            "backward crashed on it",
+            f"{FA}/issues/2562",
+            "2026-05-13",
+            "issue",
+            "closed: PR #2568 (merged 2026-05-16, 8a8b2f1) writes zero for zero-length sequences in the hdim-256 kernels",
         ),
     ),
 )

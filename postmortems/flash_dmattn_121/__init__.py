@@ -29,6 +29,7 @@ from postmortems.flash_dmattn_121.cases import (
     UPSTREAM_CASES,
     UPSTREAM_TENSORS,
     MaskCase,
+    shown_name,
 )
 from postmortems.flash_dmattn_121.claims import claims, patch_error_ratios
 from postmortems.flash_dmattn_121.figures import (
@@ -81,6 +82,7 @@ __all__ = [
     "GPU_SEEDS",
     "GRADS",
     "META",
+    "shown_name",
     "STATUS",
     "MaskCase",
     "PADDED",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workbench import Case, Fill
-from workbench.postmortem import Meta
+from workbench.postmortem import Link, Meta
 from workbench.upstream_status import finding_status
 
 META = Meta(
@@ -37,6 +37,24 @@ META = Meta(
     ),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fsa-*-varlen.json); no upstream report
     published="2026-12-02",
+    revised="2026-12-05",
+    links=(
+        Link(
+            "flash-sparse-attention#306: move every Triton kernel from make_block_ptr to make_tensor_descriptor (TMA)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/issues/306",
+            "2026-06-04",
+            "issue",
+            "closed by #307",
+        ),
+        Link(
+            "flash-sparse-attention#307: the migration, 13 kernel files; two lse paths of the decode combine kept on raw "
+            "pointers, a (1,) block being below TMA's 16-byte minimum",
+            "https://github.com/HKUSTDial/flash-sparse-attention/pull/307",
+            "2026-06-04",
+            "PR",
+            "merged: the origin of the descriptors this page studies",
+        ),
+    ),
 )
 STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 

@@ -26,12 +26,13 @@ META = Meta(
     "that our CPU replica reproduces to three digits",
     detection="none at run time: outputs are finite; rows whose mask row is all False are non-zero, and differ from "
     "the math backend's output there (0)",
-    fix_type="upgrade to torch 2.12 or later (upstream's fix; not run here); on 2.11: pass an additive float mask with "
+    fix_type="upstream: fix merged in torch 2.12.0 (a -inf fill; not run here); on 2.11: pass an additive float mask with "
     "-inf, zero the rows with no visible key after the call, or keep the cuDNN backend off for masked calls; ours: a "
     "varlen kernel that writes 0 there by contract",
     tags=("attention mask", "fully masked rows", "silent error", "audit finding"),
     reported="2026-03-19",  # pytorch#177842, filed on or before the day PR #177868 ("To fix #177842") was opened
     published="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "pytorch#103749: SDPA produces NaN with padding mask (fully masked rows)",
@@ -76,6 +77,20 @@ META = Meta(
         Link(
             "PyTorch 2.12.0 release notes: '[cuDNN][SDPA] Fix attn-mask conversion constant (#177868)' under cuDNN fixes",
             f"{PT}/releases/tag/v2.12.0",
+        ),
+        Link(
+            "pytorch#162073: enable cuDNN SDPA by default for SM 9.0 and SM 10.0 (for 2.9)",
+            f"{PT}/pull/162073",
+            "2025-09-03",
+            "PR",
+            "closed; merge requested 2025-09-04",
+        ),
+        Link(
+            "pytorch#191612: another silent cuDNN masked path: an fp32 attn_mask described to cuDNN in the query's dtype",
+            f"{PT}/pull/191612",
+            "2026-07-30",
+            "PR",
+            "closed",
         ),
         Link(
             "transformers#48163: cuDNN is already SDPA's default on Hopper with a new enough cuDNN (comment)",

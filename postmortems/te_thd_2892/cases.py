@@ -39,7 +39,7 @@ META = Meta(
     tags=("thd", "cu_seqlens_padded", "fp8", "training"),
     reported="2026-04-16",
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "Dao-AILab/flash-attention#1228: rows after cu_seqlens[-1] may be uninitialised",
@@ -76,9 +76,9 @@ META = Meta(
         Link(
             "TE PR #2994: Plumb FP8+THD (FP8 fused attention for THD; its release not established here)",
             f"{TE}/pull/2994",
-            "2026-08-11",
+            "2026-08-20",
             "PR",
-            "merged",
+            "last commit 2026-08-20 (9fbffe6), not on main at d0067d0 (2026-08-22); merged after that (tracker)",
         ),
         Link(
             "TE PR #3205: FA3/FA4 with pad_between_seqs, exact zeros on padding rows",

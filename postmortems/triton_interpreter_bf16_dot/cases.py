@@ -30,7 +30,7 @@ META = Meta(
     tags=("triton", "interpreter", "bfloat16"),
     reported="2026-09-04",
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link("triton#11584", f"{TRITON}/issues/11584", date="2026-09-04", kind="issue", status="closed"),
         Link(
@@ -55,11 +55,11 @@ META = Meta(
             status="open; maintainer reluctant to add a dependency",
         ),
         Link(
-            "triton#5424",
+            "triton#5424: back-to-back BMMs fail under the interpreter, in bf16",
             f"{TRITON}/issues/5424",
-            date="2025-02-14",
+            date="2024-12-13",
             kind="issue",
-            status='closed; answered that day: "The interpreter mode doesn\'t support bf16"',
+            status='closed; answered 2025-02-14: "The interpreter mode doesn\'t support bf16"',
         ),
         Link(
             "triton#4972: bf16 loads under the interpreter",
@@ -77,7 +77,7 @@ META = Meta(
 STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # A padded, causal GQA batch with NaN in its padding (every region present), small enough for
-# the interpreter; one per dtype. The flash-dmattn seed's configuration (bf16, causal, 256
+# the interpreter; one per dtype. The flash-dmattn report's configuration (bf16, causal, 256
 # tokens, d=64) meets the same bug: any bf16 tl.dot does.
 BASE = Case(seqlens_q=(21, 40, 3), padded_q=(24, 40, 8), tail_q=3, heads=2, kv_heads=1, head_dim=32, causal=True, fill=Fill.NAN)
 
