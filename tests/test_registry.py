@@ -71,6 +71,11 @@ def test_the_scaffold_is_a_valid_postmortem_with_a_conforming_notebook(project):
     )
     for shown in shows:
         assert shown in source, shown
+    # Each figure cell says what its figure shows (the site's alt text).
+    figures = [
+        c for c in nb.cells if c.cell_type == "code" and ("figure(" in c.source or "explore(" in c.source or "norms(" in c.source)
+    ]
+    assert figures and all(len(c.metadata.get("wb-alt", "").split()) > 8 for c in figures)
     # Its upstream status is an entry of the project's status file, added as "not checked".
     assert (
         pm.status.status == "not checked"

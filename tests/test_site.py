@@ -270,3 +270,37 @@ def test_kernel_env_puts_the_root_on_the_path_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = kernel_env(Path("."))["PYTHONPATH"].split(os.pathsep)[0]
     assert first == str(tmp_path.resolve())
+
+
+def test_the_index_gives_each_bug_the_level_its_headline_claim_shows_it_at(published_site):
+    """The evidence column says how the bug itself was shown (its headline claim), not the strongest
+    level any claim reached: the interpreter's bug is shown on the CPU although a GPU control ran, and
+    TE's by our replica although cuDNN ran on the H200."""
+    rows = {row["id"]: row for row in json.loads((published_site / "manifest.json").read_text())["postmortems"]}
+    for pm in Registry().postmortems():
+        assert rows[pm.id]["evidence_kind"] == pm.claims.headline_level.kind, pm.id
+    assert rows["triton-interpreter-bf16-dot"]["evidence_kind"] == "upstream-cpu"
+    assert rows["te-thd-2892"]["evidence_kind"] == "replica"
+
+
+def test_a_figure_carries_its_cells_description_and_a_bare_figure_is_found():
+    """The site gives each picture of a cell the `wb-alt` metadata of that cell (what the figure shows);
+    `undescribed_figures` counts the pictures a build refuses: no alt, an empty one, nbconvert's placeholder."""
+    from workbench.site import NO_ALT, undescribed_figures
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("plot()")
+    cell.metadata["wb-alt"] = 'Bar chart: "error" per tensor'
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}),
+        nbformat.v4.new_output("display_data", data={"text/html": '<div><img class="wb-explorer-img" src="x" alt=""></div>'}),
+    ]
+    nb.cells = [cell]
+    shown = for_site(nb, None).cells[0]
+    assert shown.outputs[0].metadata["image/png"]["alt"] == 'Bar chart: "error" per tensor'
+    assert shown.outputs[1].data["text/html"] == (
+        '<div><img alt="Bar chart: &quot;error&quot; per tensor" class="wb-explorer-img" src="x"></div>'
+    )
+    assert "wb-alt" not in nb.cells[0].outputs[0].get("metadata", {}), "the executed notebook stays intact"
+    bare = ['<img src="a">', '<img src="a" alt="">', f'<img src="a" alt="{NO_ALT}">', '<img alt="a chart of errors" src="a">']
+    assert undescribed_figures("".join(bare)) == 3

@@ -83,7 +83,10 @@ def parse(
             + (_status_link(upstream[postmortem]) if postmortem is not None else ())
             + _links(mechanism.get("links", []), f"{source}: mechanism {name!r}")
         )
-        links = tuple(dict.fromkeys(links))
+        first: dict[str, str] = {}
+        for url, says in links:  # each url once, as first said (a cell's own report before its post-mortem's)
+            first.setdefault(url, says)
+        links = tuple(first.items())
         for row in entry["rows"]:
             for check in entry["checks"]:
                 if (row, check) in judged:
