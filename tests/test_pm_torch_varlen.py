@@ -219,5 +219,5 @@ def test_gpu_claims_read_a_record_of_probes(probes_json):
     verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}, gpu_damage={"probes": probes}))
     assert not [v.evidence for v in verdicts if v.evidence.startswith("check raised")]
     assert all(v.level.kind == "upstream-gpu" for v in verdicts) and len(host_reads) == 2
-    assert verdicts[0].claim.startswith("H200: the seed's code verbatim") and verdicts[0].holds
+    assert verdicts[0].claim.startswith("H200: the original report's code verbatim") and verdicts[0].holds
     assert [v.holds for v in verdicts if "CUDA-graph capture" in v.claim] == [True]

@@ -38,6 +38,7 @@ def test_pages_index_and_manifest(built_site):
         "oracle-variant.html",
         "plain-notes.html",
         "scaffold-demo.html",
+        "use.html",  # "Use the fixed kernel": every site has it, every page links it
     ]
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
