@@ -30,6 +30,7 @@ from workbench.audit.matrix import (
     wrappers,
 )
 from workbench.audit.render import heatmap, matrix_html, text_grid
+from workbench.upstream_status import UpstreamStatus
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
 
@@ -170,12 +171,26 @@ def test_a_malformed_judgements_file_is_refused_naming_the_fault(data, says):
         parse(data, "judgements.toml")
 
 
+_NOTED = {
+    "mechanisms": {"m": {"kind": "upstream", "text": "the mechanism"}},
+    "cells": [{"mechanism": "m", "note": "here", "rows": ["r"], "checks": ["fuzz:c"], "postmortem": "pm"}],
+}
+
+
 def test_a_note_precedes_its_mechanism_text():
-    judged = parse(
-        {
-            "mechanisms": {"m": {"kind": "upstream", "text": "the mechanism"}},
-            "cells": [{"mechanism": "m", "note": "here", "rows": ["r"], "checks": ["fuzz:c"], "postmortem": "pm"}],
-        }
-    )
+    judged = parse(_NOTED, upstream={"pm": UpstreamStatus("pm", "none found", "2026-12-05", "searched")})
     assert judged[("r", "fuzz:c")].text == "here: the mechanism" and judged[("r", "fuzz:c")].postmortem == "pm"
     assert not judged[("r", "fuzz:c")].known
+
+
+def test_a_cell_is_known_when_its_postmortem_s_upstream_status_names_a_report():
+    """The status file is the one source: a post-mortem whose status names a report makes its cells
+    known (sdpa-cudnn-masked-rows: pytorch#177842), with no link typed in the judgements."""
+    report = "https://github.com/pytorch/pytorch/issues/177842"
+    fixed = UpstreamStatus("pm", "fix merged", "2026-12-05", "merged", reference=report, fixed_in="torch 2.12.0")
+    (link,) = parse(_NOTED, upstream={"pm": fixed})[("r", "fuzz:c")].links
+    assert link == (report, "upstream status, checked 2026-12-05: fix merged in torch 2.12.0, not run here")
+    with pytest.raises(ValueError, match="names post-mortem 'pm', which has no upstream status"):
+        parse(_NOTED, upstream={})
+    assert ("sdpa-cudnn", "fully-masked-rows") not in new_findings(load_matrix())
+    assert report in [url for url, _ in known_links("sdpa-cudnn", "fully-masked-rows")]

@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from workbench.audit.sanitizer import API_RETURN_CODE, load_sanitizer, parse, row_summary, status
@@ -170,3 +171,17 @@ def test_the_sanitizer_program_runs_what_the_row_can_and_says_so():
         "reduced: forward only: the backward raises RuntimeError: function _ExtraGradient returned a gradient different "
         "than None at position 5 (the counts include that attempt)"
     ]
+
+
+def test_the_earlier_flex_run_read_just_before_its_allocations_in_one_kernel():
+    """audit-matrix.ipynb states this of the kept log through the check, and prints its count from it."""
+    from workbench.audit.sanitizer import reads_just_before_allocations
+
+    log = _log("flex-document-memcheck")
+    assert reads_just_before_allocations(log).kinds == {"Invalid __global__ read": 20}
+    with pytest.raises(AssertionError, match="not just before an allocation"):
+        reads_just_before_allocations(
+            log.replace("is 4 bytes before the nearest allocation", "is 4 bytes after the nearest allocation", 1)
+        )
+    with pytest.raises(AssertionError, match="reads in 2 kernels"):
+        reads_just_before_allocations(log.replace("at triton_tem_fused_flex_attention_0+0x13e0", "at other_kernel+0x10", 1))

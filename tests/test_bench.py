@@ -417,6 +417,27 @@ def test_format_targets_shows_the_verdict_on_the_fastest_calls_beside_the_median
     assert format_targets(median).splitlines()[1].split()[-3:] == ["0.800", "NO", "w"]
 
 
+def test_the_targets_verdict_is_worded_from_the_judgements_not_typed():
+    """performance.ipynb says which targets hold through targets_summary: a re-recorded run re-words it."""
+    from workbench.bench_report import Target, targets_summary
+
+    median = [
+        Target("memory <= 1x peer", 0.7, 1.0, False, "a"),
+        Target("wrapper >= 0.95x fa4", 0.96, 0.95, True, "b"),
+        Target("speed >= 1.3x peer", 0.7, 1.3, True, "c"),
+    ]
+    fastest = [
+        Target("memory <= 1x peer", 0.7, 1.0, False, "a"),
+        Target("wrapper >= 0.95x fa4", 0.948, 0.95, True, "short docs"),
+        Target("speed >= 1.3x peer", 0.8, 1.3, True, "c"),
+    ]
+    text = targets_summary(median, fastest)
+    assert text.startswith("**2 of 3 targets hold on the medians:**\n\n- memory <= 1x peer\n- wrapper >= 0.95x fa4")
+    assert "- wrapper >= 0.95x fa4: 0.948, 0.2% short of its bound, on short docs" in text
+    assert "**The 1 others fail" in text and "- speed >= 1.3x peer: 0.700 on c" in text
+    assert "hold on the fastest calls too" in targets_summary(median[:1], fastest[:1])
+
+
 def test_recorded_iters_and_minima_read_the_record():
     record = {
         "provenance": {"command": "python -m workbench.bench --iters 40 --record x.json"},

@@ -184,6 +184,85 @@ def test_no_page_scrolls_sideways(browser, site, width):
     assert wide == [], wide
 
 
+def test_every_figure_is_described(browser, site):
+    """Each picture (a figure, an explorer's frame) carries alt text saying what it shows, from its
+    cell's `wb-alt` metadata; none keeps nbconvert's placeholder."""
+    from workbench.site import NO_ALT
+
+    out, url = site
+    page = browser.new_page()
+    bare = []
+    for html_file in sorted(out.glob("*.html")):
+        page.goto(url + html_file.name)
+        alts = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.getAttribute('alt') || '')")
+        bare += [f"{html_file.name}: image {i}" for i, alt in enumerate(alts) if len(alt.split()) < 4 or alt == NO_ALT]
+    page.close()
+    assert bare == [], bare
+
+
+def test_on_a_phone_figures_keep_their_size_and_scroll_in_their_box(browser, site):
+    """At 390 px a figure wider than the screen is shown at its full size inside a box that scrolls
+    sideways (a chart shrunk to the screen cannot be read), while the page itself does not scroll."""
+    out, url = site
+    context = browser.new_context(viewport={"width": 390, "height": 900})
+    page = context.new_page()
+    shrunk, wide = [], 0
+    for html_file in sorted(out.glob("*.html")):
+        page.goto(url + html_file.name)
+        page.wait_for_load_state("load")
+        figures = page.eval_on_selector_all(
+            ".jp-OutputArea-output img",
+            """imgs => imgs.map(i => { const box = i.closest('.jp-RenderedImage, .wb-explorer');
+                return [i.naturalWidth, Math.round(i.getBoundingClientRect().width), box.clientWidth, box.scrollWidth,
+                        getComputedStyle(box).overflowX]; })""",
+        )
+        for i, (natural, shown, box, scroll, overflow) in enumerate(figures):
+            if natural > box:  # wider than the screen: full size, in a box that scrolls
+                wide += 1
+                if shown < natural or scroll <= box or overflow not in ("auto", "scroll"):
+                    shrunk.append(f"{html_file.name}: figure {i} shown {shown} of {natural} px in a {box} px box ({overflow})")
+    context.close()
+    assert shrunk == [], shrunk
+    if (out / "performance.html").exists():
+        assert wide > 0, "the repository's site has figures wider than a phone"
+
+
+def test_on_a_phone_the_index_labels_each_badge(browser, site):
+    """The index table stacks on a phone and loses its header row: each cell says which column it is."""
+    out, url = site
+    context = browser.new_context(viewport={"width": 390, "height": 900})
+    page = context.new_page()
+    page.goto(url + "index.html")
+    headers = page.eval_on_selector_all("table.wb-postmortems thead th", "ths => ths.slice(1).map(th => th.textContent)")
+    first_row = page.eval_on_selector_all(
+        "table.wb-postmortems tbody tr:first-child td[data-label]",
+        "tds => tds.map(td => getComputedStyle(td, '::before').content)",
+    )
+    context.close()
+    assert first_row == [f'"{label}: "' for label in headers]
+
+
+def test_an_opened_audit_matrix_cell_gets_a_readable_width(browser, site):
+    """At 1280 px an opened evidence cell of the audit matrix is wide enough to read (it once stacked
+    its words in an 87 px column, the row thousands of pixels tall); the page still fits the window."""
+    out, url = site
+    if not (out / "audit-matrix.html").exists():
+        pytest.skip("this site has no audit matrix")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(url + "audit-matrix.html")
+    fuzzer = page.eval_on_selector_all("table.audit-matrix thead th", "ths => ths.map(th => th.textContent).indexOf('fuzzer')")
+    cell = page.locator("table.audit-matrix tbody tr").nth(2).locator("td").nth(fuzzer)
+    cell.locator("summary").first.click()
+    width, text_width = cell.evaluate(
+        "td => [td.getBoundingClientRect().width, td.querySelector('details[open] > p').getBoundingClientRect().width]"
+    )
+    sideways = page.evaluate("() => document.documentElement.scrollWidth > document.documentElement.clientWidth")
+    context.close()
+    assert width >= 320 and text_width >= 300, f"an opened cell is {width:.0f} px wide, its text {text_width:.0f} px"
+    assert not sideways
+
+
 def test_moving_a_static_explorer_slider_changes_the_plot(browser, site):
     out, url = site
     watched = Watched(browser, url)

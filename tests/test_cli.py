@@ -149,8 +149,8 @@ def test_list_shows_status_and_the_last_built_verdict(project, capsys):
     scaffold_variant(project, "listed", FAST_FIX)
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:5] == ["id", "status", "verdict", "(last", "build)"]
-    assert lines[2].split()[:5] == ["listed", "upstream", "unaware", "not", "built"]  # the scaffold's status
+    assert lines[0].split()[:5] == ["id", "upstream", "verdict", "(last", "build)"]
+    assert lines[2].split()[:5] == ["listed", "not", "checked", "not", "built"]  # the scaffold's status entry
 
     site = project.root / "site" / "_build"
     site.mkdir(parents=True)
@@ -170,7 +170,7 @@ def test_list_fits_the_terminal_without_importing_the_modules(project, capsys, m
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines)) <= columns
-    assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].split()[1:3] == ["upstream", "unaware"]
+    assert lines[2].startswith("a-rather-long-post-mortem-id-2024") and lines[2].split()[1:3] == ["not", "checked"]
     if lines[0].endswith("title"):  # room for titles: one line each, cut at a word
         assert columns - lines[0].index("title") >= cli.TITLE_MIN and len(lines) == 3
         assert lines[2].endswith("...") and title.startswith(lines[2][lines[0].index("title") : -3])
@@ -198,7 +198,7 @@ def test_list_shows_every_title_readably_at_80_columns():
     assert max(map(len, lines)) <= 80, lines
     for postmortem_id in Registry().ids():
         row = next(line for line in lines if line.startswith(f"{postmortem_id} "))
-        title = cli._meta_from_source(Registry().package_dir / postmortem_id.replace("-", "_"))["title"]
+        title = cli._title_from_source(Registry().package_dir / postmortem_id.replace("-", "_"))
         assert row.split()[1] in listed.stdout and " ".join(title.split()[:8]) in text, (title, listed.stdout)
 
 

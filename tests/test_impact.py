@@ -58,7 +58,7 @@ def test_interpreter_impact_is_the_records_order_of_magnitude():
 def test_a_figure_without_impact_figures_is_refused():
     module = Registry().get("torch-varlen-176793").module
     bare = types.ModuleType("postmortems.torch_varlen_176793")
-    for name in ("CASES", "reproduce", "claims"):
+    for name in ("STATUS", "CASES", "reproduce", "claims"):
         setattr(bare, name, getattr(module, name))
     bare.META = dataclasses.replace(module.META, impact="{ratio} times worse")  # type: ignore[attr-defined]
     with pytest.raises(RegistryError, match=r"META.impact names \['ratio'\]; define impact_figures\(\)"):

@@ -100,7 +100,9 @@ def test_upstream_is_the_installed_release_in_fp16_under_the_interpreter():
 
 def test_the_reports_snippet_raises_on_the_release():
     errors = pm.upstream_call_errors()
-    assert errors["seed snippet as written"].startswith("TypeError") and "scale" in errors["seed snippet as written"]
+    assert (
+        errors["the report's snippet as written"].startswith("TypeError") and "scale" in errors["the report's snippet as written"]
+    )
     assert (
         errors["softmax_scale, attn_bias=None"].startswith("RuntimeError")
         and "gradient" in errors["softmax_scale, attn_bias=None"]
@@ -229,7 +231,7 @@ def _broken_results():
         device=None,
         upstream_version="1.2.2",
         upstream_dtype="float16",
-        call_errors={"seed snippet as written": "no error", "softmax_scale, attn_bias=None": "no error"},
+        call_errors={"the report's snippet as written": "no error", "softmax_scale, attn_bias=None": "no error"},
         upstream={c.name: empty for c in pm.UPSTREAM_CASES},
         seed_poisoned=empty,
         sweep=SweepResult(axes={"density": [0.1]}, records=[{"density": 0.1, "seqlen": 64, "ok": False}]),

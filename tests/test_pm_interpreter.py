@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from postmortems import triton_interpreter_bf16_dot as pm
-from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, ClaimFailed, Evidence, strongest
+from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, ClaimFailed, Evidence
 from workbench.records import jsonable, load_records
 from workbench.registry import Registry, check_notebook, recorded_verdicts
 
@@ -48,7 +48,9 @@ def test_every_claim_says_what_produced_its_evidence():
     source = levels[_statement("the interpreter stores bf16 as uint16")]
     assert source.kind == "source" and source.at == pm.SOURCE_READ
     assert levels[_statement("our kernels are within the bound")] == OURS
-    assert strongest(pm.claims.levels) == UPSTREAM_GPU
+    # The bug itself is shown on the CPU, in the real interpreter: that is the index's level, not the
+    # GPU control's (a stronger level that says nothing of how the bug was shown).
+    assert pm.claims.headline_level == UPSTREAM_CPU and UPSTREAM_GPU in pm.claims.levels
     assert all(isinstance(level, Evidence) for level in levels.values())
 
 

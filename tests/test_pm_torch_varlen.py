@@ -38,7 +38,8 @@ def test_registered_with_a_conforming_notebook():
 def test_meta_dates_follow_the_issue_and_its_links():
     assert pm.META.reported == "2026-03-07"  # the issue's own date, not a later PR's
     dated = pm.META.timeline
-    assert dated[0].label.startswith("pytorch#176793") and dated[0].date == pm.META.reported
+    report = next(link for link in dated if link.label.startswith("pytorch#176793"))
+    assert report.date == pm.META.reported and report.url == pm.STATUS.reference
     assert {link.status for link in dated if "ValueError" in link.label or "resubmitted" in link.label} == {"closed, not merged"}
     assert pm.META.revised >= max(link.date for link in dated)
 
@@ -218,5 +219,5 @@ def test_gpu_claims_read_a_record_of_probes(probes_json):
     verdicts = gpu_claims.check(SimpleNamespace(gpu={"probes": probes}, gpu_damage={"probes": probes}))
     assert not [v.evidence for v in verdicts if v.evidence.startswith("check raised")]
     assert all(v.level.kind == "upstream-gpu" for v in verdicts) and len(host_reads) == 2
-    assert verdicts[0].claim.startswith("H200: the seed's code verbatim") and verdicts[0].holds
+    assert verdicts[0].claim.startswith("H200: the original report's code verbatim") and verdicts[0].holds
     assert [v.holds for v in verdicts if "CUDA-graph capture" in v.claim] == [True]

@@ -61,10 +61,26 @@ def test_the_scaffold_is_a_valid_postmortem_with_a_conforming_notebook(project):
         if cell.cell_type == "code":
             ast.parse(cell.source)
     # It shows what every post-mortem shows, through the toolkit: one table, one figure, the
-    # upstream status from META, the GPU records; and every claim carries its evidence level.
+    # upstream status from the status file, the GPU records; and every claim carries its evidence level.
     source = "\n".join(c.source for c in nb.cells)
-    for shown in ("pm.results_table(results)", "pm.error_figure(results)", "pm.META.upstream_markdown()", "gpu_records(pm.META)"):
+    shows = (
+        "pm.results_table(results)",
+        "pm.error_figure(results)",
+        "pm.META.upstream_markdown(pm.STATUS)",
+        "gpu_records(pm.META)",
+    )
+    for shown in shows:
         assert shown in source, shown
+    # Each figure cell says what its figure shows (the site's alt text).
+    figures = [
+        c for c in nb.cells if c.cell_type == "code" and ("figure(" in c.source or "explore(" in c.source or "norms(" in c.source)
+    ]
+    assert figures and all(len(c.metadata.get("wb-alt", "").split()) > 8 for c in figures)
+    # Its upstream status is an entry of the project's status file, added as "not checked".
+    assert (
+        pm.status.status == "not checked"
+        and (project.root / "data" / "upstream-status.toml").read_text().count("[my-bug-1]") == 1
+    )
     assert sorted(p.name for p in package_path.glob("*.py")) == ["__init__.py", "cases.py", "claims.py", "figures.py", "study.py"]
     module = "\n".join(p.read_text() for p in package_path.glob("*.py"))
     assert "table(" in module and "figure(" in module and module.count("evidence=") == len(pm.claims)

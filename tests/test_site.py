@@ -38,14 +38,15 @@ def test_pages_index_and_manifest(built_site):
         "oracle-variant.html",
         "plain-notes.html",
         "scaffold-demo.html",
+        "use.html",  # "Use the fixed kernel": every site has it, every page links it
     ]
     page = (out / "scaffold-demo.html").read_text()
     assert '<h1 class="wb-title">A scaffolded post-mortem</h1>' in page
-    assert 'class="wb-status wb-status-upstream-unaware"' in page and "2/2 claims hold" in page
-    # Upstream status and our verdict apart; the evidence badge names the strongest level (only our kernel here).
+    assert 'class="wb-status wb-status-not-checked">not checked</span>' in page and "2/2 claims hold" in page
+    # Upstream status and our verdict apart; the evidence badge names the headline claim's level (our kernel here).
     assert '<dt>Our verdict</dt><dd class="wb-our-verdict">scaffold: nothing of an upstream report verified yet</dd>' in page
-    assert '<span class="wb-evidence wb-evidence-ours"' in page and "strongest evidence: our fixed kernel, run here" in page
-    assert "header_markdown()" not in page, "the header cell is replaced by the page header"
+    assert '<span class="wb-evidence wb-evidence-ours"' in page and "bug shown by: our fixed kernel, run here" in page
+    assert "header_markdown(" not in page, "the header cell is replaced by the page header"
     assert "HOLDS" in page and "Not recorded yet." in page
     # Code folded behind a toggle, outputs visible; anchors on headings; lab CSS linked, not inlined.
     assert page.count('<details class="wb-code"') == page.count("jp-CodeCell") > 0
@@ -161,7 +162,7 @@ def test_for_site_drops_live_widgets_and_the_header_cell(scaffolded):
     ]
     shown = for_site(nb, pm)
     assert "widgets" not in shown.metadata and "widgets" in nb.metadata, "the executed notebook stays intact"
-    assert "header_markdown()" not in shown.cells[0].source
+    assert "header_markdown(" not in shown.cells[0].source
     assert [o.data for o in shown.cells[0].outputs] == [
         {"text/plain": "IntSlider(value=1)", "text/html": '<div class="wb-explorer">frames</div>'}
     ]
@@ -270,3 +271,37 @@ def test_kernel_env_puts_the_root_on_the_path_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = kernel_env(Path("."))["PYTHONPATH"].split(os.pathsep)[0]
     assert first == str(tmp_path.resolve())
+
+
+def test_the_index_gives_each_bug_the_level_its_headline_claim_shows_it_at(published_site):
+    """The evidence column says how the bug itself was shown (its headline claim), not the strongest
+    level any claim reached: the interpreter's bug is shown on the CPU although a GPU control ran, and
+    TE's by our replica although cuDNN ran on the H200."""
+    rows = {row["id"]: row for row in json.loads((published_site / "manifest.json").read_text())["postmortems"]}
+    for pm in Registry().postmortems():
+        assert rows[pm.id]["evidence_kind"] == pm.claims.headline_level.kind, pm.id
+    assert rows["triton-interpreter-bf16-dot"]["evidence_kind"] == "upstream-cpu"
+    assert rows["te-thd-2892"]["evidence_kind"] == "replica"
+
+
+def test_a_figure_carries_its_cells_description_and_a_bare_figure_is_found():
+    """The site gives each picture of a cell the `wb-alt` metadata of that cell (what the figure shows);
+    `undescribed_figures` counts the pictures a build refuses: no alt, an empty one, nbconvert's placeholder."""
+    from workbench.site import NO_ALT, undescribed_figures
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("plot()")
+    cell.metadata["wb-alt"] = 'Bar chart: "error" per tensor'
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}),
+        nbformat.v4.new_output("display_data", data={"text/html": '<div><img class="wb-explorer-img" src="x" alt=""></div>'}),
+    ]
+    nb.cells = [cell]
+    shown = for_site(nb, None).cells[0]
+    assert shown.outputs[0].metadata["image/png"]["alt"] == 'Bar chart: "error" per tensor'
+    assert shown.outputs[1].data["text/html"] == (
+        '<div><img alt="Bar chart: &quot;error&quot; per tensor" class="wb-explorer-img" src="x"></div>'
+    )
+    assert "wb-alt" not in nb.cells[0].outputs[0].get("metadata", {}), "the executed notebook stays intact"
+    bare = ['<img src="a">', '<img src="a" alt="">', f'<img src="a" alt="{NO_ALT}">', '<img alt="a chart of errors" src="a">']
+    assert undescribed_figures("".join(bare)) == 3

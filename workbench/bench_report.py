@@ -412,6 +412,30 @@ def format_targets(found: list[Target], fastest: list[Target] | None = None) -> 
     return "\n".join(lines)
 
 
+def targets_summary(found: list[Target], fastest: list[Target]) -> str:
+    """The verdict on the targets as Markdown, from the same two judgements `format_targets` prints
+    (medians, and the fastest calls): which hold, which a fastest call misses and by how much, and
+    which fail either way. Nothing in it is typed: a re-recorded run re-words it."""
+    on_fastest = {t.name: t for t in fastest}
+    held = [t for t in found if t.met]
+    missed = [on_fastest[t.name] for t in held if t.name in on_fastest and not on_fastest[t.name].met]
+    failing = [t for t in found if not t.met and not (t.name in on_fastest and on_fastest[t.name].met)]
+    lines = [f"**{len(held)} of {len(found)} targets hold on the medians:**", ""]
+    lines += [f"- {t.name}" for t in held]
+    if missed:
+        lines += ["", "**On the fastest calls the same hold but:**", ""]
+        lines += [
+            f"- {t.name}: {t.measured:.3f}, {abs(t.measured / t.bound - 1):.1%} short of its bound, on {t.worst_case}"
+            for t in missed
+        ]
+    else:
+        lines += ["", "They hold on the fastest calls too."]
+    if failing:
+        lines += ["", f"**The {len(failing)} others fail on their worst workload, on the medians and on the fastest calls:**", ""]
+        lines += [f"- {t.name}: {t.measured:.3f} on {t.worst_case}" for t in failing]
+    return "\n".join(lines)
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 

@@ -45,11 +45,11 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _meta_from_source(path: Path) -> dict[str, str] | None:
-    """`id`, `title` and `upstream_status` of the `META = Meta(...)` in a post-mortem's source
-    (the package `path`, whose cases.py holds META, or a one-file module `path`.py), read without
-    importing it (a post-mortem imports torch, Triton and matplotlib: seconds). None when they
-    are not plain string literals there; the caller then imports the module."""
+def _title_from_source(path: Path) -> str | None:
+    """The `title` of the `META = Meta(...)` in a post-mortem's source (the package `path`, whose
+    cases.py holds META, or a one-file module `path`.py), read without importing it (a post-mortem
+    imports torch, Triton and matplotlib: seconds). None when it is no plain string literal there;
+    the caller then imports the module."""
     import ast
 
     source = path / "cases.py" if path.is_dir() else path.with_suffix(".py")
@@ -63,32 +63,33 @@ def _meta_from_source(path: Path) -> dict[str, str] | None:
             and any(isinstance(t, ast.Name) and t.id == "META" for t in node.targets)
             and isinstance(node.value, ast.Call)
         ):
-            found = {
-                kw.arg: kw.value.value
-                for kw in node.value.keywords
-                if kw.arg and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
-            }
-            wanted = ("id", "title", "upstream_status")
-            return {k: found[k] for k in wanted} if all(k in found for k in wanted) else None
+            for kw in node.value.keywords:
+                if kw.arg == "title" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    return kw.value.value
     return None
 
 
 def _list(args: argparse.Namespace) -> int:
     """The verdict column is the one recorded by the last site build (running every post-mortem
     would take minutes); `workbench repro ID` checks one now. Modules are read, not imported,
-    so the listing is immediate; `repro` imports and validates one."""
+    and the upstream status comes from data/upstream-status.toml, so the listing is immediate;
+    `repro` imports and validates one."""
     from workbench.registry import Registry, module_name, read_manifest
+    from workbench.upstream_status import statuses
 
     registry = Registry()
     site = Path(args.site) if args.site else registry.root / "site" / "_build"
     built = {row["id"]: row["verdict"] for row in read_manifest(site).get("postmortems", [])}
-    rows = [("id", "status", "verdict (last build)", "title")]
+    upstream = statuses(registry.root)
+    rows = [("id", "upstream", "verdict (last build)", "title")]
     for postmortem_id in registry.ids():
-        meta = _meta_from_source(registry.package_dir / module_name(postmortem_id))
-        if meta is None or meta["id"] != postmortem_id:
+        title = _title_from_source(registry.package_dir / module_name(postmortem_id))
+        if title is None or postmortem_id not in upstream:
             pm = registry.get(postmortem_id)  # imports and validates: its error names the fix
-            meta = {"id": pm.id, "title": pm.meta.title, "upstream_status": pm.meta.upstream_status}
-        rows.append((meta["id"], meta["upstream_status"], built.get(meta["id"], "not built"), meta["title"]))
+            title, status = pm.meta.title, pm.status
+        else:
+            status = upstream[postmortem_id]
+        rows.append((postmortem_id, status.label, built.get(postmortem_id, "not built"), title))
     if len(rows) == 1:
         print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
         return 0

@@ -113,7 +113,8 @@ class Explorer:
         return (
             f'<div class="wb-explorer" data-frames="{len(frames)}" style="background:#fff;color:#1f2328;padding:0.5em;border-radius:4px">'
             + "".join(controls)
-            + f'<img class="wb-explorer-img" src="{first}" alt="explorer frame" style="max-width:100%">'
+            # alt: what the frames show, said by the notebook (the site fills it in from the cell's `wb-alt`)
+            + f'<img class="wb-explorer-img" src="{first}" alt="">'
             + f'<script type="application/json">{json.dumps(frames)}</script>'
             + f"<script>{script}</script></div>"
         )

@@ -3,7 +3,8 @@
 A post-mortem module defines
 
 * `META = Meta(...)`: the single source of the page header, the upstream-status timeline and
-  the site's index row;
+  the site's index row; beside it `STATUS = finding_status(META.id, __file__)`, its entry of
+  data/upstream-status.toml (`workbench.upstream_status`), where upstream stands;
 * `CASES`: the `workbench.Case`s it studies;
 * `reproduce(device=None) -> Results`: runs the study and returns a `Results` dataclass;
 * `claims = Claims()`: checkable statements about those results, each registered with the
@@ -30,8 +31,8 @@ from typing import Any
 
 from workbench.records import jsonable, load_records
 from workbench.tables import fixed_width
+from workbench.upstream_status import UpstreamStatus
 
-STATUSES = ("open", "fixed", "partially fixed", "closed (not fixed)", "withdrawn", "not a bug", "upstream unaware")
 CATEGORIES = ("training bug", "tooling bug")
 # The reader block: the first sections of every post-mortem notebook, in this order, before any
 # mechanism or code of ours. `workbench new` scaffolds them and the registry checks them.
@@ -108,12 +109,6 @@ def source_at(ref: str) -> Evidence:
     return Evidence("source", ref)
 
 
-def strongest(levels: Iterable[Evidence]) -> Evidence | None:
-    """The strongest evidence about upstream among `levels` (None when only our kernel was run)."""
-    upstream = [e for e in levels if e.about_upstream]
-    return min(upstream, key=lambda e: e.rank) if upstream else None
-
-
 # -- metadata -------------------------------------------------------------------------------------
 
 
@@ -155,8 +150,9 @@ class Link:
 class Meta:
     """A post-mortem's identity card: the page header, the upstream timeline, the index row.
 
-    Upstream's status (`upstream_status`, `status_note`) is kept apart from ours
-    (`our_verdict`): "open upstream" and "the report's claim is wrong" are different facts.
+    Upstream's status lives apart, in data/upstream-status.toml (`workbench.upstream_status`: the
+    module's `STATUS`), and is kept apart from ours (`our_verdict`): "open upstream" and "the
+    report's claim is wrong" are different facts.
     """
 
     id: str
@@ -166,22 +162,17 @@ class Meta:
     # One line for the index: what breaks and how badly. Each {figure} in it is filled in by the
     # module's impact_figures() from the committed records (a figure is never typed).
     impact: str
-    upstream_status: str  # one of STATUSES, detailed in `status_note`
-    status_note: str
     our_verdict: str  # what we verified of the report, e.g. "mechanism confirmed; the proposed fix is wrong"
     detection: str  # how the bug shows itself to a user
     fix_type: str  # what kind of fix upstream tried and what we propose
     tags: tuple[str, ...]
-    reported: str  # ISO date of the upstream report itself (`report`); without one, the date we found the bug
+    reported: str  # ISO date of the upstream report itself (the status's reference); without one, the date we found the bug
     published: str  # ISO date this post-mortem first appeared
     revised: str = ""  # ISO date of its last factual revision
     links: tuple[Link, ...] = ()
-    seed: str = ""  # file name of the seed claim in shared/seeds, if any
-    report: str = ""  # url of the upstream report (one of `links`); empty: nobody reported it upstream
+    seed: str = ""  # file name of the original report's text in shared/seeds, if any (never shown on a page)
 
     def __post_init__(self) -> None:
-        if self.upstream_status not in STATUSES:
-            raise ValueError(f"Meta.upstream_status = {self.upstream_status!r} must be one of {STATUSES}.")
         if self.category not in CATEGORIES:
             raise ValueError(f"Meta.category = {self.category!r} must be one of {CATEGORIES}.")
         if not re.fullmatch(r"[a-z][a-z0-9-]*", self.id or ""):
@@ -192,10 +183,6 @@ class Meta:
             raise ValueError(
                 f"Meta dates out of order: reported {self.reported}, published {self.published}, revised {self.revised}."
             )
-        if self.report and self.report not in {link.url for link in self.links}:
-            raise ValueError(f"Meta.report = {self.report!r} must be the url of one of Meta.links (the report's own link).")
-        if self.report and self.upstream_status == "upstream unaware":
-            raise ValueError("Meta: upstream_status 'upstream unaware' with a report; give the status the report got.")
         for link in self.links:
             if link.date and _iso(link.date, "link date") > latest:
                 raise ValueError(
@@ -208,21 +195,32 @@ class Meta:
         """The dated links, oldest first: the upstream-status section's rows."""
         return sorted((link for link in self.links if link.date), key=lambda link: link.date)
 
-    def origin(self) -> tuple[str, Link | None]:
+    def check_status(self, status: UpstreamStatus) -> None:
+        """Raises ValueError unless `status` is this post-mortem's and its reference is one of the links."""
+        if status.finding != self.id:
+            raise ValueError(f"Meta {self.id!r} was given the upstream status of {status.finding!r}.")
+        if status.reference and status.reference not in {link.url for link in self.links}:
+            raise ValueError(
+                f"the upstream status of {self.id!r} names reference {status.reference!r}, which is none of META's links: "
+                "add the report as a link (the header links it)."
+            )
+
+    def origin(self, status: UpstreamStatus) -> tuple[str, Link | None]:
         """How the bug came to light, for the header: ("reported <date> in", the report's link), or
-        ("found by our audit, <date>", None) where nobody reported it upstream. "Reported" comes
-        with its link only (a scaffold that names no report yet says "reported <date>")."""
-        report = next((link for link in self.links if link.url == self.report), None)
+        ("found by our audit, <date>", None) where no upstream report was found ("reported <date>"
+        while the trackers are not searched yet: a scaffold)."""
+        self.check_status(status)
+        report = next((link for link in self.links if link.url == status.reference), None)
         if report is not None:
             return f"reported {self.reported} in", report
-        if self.upstream_status == "upstream unaware":
+        if status.status == "none found":
             return f"found by our audit, {self.reported}", None
         return f"reported {self.reported}", None
 
-    def header_markdown(self) -> str:
-        """The notebook's header cell (the site renders the same facts from META)."""
+    def header_markdown(self, status: UpstreamStatus) -> str:
+        """The notebook's header cell (the site renders the same facts from META and the status)."""
         revised = f" · revised {self.revised}" if self.revised else ""
-        text, report = self.origin()
+        text, report = self.origin(status)
         origin = text[0].upper() + text[1:] + (f" [{report.name}]({report.url})" if report else "")
         return "\n".join(
             [
@@ -230,16 +228,17 @@ class Meta:
                 "",
                 f"**{self.id}** · {self.component} · {self.category}",
                 "",
-                f"Upstream: **{self.upstream_status}** ({self.status_note}) · Our verdict: **{self.our_verdict}**",
+                f"Upstream: **{status.label}** ({status.note}) · Our verdict: **{self.our_verdict}**",
                 "",
                 f"{origin} · Published {self.published}{revised} · Tags: {', '.join(self.tags)}",
             ]
         )
 
-    def upstream_markdown(self) -> str:
-        """The 'Upstream status' section: the status, then every dated event with its link."""
+    def upstream_markdown(self, status: UpstreamStatus) -> str:
+        """The 'Upstream status' section: the status (dated), then every dated event with its link."""
+        self.check_status(status)
         lines = [
-            f"**Upstream status: {self.upstream_status}.** {self.status_note}",
+            f"**Upstream status: {status.label}** (checked {status.checked}). {status.note}",
             "",
             f"**Our verdict** (kept apart from upstream's): {self.our_verdict}.",
         ]
@@ -249,7 +248,7 @@ class Meta:
         else:
             lines += [
                 "",
-                "No upstream issue, pull request or fix yet (the status above says when the tracker was last searched).",
+                "No upstream issue, pull request or fix yet (the status above says when the trackers were last searched).",
             ]
         undated = [link for link in self.links if not link.date]
         if undated:
@@ -417,13 +416,20 @@ def _evaluate(statement: str, level: Evidence, check: Callable[[Any], tuple[bool
 
 @dataclass
 class Claims:
-    """An ordered set of named claims about a post-mortem's results, each with its evidence level."""
+    """An ordered set of named claims about a post-mortem's results, each with its evidence level.
+
+    One claim is the headline (`headline=True`): the bug itself, as shown; its evidence level is the
+    one the index gives the post-mortem (a GPU control or our kernel's run says nothing of how the
+    bug was shown)."""
 
     _checks: list[tuple[str, Evidence, Callable[[Any], tuple[bool, str]]]] = field(default_factory=list)
+    headline: str = ""  # the statement of the headline claim
 
-    def __call__(self, statement: str, *, evidence: Evidence) -> Callable:
+    def __call__(self, statement: str, *, evidence: Evidence, headline: bool = False) -> Callable:
         if any(statement == s for s, _, _ in self._checks):
             raise ValueError(f"claim {statement!r} is registered twice.")
+        if headline and self.headline:
+            raise ValueError(f"claims {self.headline!r} and {statement!r} are both the headline; keep one.")
         if not isinstance(evidence, Evidence):
             raise TypeError(
                 f"claim {statement!r}: evidence must be a workbench.postmortem.Evidence (UPSTREAM_GPU, UPSTREAM_CPU, "
@@ -432,6 +438,8 @@ class Claims:
 
         def register(check: Callable[[Any], tuple[bool, str]]) -> Callable[[Any], tuple[bool, str]]:
             self._checks.append((statement, evidence, check))
+            if headline:
+                self.headline = statement
             return check
 
         return register
@@ -446,6 +454,11 @@ class Claims:
     @property
     def levels(self) -> list[Evidence]:
         return [e for _, e, _ in self._checks]
+
+    @property
+    def headline_level(self) -> Evidence:
+        """The evidence that showed the bug itself: the headline claim's level."""
+        return next(e for s, e, _ in self._checks if s == self.headline)
 
     def check(self, results: Any, starting: Callable[[int, str], None] | None = None) -> list[ClaimVerdict]:
         """Evaluates every claim; a check that raises is a claim that does not hold. `starting(i,

@@ -16,7 +16,8 @@ never types a number the records could contradict.
 Notebook conventions, checked by `check_notebook` so that a broken convention fails CI:
 
 * the first cell is a code cell tagged `wb-header` that imports the post-mortem module and
-  displays `META.header_markdown()` (the site replaces it with a header rendered from META);
+  displays `META.header_markdown(STATUS)` (the site replaces it with a header rendered from META
+  and the upstream status);
 * the reader block comes first: its level-2 headings start with `READER_SECTIONS` in order
   (TL;DR, Who is affected, Check your run, Workarounds, Upstream status);
 * the last code cell calls `.claims.report(...)` and is marked for nbval (`# NBVAL_CHECK_OUTPUT`
@@ -30,6 +31,7 @@ imports this module (no import cycle).
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import inspect
 import json
@@ -46,6 +48,7 @@ from typing import Any
 
 from workbench.errors import RegistryError
 from workbench.scaffold import render_notebook, render_package
+from workbench.upstream_status import STATUS_FILE, scaffold_entry, statuses
 from workbench.usercode import UserModuleError, import_user_module
 
 PACKAGE = "postmortems"
@@ -93,6 +96,10 @@ class PostMortem:
         return self.module.claims
 
     @property
+    def status(self):  # workbench.upstream_status.UpstreamStatus: where upstream stands
+        return self.module.STATUS
+
+    @property
     def impact(self) -> str:
         """META.impact with its {figures} filled in by the module's `impact_figures()`, which
         computes them from the committed records: an index figure is never typed."""
@@ -117,9 +124,10 @@ def impact_fields(impact: str) -> list[str]:
 
 def validate_module(module: ModuleType) -> None:
     """Raises `RegistryError` naming the module, the attribute and the fix when a post-mortem
-    module lacks META, CASES, reproduce(device=...) or claims."""
+    module lacks META, STATUS, CASES, reproduce(device=...) or claims."""
     from workbench.layout import Case
     from workbench.postmortem import Claims, Meta
+    from workbench.upstream_status import UpstreamStatus
 
     where = f"post-mortem module {module.__name__} ({getattr(module, '__file__', '?')})"
     meta = getattr(module, "META", None)
@@ -131,6 +139,16 @@ def validate_module(module: ModuleType) -> None:
             f"{where}: META.id = {meta.id!r} belongs in module {module_name(meta.id)!r}; rename the "
             f"file to {module_name(meta.id)}.py or set META.id = {postmortem_id(short)!r}."
         )
+    status = getattr(module, "STATUS", None)
+    if not isinstance(status, UpstreamStatus):
+        raise RegistryError(
+            f"{where}: STATUS must be its entry of data/upstream-status.toml: "
+            "STATUS = workbench.upstream_status.finding_status(META.id, __file__) in cases.py, exported."
+        )
+    try:
+        meta.check_status(status)
+    except ValueError as exc:
+        raise RegistryError(f"{where}: {exc}") from None
     cases = getattr(module, "CASES", None)
     if not isinstance(cases, Sequence) or not cases or not all(isinstance(c, Case) for c in cases):
         raise RegistryError(f"{where}: CASES must be a non-empty tuple of workbench.Case (the cases the post-mortem studies).")
@@ -140,6 +158,11 @@ def validate_module(module: ModuleType) -> None:
     claims = getattr(module, "claims", None)
     if not isinstance(claims, Claims) or not len(claims):
         raise RegistryError(f"{where}: claims must be a workbench.postmortem.Claims with at least one registered claim.")
+    if not claims.headline:
+        raise RegistryError(
+            f"{where}: mark the claim that shows the bug itself with @claims(..., headline=True): its evidence level is "
+            "the one the index gives the post-mortem."
+        )
     if impact_fields(meta.impact) and not callable(getattr(module, "impact_figures", None)):
         raise RegistryError(
             f"{where}: META.impact names {impact_fields(meta.impact)}; define impact_figures() returning each, "
@@ -169,11 +192,11 @@ def check_notebook(pm: PostMortem, nb=None) -> None:
         or first.cell_type != "code"
         or HEADER_TAG not in first.metadata.get("tags", [])
         or pm.name not in _source(first)
-        or "header_markdown()" not in _source(first)
+        or "header_markdown(" not in _source(first)
     ):
         raise RegistryError(
             f"{pm.notebook}: the first cell must be a code cell tagged {HEADER_TAG!r} that imports "
-            f"postmortems.{pm.name} and displays META.header_markdown() (see workbench/templates/notebook.tmpl)."
+            f"postmortems.{pm.name} and displays META.header_markdown(STATUS) (see workbench/templates/notebook.tmpl)."
         )
     problems = reader_block_problems(nb)
     if problems:
@@ -307,6 +330,12 @@ class Registry:
                 raise RegistryError(f"{path} already exists; pick another id or edit the existing post-mortem.")
         if not title.strip() or "\n" in title:
             raise RegistryError(f"title {title!r} must be one non-empty line; give it in quotes.")
+        status_file = self.root / STATUS_FILE
+        status_before = status_file.read_text() if status_file.exists() else None
+        if postmortem_id in statuses(self.root):
+            raise RegistryError(f"{status_file} already has an entry [{postmortem_id}]; pick another id or remove it.")
+        status_file.parent.mkdir(parents=True, exist_ok=True)
+        status_file.write_text((status_before or "") + scaffold_entry(postmortem_id, datetime.date.today().isoformat()))
         package_path.mkdir()
         for file_name, text in render_package(postmortem_id, name, title.strip(), self.package).items():
             (package_path / file_name).write_text(text)
@@ -316,6 +345,10 @@ class Registry:
             validate_module(importlib.import_module(f"{self.package}.{name}"))
         except Exception:
             shutil.rmtree(package_path)
+            if status_before is None:
+                status_file.unlink()
+            else:
+                status_file.write_text(status_before)
             forget_modules(f"{self.package}.{name}")
             raise
         self.notebooks_dir.mkdir(exist_ok=True)

@@ -12,7 +12,8 @@ from pathlib import Path
 from string import Template
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-_MARKER = re.compile(r"^# %%(?P<markdown> \[markdown\])?(?: tags=(?P<tags>[\w,-]+))?\s*$")
+_MARKER = re.compile(r"^# %%(?P<markdown> \[markdown\])?(?: tags=(?P<tags>[\w,-]+))?(?: alt=(?P<alt>.+?))?\s*$")
+ALT_KEY = "wb-alt"  # cell metadata: what the cell's figures show, the alt text the site gives them
 
 
 def _fields(postmortem_id: str, module: str, package: str) -> dict[str, str]:
@@ -46,10 +47,12 @@ def render_package(postmortem_id: str, module: str, title: str, package: str) ->
 
 
 def parse_cells(text: str) -> list:
-    """Cells of a percent-format template: `# %%` / `# %% [markdown]`, optional ` tags=a,b`."""
+    """Cells of a percent-format template: `# %%` / `# %% [markdown]`, optional ` tags=a,b`, then
+    optional ` alt=<what the cell's figure shows>` (to the end of the line)."""
     cells: list = []
     kind: str | None = None
     tags: list[str] = []
+    alt: str | None = None
     lines: list[str] = []
 
     def close():
@@ -61,6 +64,8 @@ def parse_cells(text: str) -> list:
             cell = make(source)
             if tags:
                 cell.metadata["tags"] = tags
+            if alt:
+                cell.metadata[ALT_KEY] = alt
             cells.append(cell)
 
     for line in text.splitlines():
@@ -69,6 +74,7 @@ def parse_cells(text: str) -> list:
             close()
             kind = "markdown" if match["markdown"] else "code"
             tags = match["tags"].split(",") if match["tags"] else []
+            alt = match["alt"]
             lines = []
         else:
             lines.append(line)

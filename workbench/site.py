@@ -4,8 +4,8 @@
 kernel per notebook, on the default device: the Triton interpreter without a GPU), renders it
 with nbconvert and the templates under site/templates/, and writes site/_build/:
 
-* `<id>.html` for each post-mortem: a header rendered from META (upstream status apart from
-  our verdict, a badge with the strongest evidence level its claims reached, fix type), the
+* `<id>.html` for each post-mortem: a header rendered from META and its upstream status (kept
+  apart from our verdict, a badge with the evidence level of its headline claim, fix type), the
   executed notebook (its header cell dropped: the page header replaces it; code inputs folded
   behind a toggle, outputs visible; headings with anchors), the static explorer frames, and a
   provenance footer;
@@ -50,9 +50,11 @@ from workbench.execute import describe_error, execute_all, first_error
 from workbench.pasteblocks import TAG as _TAG
 from workbench.postmortem import READER_SECTIONS, Evidence
 from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
+from workbench.scaffold import ALT_KEY
 
 SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+NO_ALT = "No description has been provided for this image"  # what nbconvert writes where a figure has none
 # A request the page would make by itself (not a link a reader may follow).
 _EXTERNAL = re.compile(
     r"""<(?:script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*["']?((?:https?:)?//[^"'\s>]+)"""
@@ -86,18 +88,19 @@ class Page:
     description: str = ""
 
     def row(self) -> dict[str, Any]:
-        from workbench.postmortem import overall_verdict, strongest
+        from workbench.postmortem import overall_verdict
 
         if self.postmortem is None:
             raise ValueError(f"{self.file} is a plain notebook: it has no index row.")
-        meta = self.postmortem.meta
-        best = strongest(v.level for v in self.verdicts)
+        meta, status = self.postmortem.meta, self.postmortem.status
+        headline = next(v.level for v in self.verdicts if v.claim == self.postmortem.claims.headline)
         return {
             "id": meta.id,
             "title": meta.title,
             "component": meta.component,
-            "status": meta.upstream_status,
-            "status_note": meta.status_note,
+            "status": status.label,
+            "status_class": status.css_class,
+            "status_note": status.sentence(),
             "fix_type": meta.fix_type,
             "tags": list(meta.tags),
             "page": self.file,
@@ -105,9 +108,10 @@ class Page:
             "category": meta.category,
             "impact": self.postmortem.impact,
             "our_verdict": meta.our_verdict,
-            # The strongest evidence about upstream that a claim reached ("ours": only our kernel was run).
-            "evidence": best.label if best else Evidence("ours").label,
-            "evidence_kind": best.kind if best else "ours",
+            # The level at which the bug itself was shown: its headline claim's (a control claim's
+            # stronger level, or our kernel's run, says nothing of how the bug was shown).
+            "evidence": headline.label,
+            "evidence_kind": headline.kind,
             "levels": [level.short for level in _distinct(v.level for v in self.verdicts)],
             "all_hold": all(v.holds for v in self.verdicts),
         }
@@ -152,11 +156,6 @@ def describe(nb, limit: int = 280) -> tuple[str, str]:
     return title, kept
 
 
-def status_class(status: str) -> str:
-    """CSS class of a status badge ('partially fixed' -> 'wb-status-partially-fixed')."""
-    return "wb-status-" + re.sub(r"[^a-z]+", "-", status.lower()).strip("-")
-
-
 def for_site(nb, postmortem: PostMortem | None) -> Any:
     """The executed notebook as the site shows it.
 
@@ -181,7 +180,41 @@ def for_site(nb, postmortem: PostMortem | None) -> Any:
         if cell.cell_type == "code":
             cell.outputs = outputs
             cell.source = _TEST_MARKER.sub("", cell.source).lstrip("\n")
+            _describe_figures(cell)
     return nb
+
+
+_IMG = re.compile(r"<img\b[^>]*>", re.IGNORECASE)
+_ALT = re.compile(r"""\salt\s*=\s*(?:"[^"]*"|'[^']*')""", re.IGNORECASE)
+_ALT_VALUE = re.compile(r'\salt\s*=\s*"([^"]*)"', re.IGNORECASE)
+IMAGE_TYPES = ("image/png", "image/jpeg")
+
+
+def _describe_figures(cell) -> None:
+    """Gives every figure of `cell` the description its metadata `wb-alt` holds (what the figure
+    shows, written in the notebook): as the alt of a PNG output (the template reads it) and of the
+    pictures in an HTML output (an explorer's frames)."""
+    alt = cell.metadata.get(ALT_KEY)
+    if not alt:
+        return
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        for kind in IMAGE_TYPES:
+            if kind in data:
+                output.setdefault("metadata", {}).setdefault(kind, {})["alt"] = alt
+        if "text/html" in data:
+            data["text/html"] = _IMG.sub(lambda m: _with_alt(m.group(0), alt), data["text/html"])
+
+
+def _with_alt(tag: str, alt: str) -> str:
+    """An `<img ...>` tag with `alt` as its only alt attribute."""
+    return _ALT.sub("", tag).replace("<img", f'<img alt="{html.escape(alt, quote=True)}"', 1)
+
+
+def undescribed_figures(text: str) -> int:
+    """The pictures of a rendered page with no description (no alt, or nbconvert's placeholder)."""
+    alts = [_ALT_VALUE.search(tag) for tag in _IMG.findall(text)]
+    return sum(1 for m in alts if m is None or not m.group(1).strip() or m.group(1) == NO_ALT)
 
 
 # nbval's markers (`# NBVAL_CHECK_OUTPUT`) and comments about nbval steer the test run, not the reader.
@@ -234,10 +267,10 @@ def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> s
         "inlining": {"css": []},  # the highlighting CSS is in static/lab.css (EXPORTER_CONFIG turns its preprocessor off)
         "wb": {
             "meta": page.postmortem.meta if page.postmortem else None,
+            "status": page.postmortem.status if page.postmortem else None,
             "row": page.row() if page.postmortem else None,
             "verdicts": page.verdicts,
             "levels": _distinct(v.level for v in page.verdicts),
-            "status_class": status_class(page.postmortem.meta.upstream_status) if page.postmortem else "",
             "provenance": provenance,
         },
     }
@@ -279,17 +312,44 @@ def page_problems(text: str) -> list[str]:
     return problems
 
 
-def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
+USE_PAGE = "use.html"  # "Use the fixed kernel", linked from every page
+
+
+def _jinja(site_dir: Path):
     import jinja2
 
-    env = jinja2.Environment(
+    return jinja2.Environment(
         # postmortem/ holds the macros the notebook pages share (the provenance footer).
         loader=jinja2.FileSystemLoader([site_dir / "templates", site_dir / "templates" / "postmortem"]),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
-    env.filters["status_class"] = status_class
+
+
+def render_use(provenance: dict[str, str], site_dir: Path) -> str:
+    """The "Use the fixed kernel" page: every fact from `workbench.usage`, read now."""
+    from kernels.hf import NAME
+    from workbench import usage
+
+    dist = usage.distribution()
+    return (
+        _jinja(site_dir)
+        .get_template("use.html.j2")
+        .render(
+            dist=dist,
+            extras=usage.user_extras(dist),
+            range=usage.supported(),
+            hf_name=NAME,
+            hf_distribution=usage.HF_DISTRIBUTION,
+            clash=usage.name_clash(),
+            provenance=provenance,
+        )
+    )
+
+
+def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
+    env = _jinja(site_dir)
     rows = [p.row() for p in pages if p.postmortem]
     tags = sorted({t for r in rows for t in r["tags"]})
     others = [p for p in pages if not p.postmortem]
@@ -334,9 +394,11 @@ def build(
     notebooks = registry.notebooks()
     if not notebooks:
         raise BuildError(f"no notebooks under {registry.notebooks_dir}; `workbench new <id> <title>` starts one.")
-    for _path, pm in notebooks:
+    for path, pm in notebooks:
         if pm is not None:
             check_notebook(pm)
+        if f"{path.stem}.html" in ("index.html", USE_PAGE):
+            raise BuildError(f"{path} would render over the site's own {path.stem}.html; rename the notebook.")
 
     stamp = provenance()
     if execute_notebooks:
@@ -377,10 +439,16 @@ def build(
         for page in pages:
             text = render_page(for_site(executed[page.source], page.postmortem), page, stamp, site_dir)
             problems = page_problems(text) if page.postmortem else []
+            if undescribed_figures(text):
+                problems.append(
+                    f"{undescribed_figures(text)} figure(s) without a description: give each figure cell the metadata "
+                    f"{ALT_KEY!r}, what its figure shows (the alt text)"
+                )
             if problems:
                 raise BuildError(f"site not built; {page.file} ({page.source}): " + "; ".join(problems))
             _write_checked(staging / page.file, text)
         _write_checked(staging / "index.html", render_index(pages, stamp, site_dir))
+        _write_checked(staging / USE_PAGE, render_use(stamp, site_dir))
         manifest = {
             "postmortems": [p.row() for p in pages if p.postmortem],
             "notebooks": [p.file for p in pages if not p.postmortem],

@@ -26,7 +26,7 @@ Two compile-time switches replay two answers:
   is -inf. A row with no visible key then has output 0, lse -inf and gradient 0. (No flash-dmattn
   release has a guard; a later, undated version of the successor repository guards the lse it
   subtracts instead: HKUSTDial/flash-sparse-attention@0b8d052, read, not run.)
-* `patch` — a working equivalent of the Copilot PR in the seed: `zeros_like` dk/dv buffers and
+* `patch` — a working equivalent of Copilot's PR #122 for #121 (commit 9969738, not merged): `zeros_like` dk/dv buffers and
   `tl.where(isfinite(x), x, 0.0)` on the loaded dO, on each dv/dk accumulation delta and on the
   final dk/dv store. `tl.isfinite` does not exist in Triton (the PR as written cannot compile);
   `_finite_or_zero` spells it with operations that do.

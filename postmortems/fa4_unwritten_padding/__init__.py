@@ -13,7 +13,7 @@ workaround on the CPU with the replica of the same mechanism (kernels/replicas/t
     claims.py   the claims, each with its evidence
 """
 
-from postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, TAIL, TAIL_NAN
+from postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, STATUS, TAIL, TAIL_NAN
 from postmortems.fa4_unwritten_padding.claims import claims
 from postmortems.fa4_unwritten_padding.figures import audit_table, layer_norm_table, probe_table
 from postmortems.fa4_unwritten_padding.study import (
@@ -28,6 +28,7 @@ __all__ = [
     "CASES",
     "CHECKS",
     "META",
+    "STATUS",
     "TAIL",
     "TAIL_NAN",
     "Fa4PaddingResults",

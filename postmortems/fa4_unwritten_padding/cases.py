@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from workbench import Case, Fill
 from workbench.postmortem import Link, Meta
+from workbench.upstream_status import finding_status
 
 FA = "https://github.com/Dao-AILab/flash-attention"
 
@@ -15,10 +16,6 @@ META = Meta(
     impact="rows past cu_seqlens[-1] (TAIL) and past seqused inside a slot (GAP) keep whatever memory held in out, dq, "
     "dk and dv; through the QKV projection they reach the weight gradients: a real training step gets NaN or silently "
     "wrong gradients",
-    upstream_status="upstream unaware",
-    status_note="no FA4 report of unwritten TAIL rows found in the trackers, searched 2026-12-01; for FA4's seqused "
-    "region PR #2167 (2026-01) notes that the kernel stores no zero there; for FA2/FA3, issue #1228 (open) and PR "
-    "#2324 (closed) report the same torch.empty gradients",
     our_verdict="found by our audit on an H200 (flash-attn-4 4.0.0b36, torch 2.11.0+cu130) and confirmed by a real "
     "transformers training step there; the mechanism (torch.empty, rows no program covers) reproduced on the CPU with "
     "our replica; source read in the 4.0.0b36 wheel",
@@ -29,6 +26,7 @@ META = Meta(
     tags=("FlashAttention-4", "uninitialised memory", "TAIL rows", "GAP rows", "NaN gradients", "audit finding"),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fa4.json); no upstream report
     published="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "flash-attention#1228: padding rows past cu_seqlens[-1] uninitialised, NaN/inf forward and backward (FA2)",
@@ -59,8 +57,17 @@ META = Meta(
             "PR",
             "closed",
         ),
+        Link(
+            "flash-attention#2562: FA4 varlen padded with zero-length sequences (cu_seqlens_q=[0, 0, ...]); the hdim-256 "
+            "backward crashed on it",
+            f"{FA}/issues/2562",
+            "2026-05-13",
+            "issue",
+            "closed: PR #2568 (merged 2026-05-16, 8a8b2f1) writes zero for zero-length sequences in the hdim-256 kernels",
+        ),
     ),
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # The audit's tail-rows layout (q=[5, 3], 4 TAIL query rows, 3 TAIL key rows), at a head dim and
 # dtype the CPU replica runs quickly; garbage padding as the audit had it.

@@ -31,6 +31,7 @@ def _regions(evidence: str) -> dict[str, set[str]]:
     "only through padding rows: out, dq, dk and dv are non-finite on TAIL and GAP rows, never on REAL rows, while "
     "every accuracy check on REAL rows passes",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _audit(r: Fa4PaddingResults):
     checks = recorded_checks(r)
@@ -79,7 +80,8 @@ def _norms(r: Fa4PaddingResults):
 
 
 @claims(
-    "Upstream source (tag fa4-v4.0.0.beta27): out comes from torch.empty and dq, dk, dv from torch.empty_like, "
+    "Upstream source (the 4.0.0b36 wheel that ran on the H200, and the repository at tag fa4-v4.0.0.beta27): "
+    "out comes from torch.empty and dq, dk, dv from torch.empty_like, "
     "zeroed only when q or k has no row at all; the replica studied here allocates the four the same way",
     evidence=source_at(FA4_SOURCE),
 )

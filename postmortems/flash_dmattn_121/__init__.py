@@ -23,11 +23,13 @@ from postmortems.flash_dmattn_121.cases import (
     PADDED,
     REPLICA_CASES,
     SEED,
+    STATUS,
     TRAIN_SEQLEN,
     TRAIN_VARIANTS,
     UPSTREAM_CASES,
     UPSTREAM_TENSORS,
     MaskCase,
+    shown_name,
 )
 from postmortems.flash_dmattn_121.claims import claims, patch_error_ratios
 from postmortems.flash_dmattn_121.figures import (
@@ -80,6 +82,8 @@ __all__ = [
     "GPU_SEEDS",
     "GRADS",
     "META",
+    "shown_name",
+    "STATUS",
     "MaskCase",
     "PADDED",
     "REPLICA_CASES",

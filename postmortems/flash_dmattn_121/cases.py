@@ -12,6 +12,7 @@ from workbench.postmortem import (
     Link,
     Meta,
 )
+from workbench.upstream_status import finding_status
 
 META = Meta(
     id="flash-dmattn-121",
@@ -19,11 +20,6 @@ META = Meta(
     component="flash-dmattn 1.2.2 (now flash-sparse-attn) / Triton backend",
     category="training bug",
     impact="flash-dmattn 1.2.2 Triton: a length not a multiple of 64, or a row seeing none of keys 0-63 (left padding + causal), NaN-fills dK and dV",
-    upstream_status="closed (not fixed)",
-    status_note=(
-        "#121 is closed; the last flash-dmattn release (1.2.2) still NaN-fills dK/dV in its Triton backend at lengths off 64 "
-        "and for fully masked rows; flash-sparse-attn 2.x dropped the boolean-mask API; no fix was merged"
-    ),
     our_verdict=(
         "the report's symptom is reproduced on the released Triton backend at lengths not a multiple of 64 (with dK NaN too), "
         "not on its own configuration (256); fully masked rows give a second NaN; the proposed patch cannot compile and, "
@@ -33,23 +29,36 @@ META = Meta(
     fix_type="proposed: zeros_like + isfinite masking (cannot compile, hides NaN); workarounds: pad lengths to a multiple of 64, pad on the right or let padding rows see themselves",
     tags=("attention mask", "padding", "ragged length", "NaN", "unsound fix"),
     reported="2025-08-24",
-    report="https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "flash-sparse-attention#121",
             "https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
             date="2025-08-24",
             kind="issue",
-            status="closed; filed against the CUDA backend",
+            status="closed; its minimal snippet calls triton_dmattn_func, the Triton backend",
         ),
         Link(
-            "flash-sparse-attention#136 (tensor sanitization)",
+            "flash-sparse-attention#122 (Copilot's fix for #121, branch copilot/fix-121, commit 9969738)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/pull/122",
+            date="2025-08-24",
+            kind="PR",
+            status="not merged: tl.where(tl.isfinite(dv), dv, 0.0) and zeros_like for dk/dv; not on main",
+        ),
+        Link(
+            "flash-sparse-attention#136 (tensor sanitization, ce22f2d)",
             "https://github.com/HKUSTDial/flash-sparse-attention/pull/136",
             date="2025-08-29",
             kind="PR",
-            status="open, not merged: a nan_to_num helper",
+            status="merged: nan_to_num of out and gradients in the CUDA interface",
+        ),
+        Link(
+            "071ab90: 'Disables tensor sanitization in attention ops'",
+            "https://github.com/SmallDoges/flash-dmattn/commit/071ab90f1c8f2ca884a68bc8a6dc7b8887cd2c97",
+            date="2025-10-26",
+            kind="commit",
+            status="#136's sanitization commented out, before 1.2.2",
         ),
         Link(
             "flash-sparse-attention#185 (varlen with mask and bias)",
@@ -80,6 +89,7 @@ META = Meta(
     ),
     seed="001_90a18acb6ed00fca.txt",
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 VARIANTS = {"replica": {}, "patch": {"patch": True}, "guard": {"guard": True}}
 
@@ -190,20 +200,38 @@ class MaskCase:
         return visible.any(-1)[:, 0] & ~self.padding_rows()
 
 
-# The seed's configuration: 1 x 256 x 1 x 64, causal, bf16, no mask, torch.manual_seed(42).
-SEED = MaskCase("seed config (no mask)", "none", seqlen=256, head_dim=64, causal=True, seed=42)
+# The original report's configuration: 1 x 256 x 1 x 64, causal, bf16, no mask, torch.manual_seed(42).
+SEED = MaskCase("the report's config (no mask)", "none", seqlen=256, head_dim=64, causal=True, seed=42)
 
 UPSTREAM_TENSORS = ("out", "dq", "dk", "dv")  # 1.2.2's triton_dmattn_func returns no lse
 
-# The upstream kernel's cases (dtype set per device by `upstream_cases`): the seed's configuration, the
+# The upstream kernel's cases (dtype set per device by `upstream_cases`): the original report's configuration, the
 # same at a length that is not a multiple of 64 and an unmasked ragged batch, fully masked rows, a fully masked leading block, and a left-padded causal batch (HF's 4-D padding
 # mask), without and with a loss mask, then the two workarounds: pad on the right, or let each
 # padding query row see itself.
 _PAD = dict(amount=40, batch=2, causal=True)
 
+# The H200 record (data/gpu/flash-dmattn-121-h200.json, 2026-12-01) names the original report's two
+# configurations as they were named when it was made; `recorded` reads an entry of it by either name.
+RECORDED_AS = {
+    "the report's config (no mask)": "seed config (no mask)",
+    "the report's config at Q=K=200 (not a multiple of 64)": "seed config at Q=K=200 (not a multiple of 64)",
+}
+
+
+def recorded(entries: dict, name: str):
+    """`entries[name]` of a GPU record, under the name the record gives it (`RECORDED_AS`); None if absent."""
+    return entries.get(name, entries.get(RECORDED_AS.get(name, name)))
+
+
+def shown_name(name: str) -> str:
+    """The name a page shows for a case a GPU record names `name` (its present name)."""
+    return next((shown for shown, old in RECORDED_AS.items() if old == name), name)
+
+
 UPSTREAM_CASES = (
     SEED,
-    MaskCase("seed config at Q=K=200 (not a multiple of 64)", "none", seqlen=200, head_dim=64, causal=True, seed=42),
+    MaskCase("the report's config at Q=K=200 (not a multiple of 64)", "none", seqlen=200, head_dim=64, causal=True, seed=42),
     MaskCase("no mask, Q=K=100", "none", seqlen=100),
     MaskCase("8 fully masked rows", "rows", amount=8),
     MaskCase("leading block masked, 16 rows", "leading", amount=16),
@@ -225,7 +253,7 @@ COVERAGE_CASES = (
     MaskCase("Q=K=64, all-True mask", "all", seqlen=64),
 )
 
-# The replica runs the mechanism with and without the PR's masking; bf16 as the seed (on CPU its dots
+# The replica runs the mechanism with and without the PR's masking; bf16 as the original report (on CPU its dots
 # are upcast, see kernels.interpreter). Its block skipping (`any_active`) is not in 1.2.2, which visits
 # every block; on these cases both turn the same rows NaN.
 REPLICA_CASES = (
@@ -238,7 +266,7 @@ REPLICA_CASES = (
 
 PADDED = REPLICA_CASES[4]
 
-NAN_DO_ROW = 200  # a query row of the seed config where dO arrives as NaN (a NaN loss term)
+NAN_DO_ROW = 200  # a query row of the original report's configuration where dO arrives as NaN (a NaN loss term)
 
 # PADDED packed for varlen_attention: item 1's 40 padding tokens become an empty sequence whose padded
 # segment holds them (GAP rows), so no query sees them. The registry's CASES: the one packed (THD)
@@ -273,4 +301,4 @@ SHOWN_VARIANTS = (TRAIN_VARIANTS[0], TRAIN_VARIANTS[2], TRAIN_VARIANTS[3])  # th
 
 TRAIN_PAD = 24  # the padding the explorer opens on and the training claim is checked at
 
-GPU_SEEDS = tuple(range(8))  # the seed configuration over 8 draws (device time is scarce)
+GPU_SEEDS = tuple(range(8))  # the original report's configuration over 8 random draws

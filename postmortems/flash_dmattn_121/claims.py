@@ -14,6 +14,7 @@ from postmortems.flash_dmattn_121.cases import (
     TRAIN_VARIANTS,
     UPSTREAM_CASES,
     UPSTREAM_TENSORS,
+    recorded,
 )
 from postmortems.flash_dmattn_121.study import (
     Results,
@@ -39,7 +40,7 @@ _AFFECTED = ("8 fully masked rows", "leading block masked, 16 rows", "left-padde
 
 _WORKAROUNDS = ("workaround: right-padded, loss mask", "workaround: padding rows see themselves, loss mask")
 
-_RAGGED = ("seed config at Q=K=200 (not a multiple of 64)", "no mask, Q=K=100")
+_RAGGED = ("the report's config at Q=K=200 (not a multiple of 64)", "no mask, Q=K=100")
 
 
 def _counts(result, names) -> str:
@@ -57,14 +58,14 @@ def _item_rows_nan(result: UpstreamRun, name: str, item: int) -> bool:
 )
 def _snippet(r: Results):
     errors = r.call_errors
-    holds = errors["seed snippet as written"].startswith("TypeError") and errors["softmax_scale, attn_bias=None"].startswith(
-        "RuntimeError"
-    )
+    holds = errors["the report's snippet as written"].startswith("TypeError") and errors[
+        "softmax_scale, attn_bias=None"
+    ].startswith("RuntimeError")
     return holds, " | ".join(errors.values())
 
 
 @claims(
-    "seed configuration (1x256x1x64, causal, no mask) on 1.2.2: finite and within the oracle's bound, also under NaN-filled memory",
+    "the report's configuration (1x256x1x64, causal, no mask) on 1.2.2: finite and within the oracle's bound, also under NaN-filled memory",
     evidence=UPSTREAM_CPU,
 )
 def _seed(r: Results):
@@ -275,7 +276,7 @@ def _gpu_probes(r: Results) -> dict:
 
 
 @claims(
-    "on the GPU in bf16, the seed configuration over 8 seeds, with and without NaN-filled memory: no NaN, within the oracle's bound",
+    "on the GPU in bf16, the report's configuration over 8 seeds, with and without NaN-filled memory: no NaN, within the oracle's bound",
     evidence=UPSTREAM_GPU,
 )
 def _gpu_seed(r: Results):
@@ -293,12 +294,13 @@ def _gpu_seed(r: Results):
 @claims(
     "on the GPU in bf16: fully masked rows and lengths not a multiple of 64 give the CPU's NaN pattern, the workarounds are finite and within bound",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _gpu_cases(r: Results):
     cases = _gpu_probes(r)["cases"]
     parts, good = [], 0
     for name in _AFFECTED:
-        c = cases[name]
+        c = recorded(cases, name)
         item_rows = r.upstream[name].case.seqlen
         ok = (
             c["ok"]
@@ -310,7 +312,7 @@ def _gpu_cases(r: Results):
             f"{name}: out NaN rows {c['nan_rows']['out'] if c['ok'] else c['error']}, dV NaN rows {c['nan_rows']['dv'] if c['ok'] else '-'}"
         )
     for name in _RAGGED:
-        c = cases[name]
+        c = recorded(cases, name)
         ok = (
             c["ok"]
             and c["nonfinite"]["out"] == c["nonfinite"]["dq"] == 0
@@ -321,7 +323,7 @@ def _gpu_cases(r: Results):
             f"{name}: dK/dV NaN rows {c['nan_rows']['dk'] if c['ok'] else c['error']}, out finite {c['ok'] and c['nonfinite']['out'] == 0}"
         )
     for name in _WORKAROUNDS:
-        c = cases[name]
+        c = recorded(cases, name)
         ok = c["ok"] and not any(c["nonfinite"].values()) and max(c["error_over_bound"].values()) <= 1
         good += ok
         parts.append(f"{name}: finite and within {ok}")
@@ -329,12 +331,12 @@ def _gpu_cases(r: Results):
 
 
 @claims(
-    "flash-sparse-attn 2.0.6's dense kernel (triton_kernels stubbed), on the GPU in bf16: finite and within bound on the seed config and at 200 tokens",
+    "flash-sparse-attn 2.0.6's dense kernel (triton_kernels stubbed), on the GPU in bf16: finite and within bound on the report's configuration and at 200 tokens",
     evidence=UPSTREAM_GPU,
 )
 def _gpu_successor(r: Results):
     successor = _gpu_probes(r)["successor"]
-    runs = [successor.get(c.name, {"ok": False, "error": "not run"}) for c in (SEED, UPSTREAM_CASES[1])]
+    runs = [recorded(successor, c.name) or {"ok": False, "error": "not run"} for c in (SEED, UPSTREAM_CASES[1])]
     good = sum(x["ok"] and not any(x["nonfinite"].values()) and max(x["error_over_bound"].values()) <= 1 for x in runs)
     return good == 2, "; ".join(
         f"{c.name}: " + (f"worst {max(x['error_over_bound'].values()):.2f} x bound" if x["ok"] else x["error"])

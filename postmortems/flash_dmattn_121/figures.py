@@ -20,6 +20,8 @@ from postmortems.flash_dmattn_121.cases import (
     UPSTREAM_CASES,
     UPSTREAM_TENSORS,
     MaskCase,
+    recorded,
+    shown_name,
 )
 from postmortems.flash_dmattn_121.study import (
     UPSTREAM_BLOCK_N,
@@ -104,6 +106,7 @@ def gpu_table(record: dict):
     """The GPU record's upstream cases: 1.2.2 natively in bf16."""
     rows = []
     for name, r in record["probes"]["cases"].items():
+        name = shown_name(name)
         if not r["ok"]:
             rows.append([name, r["error"], "", "", "", ""])
             continue
@@ -117,7 +120,7 @@ def _successor_cell(results: Results, case_name: str) -> str:
     if results.gpu is None:
         return "no GPU record"
     successor = results.gpu["probes"]["successor"]
-    run = successor.get(case_name) if successor.get("ok") else None
+    run = recorded(successor, case_name) if successor.get("ok") else None
     if run is None:
         return "not run: " + successor.get("error", "no such probe")
     if not run["ok"]:
@@ -142,7 +145,7 @@ def report_claims_table(results: Results):
     rows = [
         [
             "the snippet runs",
-            results.call_errors["seed snippet as written"],
+            results.call_errors["the report's snippet as written"],
             "no triton_dmattn_func; import: " + results.successor_import,
         ],
         [

@@ -73,7 +73,7 @@ def speed_vs_upstream(device) -> dict:
 
 
 def successor_probe(device) -> dict:
-    """flash-sparse-attn (the successor): does it import, and its dense kernel on the seed configuration."""
+    """flash-sparse-attn (the successor): does it import, and its dense kernel on the original report's configuration."""
     found: dict = {}
     try:
         found["version"] = importlib.metadata.version(SUCCESSOR_PACKAGE)
@@ -99,7 +99,7 @@ def successor_probe(device) -> dict:
             "nonfinite": {n: int((~torch.isfinite(t.float())).sum()) for n, t in tensors.items()},
         }
 
-    for case in (SEED, UPSTREAM_CASES[1]):  # the seed's configuration, and the same at 200 tokens
+    for case in (SEED, UPSTREAM_CASES[1]):  # the original report's configuration, and the same at 200 tokens
         found[case.name] = _outcome(lambda c=case: dense(replace(c, dtype="bfloat16")))
     return found
 
@@ -123,8 +123,8 @@ def _seed_runs(device) -> dict:
 
 def gpu_probes(device) -> dict:
     """What `workbench repro flash-dmattn-121 --device cuda --record ...` adds to the GPU record:
-    flash-dmattn 1.2.2's own Triton kernel run natively in bf16 (the seed's dtype): the report's
-    snippet, every upstream case, the seed configuration over GPU_SEEDS with and without NaN-filled
+    flash-dmattn 1.2.2's own Triton kernel run natively in bf16 (the original report's dtype): the report's
+    snippet, every upstream case, the original report's configuration over GPU_SEEDS with and without NaN-filled
     fresh memory, the successor package, and 1.2.2's speed beside our kernel, in that order (a
     probe that fails is recorded as failed, and the next one runs)."""
     device = torch.device(device)

@@ -136,7 +136,7 @@ def _quiet():
 
 
 def upstream_call_errors(device=None) -> dict[str, str]:
-    """What the report's own snippet and its nearest working spelling raise on 1.2.2 (seed config, no mask)."""
+    """What the report's own snippet and its nearest working spelling raise on 1.2.2 (the report's configuration, no mask)."""
     func = upstream_triton_func(device)
     case = replace(SEED, dtype=upstream_dtype(device))
     found = {}
@@ -151,8 +151,8 @@ def upstream_call_errors(device=None) -> dict[str, str]:
         except Exception as exc:  # the exception is the finding
             found[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
 
-    # the seed's line: `scale=` is not a parameter of 1.2.2 (it is `softmax_scale`)
-    attempt("seed snippet as written", lambda q, k, v: func(q, k, v, None, None, is_causal=True, scale=None))
+    # the original report's line: `scale=` is not a parameter of 1.2.2 (it is `softmax_scale`)
+    attempt("the report's snippet as written", lambda q, k, v: func(q, k, v, None, None, is_causal=True, scale=None))
     # the same with softmax_scale: the forward makes a zero bias, the backward returns dbias for a None input
     attempt("softmax_scale, attn_bias=None", lambda q, k, v: func(q, k, v, None, None, is_causal=True, softmax_scale=None))
     return found
@@ -529,13 +529,13 @@ class Results(PostmortemResults):
     device: str | None
     upstream_version: str | None
     upstream_dtype: str
-    call_errors: dict[str, str]  # the seed's snippet and its nearest spelling, on 1.2.2
+    call_errors: dict[str, str]  # the original report's snippet and its nearest spelling, on 1.2.2
     upstream: dict[str, UpstreamRun]  # case name -> 1.2.2's kernel on it
-    seed_poisoned: UpstreamRun  # the seed configuration with NaN-filled fresh memory
+    seed_poisoned: UpstreamRun  # the original report's configuration with NaN-filled fresh memory
     sweep: SweepResult  # 1.2.2 on random masks: NaN rows observed vs predicted
     coverage: list[Coverage]  # 1.2.2 under NaN-filled memory: every dk/dv row written?
     replica: dict[tuple[str, str], Run]  # (case name, variant) -> the replica
-    nan_do: dict[str, Run]  # the seed config with NaN in one row of dO, replica and patch
+    nan_do: dict[str, Run]  # the original report's configuration with NaN in one row of dO, replica and patch
     nan_do_oracle_nonfinite: dict[str, int]
     isfinite_error: str
     isfinite_in_triton: bool

@@ -22,7 +22,7 @@ gradients and the study re-run there (compiled, forward), and `gpu_probes`, whic
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META
+from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META, STATUS
 from postmortems.flash_dmattn_flex_mask.claims import _gpu_as_is, _gpu_bitwise, _gpu_forward, _gpu_workarounds, claims
 from postmortems.flash_dmattn_flex_mask.figures import (
     audit_table,
@@ -50,6 +50,7 @@ __all__ = [
     "GPU_COMMAND",
     "IMPLS",
     "META",
+    "STATUS",
     "_gpu_as_is",
     "_gpu_bitwise",
     "_gpu_forward",

@@ -11,6 +11,7 @@ from workbench.postmortem import (
     Link,
     Meta,
 )
+from workbench.upstream_status import finding_status
 
 META = Meta(
     id="flash-dmattn-flex-mask",
@@ -20,12 +21,6 @@ META = Meta(
     impact=(
         "flash-dmattn <= 1.2.2 flex_dmattn_func: any padding, document or top-k attn_mask is dropped; "
         "finite outputs and gradients {h200_error_ratios} times PyTorch's own error on the H200, no warning"
-    ),
-    upstream_status="upstream unaware",
-    status_note=(
-        "no report found in the upstream tracker; every release since the backend appeared (v0.1.0) and the successor's "
-        "copy in flash-sparse-attn 2.0.6 keep mask_mod = q_idx >= kv_idx; the docs rate the Flex backend's mask "
-        "support 'limited' and advise avoiding it 'when strict attention mask compliance is required'"
     ),
     our_verdict=(
         "confirmed on the upstream code, CPU and H200: attn_mask changes no bit of the output; only rows whose mask "
@@ -94,6 +89,7 @@ META = Meta(
         ),
     ),
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 AUDIT_RECORD = "audit-dmattn-flex.json"
 

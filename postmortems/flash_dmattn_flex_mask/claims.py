@@ -98,12 +98,12 @@ def _gqa(r: Results):
 
 
 @claims(
-    "every failing case of the H200 audit fails here too, finite, its out error 25-1200x PyTorch's own in fp16/bf16",
+    "every failing case of the H200 audit fails here too, finite, its out error over 20 times PyTorch's own in fp16/bf16",
     evidence=UPSTREAM_CPU,
 )
 def _cases_fail(r: Results):
     runs = r.runs[IMPLS[0]].values()
-    holds = all(not x.within and x.finite and 25 <= x.ratios["out"] <= 1200 for x in runs)
+    holds = all(not x.within and x.finite and x.ratios["out"] > 20 for x in runs)
     return holds, ", ".join(f"{x.check} {x.ratios['out']:.3g}x" for x in runs)
 
 
@@ -137,16 +137,14 @@ def _matches_gpu(r: Results):
 
 @claims(
     "on the H200 (fp16/bf16, compiled): every failing check on zero or random padding is finite and wrong in out, dq, "
-    "dk and dv, 20-1200x PyTorch's own error; most fuzzed layouts fail",
+    "dk and dv, each over 20 times PyTorch's own error; most fuzzed layouts fail",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _gpu_record(r: Results):
     wrong = {k: v for k, v in r.recorded.items() if k not in PADDING_SET}
     holds = all(
-        not v["nonfinite"]
-        and set(v["ratios"]) == {"out", "dq", "dk", "dv"}
-        and min(v["ratios"].values()) >= 20
-        and max(v["ratios"].values()) <= 1200
+        not v["nonfinite"] and set(v["ratios"]) == {"out", "dq", "dk", "dv"} and min(v["ratios"].values()) > 20
         for v in wrong.values()
     )
     fuzz = r.audit["fuzz"]
@@ -268,8 +266,13 @@ def _gpu_study(r: Results) -> dict[str, Any]:
 
 
 def _covered(runs: list[dict[str, Any]]) -> bool:
-    """Every audited case has at least one run (a budget may skip later seeds and dtypes)."""
+    """Every audited case has at least one run (a run's time limit may skip later seeds and dtypes)."""
     return {x["check"] for x in runs} == set(AUDITED)
+
+
+def _skipped(probes: dict[str, Any]) -> str:
+    """Which probes the GPU run left out at its time limit (the later seeds and dtypes), said plainly."""
+    return f"{len(probes['skipped'])} probes left out at the run's time limit" if probes["skipped"] else "every probe ran"
 
 
 def _gpu_as_is(r: Results) -> tuple[bool, str]:
@@ -279,7 +282,7 @@ def _gpu_as_is(r: Results) -> tuple[bool, str]:
     holds = probes["backward"] and _covered(runs) and not bad
     return (
         holds,
-        f"{len(runs) - len(bad)}/{len(runs)} runs finite and over the bound; {len(probes['skipped'])} probes skipped (budget)",
+        f"{len(runs) - len(bad)}/{len(runs)} runs finite and over the bound; {_skipped(probes)}",
     )
 
 
@@ -292,7 +295,7 @@ def _gpu_workarounds(r: Results) -> tuple[bool, str]:
         good = good and _covered(runs) and len(ok) == len(runs)
         worst = max((max(x["ratios"].values()) for x in ok), default=float("nan"))
         parts.append(f"{impl}: {len(ok)}/{len(runs)} within (worst {worst:.2f}x)")
-    return good, "; ".join(parts) + f"; {len(probes['skipped'])} probes skipped (budget)"
+    return good, "; ".join(parts) + f"; {_skipped(probes)}"
 
 
 def _gpu_bitwise(r: Results) -> tuple[bool, str]:
@@ -327,7 +330,7 @@ GPU_CLAIMS = (
         _gpu_forward,
     ),
     (
-        "on the GPU, forward and backward, every audited case (fp16/bf16, seeds as the budget allowed): as is, finite and over the bound",
+        "on the GPU, forward and backward, every audited case (fp16/bf16, the seeds the record holds): as is, finite and over the bound",
         _gpu_as_is,
     ),
     (

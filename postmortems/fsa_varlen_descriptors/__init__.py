@@ -15,7 +15,7 @@ shows the workarounds with the library's own functions:
     claims.py    the claims, each with its evidence
 """
 
-from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY, NO_QUERY
+from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY, NO_QUERY, STATUS
 from postmortems.fsa_varlen_descriptors.claims import claims
 from postmortems.fsa_varlen_descriptors.figures import (
     audit_table,
@@ -50,6 +50,7 @@ __all__ = [
     "EMPTY",
     "FUNCTIONS",
     "META",
+    "STATUS",
     "NO_EMPTY",
     "NO_KEY",
     "NO_QUERY",

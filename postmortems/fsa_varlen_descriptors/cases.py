@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from workbench import Case, Fill
-from workbench.postmortem import Meta
+from workbench.postmortem import Link, Meta
+from workbench.upstream_status import finding_status
 
 META = Meta(
     id="fsa-varlen-descriptors",
@@ -15,9 +16,6 @@ META = Meta(
     "address' on an H200 and the process loses its CUDA context; a batch with an empty sequence raises 'illegal "
     "instruction' in the forward; out's and dq's rows past cu_seqlens_q[-1] (TAIL padding) hold whatever memory held, "
     "NaN under poisoned memory",
-    upstream_status="upstream unaware",
-    status_note="no report of the faults or of the unwritten rows found in HKUSTDial/flash-sparse-attention's tracker "
-    "(issues and pull requests searched 2026-12-02)",
     our_verdict="found by our audit on an H200 (flash-sparse-attn 2.0.6, torch 2.11.0+cu130, Triton 3.6.0); the "
     "descriptors and the unwritten rows shown on the CPU by running the library under the Triton interpreter; the "
     "faulting kernel shown on the H200; source read at named commits",
@@ -39,7 +37,26 @@ META = Meta(
     ),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fsa-*-varlen.json); no upstream report
     published="2026-12-02",
+    revised="2026-12-05",
+    links=(
+        Link(
+            "flash-sparse-attention#306: move every Triton kernel from make_block_ptr to make_tensor_descriptor (TMA)",
+            "https://github.com/HKUSTDial/flash-sparse-attention/issues/306",
+            "2026-06-04",
+            "issue",
+            "closed by #307",
+        ),
+        Link(
+            "flash-sparse-attention#307: the migration, 13 kernel files; two lse paths of the decode combine kept on raw "
+            "pointers, a (1,) block being below TMA's 16-byte minimum",
+            "https://github.com/HKUSTDial/flash-sparse-attention/pull/307",
+            "2026-06-04",
+            "PR",
+            "merged: the origin of the descriptors this page studies",
+        ),
+    ),
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # The first call four audit checks made on the H200 (as the audit called fsa: 2 heads of 64, float16,
 # zeros in padding rows), replayed: each raised there (data/audit/judgements.toml).

@@ -55,6 +55,7 @@ def _verdicts(results: FsaDescriptorResults, row: str) -> dict[str, tuple[str, s
     "address' in 8 checks (real-accuracy, tail-rows, padding-leak, custom-scale, fully-masked-rows, causal-unequal, "
     "gqa, determinism) and 'illegal instruction' in empty-sequences: no check that calls them passes",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _h200_audit(r: FsaDescriptorResults):
     parts, ok = [], True

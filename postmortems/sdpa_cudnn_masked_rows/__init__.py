@@ -19,7 +19,7 @@ backend is asked for (data/gpu/sdpa-default-backend-h200.json, `workbench.sdpa_d
   `workbench repro sdpa-cudnn-masked-rows --device cuda --record data/gpu/sdpa-cudnn-masked-rows-h200.json`.
 """
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CUDNN_FILL, FULLY, META, TENSORS, UNEQUAL
+from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CUDNN_FILL, FULLY, META, STATUS, TENSORS, UNEQUAL
 from postmortems.sdpa_cudnn_masked_rows.claims import claims
 from postmortems.sdpa_cudnn_masked_rows.figures import error_table, gpu_table, mask_figure, row_error_figure, workaround_table
 from postmortems.sdpa_cudnn_masked_rows.gpu import gpu_probes, probe_points
@@ -38,6 +38,7 @@ __all__ = [
     "CUDNN_FILL",
     "FULLY",
     "META",
+    "STATUS",
     "TENSORS",
     "UNEQUAL",
     "audit_record",

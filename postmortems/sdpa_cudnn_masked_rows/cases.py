@@ -9,6 +9,7 @@ from workbench.postmortem import (
     Link,
     Meta,
 )
+from workbench.upstream_status import finding_status
 
 PT = "https://github.com/pytorch/pytorch"
 
@@ -20,24 +21,18 @@ META = Meta(
     impact="a real query row whose boolean mask row is all False (empty key sequence, causal with len_q > len_k) "
     "gets attention over every key slot instead of 0, and its gradient reaches keys it must not see: silent; on an "
     "H200 with torch 2.11, SDPA runs cuDNN for masked calls by default, so no opt-in is needed to hit it",
-    upstream_status="fixed",
-    status_note="as of 2026-12-01: pytorch#177842 ('When using the cuDNN backend, custom masks become ineffective') is "
-    "fixed by PR #177868 ('Fix attn-mask conversion constant', opened 2026-03-19 against the fp16-min fill), which the "
-    "torch 2.12.0 release notes list under cuDNN bug fixes; we read the PR's description and the release notes, not "
-    "#177842's text, and have not run torch 2.12 or later, so that 2.12 gives these rows 0 is not established here; "
-    "torch 2.11 (recorded) is affected",
     our_verdict="reproduced on an H200 (torch 2.11.0+cu130, cuDNN 9.19): SDPA picks cuDNN unasked; a float mask of "
     "-65504 gives cuDNN's boolean-mask result bit for bit and -inf gives 0, confirming the finite-fill mechanism "
     "that our CPU replica reproduces to three digits",
     detection="none at run time: outputs are finite; rows whose mask row is all False are non-zero, and differ from "
     "the math backend's output there (0)",
-    fix_type="upgrade to torch 2.12 or later (upstream's fix; not run here); on 2.11: pass an additive float mask with "
+    fix_type="upstream: fix merged in torch 2.12.0 (a -inf fill; not run here); on 2.11: pass an additive float mask with "
     "-inf, zero the rows with no visible key after the call, or keep the cuDNN backend off for masked calls; ours: a "
     "varlen kernel that writes 0 there by contract",
     tags=("attention mask", "fully masked rows", "silent error", "audit finding"),
     reported="2026-03-19",  # pytorch#177842, filed on or before the day PR #177868 ("To fix #177842") was opened
-    report=f"{PT}/issues/177842",
     published="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "pytorch#103749: SDPA produces NaN with padding mask (fully masked rows)",
@@ -84,6 +79,20 @@ META = Meta(
             f"{PT}/releases/tag/v2.12.0",
         ),
         Link(
+            "pytorch#162073: enable cuDNN SDPA by default for SM 9.0 and SM 10.0 (for 2.9)",
+            f"{PT}/pull/162073",
+            "2025-09-03",
+            "PR",
+            "closed; merge requested 2025-09-04",
+        ),
+        Link(
+            "pytorch#191612: another silent cuDNN masked path: an fp32 attn_mask described to cuDNN in the query's dtype",
+            f"{PT}/pull/191612",
+            "2026-07-30",
+            "PR",
+            "closed",
+        ),
+        Link(
             "transformers#48163: cuDNN is already SDPA's default on Hopper with a new enough cuDNN (comment)",
             "https://github.com/huggingface/transformers/pull/48163",
             "2026-08-31",
@@ -110,6 +119,7 @@ META = Meta(
         ),
     ),
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # torch's boolean -> additive mask conversion for the cuDNN backend fills False with this finite value
 # (`convert_boolean_attn_mask_cudnn`, "workaround -inf issue with cuDNN"; -65504.0 in PR #140837's diff

@@ -32,6 +32,7 @@ def _close(a: float, b: float) -> bool:
     "On the H200 (torch 2.11.0+cu130, fp16), the cuDNN backend fails fully-masked-rows and causal-unequal with REAL-row "
     "errors hundreds of times torch's own, while the math and memory-efficient backends pass both on the same calls",
     evidence=UPSTREAM_GPU,
+    headline=True,
 )
 def _recorded(r: MaskedRowsResults):
     parts, ok = [], True

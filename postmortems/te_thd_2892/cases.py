@@ -9,6 +9,7 @@ from workbench.postmortem import (
     Link,
     Meta,
 )
+from workbench.upstream_status import finding_status
 
 ISSUE = "https://github.com/NVIDIA/TransformerEngine/issues/2892"
 
@@ -29,11 +30,6 @@ META = Meta(
         "reporter's attribution; TE itself not run here); VERL's identical cu_seqlens workaround shows padding to "
         "non-causal attention"
     ),
-    upstream_status="open",
-    status_note=(
-        "the issue is open; its SIGSEGV was withdrawn by the reporter on 2026-04-17; the reporter's PR #2911 "
-        "(pad FP8 GEMMs inside cublas_gemm) is open, not merged"
-    ),
     our_verdict=(
         "crash not reproduced by anyone (withdrawn); the workaround is harmless for causal attention with padding "
         "at each sequence's end and harmful without a causal mask; the FP8-scale mechanism holds in our replica only"
@@ -42,9 +38,8 @@ META = Meta(
     fix_type="pass real cu_seqlens with cu_seqlens_padded; keep padding rows zero before FP8 quantization; zero tail rows",
     tags=("thd", "cu_seqlens_padded", "fp8", "training"),
     reported="2026-04-16",
-    report=ISSUE,
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link(
             "Dao-AILab/flash-attention#1228: rows after cu_seqlens[-1] may be uninitialised",
@@ -81,9 +76,9 @@ META = Meta(
         Link(
             "TE PR #2994: Plumb FP8+THD (FP8 fused attention for THD; its release not established here)",
             f"{TE}/pull/2994",
-            "2026-08-11",
+            "2026-08-20",
             "PR",
-            "merged",
+            "last commit 2026-08-20 (9fbffe6), not on main at d0067d0 (2026-08-22); merged after that (tracker)",
         ),
         Link(
             "TE PR #3205: FA3/FA4 with pad_between_seqs, exact zeros on padding rows",
@@ -102,6 +97,7 @@ META = Meta(
     ),
     seed="004_c27650584a0de2fe.txt",
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # TE's DotProductAttention docstring: [a a a 1 b b 2 2 c c c c 3] (digits are padding), i.e.
 # cu_seqlens_q = [0, 3, 5, 9] and cu_seqlens_q_padded = [0, 4, 8, 13].

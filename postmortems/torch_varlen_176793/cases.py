@@ -8,6 +8,7 @@ from workbench.postmortem import (
     Meta,
     source_at,
 )
+from workbench.upstream_status import finding_status
 
 META = Meta(
     id="torch-varlen-176793",
@@ -16,8 +17,6 @@ META = Meta(
     category="training bug",
     impact="q/k/v longer than cu_seqlens[-1] (a padded token budget): garbage or NaN in the padding rows' gradients "
     "reaches the QKV weight gradient, silently when finite",
-    upstream_status="open",
-    status_note="issue open; the ValueError PRs #186786 and #188933 were closed without merging",
     our_verdict="mechanism confirmed on an H200 and in a replica; the report's 'forward is fine' holds only for rows "
     "the loss reads, and its proposed ValueError forbids a legal layout",
     detection="garbage or NaN in rows >= cu_seqlens[-1] of the output and of dq/dk/dv; wrong or NaN QKV weight gradients",
@@ -27,9 +26,8 @@ META = Meta(
     # The issue's own opening date, as recorded by NeuralDBG's tracking file for it (BUG-002):
     # "OPEN, since 2026-03-07"; flash-attention#2324 (same mechanism, by varlen_attn's author) follows on 03-10.
     reported="2026-03-07",
-    report="https://github.com/pytorch/pytorch/issues/176793",
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link("pytorch#176793", "https://github.com/pytorch/pytorch/issues/176793", "2026-03-07", "issue", "open"),
         Link(
@@ -67,6 +65,35 @@ META = Meta(
             "PR",
             "closed, not merged",
         ),
+        Link(
+            "ROCm/flash-attention#175: a zero_tensors option for flash_attn_varlen_func, zeroing the padding past "
+            "cu_seqlen[-1] (the fix this page proposes)",
+            "https://github.com/ROCm/flash-attention/pull/175",
+            "2026-03-04",
+            "PR",
+            "closed; the maintainers asked for it upstream",
+        ),
+        Link(
+            "pytorch#187770: make varlen_attn's backend selectable; nightly builds prefer cuDNN",
+            "https://github.com/pytorch/pytorch/issues/187770",
+            "2026-06-20",
+            "issue",
+            "open",
+        ),
+        Link(
+            "pytorch#193630: dispatch causal varlen calls to cuDNN (stack with #193631, #193632)",
+            "https://github.com/pytorch/pytorch/pull/193630",
+            "2026-08-14",
+            "PR",
+            "closed",
+        ),
+        Link(
+            "pytorch#194906: pass cumulative sequence lengths directly to cuDNN (varlen forward)",
+            "https://github.com/pytorch/pytorch/pull/194906",
+            "2026-08-26",
+            "PR",
+            "closed",
+        ),
         Link("varlen_attn API (pytorch#164502)", "https://github.com/pytorch/pytorch/pull/164502"),
         Link(
             "flash-attention#1228: the same question for flash_attn_varlen_func",
@@ -75,13 +102,14 @@ META = Meta(
     ),
     seed="000_1019a3997e440af2.txt",
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # The upstream source we read, at the commit we read it.
 VARLEN_PY = source_at("pytorch/pytorch@255ac567c50191b57bf8674134ba731c0b64e3ef")  # torch/nn/attention/varlen.py
 
-SEED_SEQLENS = (144, 288, 512)  # cu_seqlens [0, 144, 432, 944]: the seed's and both PRs' layout
+SEED_SEQLENS = (144, 288, 512)  # cu_seqlens [0, 144, 432, 944]: the original report's and both PRs' layout
 
-CPU_SCALE = 8  # the Triton interpreter studies the seed's layout 8x smaller: (18, 36, 64)
+CPU_SCALE = 8  # the Triton interpreter studies the original report's layout 8x smaller: (18, 36, 64)
 
 # Inputs' padding rows hold zeros: every NaN the replica returns comes from memory, not data.
 STUDY = Case(
@@ -96,12 +124,12 @@ STUDY = Case(
 )
 
 # The NaN map's grid, kept small for the interpreter: trailing rows (q and k alike) on its x axis
-# (2: the seed's, 64: a whole block of the replica), sequence lengths on y.
+# (2: the original report's, 64: a whole block of the replica), sequence lengths on y.
 PADS = (0, 2, 64)
 
 LAYOUTS = ((17,), STUDY.seqlens_q, (40, 5))
 
-# On a GPU, the seed's layout itself, with varlen_attn's usual shapes and dtype.
+# On a GPU, the original report's layout itself, with varlen_attn's usual shapes and dtype.
 GPU_PADS = (0, 2, 64, 512)
 
 GPU_CASE = Case(seqlens_q=SEED_SEQLENS, heads=16, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS, seed=176793)
@@ -110,7 +138,7 @@ GPU_PREFILL_MB = 256  # NaN blocks left in the CUDA caching allocator before poi
 
 GPU_TRAILING = 64  # trailing rows of the GPU workaround and damage probes
 
-# Workaround timing at a training-sized batch too (the seed's 944 tokens are launch-bound):
+# Workaround timing at a training-sized batch too (the original report's 944 tokens are launch-bound):
 # 8 documents of 2048 tokens, the benchmark's "8x2048 d64" workload, plus 64 trailing rows.
 GPU_TIMING_CASE = Case(seqlens_q=(2048,) * 8, tail_q=64, tail_k=64, heads=16, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS)
 

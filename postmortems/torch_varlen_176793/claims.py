@@ -35,7 +35,7 @@ def _source(r: TorchVarlenResults):
 
 
 @claims(
-    "replica, memory poisoned (NaN-filled fresh buffers): the seed's out.sum() is NaN in the forward, only TAIL rows "
+    "replica, memory poisoned (NaN-filled fresh buffers): the original report's out.sum() is NaN in the forward, only TAIL rows "
     "of out and x.grad are non-finite; the GPU record checks this on varlen_attn itself",
     evidence=REPLICA,
 )
@@ -204,7 +204,9 @@ def _gpu_points(r: TorchVarlenResults, impl: str, poisoned: bool) -> list[dict[s
 def register_gpu_claims(target: Claims) -> None:
     """Registers in `target` the claims read from a GPU record's probes (`results.gpu`)."""
 
-    @target("H200: the seed's code verbatim (2-D float32 chunks) stops with an error in varlen_attn", evidence=UPSTREAM_GPU)
+    @target(
+        "H200: the original report's code verbatim (2-D float32 chunks) stops with an error in varlen_attn", evidence=UPSTREAM_GPU
+    )
     def _gpu_seed(r: TorchVarlenResults):
         raised = recorded_probes(r.gpu, META)["seed_repro"].get("raised")
         return bool(raised), f"raised: {raised}"
@@ -213,6 +215,7 @@ def register_gpu_claims(target: Claims) -> None:
         "H200, varlen_attn, memory poisoned: every trailing pad > 0 leaves non-finite TAIL rows in out, dq, dk and dv; "
         "no trailing rows, none; REAL rows within bound of fp64 at every point",
         evidence=UPSTREAM_GPU,
+        headline=True,
     )
     def _gpu_poisoned(r: TorchVarlenResults):
         points = [p for p in _gpu_points(r, "varlen_attn", True) if "error" not in p]
@@ -224,7 +227,7 @@ def register_gpu_claims(target: Claims) -> None:
         return holds, f"broken at pads {broken}; clean at {clean}; REAL within bound everywhere: {real}"
 
     @target(
-        "H200, varlen_attn: the seed's out.sum() is NaN only when memory is poisoned; as the allocator left it, it "
+        "H200, varlen_attn: the original report's out.sum() is NaN only when memory is poisoned; as the allocator left it, it "
         "was finite in this run",
         evidence=UPSTREAM_GPU,
     )

@@ -98,8 +98,8 @@ def probe_points(
 
 def time_workarounds(varlen_fn: Callable, case: Case, device=None) -> list[dict[str, Any]]:
     """Forward + backward time per call of each workaround on `case` (loss mask on TAIL rows),
-    host syncs included (`workbench.timing.time_call`: median ms, and the minimum), and its
-    ratio to `varlen_fn` as is."""
+    host syncs included (`workbench.timing.time_call`: median ms, the fastest call and the number
+    of timed calls), and its ratio to `varlen_fn` as is."""
     batch = pack(case, device)
     d_out = _masked_grad_out(batch)
     timings = []
@@ -112,7 +112,7 @@ def time_workarounds(varlen_fn: Callable, case: Case, device=None) -> list[dict[
 
         try:
             timed = time_call(step, device=batch.device)
-            timings.append({"workaround": name, "ms": timed.median_ms, "min_ms": timed.min_ms})
+            timings.append({"workaround": name, "ms": timed.median_ms, "min_ms": timed.min_ms, "iters": timed.iters})
         except Exception as exc:  # recorded: the run goes on
             timings.append({"workaround": name, "error": _first_line(exc)})
     base = timings[0].get("ms")
@@ -186,7 +186,7 @@ def upstream_probes(
 
 def gpu_probes(device) -> dict[str, Any]:
     """The hook `workbench repro torch-varlen-176793 --device cuda --record FILE` calls: torch's
-    own varlen_attn on the GPU (the seed's code verbatim, its padding rows with and without
+    own varlen_attn on the GPU (the original report's code verbatim, its padding rows with and without
     poisoning, the QKV damage, the workarounds and their cost, compile and CUDA-graph capture)."""
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(f"gpu_probes(device={device!r}) needs a CUDA device: torch's varlen_attn is CUDA-only.")

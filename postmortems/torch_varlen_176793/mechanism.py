@@ -1,4 +1,4 @@
-"""The mechanism on the replica: the seed's inputs, the corrected reproduction, TAIL rows under poisoned and stale
+"""The mechanism on the replica: the original report's inputs, the corrected reproduction, TAIL rows under poisoned and stale
 memory, the pad sweep and the QKV damage."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ IMPLS: dict[str, Callable] = {"replica": replica, "fixed": varlen_attention, "or
 
 
 def seed_inputs(device: str | torch.device = "meta") -> dict[str, Any]:
-    """The seed's (and PR #188933's) inputs, verbatim; on the meta device nothing is computed."""
+    """The original report's (and PR #188933's) inputs, verbatim; on the meta device nothing is computed."""
     cu_seqlens = torch.tensor([0, 144, 432, 944], dtype=torch.int32, device=device)
     x = torch.randn(944 + 2, 1024, device=device, requires_grad=True)
     q, k, v = x.chunk(3, dim=-1)
@@ -33,7 +33,7 @@ def seed_inputs(device: str | torch.device = "meta") -> dict[str, Any]:
 
 
 def seed_input_problems() -> dict[str, Any]:
-    """What is wrong with the seed's inputs before any kernel runs: shapes, widths, dtype."""
+    """What is wrong with the original report's inputs before any kernel runs: shapes, widths, dtype."""
     t = seed_inputs()
     try:
         check_varlen_tensors(t["q"], t["k"], t["v"])
@@ -54,7 +54,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def seed_repro_on_cuda() -> dict[str, Any]:
-    """Runs the seed's code verbatim with torch's `varlen_attn` (CUDA only) and reports its fate."""
+    """Runs the original report's code verbatim with torch's `varlen_attn` (CUDA only) and reports its fate."""
     t = seed_inputs("cuda")
     try:
         loss = _varlen_attn()(t["q"], t["k"], t["v"], t["cu_seqlens"], t["cu_seqlens"], 512, 512).sum()
@@ -75,11 +75,11 @@ def corrected_repro(
     device: str | torch.device | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """The seed's experiment with valid inputs, for any torch-style `varlen_fn`.
+    """The original report's experiment with valid inputs, for any torch-style `varlen_fn`.
 
     A fused QKV activation `x` of (T + trailing, 3*H*D) is viewed as (T, 3, H, D) and split into
     q, k, v of (T, H, D); `cu_seqlens` covers T rows, so `trailing` rows are TAIL. The loss is
-    the seed's `out.sum()` over every row, TAIL rows included.
+    the original report's `out.sum()` over every row, TAIL rows included.
     """
     device = torch.device(device) if device is not None else default_device()
     cu = cumulative(seqlens, device)

@@ -22,6 +22,7 @@ from postmortems.triton_interpreter_bf16_dot.cases import (
     RECORD_COMMAND,
     REPRODUCTION,
     SOURCE_READ,
+    STATUS,
     WORKAROUND,
 )
 from postmortems.triton_interpreter_bf16_dot.claims import claims
@@ -40,6 +41,7 @@ __all__ = [
     "CASES",
     "FIXED",
     "META",
+    "STATUS",
     "RECORD_COMMAND",
     "REPRODUCTION",
     "SOURCE_READ",

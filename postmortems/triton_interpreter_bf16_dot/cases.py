@@ -8,6 +8,7 @@ from workbench.postmortem import (
     Link,
     Meta,
 )
+from workbench.upstream_status import finding_status
 
 TRITON = "https://github.com/triton-lang/triton"
 
@@ -22,18 +23,14 @@ META = Meta(
     category="tooling bug",
     impact="CPU runs (TRITON_INTERPRET=1) of any Triton kernel with a bf16 tl.dot return finite results whose relative "
     "error is {bf16_relative_error}, and raise nothing; compiled GPU runs are correct",
-    upstream_status="closed (not fixed)",
-    status_note='#11584 closed; its fix, PR #11585, closed unmerged ("No, we just don\'t support it yet"); '
-    "the debugging guide documents bf16 as unsupported in the interpreter",
     our_verdict="the report holds on triton 3.6.0, its mechanism to the bit; natively (H200) the bf16 dot is correct",
     detection="finite results ~1e9 too large; probe: REAL rows finite but error far beyond the bound",
     fix_type="upstream: none; workarounds: upcast tl.dot operands to fp32 (a constexpr, off natively), test in fp16, "
     "or run natively; ours applies the upcast when a runtime detector sees the bug",
     tags=("triton", "interpreter", "bfloat16"),
     reported="2026-09-04",
-    report=f"{TRITON}/issues/11584",
     published="2026-11-29",
-    revised="2026-12-01",
+    revised="2026-12-05",
     links=(
         Link("triton#11584", f"{TRITON}/issues/11584", date="2026-09-04", kind="issue", status="closed"),
         Link(
@@ -58,11 +55,11 @@ META = Meta(
             status="open; maintainer reluctant to add a dependency",
         ),
         Link(
-            "triton#5424",
+            "triton#5424: back-to-back BMMs fail under the interpreter, in bf16",
             f"{TRITON}/issues/5424",
-            date="2025-02-14",
+            date="2024-12-13",
             kind="issue",
-            status='closed; answered that day: "The interpreter mode doesn\'t support bf16"',
+            status='closed; answered 2025-02-14: "The interpreter mode doesn\'t support bf16"',
         ),
         Link(
             "triton#4972: bf16 loads under the interpreter",
@@ -77,9 +74,10 @@ META = Meta(
         ),
     ),
 )
+STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
 
 # A padded, causal GQA batch with NaN in its padding (every region present), small enough for
-# the interpreter; one per dtype. The flash-dmattn seed's configuration (bf16, causal, 256
+# the interpreter; one per dtype. The flash-dmattn report's configuration (bf16, causal, 256
 # tokens, d=64) meets the same bug: any bf16 tl.dot does.
 BASE = Case(seqlens_q=(21, 40, 3), padded_q=(24, 40, 8), tail_q=3, heads=2, kv_heads=1, head_dim=32, causal=True, fill=Fill.NAN)
 

@@ -18,6 +18,7 @@ claims = Claims()
 @claims(
     "bf16 tl.dot under the interpreter differs from the fp32 product by many orders of magnitude; fp16 does not",
     evidence=UPSTREAM_CPU,
+    headline=True,
 )
 def _orders_of_magnitude(results):
     run = results.interpreter["detector"]

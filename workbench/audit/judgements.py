@@ -6,7 +6,8 @@ with the upstream reports found for them and the post-mortem page that explains 
 module reads it into one `Judgement` per (row, check), "fuzz:<check>" for a fuzzer failure, and
 answers the page's questions: which FAILs are judged, which are known upstream, which appear new.
 
-A FAIL is known when upstream reported it (a tracker link) or documents it (a "documented"
+A FAIL is known when upstream reported it (a tracker link, or the upstream status of the
+post-mortem that explains it: data/upstream-status.toml) or documents it (a "documented"
 mechanism's links): a documented behaviour is never "new".
 """
 
@@ -21,6 +22,7 @@ import tomllib
 
 from workbench.audit.matrix import fails
 from workbench.provenance import REPO
+from workbench.upstream_status import UpstreamStatus, statuses
 
 JUDGEMENTS_FILE = REPO / "data" / "audit" / "judgements.toml"
 KINDS = ("upstream", "documented", "wrapper")
@@ -48,8 +50,18 @@ def _links(entries: list[dict[str, str]], where: str) -> tuple[Link, ...]:
         raise ValueError(f"{where}: each link is {{url = ..., says = ...}}; got {entries!r}") from None
 
 
-def parse(data: dict[str, Any], source: str = "judgements") -> dict[tuple[str, str], Judgement]:
-    """{(row, check): Judgement} from the file's parsed TOML; ValueError naming what is wrong."""
+def _status_link(status: UpstreamStatus) -> tuple[Link, ...]:
+    """The upstream report a post-mortem's status names, as a cell's link (none: no report found)."""
+    return ((status.reference, f"upstream status, checked {status.checked}: {status.label}"),) if status.known else ()
+
+
+def parse(
+    data: dict[str, Any], source: str = "judgements", upstream: dict[str, UpstreamStatus] | None = None
+) -> dict[tuple[str, str], Judgement]:
+    """{(row, check): Judgement} from the file's parsed TOML; ValueError naming what is wrong. A cell
+    that names a post-mortem carries the report its upstream status names (`upstream`: the statuses
+    of data/upstream-status.toml by post-mortem id)."""
+    upstream = upstream or {}
     mechanisms = data.get("mechanisms", {})
     for name, mechanism in mechanisms.items():
         if mechanism.get("kind") not in KINDS:
@@ -63,15 +75,24 @@ def parse(data: dict[str, Any], source: str = "judgements") -> dict[tuple[str, s
             raise ValueError(f"{source}: cells entry {i} names mechanism {name!r}, which is not under [mechanisms].")
         mechanism = mechanisms[name]
         text = f"{entry['note']}: {mechanism['text']}" if entry.get("note") else mechanism["text"]
-        links = _links(entry.get("upstream", []), f"{source}: cells entry {i}") + _links(
-            mechanism.get("links", []), f"{source}: mechanism {name!r}"
+        postmortem = entry.get("postmortem")
+        if postmortem is not None and postmortem not in upstream:
+            raise ValueError(f"{source}: cells entry {i} names post-mortem {postmortem!r}, which has no upstream status.")
+        links = (
+            _links(entry.get("upstream", []), f"{source}: cells entry {i}")
+            + (_status_link(upstream[postmortem]) if postmortem is not None else ())
+            + _links(mechanism.get("links", []), f"{source}: mechanism {name!r}")
         )
+        first: dict[str, str] = {}
+        for url, says in links:  # each url once, as first said (a cell's own report before its post-mortem's)
+            first.setdefault(url, says)
+        links = tuple(first.items())
         for row in entry["rows"]:
             for check in entry["checks"]:
                 if (row, check) in judged:
                     raise ValueError(f"{source}: {row} / {check} is judged twice (cells entry {i} and an earlier one).")
                 judged[(row, check)] = Judgement(
-                    mechanism["kind"], name, text, links, entry.get("postmortem"), mechanism.get("nan_padding", False)
+                    mechanism["kind"], name, text, links, postmortem, mechanism.get("nan_padding", False)
                 )
     return judged
 
@@ -80,7 +101,7 @@ def parse(data: dict[str, Any], source: str = "judgements") -> dict[tuple[str, s
 def judgements(path: Path = JUDGEMENTS_FILE) -> dict[tuple[str, str], Judgement]:
     """The judgements of `path` (the project's file by default)."""
     with open(path, "rb") as handle:
-        return parse(tomllib.load(handle), str(path))
+        return parse(tomllib.load(handle), str(path), statuses(REPO))
 
 
 def known_links(row: str, column: str) -> list[Link]:

@@ -51,7 +51,9 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
                     inner += (
                         f"<p><b>{html.escape(failure['check'])}</b>: smallest layout "
                         f"<code>{html.escape(_layout_text(failure['case']))}</code> "
-                        f"({failure['shrink_probes']} shrink probes)</p><pre>{html.escape(failure['snippet'])}</pre>"
+                        f"({failure['shrink_probes']} shrink probes)</p>"
+                        # folded: a cell holds one snippet per failing check, each dozens of lines
+                        + _details("plain-torch snippet", f"<pre>{html.escape(failure['snippet'])}</pre>")
                     )
             if column == "input-validation" and ran(record):
                 rows: list = next((c["rows"] for c in record["checks"] if c["name"] in ("input-validation", "bad-input")), [])

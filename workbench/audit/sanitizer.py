@@ -115,6 +115,23 @@ def parse(text: str, tool: str, program: str = "") -> ToolRun:
     )
 
 
+def reads_just_before_allocations(text: str) -> ToolRun:
+    """The memcheck log of a run that read out of bounds just before its allocations, in one kernel
+    only (the audit matrix's earlier FlexAttention run, whose adapter's mask_mod indexed a boundary
+    tensor at -1): its `ToolRun`, after checking that every printed report is such a read of that
+    kernel. AssertionError naming what differs: the page states what this checks, and no count."""
+    run = parse(text, "memcheck")
+    reports = [line for line in text.splitlines() if line.startswith(PREFIX) and "Invalid __global__ read" in line]
+    before = re.findall(r"is \d+ bytes before the nearest allocation at ", text)
+    kernels = set(re.findall(r"^=+\s+at (\S+?)\+0x", text, re.MULTILINE))
+    assert run.errors and set(run.kinds) == {"Invalid __global__ read"}, f"reports of other kinds: {run.kinds}"
+    assert len(before) == len(reports), (
+        f"{len(reports) - len(before)} of {len(reports)} printed reads are not just before an allocation"
+    )
+    assert len(kernels) == 1, f"reads in {len(kernels)} kernels: {sorted(kernels)}"
+    return run
+
+
 def _report_lines(lines: list[str], header: int) -> list[str]:
     """The indented lines of the report whose header is `lines[header]`."""
     out = []

@@ -157,6 +157,19 @@ def _killed(record: dict[str, Any], directory: Path) -> str | None:
     return None
 
 
+def fuzz_line(record: dict[str, Any]) -> str:
+    """How far a row's fuzzer went, for the audit matrix: the layouts it tried, whether it stopped
+    before the number it was given (and why), and which target that meets (`fuzz_budget`)."""
+    fuzzed = record.get("fuzz") if ran(record) else None
+    if not fuzzed:
+        return f"{record['row']:<22} {cell(record, 'fuzzer')[1]}"
+    how = f"stopped early: {fuzzed['stopped_early']}" if fuzzed["stopped_early"] else "every layout it was given"
+    target = fuzz_budget(record)
+    return f"{record['row']:<22} {fuzzed['tried']:>5} layouts ({how}; " + (
+        f"meets the target of {target})" if target else "short of both targets)"
+    )
+
+
 def incomplete(records: list[dict[str, Any]], directory: Path = GPU_DATA) -> dict[str, list[str]]:
     """{row: [why, ...]} for each row whose record is not whole (`workbench.audit.matrix.complete`)
     or whose compute-sanitizer runs do not all count: a latest run killed at its deadline, the
