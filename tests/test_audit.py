@@ -166,8 +166,8 @@ def test_the_oracle_passes_every_check():
     report = audit(reference_attention, budget=0)
     assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == ["input-validation"]
     assert report.passed and report.ran and report.validation == "validates"
-    # head_dim 24 and float64 are legal for the oracle: accepted with the right answer, not n/a.
-    assert report.result("input-validation").evidence == "32/34 clear errors, 2 accepted correctly"
+    # head dim 20 (of q and k, of v) and float64 are legal for the oracle: accepted with the right answer, not n/a.
+    assert report.result("input-validation").evidence == "33/36 clear errors, 3 accepted correctly"
 
 
 # -- adapters -------------------------------------------------------------------------------
