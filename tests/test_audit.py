@@ -543,7 +543,7 @@ def test_audit_at_a_chosen_head_dim_builds_every_case_and_layout_there():
     report = audit(reference_attention, head_dim=192, head_dim_v=128, budget=2, checks=["real-accuracy", "gqa"])
     assert report.passed and report.head_dims == "192/128" and "head dim 192/128" in report.render().splitlines()[0]
     assert {(c.head_dim, c.head_dim_v) for r in report.results for c in r.cases} == {(192, 128)}
-    assert report.fuzz is not None and report.fuzz.profile == "tiny at head dim 192/128" and report.fuzz.tried == 2
+    assert report.fuzz is not None and report.fuzz.profile == "tiny d192/128" and report.fuzz.tried == 2
     assert audit(reference_attention, budget=0, checks=["gqa"]).head_dims == "32"  # the CPU default
 
 

@@ -157,7 +157,7 @@ def test_a_value_head_dim_bug_is_drawn_at_the_audits_head_dims_and_reproduced_in
     result = fuzz(adapt("test_audit_fuzz:value_features_past_qk_dropped", "contract"), 4, seed=0, profile=profile)
     failure = next(f for f in result.failures if f.check == "real-accuracy")
     assert (failure.case.head_dim, failure.case.head_dim_v) == (16, 24) and "D, D_v = 16, 24" in failure.snippet
-    assert result.profile == "tiny at head dim 16/24"
+    assert result.profile == "tiny d16/24"
     exec(compile(failure.snippet, "<snippet>", "exec"), {})
     assert "out: damaged REAL rows [" in capsys.readouterr().out
     finding = run_layout(adapt(value_features_past_qk_dropped, "contract"), failure.case)[0]

@@ -139,8 +139,8 @@ class TileTuner:
     untimed).
 
     A shape class is (kernel, dtype, head_dim, causal, GQA group, log2 of the mean rows per
-    sequence, log2 of rows x heads, sliding, v's head dim): short documents want smaller query blocks, and a small
-    grid wants more, smaller programs. `report()` lists each choice, its timings and, natively,
+    sequence, log2 of rows x heads, sliding, v's head dim): short documents want smaller query
+    blocks, and a small grid wants more, smaller programs. `report()` lists each choice, its timings and, natively,
     the compiled kernel's registers, spills and shared memory.
     """
 

@@ -61,7 +61,7 @@ class Profile:
         label = f"{head_dim}" + ("" if head_dim_v is None else f"/{head_dim_v}")
         return replace(
             self,
-            name=f"{self.name} at head dim {label}",
+            name=f"{self.name} d{label}",
             head_dims=(head_dim,),
             head_dims_v=() if head_dim_v is None else (head_dim_v,),
         )

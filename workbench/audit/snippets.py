@@ -40,7 +40,7 @@ allowed = torch.zeros(B, S_q, S_k, dtype=torch.bool, device=dev)  # True: query 
 for b in range(B):
     allowed[b, : lens_q[b], : lens_k[b]] = visible(lens_q[b], lens_k[b])
 def from_bshd(out4):
-    out = torch.zeros_like(q)
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])  # v's head dim
     for b in range(B):
         out[starts_q[b] : starts_q[b] + lens_q[b]] = out4[b, : lens_q[b]]
     return out
@@ -117,7 +117,7 @@ def _nested(module: str, name: str) -> list[str]:
         "off_q = cu_q.long(); off_k = off_q if torch.equal(cu_q, cu_k) else cu_k.long()",
         "o = F.scaled_dot_product_attention(jagged(q, starts_q, lens_q, off_q), jagged(k, starts_k, lens_k, off_k),",
         "    jagged(v, starts_k, lens_k, off_k), is_causal=causal, scale=scale).transpose(1, 2).values()",
-        "out = torch.zeros_like(q)",
+        "out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])  # v's head dim",
         "out[torch.cat([torch.arange(s, s + n) for s, n in zip(starts_q, lens_q)]).to(dev)] = o",
     ]
 
