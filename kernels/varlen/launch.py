@@ -69,12 +69,15 @@ class Tile:
 INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 
 # Native candidates per kernel, by the bytes of one row of lanes (`lanes`: a head dim padded to a
-# power of two, the wider of q/k's and v's, x itemsize); the first of
-# each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
-# compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
-# memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
-# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no spilling
-# candidate where one does not spill, timed or not). Wider rows get smaller tiles. Forward and
+# power of two, the wider of q/k's and v's, x itemsize); the first of each is the pick where
+# timing is impossible (CUDA graph capture, sync debug mode). Chosen by compiling for sm_90
+# (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared memory and, in bf16 and
+# fp16 at head dims 64 and 128, none spills without a window's left bound; with one (sliding),
+# at 128, forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no
+# spilling candidate where one does not spill, timed or not). A padded head dim compiles like
+# its lanes (48 like 64, 80 and 96 like 128: the same shared memory and spills, registers within
+# a few); 192 with v of 128 takes the 256 bucket, where dQ's first candidate, 32x16 w4, spills
+# 16-32 bytes (at 256 8-40), the next does not. Wider rows get smaller tiles. Forward and
 # dQ own BLOCK_M query rows and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over
 # BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
