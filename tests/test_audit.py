@@ -569,6 +569,11 @@ def test_cli_audit_head_dim(tmp_path, capsys):
     assert "head dim 192/128" in capsys.readouterr().out
     assert main(["audit", "workbench:reference_attention", "--head-dim", "96,x", "--budget", "0"]) == 2
     assert "--head-dim '96,x': pass D" in capsys.readouterr().err
+    # the run under another device (a child process) gets the flag as given
+    from workbench.audit import _argv
+    from workbench.cli import build_parser
+
+    assert "--head-dim 192,128" in " ".join(_argv(build_parser().parse_args(argv)))
 
 
 def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():
