@@ -13,7 +13,7 @@ the kernel and keep only the tensor-shape checks in `check_varlen_tensors`, whic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +30,24 @@ class VarlenShape:
     total_k: int
     heads: int
     kv_heads: int
-    head_dim: int
+    head_dim: int  # q's and k's
+    head_dim_v: int  # v's, and the output's
+
+
+def describe_head_dims(head_dims: Collection[int]) -> str:
+    """'16, 32, 64' for a short list; '8, 16, 24, ..., 256' for a long evenly spaced one."""
+    dims = sorted(head_dims)
+    if len(dims) > 4 and len({b - a for a, b in zip(dims, dims[1:])}) == 1:
+        return f"{dims[0]}, {dims[1]}, {dims[2]}, ..., {dims[-1]}"
+    return ", ".join(map(str, dims))
+
+
+def _unsupported_head_dim(name: str, head_dim: int, head_dims: Collection[int], pad: str) -> str:
+    """The error of a head dim the implementation does not take: `name` says whose (e.g.
+    "head_dim 20 (q.shape[-1])"), `pad` how to pad it to `{up}`, the next supported one."""
+    up = min((d for d in head_dims if d >= head_dim), default=None)
+    fix = pad.format(up=up, dim=head_dim) if up is not None else f"Use at most {max(head_dims)} features per head"
+    return f"{name} is not supported; supported head dims are {describe_head_dims(head_dims)}. {fix}."
 
 
 def check_varlen_tensors(
@@ -39,9 +56,14 @@ def check_varlen_tensors(
     v: torch.Tensor,
     *,
     dtypes: Sequence[torch.dtype] | None = None,
-    head_dims: Sequence[int] | None = None,
+    head_dims: Collection[int] | None = None,
+    separate_v_head_dim: bool = True,
 ) -> VarlenShape:
-    """Shape, dtype and device checks of q, k, v. No host sync."""
+    """Shape, dtype and device checks of q, k, v. No host sync.
+
+    `head_dims`: the head dims the implementation takes, for q and k and for v (each of its
+    own); None: any. `separate_v_head_dim=False`: v must have q and k's head dim (an
+    implementation with one head dim for all three)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(
@@ -71,17 +93,23 @@ def check_varlen_tensors(
         raise ValueError(
             f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}; move them with .to(q.device)."
         )
-    if k.shape != v.shape:
+    if k.shape[0] != v.shape[0]:
         raise ValueError(
-            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}; pass one value row "
-            "per key row, with k's heads and head_dim."
+            f"v has {v.shape[0]} rows but k has {k.shape[0]} (k {tuple(k.shape)}, v {tuple(v.shape)}); pass one value "
+            "row per key row: k and v share the layout cu_seqlens_k describes."
+        )
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(
+            f"v has {v.shape[1]} heads but k has {k.shape[1]} (k {tuple(k.shape)}, v {tuple(v.shape)}); pass v with "
+            "k's heads (H_kv), one value head per key head."
         )
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, head_dim_k = k.shape
+    head_dim_v = v.shape[2]
     if head_dim_k != head_dim:
         raise ValueError(
             f"q and k must have the same head_dim (last dimension), got q {head_dim} and k {head_dim_k}; "
-            f"project q, k and v to one head dim.{_transposed_hint(q, k, head_dims)}"
+            f"project q and k to one head dim (v's may differ).{_transposed_hint(q, k, head_dims)}"
         )
     if heads == 0 or kv_heads == 0:
         raise ValueError(
@@ -94,12 +122,29 @@ def check_varlen_tensors(
             "0 for GQA/MQA); repeat k/v heads or choose H_kv among the divisors of H."
         )
     if head_dims is not None and head_dim not in head_dims:
-        raise ValueError(
-            f"head_dim {head_dim} (q.shape[-1]) is not supported; supported head dims are "
-            f"{', '.join(map(str, head_dims))}. Pad the head dimension with zeros up to the "
-            f"next supported size.{_transposed_hint(q, k, head_dims)}"
+        message = _unsupported_head_dim(
+            f"head_dim {head_dim} (q.shape[-1])",
+            head_dim,
+            head_dims,
+            "Pad q and k with zeros to {up} features and pass scale={dim}**-0.5 (the default scale follows the head dim)",
         )
-    return VarlenShape(total_q, total_k, heads, kv_heads, head_dim)
+        raise ValueError(message + _transposed_hint(q, k, head_dims))
+    if not separate_v_head_dim and head_dim_v != head_dim:
+        raise ValueError(
+            f"v has head_dim {head_dim_v} but q and k have {head_dim}; this implementation takes one head dim for "
+            "q, k and v: pad v with zeros to q's head dim and drop the extra output features (kernels.varlen_attention "
+            "takes v's head dim apart)."
+        )
+    if head_dims is not None and head_dim_v not in head_dims:
+        raise ValueError(
+            _unsupported_head_dim(
+                f"v's head_dim {head_dim_v} (v.shape[-1])",
+                head_dim_v,
+                head_dims,
+                "Pad v with zeros to {up} features and keep out[..., :{dim}] (the extra features of out are 0)",
+            )
+        )
+    return VarlenShape(total_q, total_k, heads, kv_heads, head_dim, head_dim_v)
 
 
 def _suggested_dtype(device: torch.device, dtypes: Sequence[torch.dtype]) -> torch.dtype:
@@ -109,7 +154,7 @@ def _suggested_dtype(device: torch.device, dtypes: Sequence[torch.dtype]) -> tor
     return next((d for d in preferred if d in dtypes), dtypes[0])
 
 
-def _transposed_hint(q: torch.Tensor, k: torch.Tensor, head_dims: Sequence[int] | None) -> str:
+def _transposed_hint(q: torch.Tensor, k: torch.Tensor, head_dims: Collection[int] | None) -> str:
     """Names q or k as likely transposed, (tokens, head_dim, heads), when its middle dimension is
     a supported head dim and its last is not: the usual cause of a head-dim error."""
     for name, t in (("q", q), ("k", k)):
@@ -325,10 +370,11 @@ def check_varlen_inputs(
     cu_seqlens_k_padded: torch.Tensor | None = None,
     scale: float | None = None,
     dtypes: Sequence[torch.dtype] | None = None,
-    head_dims: Sequence[int] | None = None,
+    head_dims: Collection[int] | None = None,
+    separate_v_head_dim: bool = True,
 ) -> VarlenShape:
     """Every check of the contract for one call (reads metadata on the host)."""
-    shape = check_varlen_tensors(q, k, v, dtypes=dtypes, head_dims=head_dims)
+    shape = check_varlen_tensors(q, k, v, dtypes=dtypes, head_dims=head_dims, separate_v_head_dim=separate_v_head_dim)
     check_cu_seqlens(
         cu_seqlens_q,
         cu_seqlens_k,

@@ -349,7 +349,8 @@ def varlen_attention_fp8(
     if out_dtype not in INPUT_DTYPES:
         raise ValueError(f"out_dtype = {out_dtype} must be one of {INPUT_DTYPES}.")
     window = Window.of(check_causal(causal), *check_window_size(window_size))
-    shape = check_varlen_tensors(q.data, k.data, v.data, dtypes=(FP8,), head_dims=HEAD_DIMS)
+    # One head dim for q, k and v, a power of two (its own list: the kernel has no masked lanes).
+    shape = check_varlen_tensors(q.data, k.data, v.data, dtypes=(FP8,), head_dims=HEAD_DIMS, separate_v_head_dim=False)
     check_cu_seqlens(
         cu_seqlens_q,
         cu_seqlens_k,

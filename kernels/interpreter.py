@@ -266,6 +266,7 @@ def single_block_attention(
         scale=scale,
         dtypes=DOT_DTYPES,
         head_dims=(16, 32, 64),
+        separate_v_head_dim=False,
     )
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if n > SINGLE_BLOCK_MAX_SEQLEN:

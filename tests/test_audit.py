@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import kernels
 from workbench import reference_attention
-from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, register_adapter
+from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, parse_head_dims, register_adapter
 from workbench.audit.campaign import Outcome, classify, run_campaign, summarize
 from workbench.cli import main
 from workbench.malformed import CATALOGUE, base_args, split_call
@@ -196,8 +196,8 @@ def test_the_oracle_passes_every_check():
     report = audit(reference_attention, budget=0)
     assert [r.name for r in report.results if r.verdict is not Verdict.PASS] == ["input-validation"]
     assert report.passed and report.ran and report.validation == "validates"
-    # head_dim 24 and float64 are legal for the oracle: accepted with the right answer, not n/a.
-    assert report.result("input-validation").evidence == "32/34 clear errors, 2 accepted correctly"
+    # head dim 20 (of q and k, of v) and float64 are legal for the oracle: accepted with the right answer, not n/a.
+    assert report.result("input-validation").evidence == "33/36 clear errors, 3 accepted correctly"
 
 
 # -- adapters -------------------------------------------------------------------------------
@@ -570,6 +570,45 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
     assert main(["audit", "workbench:reference_attention", "--checks", "tail-rows,nope"]) == 2
     assert "--checks / --skip name unknown checks ['nope']" in capsys.readouterr().err
+
+
+def test_audit_at_a_chosen_head_dim_builds_every_case_and_layout_there():
+    """`head_dim`/`head_dim_v` (the CLI's --head-dim 192,128): every case the checks build and
+    every layout the fuzzer draws has them, and the report says so."""
+    report = audit(reference_attention, head_dim=192, head_dim_v=128, budget=2, checks=["real-accuracy", "gqa"])
+    assert report.passed and report.head_dims == "192/128" and "head dim 192/128" in report.render().splitlines()[0]
+    assert {(c.head_dim, c.head_dim_v) for r in report.results for c in r.cases} == {(192, 128)}
+    assert report.fuzz is not None and report.fuzz.profile == "tiny d192/128" and report.fuzz.tried == 2
+    assert audit(reference_attention, budget=0, checks=["gqa"]).head_dims == "32"  # the CPU default
+
+
+def test_audit_head_dims_are_checked_against_what_the_adapter_declares():
+    assert parse_head_dims("96") == (96, None) and parse_head_dims("192,128") == (192, 128)
+    for bad in ("96,", "a", "192,128,64", "-8"):
+        with pytest.raises(ValueError, match=r"--head-dim .*pass D \(e.g. 96\) or D_QK,D_V"):
+            parse_head_dims(bad)
+    with pytest.raises(ValueError, match=r"head_dim = 20: adapter 'ours' declares head dims 8, 16, 24, \.\.\., 256"):
+        audit(kernels.varlen_attention, head_dim=20, budget=0)
+    with pytest.raises(ValueError, match=r"head_dim_v = 264: adapter 'ours' declares"):
+        audit(kernels.varlen_attention, head_dim=192, head_dim_v=264, budget=0)
+    with pytest.raises(ValueError, match="head_dim_v = 128 needs head_dim"):
+        audit(kernels.varlen_attention, head_dim_v=128, budget=0)
+
+
+def test_cli_audit_head_dim(tmp_path, capsys):
+    record = tmp_path / "audit.json"
+    argv = ["audit", "workbench:reference_attention", "--head-dim", "192,128", "--budget", "1", "--checks", "real-accuracy"]
+    assert main([*argv, "--record", str(record)]) == 0
+    data = json.loads(record.read_text())
+    assert data["head_dims"] == "192/128" and data["checks"][0]["cases"][0]["head_dim_v"] == 128
+    assert "head dim 192/128" in capsys.readouterr().out
+    assert main(["audit", "workbench:reference_attention", "--head-dim", "96,x", "--budget", "0"]) == 2
+    assert "--head-dim '96,x': pass D" in capsys.readouterr().err
+    # the run under another device (a child process) gets the flag as given
+    from workbench.audit import _argv
+    from workbench.cli import build_parser
+
+    assert "--head-dim 192,128" in " ".join(_argv(build_parser().parse_args(argv)))
 
 
 def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():

@@ -7,12 +7,14 @@ import random
 import time
 
 import pytest
+import torch
 from test_audit import oracle, tail_unwritten, varlen_attn_210, window_left_ignored
 
 import kernels
 from workbench import Case, pack, probe
 from workbench.audit import adapt, fuzz
 from workbench.audit.fuzz import PROFILES, candidates, random_case, run_layout, size
+from workbench.audit.snippets import torch_snippet
 
 
 def test_layouts_are_seeded_and_stay_within_what_the_adapter_can_express():
@@ -126,8 +128,6 @@ def test_workers_split_the_same_layouts_and_find_the_same_failures():
 def test_a_window_bug_is_shrunk_and_reproduced_in_plain_torch(capsys):
     """A window that drops its left bound: the fuzzer finds it, shrinks it to a small windowed
     layout, and the plain-torch snippet shows damaged REAL rows for it and none for the oracle."""
-    from workbench.audit.snippets import torch_snippet
-
     result = fuzz(adapt("test_audit:window_left_ignored", "contract"), 20, seed=1)
     failure = next(f for f in result.failures if f.check == "real-accuracy")
     case = failure.case
@@ -139,6 +139,29 @@ def test_a_window_bug_is_shrunk_and_reproduced_in_plain_torch(capsys):
     finding = run_layout(adapt(window_left_ignored, "contract"), case)[0]
     right = torch_snippet(adapt("test_audit:oracle", "contract"), case, finding)
     exec(compile(right, "<snippet>", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.count("damaged REAL rows [], padding rows not 0 []") == 4, printed
+
+
+def value_features_past_qk_dropped(q, k, v, *args, **kwargs):
+    """Assumes v has q and k's head dim: out's features past it come back 0."""
+    out = oracle(q, k, v, *args, **kwargs)
+    return torch.cat([out[..., : q.shape[-1]], torch.zeros_like(out[..., q.shape[-1] :])], dim=-1)
+
+
+def test_a_value_head_dim_bug_is_drawn_at_the_audits_head_dims_and_reproduced_in_plain_torch(capsys):
+    """At `--head-dim 16,24` every layout has v of 24: a bug of v's own head dim is found, kept
+    through shrinking (v of q's head dim would hide it), and shown by the plain-torch snippet."""
+    profile = PROFILES["tiny"].at_head_dim(16, 24)
+    assert all(random_case(random.Random(i), adapt(oracle, "contract"), profile).head_dim_v == 24 for i in range(20))
+    result = fuzz(adapt("test_audit_fuzz:value_features_past_qk_dropped", "contract"), 4, seed=0, profile=profile)
+    failure = next(f for f in result.failures if f.check == "real-accuracy")
+    assert (failure.case.head_dim, failure.case.head_dim_v) == (16, 24) and "D, D_v = 16, 24" in failure.snippet
+    assert result.profile == "tiny d16/24"
+    exec(compile(failure.snippet, "<snippet>", "exec"), {})
+    assert "out: damaged REAL rows [" in capsys.readouterr().out
+    finding = run_layout(adapt(value_features_past_qk_dropped, "contract"), failure.case)[0]
+    exec(compile(torch_snippet(adapt("test_audit:oracle", "contract"), failure.case, finding), "<snippet>", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.count("damaged REAL rows [], padding rows not 0 []") == 4, printed
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernels.contract import check_scale, check_varlen_inputs, check_window_size
+from kernels.varlen.op import DTYPES, HEAD_DIMS
 from workbench import Case, Region, check_cu_seqlens, pack, region_labels
 from workbench.malformed import CATALOGUE, I32, base_args, split_call
 
@@ -23,9 +24,7 @@ def call(**changes):
     positional, keywords = split_call({**base_args(), **changes})
     if "window_size" in keywords:  # the window's own check (varlen_attention runs it before the others)
         check_window_size(keywords.pop("window_size"))
-    return check_varlen_inputs(
-        *positional, **keywords, dtypes=(torch.float32, torch.float16, torch.bfloat16), head_dims=(16, 32, 64, 128)
-    )
+    return check_varlen_inputs(*positional, **keywords, dtypes=DTYPES, head_dims=HEAD_DIMS)
 
 
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.id for c in CATALOGUE])

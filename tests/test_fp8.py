@@ -109,3 +109,6 @@ def test_fp8_arguments_are_checked():
         varlen_attention_fp8(x, batch.k, x, cu, cu, 16, 16)
     with pytest.raises(ValueError, match="same block size"):
         varlen_attention_fp8(x, x, Fp8Blockwise(x.data, x.scale, 32), cu, cu, 16, 16)
+    wide_v = quantize_fp8_blockwise(torch.zeros(16, 1, 32, device=cu.device), cu)  # one head dim for q, k and v here
+    with pytest.raises(ValueError, match="v has head_dim 32 but q and k have 16; this implementation takes one head dim"):
+        varlen_attention_fp8(x, x, wide_v, cu, cu, 16, 16)

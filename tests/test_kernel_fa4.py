@@ -16,6 +16,8 @@ gradients with weight 0, so NaN or inf there makes them NaN, as on the H200
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -154,6 +156,7 @@ def fake_fa4(monkeypatch) -> FakeFA4:
     fake = FakeFA4()
     monkeypatch.setattr(fa4, "load", lambda: fake.kernels)
     monkeypatch.setattr(fa4, "platform_reason", lambda q: None)  # as on an H200
+    monkeypatch.setattr(fa4, "device_capability", lambda device: (9, 0))
     return fake
 
 
@@ -376,15 +379,52 @@ def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4, case)
     "change, reason",
     [
         (dict(dtype="float32"), "float16 and bfloat16 only"),
-        (dict(head_dim=32), "head_dim 32"),
+        (dict(head_dim=192), r"head dims 192 \(q, k\) and 192 \(v\): FA4 on sm100 takes .* 192/128"),
     ],
 )
-def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_fa4(fake_fa4, change, reason):
+def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_fa4(fake_fa4, monkeypatch, change, reason):
+    monkeypatch.setattr(fa4, "device_capability", lambda device: (10, 0))  # a B200: FA4 takes 192 with v of 128 only
     batch = pack(CAUSAL.with_(**change))
     out = batch.call(varlen_attention, backend="auto")
     assert not fake_fa4.calls and torch.equal(out, batch.call(varlen_attention, backend="triton"))
     with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: .*{reason}.*backend="auto"'):
         batch.call(varlen_attention, backend="fa4")
+
+
+@pytest.mark.parametrize(
+    "major, dims, takes",
+    [
+        (9, (48, None), True),
+        (9, (192, 128), True),
+        (9, (256, 40), True),
+        (10, (96, None), True),
+        (10, (192, 128), True),
+        (10, (128, 192), False),
+        (10, (256, 128), False),
+    ],
+    ids=str,
+)
+def test_auto_takes_fa4_at_the_head_dims_fa4_takes_on_the_gpu(fake_fa4, monkeypatch, major, dims, takes):
+    """FA4's own rule (its _validate_head_dims): on sm90 every head dim of ours, q/k's and v's
+    apart; on sm100 up to 128 each, or 192/128 (DeepSeek) and 256/256. The contract holds either way."""
+    monkeypatch.setattr(fa4, "device_capability", lambda device: (major, 0))
+    head_dim, head_dim_v = dims
+    batch = pack(LONGER.with_(head_dim=head_dim, head_dim_v=head_dim_v))  # the rule's pick is FA4 where FA4 can run it
+    out = batch.call(varlen_attention, backend="auto")
+    assert out.shape == (batch.q.shape[0], 2, head_dim_v or head_dim)
+    assert bool(fake_fa4.calls) == takes
+    assert fa4.fa4_takes_head_dims(head_dim, head_dim_v or head_dim, major) == takes
+    if takes:
+        record = probe(functools.partial(varlen_attention, backend="fa4"), batch, poisoned=True)
+        assert record.real_within_bound and record.padding_exactly_zero, record.errors
+
+
+def test_fa4_head_dim_rule_is_fa4s():
+    takes = fa4.fa4_takes_head_dims
+    assert all(takes(d, v, 9) for d in range(8, 257, 8) for v in (8, 128, 256))
+    assert not any(takes(d, 64, 9) for d in (4, 20, 264))
+    assert takes(128, 128, 10) and takes(192, 128, 10) and takes(256, 256, 10)
+    assert not takes(192, 192, 10) and not takes(160, 128, 10) and not takes(256, 128, 10)
 
 
 @pytest.mark.parametrize(
@@ -468,6 +508,12 @@ REAL_CASES = {
         (300, 77), seqlens_k=(129, 40), tail_q=61, tail_k=37, heads=4, kv_heads=2, head_dim=128, dtype="bfloat16"
     ),
     "tail-only-no-real-key": Case((33, 20), seqlens_k=(0, 0), tail_q=3, tail_k=9, heads=2, head_dim=64, dtype="bfloat16"),
+    # Head dims FA4 takes beyond 64 and 128 (where the GPU at hand takes them: sm100 not 48/192-192).
+    "d48-gap": Case((130, 7), padded_q=(136, 8), tail_k=3, heads=4, kv_heads=2, head_dim=48, dtype="bfloat16"),
+    "d96-causal-fp16": Case((77, 300), seqlens_k=(200, 300), tail_q=2, heads=2, head_dim=96, causal=True, dtype="float16"),
+    "d192-v128-mla": Case(
+        (257, 64), seqlens_k=(300, 9), padded_k=(304, 9), heads=4, kv_heads=1, head_dim=192, head_dim_v=128, dtype="bfloat16"
+    ),
 }
 
 

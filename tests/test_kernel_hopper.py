@@ -76,6 +76,15 @@ def test_every_switch_combination_keeps_the_contract(config, dtype):
         assert_contract(_case(dtype))
 
 
+@pytest.mark.parametrize("dims", [(48, None), (192, 128)], ids=["48", "192-128"])
+def test_descriptors_at_padded_head_dims(dims):
+    """Descriptors over [len, D] rows in blocks of [BLOCK, lanes]: the lanes past D (and past
+    D_v for v and out) load as zeros and are never stored, as the masked loads do."""
+    head_dim, head_dim_v = dims
+    with forward_config(ForwardConfig(descriptors=True)):
+        assert_contract(_case("bfloat16").with_(head_dim=head_dim, head_dim_v=head_dim_v))
+
+
 def test_sliding_window_with_every_switch():
     with forward_config(ForwardConfig(True, True, True)):
         assert_contract(Case((40, 90), tail_q=2, heads=2, head_dim=32, causal=True, window=(20, -1), dtype="bfloat16"))

@@ -153,3 +153,21 @@ def test_a_window_is_part_of_the_case_and_reaches_the_call_only_when_set():
         Case((3,), window=(-2, 0))
     with pytest.raises(TypeError, match=r"Case.window = 4: window_size must be a \(left, right\) pair"):
         Case((3,), window=4)
+
+
+def test_v_may_have_a_head_dim_of_its_own():
+    """Case.head_dim_v (DeepSeek-style 192/128): v and the output get it; a case without one is
+    the case it was before (its dict, its numbers: q and k are drawn first, as before)."""
+    mla = Case((5, 3), seqlens_k=(4, 6), tail_q=2, heads=4, kv_heads=2, head_dim=24, head_dim_v=16)
+    batch = pack(mla, "cpu")
+    assert batch.q.shape[2] == batch.k.shape[2] == 24 and batch.v.shape == (10, 2, 16)
+    assert batch.out_shape == (10, 4, 16) and batch.dot_length == 24 and mla.value_head_dim == 16
+    assert mla == Case(**mla.to_dict()) and "D=24/16" in mla.label()
+    plain = mla.with_(head_dim_v=None)
+    assert "head_dim_v" not in plain.to_dict() and "D=24 " in plain.label() and plain.value_head_dim == 24
+    same = pack(plain, "cpu")
+    for x, y in ((same.q, batch.q), (same.k, batch.k)):  # NaN padding: equal as NaN
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=rf"Case.head_dim_v = {bad!r} must be a positive int"):
+            Case((3,), head_dim_v=bad)

@@ -133,6 +133,15 @@ def test_nonempty_false_draws_layouts_without_rows():
     assert found.seqlens_q == (0,) and found.padded_q is None and found.tail_q == 0
 
 
+def test_v_head_dims_are_drawn_only_where_given():
+    """head_dims_v draws v's head dim for every layout; without it no layout has one."""
+    rng = random.Random(0)
+    apart = [LayoutSpace(head_dims=(8, 48), head_dims_v=(16, 96)).sample(rng) for _ in range(100)]
+    assert {c.head_dim_v for c in apart} == {16, 96} and {c.head_dim for c in apart} == {8, 48}
+    assert all(pack(c, "cpu", requires_grad=False).v.shape[2] == c.head_dim_v for c in apart[:10])
+    assert all(SPACE.sample(random.Random(i)).head_dim_v is None for i in range(50))
+
+
 def test_bad_bounds_name_the_argument():
     with pytest.raises(ValueError, match=r"LayoutSpace.max_batch = 0 must be >= 1"):
         LayoutSpace(max_batch=0)
@@ -142,6 +151,8 @@ def test_bad_bounds_name_the_argument():
         LayoutSpace(heads=())
     with pytest.raises(ValueError, match=r"LayoutSpace.head_dims holds 0"):
         LayoutSpace(head_dims=(0, 16))
+    with pytest.raises(ValueError, match=r"LayoutSpace.head_dims_v holds -8"):
+        LayoutSpace(head_dims_v=(-8,))
     with pytest.raises(ValueError, match=r"LayoutSpace.dtypes = \('fp8',\): give one or more of"):
         LayoutSpace(dtypes=("fp8",))
     with pytest.raises(ValueError, match="'purple' is not a padding fill; choose one of"):

@@ -306,8 +306,12 @@ def kernel_times(record: dict) -> dict[str, dict[str, float]]:
     the first call that reaches it, so a later workload of the same class is left out."""
     from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
 
-    # Records from before sliding windows lack the field: their classes had none.
-    tiles = {tuple(t.get(f, False) if f == "sliding" else t[f] for f in SHAPE_CLASS_FIELDS): t for t in record["tiles"]}
+    # Records from before sliding windows lack the field: their classes had none; nor had they a
+    # head dim of v's own.
+    def field(t: dict, f: str):
+        return t.get(f, False) if f == "sliding" else t.get(f, t["head_dim"]) if f == "head_dim_v" else t[f]
+
+    tiles = {tuple(field(t, f) for f in SHAPE_CLASS_FIELDS): t for t in record["tiles"]}
     ours = _our_rows(rows_from_record(record))
     found, timed = {}, set()
     for w in workloads():  # the benchmark's order: a class is timed on its first workload only

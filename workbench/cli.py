@@ -8,7 +8,8 @@
     workbench new ID "TITLE"            scaffold postmortems/<module>/ + notebooks/ID.ipynb
     workbench execute NAME...           re-execute notebooks in place, to commit their outputs
     workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
-    workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--budget N] [--campaign] [--notebook PATH] [--record FILE]
+    workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--head-dim D] [--budget N] [--campaign] [--notebook PATH]
+                    [--record FILE]
                                         check any varlen attention against the padding contract
     workbench bench [--quick] [--shapes T..] [--record FILE]
                                         time our kernel against torch's attention choices (CUDA)
@@ -503,6 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=("float32", "float16", "bfloat16"),
         help="dtype of the checks' cases (default: float32 on CPU, float16 on CUDA)",
+    )
+    audit.add_argument(
+        "--head-dim",
+        metavar="D|D_QK,D_V",
+        help="head dim of the checks' cases and the fuzzer's layouts, e.g. 96, or 192,128 for q/k and v apart "
+        "(default: 32 on CPU, 64 on CUDA; the fuzzer draws 16 and 32, or 64 and 128)",
     )
     audit.add_argument(
         "--budget", type=int, metavar="N", help="layouts the fuzzer tries (default: 20 on CPU, 1000 on CUDA; 0: none)"

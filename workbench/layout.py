@@ -82,6 +82,8 @@ class Case:
     `align` (each sequence rounded up to a multiple, as FP8 alignment padding does);
     with neither, sequences are packed back to back. `tail_q`/`tail_k` add TAIL rows after
     the last padded end. `seqlens_k=None` means self-attention lengths (= seqlens_q).
+    `head_dim` is q's and k's; `head_dim_v` v's (and the output's), None meaning the same
+    (DeepSeek-style attention has 192 and 128).
     `window` is FlashAttention's `window_size=(left, right)`, -1 = unbounded (`(-1, -1)`: no
     window); `causal=True` bounds its right side at 0, as in `kernels.varlen_attention`.
     """
@@ -96,6 +98,7 @@ class Case:
     heads: int = 2
     kv_heads: int | None = None
     head_dim: int = 32
+    head_dim_v: int | None = None
     dtype: str = "float32"
     causal: bool = False
     seed: int = 0
@@ -144,10 +147,12 @@ class Case:
             raise ValueError(f"Case.align = {self.align} must be a positive row count (e.g. 16).")
         if self.tail_q < 0 or self.tail_k < 0:
             raise ValueError("Case.tail_q and Case.tail_k count rows and must be >= 0.")
-        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
-            raise ValueError(
-                f"Case.head_dim = {self.head_dim!r} must be a positive int: the features per head (e.g. 16, 32, 64)."
-            )
+        for name in ("head_dim", "head_dim_v"):
+            value = getattr(self, name)
+            if name == "head_dim_v" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Case.{name} = {value!r} must be a positive int: the features per head (e.g. 16, 32, 64).")
         kv = self.kv_heads or self.heads
         if self.heads < 1 or self.heads % kv:
             raise ValueError(f"Case.heads = {self.heads} must be a positive multiple of kv_heads = {kv}.")
@@ -181,6 +186,11 @@ class Case:
         return sum(self.padded_lengths(side)) + (self.tail_q if side == "q" else self.tail_k)
 
     @property
+    def value_head_dim(self) -> int:
+        """v's head dim (and the output's)."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
     def windowed(self) -> bool:
         """The case has a window: its calls pass `window_size`."""
         return self.window != (-1, -1)
@@ -195,6 +205,8 @@ class Case:
         d["fill"] = self.fill.value
         if not self.windowed:  # a windowless case's dict is the one records made before windows hold
             del d["window"]
+        if self.head_dim_v is None:  # nor one head dim's, before v could have its own
+            del d["head_dim_v"]
         return d
 
     def label(self) -> str:
@@ -207,7 +219,7 @@ class Case:
         if self.tail_q:
             parts.append(f"tail={self.tail_q}")
         parts.append(f"H={self.heads}" + (f"/{self.kv_heads}" if self.kv_heads else ""))
-        parts.append(f"D={self.head_dim}")
+        parts.append(f"D={self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v is not None else ""))
         parts.append(self.dtype)
         if self.causal:
             parts.append("causal")
@@ -307,6 +319,17 @@ class PackedBatch:
     def inputs(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "k": self.k, "v": self.v}
 
+    @property
+    def out_shape(self) -> torch.Size:
+        """The attention output's shape: q's rows and heads, v's head dim."""
+        return torch.Size((*self.q.shape[:2], self.v.shape[2]))
+
+    @property
+    def dot_length(self) -> int:
+        """`error_check`'s head_dim=: the longer of the call's dots over features, q.k (scores)
+        and dO.v (dP); one head dim when v has q's."""
+        return max(self.q.shape[2], self.v.shape[2])
+
     def reduction_lengths(self) -> dict[str, int]:
         """`error_check`'s keys= and queries=: the most keys one query sees (out, lse, dq sum over
         them) and the most query rows, over a GQA group, one key is seen by (dk, dv sum over them)."""
@@ -323,16 +346,16 @@ class PackedBatch:
         return replace(self, **leaves)
 
 
-def _side_tensor(case: Case, side: str, heads: int, generator: torch.Generator) -> torch.Tensor:
+def _side_tensor(case: Case, side: str, heads: int, head_dim: int, generator: torch.Generator) -> torch.Tensor:
     """One of q/k/v on CPU: normal values on REAL rows, the case's fill on padding rows."""
     dtype = case.torch_dtype
-    x = torch.randn(case.total_rows(side), heads, case.head_dim, generator=generator, dtype=torch.float32).to(dtype)
+    x = torch.randn(case.total_rows(side), heads, head_dim, generator=generator, dtype=torch.float32).to(dtype)
     real = cumulative(case.real_lengths(side))
     padded = cumulative(case.padded_lengths(side))
     padding = region_labels(real, padded, x.shape[0]) != Region.REAL
     n = int(padding.sum())
     if n:
-        x[padding] = case.fill.values((n, heads, case.head_dim), dtype, generator)
+        x[padding] = case.fill.values((n, heads, head_dim), dtype, generator)
     return x
 
 
@@ -361,9 +384,9 @@ def pack(case: Case, device: torch.device | str | None = None, requires_grad: bo
     device = torch.device(device) if device is not None else default_device()
     generator = torch.Generator().manual_seed(case.seed)
     kv_heads = case.kv_heads or case.heads
-    q = _side_tensor(case, "q", case.heads, generator)
-    k = _side_tensor(case, "k", kv_heads, generator)
-    v = _side_tensor(case, "k", kv_heads, generator)
+    q = _side_tensor(case, "q", case.heads, case.head_dim, generator)
+    k = _side_tensor(case, "k", kv_heads, case.head_dim, generator)
+    v = _side_tensor(case, "k", kv_heads, case.value_head_dim, generator)
     q_leaf, k_leaf, v_leaf = (t.to(device).requires_grad_(requires_grad) for t in (q, k, v))
     lengths_q, lengths_k = case.real_lengths("q"), case.real_lengths("k")
     cu_q, cu_k = cumulative(lengths_q, device), cumulative(lengths_k, device)

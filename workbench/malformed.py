@@ -78,14 +78,14 @@ class Malformed:
     `arguments`: the error must name one of them (in the contract's names). `requires`:
     features of the call the implementation must be able to express ("padded": a padded
     layout; "scale": a custom softmax scale; "window": a `window_size`). `outside`: (what, value) for inputs that are
-    malformed only because our kernel does not support them (head_dim 24, float64): other
+    malformed only because our kernel does not support them (head_dim 20, float64): other
     implementations may legitimately accept them.
 
     `stands_for`: changes to the base call giving the well-formed call this one stands for,
     whose fp64 answer an implementation that accepts the call must give (a Python list for the
     tensor it lists, a 0-d tensor for the float it holds; for a too-small max_seqlen, the
     attention cu_seqlens describes); None when the call means nothing (decreasing boundaries).
-    `valid`: the input is legal mathematics (a negative scale, head_dim 24 for a kernel without
+    `valid`: the input is legal mathematics (a negative scale, head_dim 20 for a kernel without
     that restriction): accepting it with the oracle's answer is as right as refusing it.
     """
 
@@ -277,13 +277,23 @@ CATALOGUE: tuple[Malformed, ...] = (
     Malformed(
         "heads-not-multiple", ("q", "k"), lambda b: _kv(b, heads=3), ValueError, r"q has 4 heads, not a multiple of k's 3 heads"
     ),
+    # Our kernel takes every multiple of 8 up to 256 (FlashAttention's range): 20 is none of them.
     Malformed(
         "head-dim-unsupported",
         ("q", "head_dim"),
-        lambda b: dict(q=_like(b, "q", dim=24), **_kv(b, dim=24)),
+        lambda b: dict(q=_like(b, "q", dim=20), **_kv(b, dim=20)),
         ValueError,
-        r"head_dim 24 .*not supported.*16, 32, 64, 128",
-        outside=("head_dim", 24),
+        r"head_dim 20 .*not supported.*8, 16, 24, \.\.\., 256.*Pad q and k with zeros to 24 .*scale=20\*\*-0\.5",
+        outside=("head_dim", 20),
+        valid=True,
+    ),
+    Malformed(
+        "head-dim-v-unsupported",
+        ("v", "head_dim"),
+        lambda b: dict(v=_like(b, "v", dim=20)),
+        ValueError,
+        r"v's head_dim 20 \(v\.shape\[-1\]\) is not supported.*Pad v with zeros to 24",
+        outside=("head_dim", 20),
         valid=True,
     ),
     Malformed(
@@ -301,7 +311,18 @@ CATALOGUE: tuple[Malformed, ...] = (
         r"q must be 3-D \(tokens, heads, head_dim\).*got shape \(15, 64\)",
     ),
     Malformed(
-        "k-v-shape-differ", ("k", "v"), lambda b: dict(v=_like(b, "v", rows=14)), ValueError, r"k and v must have the same shape"
+        "k-v-shape-differ",
+        ("k", "v"),
+        lambda b: dict(v=_like(b, "v", rows=14)),
+        ValueError,
+        r"v has 14 rows but k has \d+ .*one value row per key row",
+    ),
+    Malformed(
+        "k-v-heads-differ",
+        ("k", "v"),
+        lambda b: dict(v=_like(b, "v", heads=b["k"].shape[1] + 1)),
+        ValueError,
+        r"v has \d+ heads but k has \d+ .*one value head per key head",
     ),
     Malformed(
         "dtype-mixed",

@@ -38,13 +38,13 @@ def grad_output(batch: PackedBatch, kind: str | torch.Tensor = "randn") -> torch
     """
     if isinstance(kind, torch.Tensor):
         return kind
-    shape = batch.q.shape
+    shape = batch.out_shape
     if kind == "ones":
         return torch.ones(shape, dtype=batch.q.dtype, device=batch.device)
     if kind == "randn":
         generator = torch.Generator().manual_seed(batch.case.seed + 1)
         return torch.randn(shape, generator=generator).to(batch.q.dtype).to(batch.device)
-    raise ValueError(f"grad_out = {kind!r} must be one of {GRAD_OUT_KINDS} or a tensor shaped like q.")
+    raise ValueError(f"grad_out = {kind!r} must be one of {GRAD_OUT_KINDS} or a tensor shaped like the output.")
 
 
 def _run(impl: Callable, batch: PackedBatch, d_out: torch.Tensor, backward: bool, kwargs: dict) -> tuple[dict, float, float]:
@@ -170,8 +170,11 @@ def probe(
     """
     fresh = batch.fresh(requires_grad=backward)
     d_out = grad_output(fresh, grad_out)
-    if d_out.shape != fresh.q.shape:
-        raise ValueError(f"grad_out has shape {tuple(d_out.shape)}; it must match q's {tuple(fresh.q.shape)}.")
+    if d_out.shape != fresh.out_shape:
+        raise ValueError(
+            f"grad_out has shape {tuple(d_out.shape)}; it must match the output's {tuple(fresh.out_shape)} (q's rows and "
+            "heads, v's head dim)."
+        )
     if poisoned:
         with poisoned_memory():
             tensors, forward_s, backward_s = _run(impl, fresh, d_out, backward, impl_kwargs)
@@ -192,7 +195,13 @@ def probe(
         for tname, t in tensors.items():
             real = fresh.regions(tname) == Region.REAL
             errors[tname] = error_check(
-                tname, t[real], oracle[tname].cpu()[real], baseline[tname].cpu()[real], fresh.q.dtype, **fresh.reduction_lengths()
+                tname,
+                t[real],
+                oracle[tname].cpu()[real],
+                baseline[tname].cpu()[real],
+                fresh.q.dtype,
+                head_dim=fresh.dot_length,
+                **fresh.reduction_lengths(),
             )
 
     return ProbeRecord(

@@ -143,7 +143,7 @@ def per_document_sdpa(
 
     The reference (in float32) and the bar (in bf16): no packing, so nothing of one document can
     reach another, and no padding row reaches anything."""
-    out = torch.zeros_like(q)
+    out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim
     starts_q = (cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded).tolist()
     starts_k = (cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded).tolist()
     lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()

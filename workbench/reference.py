@@ -33,7 +33,7 @@ def visible_keys(len_q: int, len_k: int, window: tuple[int, int], device=None) -
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: tuple[int, int], scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence: q (Lq, H, D), k/v (Lk, H, D) already repeated for GQA."""
+    """One sequence: q (Lq, H, D), k (Lk, H, D) and v (Lk, H, D_v) already repeated for GQA."""
     len_q, len_k = q.shape[0], k.shape[0]
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
     visible = visible_keys(len_q, len_k, window, q.device)
@@ -69,7 +69,7 @@ def reference_attention(
 ):
     """Varlen attention computed sequence by sequence in `compute_dtype` (float64 by default).
 
-    Returns out (T_q, H, D) in `compute_dtype`, padding rows exactly 0; with `return_lse`,
+    Returns out (T_q, H, D_v) in `compute_dtype` (v's head dim), padding rows exactly 0; with `return_lse`,
     also lse (H, T_q) in `compute_dtype`, -inf on padding rows and on rows with no visible key.
     `causal` and `window_size` as in `kernels.varlen_attention` (causal bounds the right at 0).
     """
@@ -107,7 +107,7 @@ def reference_attention(
         out_i, lse_i = _attend(q_real[sq], k_real[sk], v_real[sk], window, scale)
         outs.append(out_i)
         lses.append(lse_i)
-    out = q_real.new_zeros((total_q, heads, head_dim)).index_copy(0, rows_q, torch.cat(outs))
+    out = q_real.new_zeros((total_q, heads, v.shape[2])).index_copy(0, rows_q, torch.cat(outs))
     if not return_lse:
         return out
     lse = torch.full((heads, total_q), float("-inf"), dtype=compute_dtype, device=q.device)

@@ -117,7 +117,8 @@ class LayoutSpace:
     rarely hits). extra_padding: GAP rows per sequence, at most (padded = real + extra).
     tail: TAIL rows of q and of k, at most. heads: query head counts; with GQA kv_heads is a
     proper divisor of the count drawn. head_dims, dtypes, fills: drawn from these (the first
-    listed is the one shrinking goes to). aligns: also pad by rounding lengths up (Case.align).
+    listed is the one shrinking goes to). head_dims_v: v's head dim drawn from these (empty: v
+    has q and k's). aligns: also pad by rounding lengths up (Case.align).
     without: features left out, names from LAYOUT_FEATURES (e.g. an audit adapter's `lacks`);
     "window" is FlashAttention's window_size (`Case.window`), each side unbounded or 0..longest
     keys, small bounds (0, 1: zero-width and one-key windows) drawn as often as the range.
@@ -131,6 +132,7 @@ class LayoutSpace:
     tail: int = 3
     heads: tuple[int, ...] = (1, 2)
     head_dims: tuple[int, ...] = (16,)
+    head_dims_v: tuple[int, ...] = ()
     dtypes: tuple[str, ...] = ("float32",)
     fills: tuple[Fill, ...] = tuple(Fill)
     aligns: tuple[int, ...] = ()
@@ -146,6 +148,7 @@ class LayoutSpace:
         object.__setattr__(self, "edge_lengths", _ascending(self.edge_lengths, "edge_lengths", 0, allow_empty=True))
         object.__setattr__(self, "heads", _ascending(self.heads, "heads", 1))
         object.__setattr__(self, "head_dims", _ascending(self.head_dims, "head_dims", 1))
+        object.__setattr__(self, "head_dims_v", _ascending(self.head_dims_v, "head_dims_v", 1, allow_empty=True))
         object.__setattr__(self, "aligns", _ascending(self.aligns, "aligns", 1, allow_empty=True))
         dtypes = tuple(self.dtypes)
         if not dtypes or any(d not in DTYPE_NAMES for d in dtypes):
@@ -204,6 +207,8 @@ class LayoutSpace:
         # Drawn last: a space without windows draws the layouts it drew before windows existed.
         if self.has("window") and choose.boolean(0.4):
             fields["window"] = (self._window_side(choose), self._window_side(choose))
+        if self.head_dims_v:  # after the rest, for the same reason
+            fields["head_dim_v"] = choose.choice(self.head_dims_v)
         return Case(
             tuple(s[0] for s in seqs), **fields, heads=heads, head_dim=head_dim, dtype=dtype, causal=causal, seed=seed, fill=fill
         )

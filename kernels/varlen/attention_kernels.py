@@ -22,6 +22,14 @@ edges or holding the ragged end of the keys pay for them. Rows past the real len
 the last block are never stored, and their zero-filled q/dO make their backward terms exactly
 0, so no loop masks them.
 
+Head dims: q and k have HEAD_DIM features, v, out and dO HEAD_DIM_V (192 and 128 in
+DeepSeek-style attention), each any multiple of 8 up to 256. A kernel computes on BLOCK_D and
+BLOCK_DV lanes, the next powers of two (at least 16, the smallest K of `tl.dot`): lanes past a
+head dim load 0, so they add exactly 0 to every score, dot product and rowsum, and are never
+stored. At a power-of-two head dim the lane masks are all true and cost nothing: at 64 and 128
+(bf16, sm_90) every candidate tile compiles to the registers, spills and shared memory it had
+without them (`python -m kernels.varlen.tiles`).
+
 Scores live in base 2: `qk_scale = scale * log2(e)` so that `exp2` (one instruction) replaces
 `exp`; lse is stored in natural log.
 """
@@ -250,24 +258,30 @@ def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):
 
 
 @jit
-def _load_rows(base, start, rows, row_ok, stride_t, dims):
-    """A (rows, head_dim) tile; rows past the real length read as 0, never touching padding."""
-    return tl.load(base + (start + rows)[:, None] * stride_t + dims[None, :], mask=row_ok[:, None], other=0.0)
+def _load_rows(base, start, rows, row_ok, stride_t, dims, WIDTH: tl.constexpr):
+    """A (rows, lanes) tile of a head of WIDTH features (the lanes `dims` past WIDTH read as 0);
+    rows past the real length read as 0, never touching padding."""
+    mask = row_ok[:, None] & (dims < WIDTH)[None, :]
+    return tl.load(base + (start + rows)[:, None] * stride_t + dims[None, :], mask=mask, other=0.0)
 
 
 @jit
-def _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED: tl.constexpr):
-    """k, v tiles of keys `cols` (K, V at the sequence's first row). Row offsets are int64, as
-    in _load_rows, and recomputed each step from `cols`: a loop-carried tile of pointers would
-    hold 64 bits per element in registers for the whole loop. Unmasked: every col < len_k."""
+def _load_keys(
+    K, V, cols, len_k, stride_kt, stride_vt, dims, dims_v, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr
+):
+    """k, v tiles of keys `cols` (K, V at the sequence's first row; k on the lanes `dims`, v on
+    `dims_v`, the lanes past HEAD_DIM / HEAD_DIM_V read as 0). Row offsets are int64, as in
+    _load_rows, and recomputed each step from `cols`: a loop-carried tile of pointers would hold
+    64 bits per element in registers for the whole loop. Unmasked: every col < len_k."""
     rows = cols.to(tl.int64)[:, None]
+    k_ok = (dims < HEAD_DIM)[None, :]
+    v_ok = (dims_v < HEAD_DIM_V)[None, :]
     if MASKED:
         col_ok = (cols < len_k)[:, None]
-        k = tl.load(K + rows * stride_kt + dims[None, :], mask=col_ok, other=0.0)
-        v = tl.load(V + rows * stride_vt + dims[None, :], mask=col_ok, other=0.0)
-    else:
-        k = tl.load(K + rows * stride_kt + dims[None, :])
-        v = tl.load(V + rows * stride_vt + dims[None, :])
+        k_ok = k_ok & col_ok
+        v_ok = v_ok & col_ok
+    k = tl.load(K + rows * stride_kt + dims[None, :], mask=k_ok, other=0.0)
+    v = tl.load(V + rows * stride_vt + dims_v[None, :], mask=v_ok, other=0.0)
     return k, v
 
 
@@ -282,6 +296,7 @@ def _forward_step(
     stride_kt,
     stride_vt,
     dims,
+    dims_v,
     rows,
     col_start,
     cols,
@@ -294,6 +309,8 @@ def _forward_step(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
     DESCRIPTORS: tl.constexpr,
 ):
     """One key block of the online softmax. With DESCRIPTORS, K and V are tensor descriptors
@@ -302,7 +319,7 @@ def _forward_step(
         k = K.load([col_start, 0])
         v = V.load([col_start, 0])
     else:
-        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+        k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, dims_v, HEAD_DIM, HEAD_DIM_V, MASKED)
     qk = _dot(q, tl.trans(k), DOT_UPCAST)
     if MASKED:
         qk = tl.where(
@@ -335,6 +352,7 @@ def _forward_blocks(
     stride_kt,
     stride_vt,
     dims,
+    dims_v,
     rows,
     first_lo,
     hi,
@@ -352,6 +370,8 @@ def _forward_blocks(
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
     DESCRIPTORS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -372,6 +392,7 @@ def _forward_blocks(
                 stride_kt,
                 stride_vt,
                 dims,
+                dims_v,
                 rows,
                 col_start,
                 col_start + offs,
@@ -384,6 +405,8 @@ def _forward_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                HEAD_DIM,
+                HEAD_DIM_V,
                 DESCRIPTORS,
             )
     else:
@@ -398,6 +421,7 @@ def _forward_blocks(
                 stride_kt,
                 stride_vt,
                 dims,
+                dims_v,
                 rows,
                 col_start,
                 col_start + offs,
@@ -410,20 +434,22 @@ def _forward_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                HEAD_DIM,
+                HEAD_DIM_V,
                 DESCRIPTORS,
             )
     return acc, l_i, m_i
 
 
 @jit
-def _rows_descriptor(base, start, length, stride_t, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """A descriptor over one sequence's rows of one head, [length, HEAD_DIM] from row `start`:
-    TMA zero-fills loads past `length` and drops stores there, so the next sequence and the
-    padding are never touched. A length of 0 becomes 1: no block of such a sequence is ever
+def _rows_descriptor(base, start, length, stride_t, BLOCK: tl.constexpr, WIDTH: tl.constexpr, LANES: tl.constexpr):
+    """A descriptor over one sequence's rows of one head, [length, WIDTH] from row `start`, in
+    blocks of [BLOCK, LANES]: TMA zero-fills loads past `length` (and lanes past WIDTH) and drops
+    stores there, so the next sequence, the padding and the next head are never touched. A length of 0 becomes 1: no block of such a sequence is ever
     loaded or stored (its key loops are empty, and it owns no query block), and TMA needs a
     non-empty extent."""
     return tl.make_tensor_descriptor(
-        base + start * stride_t, shape=[tl.maximum(length, 1), HEAD_DIM], strides=[stride_t, 1], block_shape=[BLOCK, HEAD_DIM]
+        base + start * stride_t, shape=[tl.maximum(length, 1), WIDTH], strides=[stride_t, 1], block_shape=[BLOCK, LANES]
     )
 
 
@@ -459,6 +485,9 @@ def _forward_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
     DESCRIPTORS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
@@ -469,24 +498,25 @@ def _forward_tile(
     row_start = block * BLOCK_M
     rows = row_start + tl.arange(0, BLOCK_M)
     row_ok = rows < len_q
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, BLOCK_D)  # q/k lanes: those past HEAD_DIM load 0 and add 0 to every score
+    dims_v = tl.arange(0, BLOCK_DV)  # v/out lanes: those past HEAD_DIM_V load 0 and are never stored
     Q += head * stride_qh
     Out += head * stride_oh
     K += (head // GROUP) * stride_kh
     V += (head // GROUP) * stride_vh
     if DESCRIPTORS:
-        q_desc = _rows_descriptor(Q, q_start, len_q, stride_qt, BLOCK_M, HEAD_DIM)
+        q_desc = _rows_descriptor(Q, q_start, len_q, stride_qt, BLOCK_M, HEAD_DIM, BLOCK_D)
         q = q_desc.load([row_start, 0])
-        K = _rows_descriptor(K, k_start, len_k, stride_kt, BLOCK_N, HEAD_DIM)
-        V = _rows_descriptor(V, k_start, len_k, stride_vt, BLOCK_N, HEAD_DIM)
+        K = _rows_descriptor(K, k_start, len_k, stride_kt, BLOCK_N, HEAD_DIM, BLOCK_D)
+        V = _rows_descriptor(V, k_start, len_k, stride_vt, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
     else:
-        q = _load_rows(Q, q_start, rows, row_ok, stride_qt, dims)
+        q = _load_rows(Q, q_start, rows, row_ok, stride_qt, dims, HEAD_DIM)
         K += k_start * stride_kt
         V += k_start * stride_vt
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     key_lo, full_lo, full_hi, key_hi = _key_ranges(
         row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
     )
@@ -507,6 +537,7 @@ def _forward_tile(
         stride_kt,
         stride_vt,
         dims,
+        dims_v,
         rows,
         full_lo,
         full_hi,
@@ -524,6 +555,8 @@ def _forward_tile(
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_V=HEAD_DIM_V,
         DESCRIPTORS=DESCRIPTORS,
         WARP_SPECIALIZE=WARP_SPECIALIZE,
     )
@@ -537,6 +570,7 @@ def _forward_tile(
         stride_kt,
         stride_vt,
         dims,
+        dims_v,
         rows,
         masked_lo,
         key_hi,
@@ -554,6 +588,8 @@ def _forward_tile(
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_V=HEAD_DIM_V,
         DESCRIPTORS=DESCRIPTORS,
         WARP_SPECIALIZE=WARP_SPECIALIZE,
     )
@@ -563,9 +599,10 @@ def _forward_tile(
     out = (acc / tl.where(has_key, l_i, 1.0)[:, None]).to(Out.dtype.element_ty)
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
     if DESCRIPTORS:
-        _rows_descriptor(Out, q_start, len_q, stride_ot, BLOCK_M, HEAD_DIM).store([row_start, 0], out)
+        _rows_descriptor(Out, q_start, len_q, stride_ot, BLOCK_M, HEAD_DIM_V, BLOCK_DV).store([row_start, 0], out)
     else:
-        tl.store(Out + (q_start + rows)[:, None] * stride_ot + dims[None, :], out, mask=row_ok[:, None])
+        out_ok = row_ok[:, None] & (dims_v < HEAD_DIM_V)[None, :]
+        tl.store(Out + (q_start + rows)[:, None] * stride_ot + dims_v[None, :], out, mask=out_ok)
     tl.store(Lse + head * stride_lh + q_start + rows, lse, mask=row_ok)
 
 
@@ -603,6 +640,9 @@ def attention_forward_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
     DESCRIPTORS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
@@ -624,7 +664,8 @@ def attention_forward_kernel(
                     Q, K, V, Out, Lse, cu_q, cu_k, cu_q_padded, cu_k_padded, seq, block, t % N_HEADS,
                     qk_scale, window_left, window_right, stride_qt, stride_qh, stride_kt, stride_kh,
                     stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, GROUP, WINDOW_LEFT,
-                    WINDOW_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, DOT_UPCAST, DESCRIPTORS, WARP_SPECIALIZE,
+                    WINDOW_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, DOT_UPCAST, DESCRIPTORS,
+                    WARP_SPECIALIZE,
                 )  # fmt: skip
     else:
         seq, block = _work_item(tl.program_id(0), block_starts, n_seqs, n_search_steps, REVERSE=WINDOW_RIGHT)
@@ -633,7 +674,8 @@ def attention_forward_kernel(
                 Q, K, V, Out, Lse, cu_q, cu_k, cu_q_padded, cu_k_padded, seq, block, tl.program_id(1),
                 qk_scale, window_left, window_right, stride_qt, stride_qh, stride_kt, stride_kh,
                 stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, GROUP, WINDOW_LEFT,
-                WINDOW_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, DOT_UPCAST, DESCRIPTORS, WARP_SPECIALIZE,
+                WINDOW_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, DOT_UPCAST, DESCRIPTORS,
+                WARP_SPECIALIZE,
             )  # fmt: skip
 
 
@@ -658,6 +700,7 @@ def _dkdv_step(
     stride_qt,
     stride_dot,
     dims,
+    dims_v,
     cols,
     rows,
     len_q,
@@ -670,12 +713,16 @@ def _dkdv_step(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
 ):
     """One step of query rows for dK, dV."""
     row_ok = rows < len_q
     rows64 = rows.to(tl.int64)
-    qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=row_ok[None, :], other=0.0)
-    do = tl.load(DO + rows64[:, None] * stride_dot + dims[None, :], mask=row_ok[:, None], other=0.0)
+    qT_ok = row_ok[None, :] & (dims < HEAD_DIM)[:, None]
+    qT = tl.load(Q + rows64[None, :] * stride_qt + dims[:, None], mask=qT_ok, other=0.0)
+    do_ok = row_ok[:, None] & (dims_v < HEAD_DIM_V)[None, :]
+    do = tl.load(DO + rows64[:, None] * stride_dot + dims_v[None, :], mask=do_ok, other=0.0)
     lse2 = _load_lse_log2(Lse, rows, row_ok)
     delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
     pT = tl.exp2(_dot(k, qT, DOT_UPCAST) * qk_scale - lse2[None, :])
@@ -702,6 +749,7 @@ def _dkdv_blocks(
     stride_qt,
     stride_dot,
     dims,
+    dims_v,
     cols,
     first_lo,
     hi,
@@ -720,6 +768,8 @@ def _dkdv_blocks(
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
 ):
     """dK, dV contributions of steps of BLOCK_M query rows of one head (Q, DO, Lse, Delta at the
     sequence's first row), walked as in _forward_blocks. MASKED applies the window; nothing
@@ -741,6 +791,7 @@ def _dkdv_blocks(
                 stride_qt,
                 stride_dot,
                 dims,
+                dims_v,
                 cols,
                 rows,
                 len_q,
@@ -753,6 +804,8 @@ def _dkdv_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                HEAD_DIM,
+                HEAD_DIM_V,
             )
     else:
         for row_start in range(first_lo, hi, BLOCK_M):
@@ -768,6 +821,7 @@ def _dkdv_blocks(
                 stride_qt,
                 stride_dot,
                 dims,
+                dims_v,
                 cols,
                 row_start + offs,
                 len_q,
@@ -780,6 +834,8 @@ def _dkdv_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                HEAD_DIM,
+                HEAD_DIM_V,
             )
     return dk, dv
 
@@ -824,6 +880,9 @@ def attention_backward_dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """dK, dV of one block of BLOCK_N keys of one sequence and one kv head.
@@ -842,9 +901,10 @@ def attention_backward_dkdv_kernel(
     col_start = block * BLOCK_N
     cols = col_start + tl.arange(0, BLOCK_N)
     col_ok = cols < len_k
-    dims = tl.arange(0, HEAD_DIM)
-    k = _load_rows(K + kv_head * stride_kh, k_start, cols, col_ok, stride_kt, dims)
-    v = _load_rows(V + kv_head * stride_vh, k_start, cols, col_ok, stride_vt, dims)
+    dims = tl.arange(0, BLOCK_D)  # q/k lanes: those past HEAD_DIM load 0 and are never stored
+    dims_v = tl.arange(0, BLOCK_DV)  # v/dO lanes: those past HEAD_DIM_V load 0 and are never stored
+    k = _load_rows(K + kv_head * stride_kh, k_start, cols, col_ok, stride_kt, dims, HEAD_DIM)
+    v = _load_rows(V + kv_head * stride_vh, k_start, cols, col_ok, stride_vt, dims_v, HEAD_DIM_V)
 
     row_lo, masked_end, full_end, row_hi = _query_ranges(
         col_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
@@ -858,8 +918,8 @@ def attention_backward_dkdv_kernel(
     if WINDOW_LEFT:
         if not WINDOW_RIGHT:
             masked_lo, masked_hi = full_end, row_hi
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for g in range(GROUP):
         head = kv_head * GROUP + g
         Q_seq = Q + head * stride_qh + q_start * stride_qt
@@ -878,6 +938,7 @@ def attention_backward_dkdv_kernel(
             stride_qt,
             stride_dot,
             dims,
+            dims_v,
             cols,
             masked_lo,
             masked_hi,
@@ -896,6 +957,8 @@ def attention_backward_dkdv_kernel(
             WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
+            HEAD_DIM=HEAD_DIM,
+            HEAD_DIM_V=HEAD_DIM_V,
         )
         dk, dv = _dkdv_blocks(
             dk,
@@ -909,6 +972,7 @@ def attention_backward_dkdv_kernel(
             stride_qt,
             stride_dot,
             dims,
+            dims_v,
             cols,
             masked_end,
             full_end,
@@ -927,12 +991,14 @@ def attention_backward_dkdv_kernel(
             WINDOW_RIGHT=WINDOW_RIGHT,
             BLOCK_M=BLOCK_M,
             DOT_UPCAST=DOT_UPCAST,
+            HEAD_DIM=HEAD_DIM,
+            HEAD_DIM_V=HEAD_DIM_V,
         )
 
     dk_ptrs = DK + kv_head * stride_dkh + (k_start + cols)[:, None] * stride_dkt + dims[None, :]
-    dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims[None, :]
-    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    dv_ptrs = DV + kv_head * stride_dvh + (k_start + cols)[:, None] * stride_dvt + dims_v[None, :]
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None] & (dims < HEAD_DIM)[None, :])
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None] & (dims_v < HEAD_DIM_V)[None, :])
 
 
 @jit
@@ -947,6 +1013,7 @@ def _dq_step(
     stride_kt,
     stride_vt,
     dims,
+    dims_v,
     rows,
     cols,
     len_k,
@@ -958,9 +1025,11 @@ def _dq_step(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
 ):
     """One key block of dQ."""
-    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, MASKED)
+    k, v = _load_keys(K, V, cols, len_k, stride_kt, stride_vt, dims, dims_v, HEAD_DIM, HEAD_DIM_V, MASKED)
     p = tl.exp2(_dot(q, tl.trans(k), DOT_UPCAST) * qk_scale - lse2[:, None])
     if MASKED:
         # A select, not a product: p may be +inf on a row that sees no key (its lse2 is 0).
@@ -982,6 +1051,7 @@ def _dq_blocks(
     stride_kt,
     stride_vt,
     dims,
+    dims_v,
     rows,
     first_lo,
     hi,
@@ -999,6 +1069,8 @@ def _dq_blocks(
     WINDOW_RIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
 ):
     """dQ contributions of key blocks of one sequence (K, V at its first row), walked as in
     _forward_blocks."""
@@ -1017,6 +1089,7 @@ def _dq_blocks(
                 stride_kt,
                 stride_vt,
                 dims,
+                dims_v,
                 rows,
                 cols,
                 len_k,
@@ -1028,6 +1101,8 @@ def _dq_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                HEAD_DIM,
+                HEAD_DIM_V,
             )
     else:
         for col_start in range(first_lo, hi, BLOCK_N):
@@ -1042,6 +1117,7 @@ def _dq_blocks(
                 stride_kt,
                 stride_vt,
                 dims,
+                dims_v,
                 rows,
                 col_start + offs,
                 len_k,
@@ -1053,6 +1129,8 @@ def _dq_blocks(
                 WINDOW_LEFT,
                 WINDOW_RIGHT,
                 DOT_UPCAST,
+                HEAD_DIM,
+                HEAD_DIM_V,
             )
     return dq
 
@@ -1099,6 +1177,9 @@ def attention_backward_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """dQ of one block of BLOCK_M query rows of one sequence and one head.
@@ -1118,12 +1199,13 @@ def attention_backward_dq_kernel(
     row_start = block * BLOCK_M
     rows = row_start + tl.arange(0, BLOCK_M)
     row_ok = rows < len_q
-    dims = tl.arange(0, HEAD_DIM)
-    q = _load_rows(Q + head * stride_qh, q_start, rows, row_ok, stride_qt, dims)
-    do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims)
+    dims = tl.arange(0, BLOCK_D)  # q/k lanes: those past HEAD_DIM load 0 and are never stored
+    dims_v = tl.arange(0, BLOCK_DV)  # v/out/dO lanes: those past HEAD_DIM_V load 0
+    q = _load_rows(Q + head * stride_qh, q_start, rows, row_ok, stride_qt, dims, HEAD_DIM)
+    do = _load_rows(DOut + head * stride_doh, q_start, rows, row_ok, stride_dot, dims_v, HEAD_DIM_V)
     lse_row0 = head * stride_lh + q_start
     lse2 = _load_lse_log2(Lse + lse_row0, rows, row_ok)
-    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims)
+    o = _load_rows(Out + head * stride_oh, q_start, rows, row_ok, stride_ot, dims_v, HEAD_DIM_V)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if HAS_DLSE:
         delta -= tl.load(DLse + lse_row0 + rows, mask=row_ok, other=0.0)
@@ -1131,7 +1213,7 @@ def attention_backward_dq_kernel(
     K += (head // GROUP) * stride_kh + k_start * stride_kt
     V += (head // GROUP) * stride_vh + k_start * stride_vt
 
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     key_lo, full_lo, full_hi, key_hi = _key_ranges(
         row_start, len_q, len_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N
     )
@@ -1151,6 +1233,7 @@ def attention_backward_dq_kernel(
         stride_kt,
         stride_vt,
         dims,
+        dims_v,
         rows,
         full_lo,
         full_hi,
@@ -1168,6 +1251,8 @@ def attention_backward_dq_kernel(
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_V=HEAD_DIM_V,
     )
     dq = _dq_blocks(
         dq,
@@ -1180,6 +1265,7 @@ def attention_backward_dq_kernel(
         stride_kt,
         stride_vt,
         dims,
+        dims_v,
         rows,
         masked_lo,
         key_hi,
@@ -1197,10 +1283,12 @@ def attention_backward_dq_kernel(
         WINDOW_RIGHT=WINDOW_RIGHT,
         BLOCK_N=BLOCK_N,
         DOT_UPCAST=DOT_UPCAST,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_V=HEAD_DIM_V,
     )
 
     dq_ptrs = DQ + head * stride_dqh + (q_start + rows)[:, None] * stride_dqt + dims[None, :]
-    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
 
 
 @jit

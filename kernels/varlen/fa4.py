@@ -57,8 +57,22 @@ if TYPE_CHECKING:
     from kernels.varlen.metadata import VarlenMetadata
 
 FA4_DTYPES = (torch.float16, torch.bfloat16)
-FA4_HEAD_DIMS = (64, 128)  # of ours (16, 32, 64, 128, 256), those FA4 compiles on sm90 and sm100
 FA4_ARCHS = (9, 10)  # compute capability majors: Hopper (sm90), Blackwell (sm100)
+# FA4's own rule, `_validate_head_dims` in flash_attn/cute/interface.py (the 4.0.0b36 wheel, line
+# 121, called by _flash_attn_fwd and _flash_attn_bwd; the same at commit 0251105a): q/k's and v's
+# head dims each a multiple of 8 (16 bytes of fp16/bf16), 8 to 256 on sm90; on sm100 8 to 128,
+# or the pairs below (DeepSeek's 192/128, and 256/256).
+FA4_SM100_PAIRS = ((192, 128), (256, 256))
+
+
+def fa4_takes_head_dims(head_dim: int, head_dim_v: int, major: int) -> bool:
+    """Whether FA4 runs q/k of `head_dim` with v of `head_dim_v` on compute capability `major`."""
+    dims = (head_dim, head_dim_v)
+    if any(d < 8 or d % 8 for d in dims):
+        return False
+    return max(dims) <= 256 if major == 9 else max(dims) <= 128 or dims in FA4_SM100_PAIRS
+
+
 FA4_VERSION = "4.0.0b36"  # the release whose private _flash_attn_fwd/_flash_attn_bwd this module calls
 INSTALL = "pip install 'varlen-postmortem-workbench[fa4]' (flash-attn-4, on an sm90/sm100 GPU)"
 
@@ -115,6 +129,19 @@ def _device_reason(device: torch.device) -> str | None:
     return None
 
 
+def _head_dims_reason(head_dim: int, head_dim_v: int, device: torch.device) -> str | None:
+    """Why FA4 on `device` cannot run these head dims (None: it can). What sm100 takes sm90 takes
+    too: only the rest needs the device's compute capability."""
+    if fa4_takes_head_dims(head_dim, head_dim_v, 10):
+        return None
+    major = device_capability(device)[0]
+    if fa4_takes_head_dims(head_dim, head_dim_v, major):
+        return None
+    pairs = " or ".join(f"{a}/{b}" for a, b in FA4_SM100_PAIRS)
+    takes = "multiples of 8 up to 256 each" if major == 9 else f"multiples of 8 up to 128 each, or (q/k, v) {pairs}"
+    return f"head dims {head_dim} (q, k) and {head_dim_v} (v): FA4 on sm{major}0 takes {takes}"
+
+
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries, *, return_lse: bool, validate: bool) -> str | None:
     """Why this call cannot run on FA4 with the contract kept (None: it can)."""
     kernels = load()
@@ -125,8 +152,9 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries, *
         return reason
     if q.dtype not in FA4_DTYPES:
         return f"FA4 computes in float16 and bfloat16 only, q is {q.dtype}"
-    if q.shape[-1] not in FA4_HEAD_DIMS:
-        return f"head_dim {q.shape[-1]}: the FA4 path takes head dims {', '.join(map(str, FA4_HEAD_DIMS))}"
+    reason = _head_dims_reason(q.shape[-1], v.shape[-1], q.device)
+    if reason:
+        return reason
     if return_lse and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return "return_lse=True with gradients: FA4's lse carries no gradient, ours does"
     if not validate:
@@ -167,7 +195,7 @@ class _FA4(torch.autograd.Function):
         kernels = load()
         assert not isinstance(kernels, str), "unsupported() rules this out"
         ctx.seen, ctx.arguments = (seen_q, seen_k, seen_k), arguments
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # v's head dim is q's (contract)
+        out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)  # v's head dim
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         out_seen, lse_seen = _tail_filled(out, seen_q, 0.0), _tail_filled(lse, seen_q, float("-inf"), 1)
         kernels.forward(*map(_leading, (q, k, v), ctx.seen), out=out_seen, lse=lse_seen, **arguments)

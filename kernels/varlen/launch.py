@@ -69,12 +69,16 @@ class Tile:
 # Under the interpreter 64x64 runs a few hundred tokens ~4x faster than 32x32, ~10x than 16x16.
 INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 
-# Native candidates per kernel, by the bytes of one q/k row (head_dim x itemsize); the first of
-# each is the pick where timing is impossible (CUDA graph capture, sync debug mode). Chosen by
-# compiling for sm_90 (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared
-# memory and none spills without a window's left bound; with one (sliding), at bf16 head dim 128,
-# forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no spilling
-# candidate where one does not spill, timed or not). Wider rows get smaller tiles. Forward and
+# Native candidates per kernel, by the bytes of one row of lanes (`lanes`: a head dim padded to a
+# power of two, the wider of q/k's and v's, x itemsize); the first of each is the pick where
+# timing is impossible (CUDA graph capture, sync debug mode). Chosen by compiling for sm_90
+# (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared memory and, in bf16 and
+# fp16 at head dims 64 and 128, none spills without a window's left bound; with one (sliding),
+# at 128, forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no
+# spilling candidate where one does not spill, timed or not). A padded head dim compiles like
+# its lanes (48 like 64, 80 and 96 like 128: the same shared memory and spills, registers within
+# a few); 192 with v of 128 takes the 256 bucket, where dQ's first candidate, 32x16 w4, spills
+# 16-32 bytes (at 256 8-40), the next does not. Wider rows get smaller tiles. Forward and
 # dQ own BLOCK_M query rows and step over BLOCK_N keys; dK/dV own BLOCK_N keys and step over
 # BLOCK_M query rows.
 NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
@@ -99,13 +103,30 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
 }
 
 
-def candidate_tiles(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[Tile, ...]:
+def lanes(head_dim: int) -> int:
+    """The lanes a kernel computes a head of `head_dim` features on: the next power of two
+    (`tl.arange` takes no other length), at least 16 (the smallest K of `tl.dot`). The lanes
+    past the head dim are masked: they load 0 and are never stored."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def native_tiles(kernel: str, head_dim: int, dtype: torch.dtype, head_dim_v: int | None = None) -> tuple[Tile, ...]:
+    """The compiled-GPU candidates of `kernel` for q/k of `head_dim` and v of `head_dim_v`
+    (default: the same): those of the row bucket of the wider one's lanes. A padded head dim
+    (48, 96, 192) costs the registers and shared memory of its lanes (64, 128, 256), so it
+    takes their tiles."""
+    by_row_bytes = NATIVE_TILES[kernel]
+    row_bytes = max(lanes(head_dim), lanes(head_dim if head_dim_v is None else head_dim_v)) * dtype.itemsize
+    return by_row_bytes[min(b for b in by_row_bytes if b >= row_bytes)]
+
+
+def candidate_tiles(
+    kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, head_dim_v: int | None = None
+) -> tuple[Tile, ...]:
     """The tiles `TUNER` may pick for `kernel` ('forward', 'dkdv' or 'dq') on `device`, best guess first."""
     if interpreted(device):
         return (INTERPRETER_TILE,)
-    by_row_bytes = NATIVE_TILES[kernel]
-    row_bytes = head_dim * dtype.itemsize
-    return by_row_bytes[min(b for b in by_row_bytes if b >= row_bytes)]
+    return native_tiles(kernel, head_dim, dtype, head_dim_v)
 
 
 # Below this many rows x heads a call is launch-bound and every tile ties: timing (and
@@ -124,8 +145,8 @@ class TileTuner:
     untimed).
 
     A shape class is (kernel, dtype, head_dim, causal, GQA group, log2 of the mean rows per
-    sequence, log2 of rows x heads): short documents want smaller query blocks, and a small
-    grid wants more, smaller programs. `report()` lists each choice, its timings and, natively,
+    sequence, log2 of rows x heads, sliding, v's head dim): short documents want smaller query
+    blocks, and a small grid wants more, smaller programs. `report()` lists each choice, its timings and, natively,
     the compiled kernel's registers, spills and shared memory.
     """
 
@@ -220,7 +241,7 @@ class TileTuner:
 TUNER = TileTuner()
 
 
-SHAPE_CLASS_FIELDS = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2", "sliding")
+SHAPE_CLASS_FIELDS = ("kernel", "dtype", "head_dim", "causal", "group", "rows_per_seq_log2", "work_log2", "sliding", "head_dim_v")
 
 
 def shape_class(
@@ -233,9 +254,11 @@ def shape_class(
     causal: bool,
     group: int,
     sliding: bool = False,
+    head_dim_v: int | None = None,
 ) -> tuple:
     """The tuner's key (SHAPE_CLASS_FIELDS) of a call with `total_rows` rows in `n_seqs` sequences.
-    `causal`: the window has a right bound (causal is right = 0); `sliding`: it has a left one."""
+    `causal`: the window has a right bound (causal is right = 0); `sliding`: it has a left one;
+    `head_dim_v`: v's head dim (None: `head_dim`)."""
     return (
         kernel,
         str(dtype).removeprefix("torch."),
@@ -245,11 +268,22 @@ def shape_class(
         (total_rows // max(n_seqs, 1)).bit_length(),
         (total_rows * heads).bit_length(),
         sliding,
+        head_dim if head_dim_v is None else head_dim_v,
     )
 
 
-def _shape_class(kernel: str, q: torch.Tensor, total_rows: int, n_seqs: int, window: Window, group: int) -> tuple:
-    return shape_class(kernel, q.dtype, q.shape[1], q.shape[2], total_rows, n_seqs, window.right >= 0, group, window.left >= 0)
+def _shape_class(
+    kernel: str, q: torch.Tensor, v: torch.Tensor, total_rows: int, n_seqs: int, window: Window, group: int
+) -> tuple:
+    return shape_class(
+        kernel, q.dtype, q.shape[1], q.shape[2], total_rows, n_seqs, window.right >= 0, group, window.left >= 0, v.shape[2]
+    )
+
+
+def head_dim_constexprs(q: torch.Tensor, v: torch.Tensor) -> dict[str, int]:
+    """The attention kernels' head-dim constexprs: q/k's and v's head dims and their lanes."""
+    head_dim, head_dim_v = q.shape[2], v.shape[2]
+    return {"HEAD_DIM": head_dim, "HEAD_DIM_V": head_dim_v, "BLOCK_D": lanes(head_dim), "BLOCK_DV": lanes(head_dim_v)}
 
 
 @dataclass(frozen=True)
@@ -397,7 +431,7 @@ def attention_forward(
     work: torch.Tensor | None = None,
     failed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns out (T_q, H, D) in q's dtype, lse (H, T_q) float32 and the work lists of both
+    """Returns out (T_q, H, D_v) in q's dtype, lse (H, T_q) float32 and the work lists of both
     sides (`work_lists`), which the backward pass reuses. The mask is `Window.of(causal,
     window_left, window_right)`. `fill=False` skips the padding fill: only for boundaries known
     to make every row real (there is then nothing to fill). `work`: the work lists of these
@@ -405,9 +439,10 @@ def attention_forward(
     `failed`: the verdict of the device check whose safe copy the boundaries are (`fill_padding_rows`)."""
     window = Window.of(causal, window_left, window_right)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    total_q, heads, head_dim = q.shape
+    total_q, heads, _ = q.shape
+    head_dim_v = v.shape[2]
     group = heads // k.shape[1]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty((total_q, heads, head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
     work = work_lists(cu_seqlens_q, cu_seqlens_k) if work is None else work
     rows = WorkList(work[QUERIES], cu_seqlens_q.numel() - 1, total_q)
@@ -417,8 +452,11 @@ def attention_forward(
         check_descriptor_alignment(("q", q), ("k", k), ("v", v), ("out", out))
         ensure_descriptor_allocator(q.device)
     capability = None if interpreted(q.device) else device_capability(q.device)
+    dims = head_dim_constexprs(q, v)
     candidates = tuple(
-        t for t in candidate_tiles("forward", head_dim, q.dtype, q.device) if not warp_specialize_fails(config, t, capability)
+        t
+        for t in candidate_tiles("forward", q.shape[2], q.dtype, q.device, head_dim_v)
+        if not warp_specialize_fails(config, t, capability)
     )
 
     def launch(tile: Tile):
@@ -464,7 +502,7 @@ def attention_forward(
             **window.constexprs(),
             BLOCK_M=tile.block_m,
             BLOCK_N=tile.block_n,
-            HEAD_DIM=head_dim,
+            **dims,
             DOT_UPCAST=dot_upcast_needed(q.dtype, q.device),
             DESCRIPTORS=config.descriptors,
             WARP_SPECIALIZE=config.warp_specialize,
@@ -474,7 +512,7 @@ def attention_forward(
             num_stages=tile.num_stages,
         )
 
-    key = _shape_class("forward", q, total_q, rows.n_seqs, window, group)
+    key = _shape_class("forward", q, v, total_q, rows.n_seqs, window, group)
     TUNER.launch(
         key if config == DEFAULT_FORWARD else (*key, str(config)),  # each variant tunes its own tile
         candidates,
@@ -483,7 +521,7 @@ def attention_forward(
     )
     if fill:
         fill_padding_rows(
-            Padding(out.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
+            Padding(out.view(total_q, heads * head_dim_v), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
             Padding(lse.T, float("-inf"), cu_seqlens_q, cu_seqlens_q_padded),
             failed=failed,
         )
@@ -518,12 +556,15 @@ def attention_backward(
     q, k, v, out, d_out = (_last_dim_contiguous(t) for t in (q, k, v, out, d_out))
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, _ = k.shape
+    head_dim_v = v.shape[2]
     group = heads // kv_heads
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     delta = torch.empty_like(lse)  # written on REAL rows by the dQ pass, read there by dK/dV
-    common = dict(GROUP=group, **window.constexprs(), HEAD_DIM=head_dim, DOT_UPCAST=dot_upcast_needed(q.dtype, q.device))
+    common = dict(
+        GROUP=group, **window.constexprs(), **head_dim_constexprs(q, v), DOT_UPCAST=dot_upcast_needed(q.dtype, q.device)
+    )
     cu = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
     qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1))
     qk_scale = scale * math.log2(math.e)
@@ -599,14 +640,14 @@ def attention_backward(
 
     # dQ first: it writes delta, which the dK/dV pass reads.
     TUNER.launch(
-        _shape_class("dq", q, total_q, rows.n_seqs, window, group),
-        candidate_tiles("dq", head_dim, q.dtype, q.device),
+        _shape_class("dq", q, v, total_q, rows.n_seqs, window, group),
+        candidate_tiles("dq", head_dim, q.dtype, q.device, head_dim_v),
         launch_dq,
         total_q * heads,
     )
     TUNER.launch(
-        _shape_class("dkdv", q, total_k, keys.n_seqs, window, group),
-        candidate_tiles("dkdv", head_dim, q.dtype, q.device),
+        _shape_class("dkdv", q, v, total_k, keys.n_seqs, window, group),
+        candidate_tiles("dkdv", head_dim, q.dtype, q.device, head_dim_v),
         launch_dkdv,
         total_k * heads,
     )
@@ -614,7 +655,7 @@ def attention_backward(
         fill_padding_rows(
             Padding(dq.view(total_q, heads * head_dim), 0.0, cu_seqlens_q, cu_seqlens_q_padded),
             Padding(dk.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
-            Padding(dv.view(total_k, kv_heads * head_dim), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
+            Padding(dv.view(total_k, kv_heads * head_dim_v), 0.0, cu_seqlens_k, cu_seqlens_k_padded),
             failed=failed,
         )
     return dq, dk, dv

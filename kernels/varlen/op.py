@@ -25,7 +25,9 @@ from kernels.varlen.metadata import VarlenMetadata, capturing, implicit
 from kernels.varlen.metadata import eager as _eager
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-HEAD_DIMS = (16, 32, 64, 128, 256)
+# q/k and v each: every multiple of 8 up to 256, as FlashAttention-2/3 (the kernels pad the lanes
+# to a power of two and mask them, kernels/varlen/attention_kernels.py).
+HEAD_DIMS = range(8, 257, 8)
 
 
 @torch.library.custom_op("kernels::varlen_attention_fwd", mutates_args=())
@@ -61,7 +63,7 @@ def _forward_op(
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask_and_scale):
     total_q, heads, _ = q.shape
     work = q.new_empty(work_lists_shape(cu_seqlens_q.shape[0] - 1), dtype=torch.int32)
-    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32), work
+    return q.new_empty((total_q, heads, v.shape[2])), q.new_empty((heads, total_q), dtype=torch.float32), work
 
 
 @torch.library.custom_op("kernels::varlen_attention_bwd", mutates_args=())
@@ -288,7 +290,7 @@ def varlen_attention(
 
     Args:
         q: queries, (T_q, H, D).
-        k, v: keys and values, (T_k, H_kv, D); H % H_kv == 0 (GQA/MQA).
+        k, v: keys (T_k, H_kv, D) and values (T_k, H_kv, D_v); H % H_kv == 0 (GQA/MQA).
         cu_seqlens_q, cu_seqlens_k: int32 (or int64) real boundaries, (N + 1,), starting at 0.
         max_seqlen_q, max_seqlen_k: the longest real sequence of each side (only validated: the
             grid is bounded by the row counts, so no row goes unprocessed).
@@ -321,14 +323,15 @@ def varlen_attention(
             and no gradient through lse.
 
     Returns:
-        out (T_q, H, D) in q's dtype, exactly 0 on padding rows and on rows that see no key;
+        out (T_q, H, D_v) in q's dtype, exactly 0 on padding rows and on rows that see no key;
         with ``return_lse``, also lse (H, T_q) float32 (flash-attn's varlen layout), -inf on
         those rows. Gradients of q, k, v are exactly 0 on padding rows, never NaN. (A
         ``metadata`` whose device check finds the batch malformed: NaN until its error is raised.)
 
     Shape legend:
         N: sequences in the batch; T_q, T_k: rows of q and of k/v (real rows plus any padding);
-        H: query heads; H_kv: key/value heads; D: head dim (`HEAD_DIMS`);
+        H: query heads; H_kv: key/value heads; D, D_v: head dims of q/k and of v, each a multiple
+        of 8 up to 256 (D_v = D but for DeepSeek-style attention, e.g. 192 and 128);
         dtypes float32, float16, bfloat16.
 
     Example::

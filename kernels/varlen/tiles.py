@@ -2,10 +2,11 @@
 shared memory. This is how `launch.NATIVE_TILES` was chosen: a tile that spills or overflows
 shared memory is slow or fails, and compiling tells so for free, before any GPU time is spent.
 
-    python -m kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--dtype bfloat16]
+    python -m kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--head-dim-v 128] [--dtype bfloat16]
 
 prints one JSON row per (kernel, head_dim, mask, tile), the mask being none, causal or
-sliding (a left and a right bound). Compiling needs no GPU; a process whose Triton library is
+sliding (a left and a right bound); `--head-dim-v` gives v another head dim than q and k
+(DeepSeek-style 192/128). Compiling needs no GPU; a process whose Triton library is
 interpreted (TRITON_INTERPRET=1) compiles in a child process (`resource_table`).
 """
 
@@ -23,7 +24,7 @@ import torch
 from kernels.interpreter import _run_module
 from kernels.runtime import triton_library_interpreted
 from kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
-from kernels.varlen.launch import NATIVE_TILES, Tile
+from kernels.varlen.launch import Tile, lanes, native_tiles
 
 HOPPER = 90
 SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -66,9 +67,10 @@ def compile_tile(
     mask: str,
     arch: int = HOPPER,
     config: ForwardConfig = DEFAULT_FORWARD,
+    head_dim_v: int | None = None,
 ) -> dict:
     """Compiles one kernel with one tile and mask (a key of MASKS) for CUDA `arch`, the forward
-    kernel with `config`'s switches; returns its resource use."""
+    kernel with `config`'s switches, v of `head_dim_v` (None: `head_dim`); returns its resource use."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource, make_backend
@@ -82,6 +84,7 @@ def compile_tile(
         "dq": tk.attention_backward_dq_kernel,
     }[kernel]
     left, right = MASKS[mask]
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
     constexprs = {
         "GROUP": 1,
         "WINDOW_LEFT": left,
@@ -89,6 +92,9 @@ def compile_tile(
         "BLOCK_M": tile.block_m,
         "BLOCK_N": tile.block_n,
         "HEAD_DIM": head_dim,
+        "HEAD_DIM_V": head_dim_v,
+        "BLOCK_D": lanes(head_dim),
+        "BLOCK_DV": lanes(head_dim_v),
         "DOT_UPCAST": False,
         **({"HAS_DLSE": False} if kernel == "dq" else {}),
         **(
@@ -122,6 +128,7 @@ def compile_tile(
     return {
         "kernel": kernel,
         "head_dim": head_dim,
+        "head_dim_v": head_dim_v,
         "dtype": str(dtype).removeprefix("torch."),
         "mask": mask,
         "tile": str(tile),
@@ -134,9 +141,14 @@ def compile_tile(
 
 
 def resource_table(
-    head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, arch: int = HOPPER, kernels=("forward", "dkdv", "dq")
+    head_dims=(64, 128),
+    dtype: torch.dtype = torch.bfloat16,
+    arch: int = HOPPER,
+    kernels=("forward", "dkdv", "dq"),
+    head_dim_v: int | None = None,
 ) -> list[dict]:
-    """compile_tile for every candidate of NATIVE_TILES at these head dims, under every mask."""
+    """compile_tile for every native candidate (`launch.native_tiles`) at these head dims, v of
+    `head_dim_v` (None: each one's own), under every mask."""
     if triton_library_interpreted():
         args = [
             "--arch",
@@ -147,16 +159,15 @@ def resource_table(
             *map(str, head_dims),
             "--kernels",
             *kernels,
+            *(["--head-dim-v", str(head_dim_v)] if head_dim_v is not None else []),
         ]
         return _run_module("kernels.varlen.tiles", args, timeout=1800)  # not __name__: "__main__" under -m
     rows = []
     for kernel in kernels:
         for head_dim in head_dims:
-            by_row_bytes = NATIVE_TILES[kernel]
-            row_bytes = head_dim * dtype.itemsize
-            for tile in by_row_bytes[min(b for b in by_row_bytes if b >= row_bytes)]:
+            for tile in native_tiles(kernel, head_dim, dtype, head_dim_v):
                 for mask in MASKS:
-                    rows.append(compile_tile(kernel, tile, head_dim, dtype, mask, arch))
+                    rows.append(compile_tile(kernel, tile, head_dim, dtype, mask, arch, head_dim_v=head_dim_v))
     return rows
 
 
@@ -164,10 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kernels.varlen.tiles", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=HOPPER)
     parser.add_argument("--dtype", default="bfloat16", choices=[str(t).removeprefix("torch.") for t in _TRITON_TYPES])
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], help="q's and k's head dims")
+    parser.add_argument("--head-dim-v", type=int, default=None, help="v's head dim (default: q's and k's)")
     parser.add_argument("--kernels", nargs="+", default=["forward", "dkdv", "dq"])
     args = parser.parse_args(argv)
-    rows = resource_table(tuple(args.head_dims), getattr(torch, args.dtype), args.arch, tuple(args.kernels))
+    rows = resource_table(tuple(args.head_dims), getattr(torch, args.dtype), args.arch, tuple(args.kernels), args.head_dim_v)
     json.dump(rows, sys.stdout, indent=None)
 
 

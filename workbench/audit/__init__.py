@@ -16,7 +16,8 @@ right is correct even if it checks nothing), then fuzzes `budget` random layouts
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
 Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
-[--dtype D] [--checks A,B] [--skip A,B] [--campaign] [--notebook PATH] [--record FILE]`: the verdict
+[--dtype D] [--head-dim D | D_QK,D_V] [--checks A,B] [--skip A,B] [--campaign] [--notebook PATH]
+[--record FILE]`: the verdict
 table prints last; `--campaign` lists the malformed calls behind the input-validation grade (the
 record keeps them either way). `workbench.audit.records` reads a recorded run back and prints it
 as the command did.
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernels.contract import describe_head_dims
 from workbench.audit.adapters import (
     ADAPTERS,
     FEATURES,
@@ -52,7 +54,7 @@ from workbench.audit.checks import (
     run_isolated,
     single_threaded,
 )
-from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, fuzz
+from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, default_profile, fuzz
 from workbench.audit.isolate import Spec, Worker, sticky
 from workbench.audit.records import format_campaign, format_verdicts
 from workbench.audit.spelling import command_line, option
@@ -69,6 +71,7 @@ class AuditReport:
     results: list[CheckResult]
     fuzz: FuzzResult | None
     seconds: float
+    head_dims: str = ""  # the cases' head dim, "192/128" with v's apart
     forward_only: str = ""  # why the backward did not run on this device ("" when it did)
     budget: int = 0  # layouts the fuzzer was asked for (0: checks only)
     partial: str = ""  # a report of a run still under way: what it had not run yet ("" once it ended)
@@ -113,7 +116,8 @@ class AuditReport:
     def render(self, campaign: bool = False) -> str:
         """The report as printed: fuzzer findings and their reproductions first, the bad-input
         campaign's calls if `campaign`, then the verdict table and the verdict, last."""
-        lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype})"]
+        dims = f", head dim {self.head_dims}" if self.head_dims else ""
+        lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype}{dims})"]
         if self.forward_only:
             lines.append(f"forward only: {self.forward_only}")
         if self.fuzz is not None:
@@ -147,6 +151,7 @@ class AuditReport:
             "adapter": self.adapter,
             "device": self.device,
             "dtype": self.dtype,
+            "head_dims": self.head_dims,
             "passed": self.passed,
             "failed": self.failed,
             "seconds": round(self.seconds, 2),
@@ -206,12 +211,48 @@ def _default_head_dim(impl: Adapted) -> int:
     return preferred if not declared or preferred in declared else min(declared)
 
 
+def parse_head_dims(text: str) -> tuple[int, int | None]:
+    """`--head-dim`'s value: "96" -> (96, None), "192,128" -> (192, 128) (q and k's, v's)."""
+    parts = text.split(",")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--head-dim {text!r}: pass D (e.g. 96) or D_QK,D_V (e.g. 192,128: q and k's, then v's).")
+    dims = [int(p) for p in parts]
+    return dims[0], (dims[1] if len(dims) == 2 else None)
+
+
+def _head_dims_option() -> str:
+    """How the user passes the audit's head dims here: a flag on the command line, keywords in Python."""
+    if option("head_dim", metavar="D").startswith("--"):
+        return "--head-dim D, or D_QK,D_V"
+    return "head_dim=D, and head_dim_v=D_V for v's apart"
+
+
+def _checked_head_dims(impl: Adapted, head_dim: int | None, head_dim_v: int | None) -> tuple[int, int | None]:
+    """(q/k's head dim, v's or None): the audit's, given or the default, each one the adapter declares."""
+    if head_dim is None and head_dim_v is not None:
+        raise ValueError(f"head_dim_v = {head_dim_v} needs head_dim, q and k's, too: pass {_head_dims_option()}.")
+    declared = impl.adapter.head_dims
+    for name, value in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} = {value!r} must be a positive int (the features per head).")
+        if declared and value not in declared:
+            raise ValueError(
+                f"{name} = {value}: adapter {impl.adapter.name!r} declares head dims {describe_head_dims(declared)}; "
+                f"pass one of them ({_head_dims_option()})."
+            )
+    return (_default_head_dim(impl) if head_dim is None else head_dim), head_dim_v
+
+
 def audit(
     fn: Callable | str | Adapted,
     adapter: str | Adapter | None = None,
     *,
     device: str | None = None,
     dtype: str | None = None,
+    head_dim: int | None = None,
+    head_dim_v: int | None = None,
     budget: int | None = None,
     checks: Sequence[str] | None = None,
     skip: Sequence[str] = (),
@@ -224,7 +265,9 @@ def audit(
     checkpoint: Callable[[AuditReport], None] | None = None,
 ) -> AuditReport:
     """Runs the checks (those that suit the function, or `checks` by name) and the fuzzer (`budget`
-    layouts; 0: none). A context-parallel attention gets the context-parallel check, any other
+    layouts; 0: none). `head_dim` (with v's apart, `head_dim_v`) is the head dim of every case
+    the checks build and of every layout the fuzzer draws; by default 32 on the CPU, 64 natively
+    for the checks and the fuzzer's profile's own (16 and 32, or 64 and 128). A context-parallel attention gets the context-parallel check, any other
     function every other check (`Check.suits`); one asked for by name that does not suit is n/a.
 
     `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer's
@@ -244,7 +287,11 @@ def audit(
             f"{option('checks')} / {option('skip')} name unknown checks {unknown}; the audit's checks are {list(CHECKS)}."
         )
     names = [n for n in names if n not in skip]
-    ctx = Context(impl, dtype or _default_dtype(impl), head_dim=_default_head_dim(impl))
+    asked = head_dim is not None
+    head_dim, head_dim_v = _checked_head_dims(impl, head_dim, head_dim_v)
+    # A head dim asked for is the fuzzer's too; by default it draws its profile's own.
+    profile = default_profile(impl).at_head_dim(head_dim, head_dim_v) if asked else None
+    ctx = Context(impl, dtype or _default_dtype(impl), head_dim, head_dim_v)
     if budget is None:
         budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
     if isolate is None:
@@ -265,6 +312,7 @@ def audit(
             sorted(results, key=lambda r: names.index(r.name)),
             fuzz_so_far,
             time.perf_counter() - start,
+            head_dims=f"{head_dim}" + ("" if head_dim_v is None else f"/{head_dim_v}"),
             forward_only=impl.lacks.get("backward", ""),
             budget=budget,
             partial=partial,
@@ -294,7 +342,7 @@ def audit(
                 results.append(CheckResult(name, Verdict.NA, f"not run: the CUDA context was lost at {lost}"))
                 return
             if worker is not None:
-                results.append(run_isolated(worker, name, ctx.dtype, ctx.head_dim, check_timeout))
+                results.append(run_isolated(worker, name, ctx.dtype, ctx.head_dim, ctx.head_dim_v, check_timeout))
             else:
                 with single_threaded():
                     results.append(CHECKS[name](ctx))
@@ -314,7 +362,16 @@ def audit(
             if name not in late:
                 run(name)
         if budget and not impl.why_not("one-process") and not lost:
-            fuzzed = fuzz(impl, budget, seed=seed, time_limit=time_limit, workers=workers, isolate=isolate, progress=fuzzing)
+            fuzzed = fuzz(
+                impl,
+                budget,
+                seed=seed,
+                profile=profile,
+                time_limit=time_limit,
+                workers=workers,
+                isolate=isolate,
+                progress=fuzzing,
+            )
             if "CUDA context lost" in fuzzed.stopped_early:
                 lost = "the fuzzer"
             if log:
@@ -330,7 +387,8 @@ def _argv(args) -> list[str]:
     """The command line that gives `args` again (for the re-run under another device)."""
     argv = [args.target]
     for name in (
-        "adapter", "device", "dtype", "budget", "seed", "time_limit", "workers", "check_timeout", "checks", "skip", "notebook", "record"
+        "adapter", "device", "dtype", "head_dim", "budget", "seed", "time_limit", "workers", "check_timeout", "checks", "skip",
+        "notebook", "record",
     ):  # fmt: skip
         value = getattr(args, name, None)
         if value is not None:
@@ -382,11 +440,14 @@ def run_command(args) -> int:
                     import_user_module(module)
                 except UserModuleError as exc:
                     raise ValueError(f"--import {module}: {exc}") from exc
+            head_dim, head_dim_v = parse_head_dims(args.head_dim) if getattr(args, "head_dim", None) else (None, None)
             report = audit(
                 args.target,
                 args.adapter,
                 device=args.device,
                 dtype=args.dtype,
+                head_dim=head_dim,
+                head_dim_v=head_dim_v,
                 budget=args.budget,
                 seed=args.seed,
                 time_limit=args.time_limit,
@@ -441,5 +502,6 @@ __all__ = [
     "layout_findings",
     "load",
     "register_adapter",
+    "parse_head_dims",
     "run_command",
 ]

@@ -120,8 +120,9 @@ def compare_with_oracle(out: torch.Tensor, call: dict[str, Any]) -> tuple[bool, 
 
     ref = _as_reference(call, out.device)
     q, k, v = (ref[n].detach().cpu() for n in ("q", "k", "v"))
-    if tuple(out.shape) != tuple(q.shape):
-        return False, f"output shape {tuple(out.shape)}, the call's q has {tuple(q.shape)}"
+    expected = (*q.shape[:2], v.shape[2])  # q's rows and heads, v's head dim
+    if tuple(out.shape) != expected:
+        return False, f"output shape {tuple(out.shape)}, the call's is {expected} (q's rows and heads, v's head dim)"
     args = (ref["cu_seqlens_q"], ref["cu_seqlens_k"], ref["max_seqlen_q"], ref["max_seqlen_k"])
     kwargs = dict(
         cu_seqlens_q_padded=ref["cu_seqlens_q_padded"], cu_seqlens_k_padded=ref["cu_seqlens_k_padded"], scale=ref["scale"]

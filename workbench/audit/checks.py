@@ -148,11 +148,13 @@ def max_ratio(records: list[ProbeRecord]) -> str:
 
 @dataclass
 class Context:
-    """What a check needs: the implementation, and the dtype and head dim cases are built with."""
+    """What a check needs: the implementation, and the dtype and head dims cases are built with
+    (`head_dim_v`: v's, None for q and k's)."""
 
     impl: Adapted
     dtype: str
     head_dim: int = 32
+    head_dim_v: int | None = None
 
     @property
     def native(self) -> bool:
@@ -171,7 +173,14 @@ class Context:
         if "tail" in self.impl.lacks:
             tail_q = tail_k = 0
         # Zero padding by default: each check isolates its subject; padding-leak plants the rest.
-        fields = {"heads": 2, "head_dim": self.head_dim, "dtype": self.dtype, "fill": Fill.ZEROS, **fields}
+        fields = {
+            "heads": 2,
+            "head_dim": self.head_dim,
+            "head_dim_v": self.head_dim_v,
+            "dtype": self.dtype,
+            "fill": Fill.ZEROS,
+            **fields,
+        }
         return Case(seqlens_q, padded_q=padded_q, padded_k=padded_k, tail_q=tail_q, tail_k=tail_k, **fields)
 
     def probe(self, case: Case, **kwargs: Any) -> ProbeRecord:
@@ -540,7 +549,7 @@ def _determinism(ctx: Context) -> CheckResult:
     # Natively, long sequences and many heads make split-key backward passes (atomic dq
     # accumulation) actually race; under the interpreter programs run one at a time.
     if ctx.native:
-        case = ctx.case((300, 1000, 77, 512), heads=8, head_dim=64, causal=True)
+        case = ctx.case((300, 1000, 77, 512), heads=8, causal=True)
     else:
         case = ctx.case((37, 64, 20), heads=2)
     first, second = (ctx.probe(case, reference=False) for _ in range(2))
@@ -591,11 +600,11 @@ def _input_validation(ctx: Context) -> CheckResult:
 # -- a check in a child process (workbench.audit.isolate) ----------------------------------
 
 
-def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int) -> tuple[CheckResult, bool]:
+def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int, head_dim_v: int | None) -> tuple[CheckResult, bool]:
     """Runs check `name` in the child; (its result without the probe records, whether a CUDA
     error it reported left the context unusable)."""
     with single_threaded():
-        result = CHECKS[name](Context(impl, dtype, head_dim))
+        result = CHECKS[name](Context(impl, dtype, head_dim, head_dim_v))
     result.records = ()  # tensors, possibly on the device: the parent needs the verdict
     return result, cuda_error(result.evidence) and not context_alive(str(impl.device))
 
@@ -603,12 +612,14 @@ def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int) -> tupl
 TIMED_OUT = "(the check's time limit)"  # ends the evidence of a check that ran past it
 
 
-def run_isolated(worker: Worker, name: str, dtype: str, head_dim: int, timeout: float | None = None) -> CheckResult:
+def run_isolated(
+    worker: Worker, name: str, dtype: str, head_dim: int, head_dim_v: int | None = None, timeout: float | None = None
+) -> CheckResult:
     """Check `name` in `worker`'s child. The child is replaced after a check that raised a CUDA
     error (the cell adds "(context lost)" where the fault is sticky or the context no longer
     runs work), that killed it, or that ran past `timeout` seconds (the cell: not run)."""
     start = time.perf_counter()
-    value = worker.call(_check_in_child, name, dtype, head_dim, timeout=timeout)
+    value = worker.call(_check_in_child, name, dtype, head_dim, head_dim_v, timeout=timeout)
     if isinstance(value, Crash):
         if value.timed_out:
             return CheckResult(name, Verdict.NA, f"not run: {value} {TIMED_OUT}", seconds=time.perf_counter() - start)

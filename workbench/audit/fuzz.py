@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
@@ -55,6 +55,17 @@ class Profile:
     head_dims: tuple[int, ...]
     dtypes: tuple[str, ...]
     shrink_probes: int  # probes spent shrinking one failure, at most
+    head_dims_v: tuple[int, ...] = ()  # v's head dims (empty: v has q and k's)
+
+    def at_head_dim(self, head_dim: int, head_dim_v: int | None = None) -> Profile:
+        """This profile's layouts at one head dim (`workbench audit --head-dim`), v's apart if given."""
+        label = f"{head_dim}" + ("" if head_dim_v is None else f"/{head_dim_v}")
+        return replace(
+            self,
+            name=f"{self.name} d{label}",
+            head_dims=(head_dim,),
+            head_dims_v=() if head_dim_v is None else (head_dim_v,),
+        )
 
 
 PROFILES = {
@@ -106,6 +117,7 @@ def layout_space(impl: Adapted, profile: Profile) -> LayoutSpace:
         tail=profile.tail,
         heads=profile.heads,
         head_dims=dims,
+        head_dims_v=profile.head_dims_v,
         dtypes=dtypes,
         without=frozenset(impl.lacks),
     )
@@ -149,6 +161,7 @@ def size(case: Case) -> tuple:
         case.heads,
         case.kv_heads or case.heads,
         case.head_dim,
+        case.head_dim_v is not None,
         case.seqlens_k is not None,
         case.padded_q is not None,
         case.causal,
@@ -213,6 +226,8 @@ def candidates(case: Case, impl: Adapted, profile: Profile) -> list[Case]:
         out.append({"heads": case.heads // 2, "kv_heads": max(case.kv_heads // 2, 1)})
     dtypes, dims = _allowed(profile, impl)
     out += [{"head_dim": d} for d in dims if d < case.head_dim]
+    if case.head_dim_v is not None:
+        out.append({"head_dim_v": None})
     out += [{"causal": False}, {"fill": Fill.ZEROS}, {"fill": Fill.NAN}, {"seed": 0}]
     if case.windowed:  # no window, one side unbounded, a bounded side narrowed to 0 or halved
         left, right = case.window

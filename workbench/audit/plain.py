@@ -30,7 +30,7 @@ def plain_attention(
     cu_q, cu_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
     starts_q = [int(x) for x in cu_seqlens_q_padded] if cu_seqlens_q_padded is not None else cu_q
     starts_k = [int(x) for x in cu_seqlens_k_padded] if cu_seqlens_k_padded is not None else cu_k
-    out = torch.zeros_like(q)
+    out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim
     for b in range(len(cu_q) - 1):
         lq, lk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
         if lq == 0 or lk == 0:

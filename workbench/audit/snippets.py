@@ -40,7 +40,7 @@ allowed = torch.zeros(B, S_q, S_k, dtype=torch.bool, device=dev)  # True: query 
 for b in range(B):
     allowed[b, : lens_q[b], : lens_k[b]] = visible(lens_q[b], lens_k[b])
 def from_bshd(out4):
-    out = torch.zeros_like(q)
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])  # v's head dim
     for b in range(B):
         out[starts_q[b] : starts_q[b] + lens_q[b]] = out4[b, : lens_q[b]]
     return out
@@ -117,7 +117,7 @@ def _nested(module: str, name: str) -> list[str]:
         "off_q = cu_q.long(); off_k = off_q if torch.equal(cu_q, cu_k) else cu_k.long()",
         "o = F.scaled_dot_product_attention(jagged(q, starts_q, lens_q, off_q), jagged(k, starts_k, lens_k, off_k),",
         "    jagged(v, starts_k, lens_k, off_k), is_causal=causal, scale=scale).transpose(1, 2).values()",
-        "out = torch.zeros_like(q)",
+        "out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])  # v's head dim",
         "out[torch.cat([torch.arange(s, s + n) for s, n in zip(starts_q, lens_q)]).to(dev)] = o",
     ]
 
@@ -177,7 +177,8 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "torch.use_deterministic_algorithms(True, warn_only=True)  # with the next line: fresh buffers are NaN-filled,",
         "torch.utils.deterministic.fill_uninitialized_memory = True  # so rows a kernel never writes read as NaN",
         f'dev, dt = "{device}", torch.{case.dtype}',
-        f"H, H_kv, D, causal, scale = {case.heads}, {case.kv_heads or case.heads}, {case.head_dim}, {case.causal}, None",
+        f"H, H_kv, causal, scale = {case.heads}, {case.kv_heads or case.heads}, {case.causal}, None",
+        f"D, D_v = {case.head_dim}, {case.value_head_dim}  # head dims of q and k, of v",
         f"window = {case.window}  # window_size=(left, right), FlashAttention's; (-1, -1): none",
         f"backward = {impl.backward}" + ("" if impl.backward else f"  # forward only: {impl.lacks['backward'].split(':')[0]}"),
         f"cu_q = torch.tensor({cu_q}, dtype=torch.int32, device=dev)  # real boundaries",
@@ -200,16 +201,16 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "fill_value = lambda x: "
         + ("torch.randn_like(x) * 1e4" if case.fill is Fill.GARBAGE else f"torch.full_like(x, {_FILL_SOURCE[case.fill]})"),
         f"g = torch.Generator().manual_seed({case.seed})",
-        "def make(rows, heads, starts, lens):",
-        "    x = torch.randn(rows, heads, D, generator=g).to(dev, dt)",
+        "def make(rows, heads, dim, starts, lens):",
+        "    x = torch.randn(rows, heads, dim, generator=g).to(dev, dt)",
         "    real = torch.zeros(rows, dtype=torch.bool, device=dev)",
         "    for s, n in zip(starts, lens):",
         "        real[s : s + n] = True",
         "    x = torch.where(real[:, None, None], x, fill_value(x))",
         "    return x.requires_grad_(backward), real",
-        "q, real_q = make(rows_q, H, starts_q, lens_q)",
-        "k, real_k = make(rows_k, H_kv, starts_k, lens_k)",
-        "v, _ = make(rows_k, H_kv, starts_k, lens_k)",
+        "q, real_q = make(rows_q, H, D, starts_q, lens_q)",
+        "k, real_k = make(rows_k, H_kv, D, starts_k, lens_k)",
+        "v, _ = make(rows_k, H_kv, D_v, starts_k, lens_k)",
         *_VISIBLE.splitlines(),
         "",
         *spell(module, name),
@@ -221,7 +222,7 @@ def torch_snippet(impl, case: Case, finding) -> str | None:
         "",
         "# The fp64 answer, sequence by sequence (bottom-right causal and window, padding rows 0; a row that sees no key: 0).",
         "q64, k64, v64 = (t.detach().double().nan_to_num(0.0).requires_grad_() for t in (q, k, v))",
-        "ref = torch.zeros_like(q64) + 0 * q64  # in the graph even without a real row",
+        "ref = q64.new_zeros(rows_q, H, D_v) + 0 * q64.sum()  # in the graph even without a real row",
         "for s, n, t, m in zip(starts_q, lens_q, starts_k, lens_k):",
         "    if n == 0 or m == 0:",
         "        continue",

@@ -186,7 +186,7 @@ def _te_thd(fn: Callable) -> Callable:
             **kwargs,
         )
         out = first(out)
-        # TE returns THD output flattened to (tokens, heads * head_dim).
-        return out.view(c.q.shape) if isinstance(out, torch.Tensor) and out.dim() == 2 else out
+        # TE returns THD output flattened to (tokens, heads * head_dim), v's head dim.
+        return out.view(*c.q.shape[:2], c.v.shape[-1]) if isinstance(out, torch.Tensor) and out.dim() == 2 else out
 
     return contract_shaped(body)

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from kernels.varlen.op import HEAD_DIMS
 from workbench.audit.adapters.base import (
     AdapterRefused,
     ContractCall,
@@ -404,7 +405,7 @@ register_varlen(
     "ours",
     detect=_is_ours,
     dtypes=("float32", "float16", "bfloat16"),
-    head_dims=(16, 32, 64, 128, 256),
+    head_dims=tuple(HEAD_DIMS),
     doc="kernels.varlen_attention: the contract itself, with its declared dtypes and head dims.",
 )
 
@@ -430,7 +431,7 @@ register_varlen(
     detect=_is_ours_fa4,
     lacks=_fa4_path_lacks,
     dtypes=("float16", "bfloat16"),
-    head_dims=(64, 128),
+    head_dims=tuple(HEAD_DIMS),  # those FA4 takes depend on the GPU (kernels.varlen.fa4.fa4_takes_head_dims)
     doc='kernels.varlen_attention_fa4: varlen_attention(backend="fa4"), FlashAttention-4 behind our wrapper, '
     'in the dtypes and head dims it takes (any other call runs on the Triton kernel under backend="auto").',
 )
