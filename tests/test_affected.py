@@ -5,8 +5,25 @@ paste-block battery (tests/test_snippets.py)."""
 import pytest
 import torch
 
+from postmortems import (
+    fa4_unwritten_padding,
+    flash_dmattn_121,
+    flash_dmattn_flex_mask,
+    fsa_varlen_descriptors,
+    sdpa_cudnn_masked_rows,
+    torch_varlen_176793,
+)
 from workbench import Case
 from workbench.affected import Affected, Layout, MaskedBatch
+
+DECLARED = [
+    fa4_unwritten_padding,
+    flash_dmattn_121,
+    flash_dmattn_flex_mask,
+    fsa_varlen_descriptors,
+    sdpa_cudnn_masked_rows,
+    torch_varlen_176793,
+]
 
 
 def test_a_right_padding_mask_sees_each_items_real_keys():
@@ -96,3 +113,13 @@ def test_the_text_names_every_layout_under_its_verdict():
         "    * **GQA**: raises.",
         "* **Elsewhere:** the same.",
     ]
+
+
+@pytest.mark.parametrize("pm", DECLARED, ids=[pm.META.id for pm in DECLARED])
+def test_each_page_declares_its_layouts(pm):
+    """Every page with a check declares hit and spared layouts, each buildable."""
+    assert pm.WHO.affected and pm.WHO.unaffected
+    for layout in pm.WHO.layouts:
+        if isinstance(layout.inputs, MaskedBatch):
+            layout.inputs.build()
+    assert all(layout.name in pm.WHO.markdown() for layout in pm.WHO.layouts)

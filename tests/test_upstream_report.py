@@ -3,7 +3,17 @@ report keeps. Each repro runs, as its page shows it, in the paste-block battery 
 
 import pytest
 
+from postmortems import fa4_unwritten_padding, flash_dmattn_flex_mask, fsa_varlen_descriptors, sdpa_cudnn_masked_rows
+from workbench.audit.reports import REPORTS as AUDIT_REPORTS
 from workbench.upstream_report import REPRO_LINES, Source, UpstreamReport
+
+EVERY = (
+    fa4_unwritten_padding.REPORT,
+    flash_dmattn_flex_mask.REPORT,
+    sdpa_cudnn_masked_rows.REPORT,
+    *fsa_varlen_descriptors.REPORTS,
+    *AUDIT_REPORTS,
+)
 
 
 def _report(**changes):
@@ -44,3 +54,9 @@ def test_the_issue_text_has_what_a_maintainer_needs():
 def test_a_report_without_what_it_needs_is_refused(changes, message):
     with pytest.raises(ValueError, match=message):
         _report(**changes)
+
+
+@pytest.mark.parametrize("report", EVERY, ids=[r.name for r in EVERY])
+def test_every_report_names_its_repro_uniquely_and_says_what_it_prints(report):
+    assert report.prints and report.suspected and report.versions
+    assert [r.name for r in EVERY].count(report.name) == 1

@@ -27,6 +27,7 @@ from postmortems.flash_dmattn_121.cases import (
     TRAIN_VARIANTS,
     UPSTREAM_CASES,
     UPSTREAM_TENSORS,
+    WHO,
     MaskCase,
 )
 from postmortems.flash_dmattn_121.claims import claims, patch_error_ratios
@@ -80,6 +81,7 @@ __all__ = [
     "GPU_SEEDS",
     "GRADS",
     "META",
+    "WHO",
     "MaskCase",
     "PADDED",
     "REPLICA_CASES",

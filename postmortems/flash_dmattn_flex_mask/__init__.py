@@ -22,7 +22,7 @@ gradients and the study re-run there (compiled, forward), and `gpu_probes`, whic
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META
+from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META, WHO
 from postmortems.flash_dmattn_flex_mask.claims import _gpu_as_is, _gpu_bitwise, _gpu_forward, _gpu_workarounds, claims
 from postmortems.flash_dmattn_flex_mask.figures import (
     audit_table,
@@ -33,6 +33,7 @@ from postmortems.flash_dmattn_flex_mask.figures import (
     workaround_table,
 )
 from postmortems.flash_dmattn_flex_mask.gpu import gpu_probes, probe_all
+from postmortems.flash_dmattn_flex_mask.report import REPORT
 from postmortems.flash_dmattn_flex_mask.study import impact_figures, reproduce, study_batch
 from postmortems.flash_dmattn_flex_mask.upstream import (
     listing,
@@ -50,6 +51,8 @@ __all__ = [
     "GPU_COMMAND",
     "IMPLS",
     "META",
+    "REPORT",
+    "WHO",
     "_gpu_as_is",
     "_gpu_bitwise",
     "_gpu_forward",
