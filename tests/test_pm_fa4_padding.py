@@ -33,18 +33,25 @@ def test_real_rows_is_the_contract_layout(starts, used, rows):
     assert torch.equal(pm.real_rows(cu_padded, rows, seqused).flatten(), expected)
 
 
-def test_the_replica_takes_fa4s_call_and_refuses_what_it_cannot_show():
-    batch = pm.TAIL
-    from workbench import pack
+def test_the_replica_takes_fa4s_call_seqused_included():
+    """FA4's call shape over the replica: slot starts as cu_seqlens, real lengths as seqused; the rows of a
+    slot past seqused (GAP) and past the last slot (TAIL) come back unwritten, as FA4 leaves them, and lse
+    comes back only when asked for. qv (MLA) is refused."""
+    from workbench import pack, poisoned_memory
 
-    b = pack(batch)
+    b = pack(pm.TAIL.with_(seqlens_q=(5, 3), padded_q=(8, 4), padded_k=(8, 4), tail_q=2, tail_k=2))
     kwargs = dict(
-        cu_seqlens_q=b.cu_seqlens_q, cu_seqlens_k=b.cu_seqlens_k, max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k
-    )
-    out, lse = pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, **kwargs)
-    assert out.shape == b.q.shape and lse is None
-    with pytest.raises(ValueError, match="seqused"):
-        pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, **kwargs, seqused_q=b.cu_seqlens_q.diff())
+        cu_seqlens_q=b.cu_seqlens_q_padded, cu_seqlens_k=b.cu_seqlens_k_padded, max_seqlen_q=b.max_seqlen_q,
+        max_seqlen_k=b.max_seqlen_k, seqused_q=b.cu_seqlens_q.diff(), seqused_k=b.cu_seqlens_k.diff(),
+    )  # fmt: skip
+    with poisoned_memory():
+        out, lse = pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, **kwargs)
+        _, with_lse = pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, **kwargs, return_lse=True)
+    real = b.regions_q == Region.REAL
+    assert lse is None and with_lse is not None and with_lse.shape == (b.q.shape[1], b.q.shape[0])
+    assert out[real].isfinite().all() and out[~real].isnan().all()
+    with pytest.raises(ValueError, match="qv"):
+        pm.replica_flash_attn_varlen_func(b.q, b.k, b.v, qv=b.q, **kwargs)
 
 
 def test_every_claim_holds(results):

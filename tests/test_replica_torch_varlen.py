@@ -108,3 +108,43 @@ def test_custom_ops_compile_without_graph_breaks():
         out = compiled(*(t.detach() for t in (batch.q, batch.k, batch.v)), batch.cu_seqlens_q, batch.cu_seqlens_k, 6, 6)
     torch._dynamo.reset()
     assert torch.isnan(out[-2:]).all() and torch.isfinite(out[:-2]).all()
+
+
+def _seqused(
+    q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded, cu_seqlens_k_padded, causal=False, window_size=(-1, -1), scale=None
+):
+    """The replica called as FlashAttention-4 is with padding between sequences: slot starts as
+    boundaries, the real lengths as seqused."""
+    return replica_varlen_attn(
+        q, k, v, cu_seqlens_q_padded, cu_seqlens_k_padded, max_q, max_k, causal, scale=scale, window_size=window_size,
+        enable_gqa=True, seqused_q=cu_q.diff(), seqused_k=cu_k.diff(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case((5, 0, 9), seqlens_k=(7, 3, 9), tail_q=2, tail_k=1, heads=2, head_dim=16, dtype="float16", window=(3, 1)),
+        Case((9, 20), tail_q=3, tail_k=3, heads=4, kv_heads=2, head_dim=16, dtype="float16", causal=True, window=(4, 0)),
+    ],
+    ids=["window-cross-empty", "window-causal-gqa"],
+)
+def test_windows_are_attended_as_the_contract_says(case):
+    """window_size (FlashAttention's (left, right), bottom-right aligned): REAL rows right, rows with no key 0."""
+    record = probe(replica, pack(case), poisoned=True)
+    assert record.real_finite and record.real_within_bound, {n: str(e) for n, e in record.errors.items()}
+    assert record.nonfinite_in("TAIL") > 0  # the bug stays where it is
+
+
+def test_seqused_leaves_the_rest_of_each_slot_unwritten():
+    """With seqused, sequence i uses the first seqused[i] rows of its slot: the rows past it (GAP) and past
+    the last slot (TAIL) are never written, REAL rows are right."""
+    case = Case((5, 3, 9), padded_q=(8, 4, 12), padded_k=(8, 4, 12), tail_q=2, tail_k=2, heads=2, head_dim=16, dtype="float16")
+    record = probe(_seqused, pack(case), poisoned=True)
+    for name in TENSORS:
+        rows = {"GAP": 3 + 1 + 3, "TAIL": 2}
+        assert {r: record.nonfinite[name][r] for r in rows} == {r: n * 2 * 16 for r, n in rows.items()}, name
+    assert record.real_finite and record.real_within_bound, {n: str(e) for n, e in record.errors.items()}
+    with pytest.raises(ValueError, match="seqused_q and seqused_k together"):
+        batch = pack(case)
+        replica_varlen_attn(batch.q, batch.k, batch.v, *batch.args()[3:], seqused_q=batch.cu_seqlens_q.diff())

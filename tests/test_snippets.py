@@ -13,6 +13,7 @@ must fail it: a battery that cannot fail proves nothing.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import dataclasses
 import functools
@@ -34,14 +35,21 @@ from workbench.provenance import GPU_DATA, REPO
 from workbench.records import read_record, write_record
 
 
-def _name(block: str) -> str:
-    """The function a block defines (a block of imports and one function), or 'script' for a
-    block that does its work top to bottom."""
+def _is_script(block: str) -> bool:
+    """A block that does its work top to bottom, not a block of imports and one function."""
     body = ast.parse(block).body
-    functions = [node.name for node in body if isinstance(node, ast.FunctionDef)]
-    if len(functions) == 1 and all(isinstance(node, ast.FunctionDef | ast.Import | ast.ImportFrom) for node in body):
-        return functions[0]
-    return "script"
+    functions = [node for node in body if isinstance(node, ast.FunctionDef)]
+    return not (len(functions) == 1 and all(isinstance(node, ast.FunctionDef | ast.Import | ast.ImportFrom) for node in body))
+
+
+def _name(block: str) -> str:
+    """The function a block defines (a block of imports and one function); for a block that does its
+    work top to bottom, its opening comment (an upstream report's repro names its bug there), or
+    'script'."""
+    if not _is_script(block):
+        return next(node.name for node in ast.parse(block).body if isinstance(node, ast.FunctionDef))
+    first = block.lstrip().splitlines()[0] if block.strip() else ""
+    return first[2:] if first.startswith("# ") else "script"
 
 
 def _run(block: str, **names: Any) -> dict[str, Any]:
@@ -54,270 +62,282 @@ def _run(block: str, **names: Any) -> dict[str, Any]:
     return namespace
 
 
-# -- flash-dmattn 1.2.2's Triton backend: the NaN check of flash-dmattn-121 -------------------------
-
-Q_LEN, HEADS, DIM = 64, 2, 16
-
-
-def _masks_121() -> dict[str, tuple[int, torch.Tensor | None, bool, bool]]:
-    """name -> (q_len, attn_mask or None, is_causal, non-zero bias): batch 2, 2 heads."""
-    ones = torch.ones(2, HEADS, Q_LEN, Q_LEN, dtype=torch.bool)
-    right = ones.clone()
-    right[1, :, :, 40:] = False  # item 1: 24 padding keys on the right
-    left = ones.clone()
-    left[1, :, :, :20] = False  # item 1: 20 padding tokens on the left (with causal: rows 0-19 see nothing)
-    per_head = ones.clone()
-    per_head[0, 1, :10] = False  # item 0, head 1 only: rows 0-9 see no key
-    empty = ones.clone()
-    empty[1] = False  # item 1: an empty key sequence
-    return {
-        "no mask": (Q_LEN, None, False, False),
-        "no mask, length 100": (100, None, False, False),
-        "right padding (bool)": (Q_LEN, right, False, False),
-        "left padding, causal (bool)": (Q_LEN, left, True, False),
-        "per-head mask (bool)": (Q_LEN, per_head, False, False),
-        "per-head mask (float 0/1)": (Q_LEN, per_head.half(), False, False),
-        "per-head mask, non-zero attn_bias": (Q_LEN, per_head, False, True),
-        "empty sequence": (Q_LEN, empty, False, False),
-    }
+# Torch's global settings a check may flip to poison memory: deterministic algorithms (and warn_only),
+# and the filling of uninitialised memory. A user may have any of them set; each is left as it was.
+USER_SETTINGS = ((False, False, False), (True, False, False), (True, True, True))
 
 
-@functools.cache
-def _kernel_nan_121(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """What 1.2.2's Triton kernel does on battery input `name`: ((B,) items with a non-finite
-    dK or dV, (B, H, Q) rows with a non-finite output)."""
-    from postmortems import flash_dmattn_121 as pm
-
-    q_len, mask, causal, with_bias = _masks_121()[name]
-    generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, q_len, HEADS, DIM, generator=generator).half().requires_grad_() for _ in range(3))
-    shape = (2, HEADS, q_len, q_len)
-    bias = torch.randn(shape, generator=generator).half() if with_bias else torch.zeros(shape, dtype=torch.half)
-    out = pm.upstream_triton_func()(q, k, v, None if mask is None else mask.expand(shape).contiguous(), bias, causal, None)
-    out.backward(torch.randn(out.shape, generator=generator).half())
-    bad_grad = [(~torch.isfinite(t.grad)).flatten(1).any(-1) for t in (k, v)]
-    return bad_grad[0] | bad_grad[1], (~torch.isfinite(out)).any(-1).transpose(1, 2)
+def _torch_settings() -> tuple[bool, bool, bool]:
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
 
 
-def battery_nan_check_121(check: Callable) -> None:
-    """`check(q_len, attn_mask, is_causal) -> (items, rows)` names exactly the items whose dK/dV
-    the kernel makes NaN, and the rows whose output it makes NaN (per head, or any head)."""
-    for name, (q_len, mask, causal, _) in _masks_121().items():
-        items, rows = _kernel_nan_121(name)
-        said_items, said_rows = check(q_len, mask, causal)
-        assert torch.equal(said_items.expand_as(items), items), f"{name}: items {said_items.tolist()}, kernel {items.tolist()}"
-        expected = rows if said_rows.dim() == 3 else rows.any(1)
-        assert torch.equal(said_rows.expand_as(expected), expected), f"{name}: NaN rows differ from the kernel's"
+def _set_torch_settings(settings: tuple[bool, bool, bool]) -> None:
+    enabled, warn_only, fill = settings
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-# -- flash-dmattn's Flex backend: flash-dmattn-flex-mask ---------------------------------------------
-
-LENGTHS = {"padded": (5, 3, 8), "empty sequence": (5, 0, 8)}
-
-
-def _flex_cases() -> dict[str, dict[str, Any]]:
-    """name -> the call's arguments: q (B, S, H, D) in fp16, attn_mask (B, H, S, S), attn_bias, is_causal."""
-    generator = torch.Generator().manual_seed(1)
-    seq, heads = 8, 2
-
-    def batch(lengths, kv_heads=heads, **extra):
-        q = torch.randn(len(lengths), seq, heads, DIM, generator=generator).half()
-        k, v = (torch.randn(len(lengths), seq, kv_heads, DIM, generator=generator).half() for _ in range(2))
-        keys = torch.arange(seq) < torch.tensor(lengths)[:, None]  # (B, S_k): real keys
-        mask = keys[:, None, None, :].expand(-1, heads, seq, -1).contiguous()
-        return {"q": q, "k": k, "v": v, "attn_mask": mask, "attn_bias": None, "is_causal": False, "lengths": lengths} | extra
-
-    per_head = batch(LENGTHS["padded"])
-    per_head["attn_mask"] = per_head["attn_mask"] & (torch.rand(3, heads, seq, seq, generator=generator) < 0.6)
-    float_mask = batch(LENGTHS["padded"])
-    float_mask["attn_mask"] = float_mask["attn_mask"].half()
-    return {
-        "all-True mask": batch((seq, seq, seq)),
-        "padding mask (bool)": batch(LENGTHS["padded"]),
-        "padding mask (float 0/1)": float_mask,
-        "per-head masks": per_head,
-        "non-zero attn_bias": batch(LENGTHS["padded"], attn_bias=torch.randn(3, heads, seq, seq, generator=generator).half()),
-        "causal": batch(LENGTHS["padded"], is_causal=True),
-        "empty sequence": batch(LENGTHS["empty sequence"]),
-        "GQA (2 query heads, 1 key/value head)": batch(LENGTHS["padded"], kv_heads=1),
-    }
+def _keeps_torch_settings(run: Callable[[], Any], every: bool = True) -> Any:
+    """`run()` under each of USER_SETTINGS (torch's defaults, deterministic mode on, and on with
+    poisoning; `every=False`: the defaults only, for a battery's later layouts, to save time); each
+    time torch's settings must come back as they were. Returns the first run's result."""
+    saved = _torch_settings()
+    results = []
+    try:
+        for settings in USER_SETTINGS if every else USER_SETTINGS[:1]:
+            _set_torch_settings(settings)
+            results.append(run())
+            assert _torch_settings() == settings, f"torch's settings {settings} came back as {_torch_settings()}"
+    finally:
+        _set_torch_settings(saved)
+    return results[0]
 
 
-def _dense(case: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
-    """Attention as the arguments mean it, computed in `dtype` ((B, H, S, D)); a row with no visible key: 0."""
-    q, k, v = (case[n].to(dtype).transpose(1, 2) for n in ("q", "k", "v"))
+# -- the padded batches of the mask-taking APIs (workbench.affected.MaskedBatch) ---------------------
+
+
+def _dense(x: dict[str, Any], dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """(B, H, S_q, D) in `dtype`: attention over the keys each row may see (`visible` of a built
+    MaskedBatch) plus its bias; a row with no visible key: 0."""
+    q, k, v = (x[n].to(dtype).transpose(1, 2) for n in ("q", "k", "v"))
     k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (k, v))
-    keep = case["attn_mask"] > 0
-    if case["is_causal"]:
-        keep = keep & torch.ones(keep.shape[-2:], dtype=torch.bool).tril()
-    scores = q @ k.transpose(-1, -2) * DIM**-0.5
-    if case["attn_bias"] is not None:
-        scores = scores + case["attn_bias"].to(dtype)
+    keep = x["visible"]
+    scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if x["bias"] is not None:
+        scores = scores + x["bias"].to(dtype)
     has = keep.any(-1, keepdim=True)
     scores = torch.where(has, scores.masked_fill(~keep, float("-inf")), torch.zeros_like(scores))
     return torch.softmax(scores.float(), -1).to(dtype) * has @ v
 
 
-def _assert_within_bound(name: str, out: torch.Tensor, case: dict[str, Any]) -> None:
-    """REAL query rows of `out` ((B, S, H, D)) within 2x PyTorch's own fp16 error of the fp64 answer."""
-    real = torch.arange(out.shape[1]) < torch.tensor(case["lengths"])[:, None]  # (B, S)
-    pick = real[:, None, :].expand(-1, out.shape[2], -1)  # (B, H, S)
-    oracle, baseline = _dense(case, torch.float64)[pick], _dense(case, torch.half)[pick]
-    check = error_check("out", out.transpose(1, 2)[pick], oracle, baseline, torch.half, keys=case["k"].shape[1])
-    assert check.within, f"{name}: {check}"
+def _rows_within_bound(out: torch.Tensor, x: dict[str, Any], scale: float | None = None) -> Any:
+    """The error check of `out` ((B, H, S_q, D)) on real query rows against the fp64 answer, bound
+    2x PyTorch's own error in the same dtype; rows that see no key must be exactly 0 as well."""
+    pick = x["real_q"][:, None, :].expand(-1, out.shape[1], -1)  # (B, H, S_q)
+    oracle, baseline = _dense(x, torch.float64, scale)[pick], _dense(x, out.dtype, scale)[pick]
+    check = error_check("out", out[pick], oracle, baseline, out.dtype, keys=x["k"].shape[1])
+    keyless = ~x["visible"].any(-1) & pick
+    return check if not out[keyless].any() else dataclasses.replace(check, error=float("inf"))
+
+
+# -- flash-dmattn 1.2.2's Triton backend: the NaN check of flash-dmattn-121 -------------------------
+
+
+@functools.cache
+def _kernel_nan_121(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """What 1.2.2's Triton kernel does on the declared layout `name`: ((B,) items with a non-finite
+    dK or dV, (B, H, Q) rows with a non-finite output)."""
+    from postmortems import flash_dmattn_121 as pm
+
+    x = pm.WHO.layout(name).inputs.build()
+    q, k, v = (x[n].requires_grad_() for n in ("q", "k", "v"))
+    shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    bias = torch.zeros(shape, dtype=q.dtype) if x["attn_bias"] is None else x["attn_bias"]
+    mask = None if x["attn_mask"] is None else x["attn_mask"].expand(shape).contiguous()
+    out = pm.upstream_triton_func()(q, k, v, mask, bias, x["is_causal"], None)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.dtype))
+    bad_grad = [(~torch.isfinite(t.grad)).flatten(1).any(-1) for t in (k, v)]
+    return bad_grad[0] | bad_grad[1], (~torch.isfinite(out)).any(-1).transpose(1, 2)
+
+
+def battery_nan_check_121(check: Callable) -> None:
+    """On every layout the page declares, `check(q_len, attn_mask, is_causal) -> (items, rows)` names
+    exactly the items whose dK/dV 1.2.2's kernel makes NaN, and the rows whose output it makes NaN
+    (per head, or any head); the kernel hits exactly the layouts declared affected."""
+    from postmortems import flash_dmattn_121 as pm
+
+    for layout in pm.WHO.layouts:
+        items, rows = _kernel_nan_121(layout.name)
+        assert bool(items.any() or rows.any()) == layout.affected, f"{layout.name}: declared affected={layout.affected}"
+        x = layout.inputs.build()
+        said_items, said_rows = check(x["q"].shape[1], x["attn_mask"], x["is_causal"])
+        assert torch.equal(said_items.expand_as(items), items), (
+            f"{layout.name}: items {said_items.tolist()}, kernel {items.tolist()}"
+        )
+        expected = rows if said_rows.dim() == 3 else rows.any(1)
+        assert torch.equal(said_rows.expand_as(expected), expected), f"{layout.name}: NaN rows differ from the kernel's"
+
+
+# -- flash-dmattn's Flex backend: flash-dmattn-flex-mask ---------------------------------------------
+# The blocks import flash_dmattn.flash_dmattn_flex, 1.2.2's file as installed (with transformers, which it
+# imports). Nothing here makes the calls eager: on a CPU the blocks must do it themselves, since the compiled
+# CPU call crashes the process (the old texts, which did not, run under `_eager_flex` only).
 
 
 @contextlib.contextmanager
-def _upstream_flex():
-    """`from flash_dmattn.flash_dmattn_flex import flex_dmattn_func` resolving to the installed
-    1.2.2 file as the post-mortem runs it (transformers stood in for where it is not installed),
-    and torch.compile eager: inductor's C++ build takes minutes on a CPU."""
-    import sys
-    import types
+def _no_compiling_on_cpu():
+    """Inductor raises instead of compiling: on a CPU, FlexAttention compiled by inductor (the path
+    flex_dmattn_func takes) crashes the process, so a block must run it eagerly there. (Eager
+    FlexAttention compiles with the "eager" backend, which stays allowed.)"""
+    from unittest import mock
 
-    from postmortems import flash_dmattn_flex_mask as pm
+    def refuse(*args, **kwargs):
+        raise RuntimeError("a block compiled FlexAttention with inductor on a CPU, where the compiled call crashes the process")
 
-    module = types.ModuleType("flash_dmattn.flash_dmattn_flex")
-    module.flex_dmattn_func = pm.upstream_function(torch.device("cpu"))
-    saved = sys.modules.get(module.__name__)
-    sys.modules[module.__name__] = module
-    try:
-        with torch.compiler.set_stance("force_eager"):
-            yield
-    finally:
-        if saved is None:
-            sys.modules.pop(module.__name__)
-        else:
-            sys.modules[module.__name__] = saved
+    with mock.patch("torch._inductor.compile_fx.compile_fx", refuse):
+        yield True
 
 
-def _arguments(case: dict[str, Any]) -> dict[str, Any]:
-    return {n: case[n] for n in ("attn_mask", "attn_bias", "is_causal")}
+@contextlib.contextmanager
+def _eager_flex():
+    """torch.compile eager, for the texts before issue 36, which compiled FlexAttention on a CPU."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+def _flex_call(x: dict[str, Any]) -> dict[str, Any]:
+    return {"attn_mask": x["attn_mask"], "attn_bias": x["attn_bias"], "is_causal": x["is_causal"]}
+
+
+def _flex_upstream_within(x: dict[str, Any]) -> bool:
+    """1.2.2's flex_dmattn_func on a built layout, eagerly: its real rows within the bound."""
+    from flash_dmattn.flash_dmattn_flex import flex_dmattn_func
+
+    with torch.compiler.set_stance("force_eager"):
+        out = flex_dmattn_func(x["q"], x["k"], x["v"], **_flex_call(x))
+    return _rows_within_bound(out.transpose(1, 2), x).within
+
+
+def _flex_layouts(expect_refusal: bool = True):
+    """(layout, built inputs) for every layout of the page; with `expect_refusal`, a refused layout's
+    error (the library's own) checked on 1.2.2 itself first."""
+    from flash_dmattn.flash_dmattn_flex import flex_dmattn_func
+
+    from postmortems.flash_dmattn_flex_mask import WHO
+
+    for layout in WHO.layouts:
+        x = layout.inputs.build()
+        if layout.refused and expect_refusal:
+            with pytest.raises(getattr(builtins, layout.refused)), torch.compiler.set_stance("force_eager"):
+                flex_dmattn_func(x["q"], x["k"], x["v"], **_flex_call(x))
+        yield layout, x
 
 
 def battery_mask_dropped(check: Callable) -> None:
-    """`check(q, k, v, attn_mask, attn_bias, is_causal)` is True exactly when the mask hides a
-    key (1.2.2 drops every mask), on every input the Flex backend accepts (not grouped K/V)."""
-    for name, case in _flex_cases().items():
-        if case["k"].shape[2] != case["q"].shape[2]:
-            continue  # flex_dmattn_func refuses grouped K/V with a ValueError: loud, nothing to check
-        affected = not bool((case["attn_mask"] > 0).all())
-        assert check(case["q"], case["k"], case["v"], **_arguments(case)) is affected, name
+    """On every declared layout, `check(q, k, v, attn_mask, attn_bias, is_causal)` is True exactly on
+    those declared affected, and 1.2.2's function gets exactly those wrong; a refused layout raises
+    the library's error or says False."""
+    for i, (layout, x) in enumerate(_flex_layouts()):
+        if layout.refused:
+            with contextlib.suppress(ValueError):
+                assert check(x["q"], x["k"], x["v"], **_flex_call(x)) is False, layout.name
+            continue
+        assert (not _flex_upstream_within(x)) == layout.affected, f"{layout.name}: declared affected={layout.affected}"
+        said = _keeps_torch_settings(lambda x=x: check(x["q"], x["k"], x["v"], **_flex_call(x)), i == 0)
+        assert said is layout.affected, f"{layout.name}: the check says {said}"
 
 
-def battery_mask_as_bias(mask_as_bias: Callable) -> None:
-    """Workaround (a): 1.2.2's flex_dmattn_func given `mask_as_bias(attn_mask, attn_bias, dtype)`
-    as its bias keeps REAL rows within the bound, with every mask kind and a bias of your own."""
-    from flash_dmattn.flash_dmattn_flex import flex_dmattn_func  # under _upstream_flex: 1.2.2's file
-
-    for name, case in _flex_cases().items():
-        if case["k"].shape[2] != case["q"].shape[2]:
-            continue  # refused loudly by flex_dmattn_func (the page's GQA note)
-        bias = mask_as_bias(case["attn_mask"], case["attn_bias"], case["q"].dtype)
-        out = flex_dmattn_func(
-            case["q"], case["k"], case["v"], attn_mask=case["attn_mask"], attn_bias=bias, is_causal=case["is_causal"]
-        )
-        _assert_within_bound(name, out, case)
+def battery_flex_dmattn_masked(flex_dmattn_masked: Callable) -> None:
+    """Workaround (a), flex_dmattn_func with the mask folded into its bias: REAL rows within the bound on
+    every declared layout the library takes (every mask shape, with a bias of your own, causal, a custom
+    scale), and the library's own error on a layout it refuses."""
+    for layout, x in _flex_layouts():
+        if layout.refused:
+            with pytest.raises(ValueError):
+                flex_dmattn_masked(x["q"], x["k"], x["v"], **_flex_call(x))
+            continue
+        out = flex_dmattn_masked(x["q"], x["k"], x["v"], **_flex_call(x), softmax_scale=0.3)
+        check = _rows_within_bound(out.transpose(1, 2), x, scale=0.3)
+        assert check.within, f"{layout.name}: {check}"
 
 
 def battery_flex_with_mask(flex_with_mask: Callable) -> None:
-    """Workaround (b): torch's flex_attention through `flex_with_mask(q, k, v, attn_mask,
-    attn_bias, is_causal)` keeps REAL rows within the bound on every input, grouped K/V included."""
-    for name, case in _flex_cases().items():
-        _assert_within_bound(name, flex_with_mask(case["q"], case["k"], case["v"], **_arguments(case)), case)
+    """Workaround (b), torch's flex_attention with a mask_mod that reads the mask: REAL rows within the
+    bound on every declared layout, grouped K/V included, with a custom scale."""
+    for layout, x in _flex_layouts(expect_refusal=False):
+        out = flex_with_mask(x["q"], x["k"], x["v"], **_flex_call(x), softmax_scale=0.3)
+        check = _rows_within_bound(out.transpose(1, 2), x, scale=0.3)
+        assert check.within, f"{layout.name}: {check}"
 
 
 # -- torch SDPA's cuDNN backend: sdpa-cudnn-masked-rows ---------------------------------------------
+# Without a GPU, the page's replica of cuDNN's boolean-mask path stands in for cuDNN (a boolean mask
+# becomes the finite fill; a float mask passes as it is: what the H200 record confirms bit for bit).
 
 
-def _sdpa_cases() -> dict[str, dict[str, Any]]:
-    """name -> q (B, H, S_q, D) in fp16, k and v, attn_mask as the user passes it, and `visible`
-    (B, H, S_q, S_k) bool: the keys each row may see, worked out here independently."""
-    generator = torch.Generator().manual_seed(2)
-    heads, seq = 2, 6
-
-    def case(lengths, kv_heads=heads, causal_shift=None, per_head=False, form="bool", bias=False):
-        q = torch.randn(len(lengths), heads, seq, DIM, generator=generator).half()
-        k, v = (torch.randn(len(lengths), kv_heads, seq, DIM, generator=generator).half() for _ in range(2))
-        keys = torch.arange(seq) < torch.tensor(lengths)[:, None]
-        visible = keys[:, None, None, :].expand(-1, heads, seq, -1).clone()
-        if causal_shift is not None:  # bottom-right causal with len_q > len_k: the first rows see nothing
-            visible &= torch.ones(seq, seq, dtype=torch.bool).tril(causal_shift)
-        if per_head:
-            visible[0, 1, 2] = False  # one row of one head only
-        mask: torch.Tensor = visible
-        if form == "float":
-            mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).half()
-            if bias:
-                mask = torch.where(visible, torch.randn(visible.shape, generator=generator).half(), mask)
-        return {"q": q, "k": k, "v": v, "attn_mask": mask, "visible": visible}
-
-    return {
-        "no row without keys (bool)": case((6, 4, 5)),
-        "no row without keys (float)": case((6, 4, 5), form="float"),
-        "empty key sequence (bool)": case((6, 0, 5)),
-        "empty key sequence (float -inf)": case((6, 0, 5), form="float"),
-        "per-head mask (bool)": case((6, 4, 5), per_head=True),
-        "per-head mask (float), non-zero bias": case((6, 4, 5), per_head=True, form="float", bias=True),
-        "causal, len_q > len_k": case((6, 6, 6), causal_shift=-2),
-        "GQA, empty key sequence": case((6, 0, 5), kv_heads=1),
-    }
+def _sdpa_inputs(x: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """q, k, v as SDPA takes them, (B, H, S, D), and the mask as built."""
+    return (*(x[n].transpose(1, 2) for n in ("q", "k", "v")), x["attn_mask"])
 
 
-def _cudnn_like(case: dict[str, Any]) -> torch.Tensor:
-    """SDPA as our replica of cuDNN computes it (sdpa-cudnn-masked-rows, Mechanism): the mask's
-    masked positions filled with a finite constant instead of -inf, so a row without keys is not 0."""
-    from postmortems import sdpa_cudnn_masked_rows as pm
+@contextlib.contextmanager
+def _cudnn_replica():
+    """Where no GPU runs cuDNN: SDPA with only the cuDNN backend enabled (`sdpa_kernel(CUDNN_ATTENTION)`)
+    runs the page's replica of its boolean-mask path, the math backend given the finite fill. Yields
+    whether cuDNN itself runs."""
+    import torch.nn.functional as F
 
-    mask = case["attn_mask"]
-    fill = torch.tensor(pm.CUDNN_FILL, dtype=torch.half)
-    additive = torch.where(mask, torch.zeros((), dtype=torch.half), fill) if mask.dtype == torch.bool else mask.clamp(min=fill)
-    return torch.nn.functional.scaled_dot_product_attention(
-        case["q"], case["k"], case["v"], attn_mask=additive, enable_gqa=case["k"].shape[1] != case["q"].shape[1]
-    )
+    from postmortems.sdpa_cudnn_masked_rows import CUDNN_FILL
+
+    if _native_cuda():
+        yield True
+        return
+    original = F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, **kwargs):
+        cudnn_only = torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+        if cudnn_only and attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.where(attn_mask, 0.0, CUDNN_FILL).to(query.dtype)
+        with contextlib.ExitStack() as stack:
+            if cudnn_only:
+                stack.enter_context(torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH))
+            return original(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield False
+    finally:
+        F.scaled_dot_product_attention = original
 
 
-def _sdpa_oracle(case: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
-    """(B, H, S_q, D) in `dtype`: the contract's answer, 0 on rows without keys."""
-    bias = case["attn_mask"].to(dtype).masked_fill(~case["visible"], 0) if case["attn_mask"].dtype != torch.bool else None
-    as_flex = {"q": case["q"].transpose(1, 2), "k": case["k"].transpose(1, 2), "v": case["v"].transpose(1, 2)}
-    return _dense(as_flex | {"attn_mask": case["visible"], "attn_bias": bias, "is_causal": False}, dtype)
+def _cudnn_like(x: dict[str, Any]) -> torch.Tensor:
+    from postmortems.sdpa_cudnn_masked_rows import cudnn_mask_replica
+
+    q, k, v, mask = _sdpa_inputs(x)
+    return cudnn_mask_replica(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
-def _assert_sdpa_within_bound(name: str, out: torch.Tensor, case: dict[str, Any]) -> None:
-    """Every row within 2x PyTorch's own fp16 error of the fp64 answer (rows without keys: exactly 0)."""
-    no_key = ~case["visible"].any(-1)
-    assert not out[no_key].any(), f"{name}: rows without keys are not 0"
-    oracle, baseline = _sdpa_oracle(case, torch.float64), _sdpa_oracle(case, torch.half)
-    check = error_check("out", out, oracle, baseline, torch.half, keys=case["k"].shape[-2])
-    assert check.within, f"{name}: {check}"
+def _sdpa_layouts():
+    from postmortems.sdpa_cudnn_masked_rows import WHO
+
+    for layout in WHO.layouts:
+        x = layout.inputs.build()
+        replica_within = _rows_within_bound(_cudnn_like(x), x).within
+        assert (not replica_within) == layout.affected, f"{layout.name}: declared affected={layout.affected}"
+        yield layout, x
 
 
 def battery_rows_without_key(check: Callable) -> None:
-    """`check(out, attn_mask) -> (rows, max |out|)` counts every row (per head) that sees no key,
-    and flags (max > 0) exactly the outputs that are not 0 there: cuDNN's, not the math backend's."""
-    for name, case in _sdpa_cases().items():
-        expected_rows = int((~case["visible"].any(-1)).sum())
-        rows, worst = check(_cudnn_like(case), case["attn_mask"])
-        assert rows == expected_rows and (worst > 0) == (expected_rows > 0), (
-            f"{name}: {rows} rows, max {worst} (expected {expected_rows} rows)"
-        )
-        math = torch.nn.functional.scaled_dot_product_attention(
-            case["q"], case["k"], case["v"], attn_mask=case["attn_mask"], enable_gqa=case["k"].shape[1] != case["q"].shape[1]
-        )
-        assert check(math, case["attn_mask"])[1] == 0, f"{name}: the math backend's clean output flagged"
+    """On every declared layout, `check(out, attn_mask) -> (rows, max |out|)` counts every row (per head)
+    that sees no key, and flags (max > 0) exactly the layouts declared affected on the replica of
+    cuDNN's output; the math backend's output is never flagged."""
+    for layout, x in _sdpa_layouts():
+        q, k, v, mask = _sdpa_inputs(x)
+        rows, worst = check(_cudnn_like(x), mask)
+        expected_rows = int((~x["visible"].any(-1)).sum())
+        assert rows == expected_rows and (worst > 0) == layout.affected, f"{layout.name}: {rows} rows, max {worst}"
+        math = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+        assert check(math, mask)[1] == 0, f"{layout.name}: the math backend's clean output flagged"
 
 
 def battery_zero_rows_without_key(zero_rows_without_key: Callable) -> None:
-    """Workaround (a) on the replica's output keeps every row within the bound, rows without keys 0."""
-    for name, case in _sdpa_cases().items():
-        _assert_sdpa_within_bound(name, zero_rows_without_key(_cudnn_like(case), case["attn_mask"]), case)
+    """Workaround (a) on the replica's output: every real row within the bound on every declared layout,
+    rows without keys exactly 0."""
+    for layout, x in _sdpa_layouts():
+        check = _rows_within_bound(zero_rows_without_key(_cudnn_like(x), x["attn_mask"]), x)
+        assert check.within, f"{layout.name}: {check}"
 
 
 def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
-    """Workaround (b): the memory-efficient or math backend (math on this CPU) within the bound, GQA included."""
-    for name, case in _sdpa_cases().items():
-        _assert_sdpa_within_bound(name, sdpa_without_cudnn(case["q"], case["k"], case["v"], case["attn_mask"]), case)
+    """Workaround (b): the memory-efficient or math backend (math on this CPU) within the bound on every
+    declared layout, GQA included."""
+    for layout, x in _sdpa_layouts():
+        check = _rows_within_bound(sdpa_without_cudnn(*_sdpa_inputs(x)), x)
+        assert check.within, f"{layout.name}: {check}"
 
 
 # -- torch's varlen_attn: torch-varlen-176793 -------------------------------------------------------
@@ -387,6 +407,7 @@ def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
     assert not torch.are_deterministic_algorithms_enabled(), "the check leaves deterministic mode off"
 
 
+DIM = 16  # the head dim of the varlen workaround batteries' batches
 VARLEN_LAYOUTS = {"TAIL rows": ((5, 9), 3), "an empty sequence and TAIL rows": ((5, 0, 9), 4)}
 
 
@@ -512,47 +533,51 @@ def _fsa_interpreted():
     yield True
 
 
-def _fsa_layouts() -> list[Any]:
-    from workbench import Case, Fill
-
-    base = Case((5, 3, 7), tail_q=3, tail_k=2, heads=2, head_dim=64, dtype="float16", fill=Fill.ZEROS)
-    return [
-        base,  # the audit's first call: 4 of 6 lse bases misaligned
-        base.with_(seqlens_q=(8, 4, 12), tail_q=0, tail_k=0),  # every start and the row count multiples of 4
-        base.with_(seqlens_q=(3, 0, 4, 0), tail_q=0, tail_k=0),  # empty sequences, misaligned bases
-        base.with_(seqlens_q=(4, 0, 4), seqlens_k=(4, 3, 4), tail_q=0, tail_k=0),  # a query-less sequence, aligned
-        base.with_(seqlens_q=(5, 3), seqlens_k=(9, 7), tail_q=0, tail_k=0, causal=True),  # bottom-right causal
-    ]
-
-
+@functools.cache
 def _fsa_bare_call(case) -> Any:
+    """The library as is on `case`, under the interpreter in NaN-poisoned memory: what it builds and leaves."""
     from postmortems.fsa_varlen_descriptors import BARE, FUNCTIONS, run
 
-    return run(FUNCTIONS[0], BARE, case)
+    return run(FUNCTIONS[0], BARE, case, poisoned=True)
 
 
 def battery_fsa_varlen_faults(check: Callable) -> None:
-    """`check(q, cu_seqlens_q)` counts the lse bases the library's backward builds misaligned and the
-    sequences whose forward builds descriptors of extent 0, as the interpreter records them."""
+    """On every layout the page declares, `check(q, cu_seqlens_q)` counts the lse bases the library's
+    backward builds misaligned, the sequences whose forward builds descriptors of extent 0, and the rows
+    past cu_seqlens_q[-1] it leaves unwritten in out and dq, as the interpreter records them; the
+    library hits exactly the layouts declared affected."""
+    from postmortems.fsa_varlen_descriptors import WHO
     from workbench import pack
 
-    for case in _fsa_layouts():
-        batch = pack(case)
-        counts = check(batch.q, batch.cu_seqlens_q.int())
+    for layout in WHO.layouts:
+        case, batch = layout.inputs, pack(layout.inputs)
         call = _fsa_bare_call(case)  # each sequence shorter than one 64-row tile: one program per (sequence, head)
-        assert counts["misaligned_lse_bases"] == call.misaligned, f"{case.label()}: {counts}, recorded {call.misaligned}"
-        assert (counts["empty_sequences"] > 0) == (call.zero_extent > 0), f"{case.label()}: {counts}, {call.zero_extent}"
-        assert counts["empty_sequences"] == case.seqlens_q.count(0), f"{case.label()}: {counts}"
+        unwritten = call.probe.nonfinite["out"]["TAIL"] // (case.heads * case.head_dim)
+        assert call.probe.nonfinite["dq"]["TAIL"] == call.probe.nonfinite["out"]["TAIL"], layout.name
+        hit = bool(call.misaligned or call.zero_extent or unwritten)
+        assert hit == layout.affected, (
+            f"{layout.name}: declared affected={layout.affected}, library {call.misaligned}, {call.zero_extent}, {unwritten}"
+        )
+        expected = {
+            "misaligned_lse_bases": call.misaligned,
+            "empty_sequences": case.seqlens_q.count(0),
+            "unwritten_rows": unwritten,
+        }
+        counts = check(batch.q, batch.cu_seqlens_q.int())
+        assert (counts.get("empty_sequences", 0) > 0) == (call.zero_extent > 0), f"{layout.name}: {counts}, {call.zero_extent}"
+        assert counts == expected, f"{layout.name}: the check says {counts}, the library {expected}"
 
 
 def battery_fsa_varlen_aligned(workaround: Callable) -> None:
-    """The workaround around the library: no descriptor breaks Triton's rule, none has extent 0, REAL
-    rows within the bound, padding rows of out, dq, dk, dv exactly 0 in NaN-poisoned memory (the
-    library leaves TAIL rows of out and dq unwritten); through both functions."""
+    """The workaround around the library, on every declared layout (the first through both functions):
+    no descriptor breaks Triton's rule, none has extent 0, REAL rows within the bound, padding rows of
+    out, dq, dk, dv exactly 0 in NaN-poisoned memory (the library leaves TAIL rows of out and dq
+    unwritten); with return_lse, lse back on the caller's rows, -inf on those the call does not see."""
     import flash_sparse_attn
 
-    from postmortems.fsa_varlen_descriptors import FUNCTIONS, measure
+    from postmortems.fsa_varlen_descriptors import FUNCTIONS, WHO, measure
     from postmortems.fsa_varlen_descriptors.study import Call
+    from workbench import Region, pack
 
     for function in FUNCTIONS:
         attn = getattr(flash_sparse_attn, function)
@@ -560,18 +585,24 @@ def battery_fsa_varlen_aligned(workaround: Callable) -> None:
         def called(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, softmax_scale=None, attn=attn):
             return workaround(q, k, v, cu_q, cu_k, is_causal=is_causal, attn=attn, softmax_scale=softmax_scale)
 
-        for case in _fsa_layouts() if function == FUNCTIONS[0] else _fsa_layouts()[:1]:
+        for layout in WHO.layouts if function == FUNCTIONS[0] else WHO.layouts[:1]:
+            case = layout.inputs
             call = Call(function, "pasted", case, *measure(called, case, "the page's workaround", poisoned=True))
-            label = f"{function}, {case.label()}"
+            label = f"{function}, {layout.name}"
             assert call.misaligned == 0 and not call.violations(), f"{label}: {call.violations()}"
             assert call.zero_extent == 0, f"{label}: {call.zero_extent} descriptors of extent 0"
             assert call.probe.real_within_bound, f"{label}: {[str(e) for e in call.probe.errors.values()]}"
             assert call.probe.padding_exactly_zero, f"{label}: padding rows not 0"
+    batch = pack(next(layout.inputs for layout in WHO.layouts if layout.inputs.tail_q))
+    out, lse = workaround(*batch.args()[:5], return_lse=True)
+    unseen = batch.regions_q != Region.REAL
+    assert out.shape == batch.q.shape and lse.shape == (batch.q.shape[1], batch.q.shape[0]), "lse on the caller's rows"
+    assert torch.isneginf(lse[:, unseen]).all() and lse[:, ~unseen].isfinite().all(), "lse -inf exactly where unseen"
 
 
 @pytest.mark.slow
 def test_the_fsa_batteries_fail_a_bare_call_and_a_blind_check():
-    """No old text on this page: the batteries must fail the library called as is, and a check that sees nothing."""
+    """The batteries must fail the library called as is, and a check that sees nothing."""
     with _fsa_interpreted():
 
         def bare(q, k, v, cu_q, cu_k, is_causal=False, attn=None, **kwargs):
@@ -581,7 +612,63 @@ def test_the_fsa_batteries_fail_a_bare_call_and_a_blind_check():
         with pytest.raises(AssertionError):
             battery_fsa_varlen_aligned(bare)
         with pytest.raises(AssertionError):
-            battery_fsa_varlen_faults(lambda q, cu: {"misaligned_lse_bases": 0, "empty_sequences": 0})
+            battery_fsa_varlen_faults(
+                lambda q, cu: dict.fromkeys(("misaligned_lse_bases", "empty_sequences", "unwritten_rows"), 0)
+            )
+
+
+# -- the upstream reports: each repro exactly as its page shows it ------------------------------------
+# A repro prints what it shows; its battery checks the printout against the report's `prints`, and,
+# where the library needs a GPU (the printout then comes from the page's stand-in), that the GPU record
+# the report names shows the library doing the same.
+
+
+def _record_check(name: str, check: str) -> dict[str, Any]:
+    record = read_record(GPU_DATA / name)
+    return next(c for c in record["checks"] if c["name"] == check)
+
+
+def _fsa_lse_report_shown() -> None:
+    """fsa-misaligned.json: the repro's batch (15 rows, 2 heads, cu_seqlens_q [0, 5, 8, 15]) faulted on the H200
+    with 'misaligned address' at the backward preprocess kernel's launch."""
+    runs = read_record(GPU_DATA / "fsa-misaligned.json")["results"]
+    run = next(r for r in runs if r["function"] == "flash_dense_attn_varlen_func" and r["case"] == "no-tail")
+    assert run["q_shape"] == [15, 2, 64] and run["cu_seqlens_q"] == [0, 5, 8, 15], run
+    assert "misaligned address" in run["error"] and run["stage"] == "backward", run["error"]
+    assert any("flash_bwd_preprocess.py" in frame for frame in run["library_frames"]), run["library_frames"]
+
+
+def _cudnn_report_shown() -> None:
+    """audit-sdpa-cudnn.json: the sliding-window check FAILed on cuDNN (the page's claims tie its rows to the window)."""
+    recorded = _record_check("audit-sdpa-cudnn.json", "sliding-window")
+    assert recorded["verdict"] == "FAIL" and "window=" in recorded["evidence"], recorded["evidence"]
+
+
+def _repro_battery(report: Any, shown: Callable[[], None] | None = None) -> Callable[[dict[str, Any]], None]:
+    """A battery for an upstream report's repro: it printed exactly the report's lines; and `shown`, where
+    the report's actual behaviour comes from a GPU record."""
+
+    def battery(namespace: dict[str, Any]) -> None:
+        printed = tuple(namespace["printed"].strip().splitlines())
+        assert printed == report.prints, f"{report.name}: printed {printed}, the report says {report.prints}"
+        if shown is not None:
+            shown()
+
+    return battery
+
+
+def _report_batteries() -> dict[tuple[str, str], Callable[[Any], None]]:
+    from postmortems import flash_dmattn_flex_mask, fsa_varlen_descriptors, sdpa_cudnn_masked_rows
+    from workbench.audit.reports import NESTED_NO_REAL_QUERY
+
+    tail_rows, misaligned_lse = fsa_varlen_descriptors.REPORTS
+    pages = {
+        "fsa-varlen-descriptors.html": ((tail_rows, None), (misaligned_lse, _fsa_lse_report_shown)),
+        "flash-dmattn-flex-mask.html": ((flash_dmattn_flex_mask.REPORT, None),),
+        "audit-matrix.html": ((NESTED_NO_REAL_QUERY, None),),
+        "sdpa-cudnn-masked-rows.html": ((sdpa_cudnn_masked_rows.REPORT, _cudnn_report_shown),),
+    }
+    return {(page, report.name): _repro_battery(report, shown) for page, reports in pages.items() for report, shown in reports}
 
 
 # -- the registry: every paste block of every page ------------------------------------------------
@@ -642,7 +729,7 @@ def _te_boundaries(printed: str) -> bool:
 BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("flash-dmattn-121.html", "flash_dmattn_122_nan"): battery_nan_check_121,
     ("flash-dmattn-flex-mask.html", "mask_dropped"): battery_mask_dropped,
-    ("flash-dmattn-flex-mask.html", "mask_as_bias"): battery_mask_as_bias,
+    ("flash-dmattn-flex-mask.html", "flex_dmattn_masked"): battery_flex_dmattn_masked,
     ("flash-dmattn-flex-mask.html", "flex_with_mask"): battery_flex_with_mask,
     ("triton-interpreter-bf16-dot.html", "script"): _prints(_bf16_dot_flagged),
     ("te-thd-2892.html", "script"): _prints(_te_boundaries),
@@ -657,6 +744,7 @@ BATTERIES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("fa4-unwritten-padding.html", "fa4_padding_zeroed"): battery_fa4_padding_zeroed,
     ("fsa-varlen-descriptors.html", "fsa_varlen_faults"): battery_fsa_varlen_faults,
     ("fsa-varlen-descriptors.html", "fsa_varlen_aligned"): battery_fsa_varlen_aligned,
+    **_report_batteries(),
 }
 # Not a reader's block: the patch the page proposes for upstream's function body (it reads that
 # function's own `attn_mask` and `is_causal`); workaround (b) runs the same mask_mod.
@@ -675,7 +763,12 @@ GPU_BLOCKS_COMMAND = (
 )
 # What a page's blocks import, resolved where this machine lacks it: flash-dmattn's Flex file as the
 # post-mortem runs it, and the CUDA-only libraries above.
-PAGE_CONTEXT = {"flash-dmattn-flex-mask.html": _upstream_flex, "fsa-varlen-descriptors.html": _fsa_interpreted, **GPU_PAGES}
+PAGE_CONTEXT = {
+    "flash-dmattn-flex-mask.html": _no_compiling_on_cpu,
+    "fsa-varlen-descriptors.html": _fsa_interpreted,
+    "sdpa-cudnn-masked-rows.html": _cudnn_replica,
+    **GPU_PAGES,
+}
 
 
 def _blocks(site) -> list[tuple[str, str, str]]:
@@ -730,10 +823,11 @@ def test_paste_block_passes_its_battery(published_site, block_runs, page, name):
     run: dict[str, Any] = {"page": page, "block": name, "sha256": block_digest(block), "verdict": "failed"}
     block_runs.append(run)
     environ = dict(os.environ)  # a block may set variables (TRITON_INTERPRET=1): this session keeps its own
+    settings = _torch_settings()  # a script (a repro) may set torch's flags, as a standalone program does
     with PAGE_CONTEXT.get(page, contextlib.nullcontext)() as itself:
         run["stand_in"] = itself is False
         try:
-            if name == "script":
+            if _is_script(block):
                 printed = io.StringIO()
                 with contextlib.redirect_stdout(printed):
                     namespace = _run(block)
@@ -746,6 +840,7 @@ def test_paste_block_passes_its_battery(published_site, block_runs, page, name):
         finally:
             os.environ.clear()
             os.environ.update(environ)
+            _set_torch_settings(settings)
     run["verdict"] = "passed"
 
 
@@ -797,18 +892,169 @@ def _old_flex_with_mask(q, k, v, attn_mask, attn_bias=None, is_causal=False, sca
     ]
 
 
+# The texts the pages showed before issue 36 (checks and workarounds run on every declared layout,
+# drop-in, CPU-safe), verbatim.
+BEFORE_36_MASK_DROPPED = '''import torch
+from flash_dmattn.flash_dmattn_flex import flex_dmattn_func
+
+
+def mask_dropped(q, k, v, attn_mask, attn_bias=None, is_causal=None):
+    """True when attn_mask hides some key and flex_dmattn_func gives the bits of an all-True mask."""
+    out = flex_dmattn_func(q, k, v, attn_mask=attn_mask, attn_bias=attn_bias, is_causal=is_causal)
+    out_all = flex_dmattn_func(q, k, v, attn_mask=torch.ones_like(attn_mask), attn_bias=attn_bias, is_causal=is_causal)
+    return bool(not (attn_mask > 0).all() and torch.equal(out, out_all))
+'''
+BEFORE_36_MASK_AS_BIAS = '''import torch
+
+
+def mask_as_bias(attn_mask, attn_bias, dtype):
+    """attn_mask (bool, or float where > 0 attends) folded into attn_bias (or zeros) as -inf, in dtype."""
+    bias = torch.zeros((), dtype=dtype, device=attn_mask.device) if attn_bias is None else attn_bias.to(dtype)
+    return torch.where(attn_mask > 0, bias, float("-inf"))
+
+
+# out = flex_dmattn_func(q, k, v, attn_mask=attn_mask, attn_bias=mask_as_bias(attn_mask, attn_bias, q.dtype), is_causal=is_causal)
+'''
+BEFORE_36_FLEX_WITH_MASK = '''import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+
+def flex_with_mask(q, k, v, attn_mask, attn_bias=None, is_causal=False, scale=None):
+    """q (B, S_q, H, D), k and v (B, S_k, H_kv, D); attn_mask (B, H, S_q, S_k) bool or float (> 0 attends); attn_bias additive or None."""
+    keep = attn_mask > 0
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return keep[b, h, q_idx, kv_idx] & (q_idx >= kv_idx) if is_causal else keep[b, h, q_idx, kv_idx]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score if attn_bias is None else score + attn_bias[b, h, q_idx, kv_idx]
+
+    block_mask = create_block_mask(mask_mod, q.shape[0], q.shape[2], q.shape[1], k.shape[1], device=q.device)
+    flex = torch.compile(flex_attention) if q.is_cuda else flex_attention  # eager on CPU
+    out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod, block_mask=block_mask,
+               scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+'''
+BEFORE_36_FSA_FAULTS = '''import torch
+
+
+def fsa_varlen_faults(q, cu_seqlens_q):
+    """What flash-sparse-attn 2.0.6's varlen call builds from your batch that faults on an H200: the
+    (sequence, head) lse bases its backward reads that are not 16-byte aligned, and the sequences with
+    no query, for which its forward builds descriptors of extent 0. Both 0: the call is safe."""
+    rows, heads = q.shape[0], q.shape[1]  # lse is float32 (heads, rows), rows counting any rows past the end
+    starts = cu_seqlens_q[:-1].tolist()
+    misaligned = sum((h * rows + start) % 4 != 0 for h in range(heads) for start in starts)
+    return {"misaligned_lse_bases": misaligned, "empty_sequences": int((cu_seqlens_q.diff() == 0).sum())}
+'''
+BEFORE_36_FSA_ALIGNED = '''import torch
+from flash_sparse_attn import flash_dense_attn_varlen_func
+
+
+def fsa_varlen_aligned(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, attn=flash_dense_attn_varlen_func, **kwargs):
+    """flash-sparse-attn's varlen attention (`attn`: flash_dense_attn_varlen_func or
+    flash_sparse_attn_varlen_func) on a repacked batch: sequences with no query or no key dropped (their
+    rows come back 0), each sequence's queries padded to a multiple of 4 with zero rows at its START, so
+    that every lse base is 16-byte aligned. fsa aligns a causal mask to the bottom right: a real query
+    keeps exactly its keys, the dummy rows see none. Dropped and dummy rows get no gradient."""
+    starts_q, starts_k, rows = cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), q.shape[0]
+    index_q, index_k, cu_q, cu_k, back = [], [], [0], [0], [None] * rows
+    for b in range(len(starts_q) - 1):
+        (q0, q1), (k0, k1) = starts_q[b : b + 2], starts_k[b : b + 2]
+        if q1 == q0 or k1 == k0:
+            continue
+        index_q += [rows] * (-(q1 - q0) % 4)  # dummy rows first: index `rows` is an appended zero row
+        for r in range(q0, q1):
+            back[r] = len(index_q)
+            index_q.append(r)
+        index_k += range(k0, k1)
+        cu_q.append(len(index_q))
+        cu_k.append(len(index_k))
+    if not index_q:  # no sequence has both: every row is 0 (torch.where keeps the graph, gradient 0)
+        return torch.where(torch.zeros_like(q, dtype=torch.bool), q, 0)
+
+    def on_device(rows, dtype=torch.long):
+        return torch.tensor(rows, dtype=dtype, device=q.device)
+
+    zero = q.new_zeros(1, *q.shape[1:])
+    out = attn(
+        torch.cat([q, zero])[on_device(index_q)], k[on_device(index_k)], v[on_device(index_k)],
+        on_device(cu_q, torch.int32), on_device(cu_k, torch.int32),
+        max(b - a for a, b in zip(cu_q, cu_q[1:])), max(b - a for a, b in zip(cu_k, cu_k[1:])),
+        is_causal=is_causal, **kwargs,
+    )
+    back = [len(index_q) if r is None else r for r in back]  # rows the call did not see: the zero row
+    return torch.cat([out, zero])[on_device(back)]
+'''
+
+
+def _bias_into_flex(mask_as_bias: Callable) -> Callable:
+    """A bias function, called the way the page said before (its `# out = flex_dmattn_func(...)` line),
+    as workaround (a)'s wrapper."""
+
+    def call(query, key, value, attn_mask=None, attn_bias=None, is_causal=None, softmax_scale=None):
+        from flash_dmattn.flash_dmattn_flex import flex_dmattn_func
+
+        bias = mask_as_bias(attn_mask, attn_bias, query.dtype)
+        return flex_dmattn_func(
+            query, key, value, attn_mask=attn_mask, attn_bias=bias, is_causal=is_causal, softmax_scale=softmax_scale
+        )
+
+    return call
+
+
+def _scale_named_scale(flex_with_mask: Callable) -> Callable:
+    """An old (b), which named flex_dmattn_func's softmax_scale `scale`, called with flex_dmattn_func's arguments."""
+
+    def call(query, key, value, attn_mask=None, attn_bias=None, is_causal=False, softmax_scale=None):
+        return flex_with_mask(query, key, value, attn_mask, attn_bias=attn_bias, is_causal=is_causal, scale=softmax_scale)
+
+    return call
+
+
+def _defined(text: str, name: str) -> Callable[[], Callable]:
+    return lambda: _run(text)[name]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "battery, old",
+    "battery, old, context, error",
     [
-        (battery_nan_check_121, lambda: _run(OLD_NAN_CHECK)["flash_dmattn_122_nan"]),
-        (battery_mask_as_bias, lambda: _old_mask_as_bias),
-        (battery_flex_with_mask, lambda: _old_flex_with_mask),
+        (battery_nan_check_121, _defined(OLD_NAN_CHECK, "flash_dmattn_122_nan"), contextlib.nullcontext, AssertionError),
+        (battery_flex_dmattn_masked, lambda: _bias_into_flex(_old_mask_as_bias), _eager_flex, (AssertionError, RuntimeError)),
+        (battery_flex_with_mask, lambda: _scale_named_scale(_old_flex_with_mask), _eager_flex, (AssertionError, RuntimeError)),
+        (battery_mask_dropped, _defined(BEFORE_36_MASK_DROPPED, "mask_dropped"), _no_compiling_on_cpu, RuntimeError),
+        (
+            battery_flex_dmattn_masked,
+            lambda: _bias_into_flex(_run(BEFORE_36_MASK_AS_BIAS)["mask_as_bias"]),
+            _eager_flex,
+            IndexError,
+        ),
+        (
+            battery_flex_with_mask,
+            lambda: _scale_named_scale(_run(BEFORE_36_FLEX_WITH_MASK)["flex_with_mask"]),
+            _eager_flex,
+            IndexError,
+        ),
+        (battery_fsa_varlen_faults, _defined(BEFORE_36_FSA_FAULTS, "fsa_varlen_faults"), _fsa_interpreted, AssertionError),
+        (battery_fsa_varlen_aligned, _defined(BEFORE_36_FSA_ALIGNED, "fsa_varlen_aligned"), _fsa_interpreted, TypeError),
     ],
-    ids=["flash-dmattn-121 check", "flex-mask (a)", "flex-mask (b)"],
+    ids=[
+        "flash-dmattn-121 check, issue 21",
+        "flex-mask (a), issue 21",
+        "flex-mask (b), issue 21",
+        "flex-mask check, issue 36",
+        "flex-mask (a), issue 36",
+        "flex-mask (b), issue 36",
+        "fsa check, issue 36",
+        "fsa workaround, issue 36",
+    ],
 )
-def test_battery_fails_the_old_text(battery, old):
-    """The per-head check missed per-head masks; (a) turned a bool mask into a bool bias; (b)
-    read head 0's mask only and dropped attn_bias (and grouped K/V)."""
-    with _upstream_flex(), pytest.raises((AssertionError, RuntimeError, ValueError)):
+def test_battery_fails_the_old_text(battery, old, context, error):
+    """Issue 21: the per-head check missed per-head masks; (a) turned a bool mask into a bool bias; (b)
+    read head 0's mask only and dropped attn_bias (and grouped K/V). Issue 36: the flex check compiled
+    FlexAttention on a CPU, where the call crashes the process; (a) and (b) indexed a broadcast mask
+    per head (IndexError); the fsa check said "safe" of a batch with unwritten TAIL rows; the fsa
+    workaround passed return_lse on and broke on the tuple it got back."""
+    with context(), pytest.raises(error):
         battery(old())

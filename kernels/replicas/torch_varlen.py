@@ -12,9 +12,12 @@ These kernels keep exactly that mechanism — same allocation, same grid, same "
 stores — with a small FlashAttention-2 forward and a three-kernel backward (delta, dk/dv, dq)
 of our own. Real rows are computed correctly: the bug is what is *not* written.
 
-`replica_varlen_attn` has torch 2.10's call shape (`is_causal` positional), plus 2.12's
-`enable_gqa` and 2.11's keyword `scale`, so the workbench's "torch-varlen" adapter
-(`workbench.audit.adapt`) drives the replica and torch's own function alike.
+`replica_varlen_attn` has torch 2.10's call shape (`is_causal` positional), plus 2.11's keywords
+`scale`, `window_size` and `return_aux` and 2.12's `enable_gqa`, so the workbench's "torch-varlen"
+adapter (`workbench.audit.adapt`) and a reader's call drive the replica and torch's own function
+alike. `seqused_q`/`seqused_k` (FlashAttention's: sequence i uses the first seqused[i] rows of its
+slot) let it stand in for FlashAttention-4's varlen call too, whose unwritten GAP rows are the rows
+of a slot past seqused.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.contract import check_window_size
 from kernels.interpreter import dot_upcast_needed
 from kernels.runtime import jit
 
@@ -68,12 +72,24 @@ def _uninitialised_like(t: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def _visible(rows, cols, len_q, len_k, CAUSAL: tl.constexpr):
-    """Query `rows` see key `cols` (broadcast): in range and, if causal, bottom-right aligned."""
+def _visible(rows, cols, len_q, len_k, left, right):
+    """Query `rows` see key `cols` (broadcast): in range and inside the window (left, right) around
+    the bottom-right aligned diagonal, -1 = unbounded (causal: right = 0), as FlashAttention has it."""
     ok = (rows[:, None] < len_q) & (cols[None, :] < len_k)
-    if CAUSAL:
-        ok = ok & (cols[None, :] <= rows[:, None] + (len_k - len_q))
-    return ok
+    diagonal = rows[:, None] + (len_k - len_q)
+    return ok & ((right < 0) | (cols[None, :] <= diagonal + right)) & ((left < 0) | (cols[None, :] >= diagonal - left))
+
+
+@jit
+def _sequence(cu, used, seq, HAS_USED: tl.constexpr):
+    """(first row, rows used) of sequence `seq`: its slot starts at cu[seq]; it uses the whole slot,
+    or with seqused its first used[seq] rows. Rows of no sequence are visited by no program."""
+    start = tl.load(cu + seq).to(tl.int64)
+    if HAS_USED:
+        length = tl.load(used + seq).to(tl.int32)
+    else:
+        length = (tl.load(cu + seq + 1) - start).to(tl.int32)
+    return start, length
 
 
 @jit
@@ -85,7 +101,11 @@ def _fwd_kernel(
     Lse,
     cu_q,
     cu_k,
+    used_q,
+    used_k,
     scale,
+    left,
+    right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -98,15 +118,13 @@ def _fwd_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    HAS_USED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_q + seq).to(tl.int64)
-    len_q = (tl.load(cu_q + seq + 1) - q_start).to(tl.int32)
-    k_start = tl.load(cu_k + seq).to(tl.int64)
-    len_k = (tl.load(cu_k + seq + 1) - k_start).to(tl.int32)
+    q_start, len_q = _sequence(cu_q, used_q, seq, HAS_USED)
+    k_start, len_k = _sequence(cu_k, used_k, seq, HAS_USED)
     if block * BLOCK_M >= len_q:
         return  # the grid is sized by max_seqlen: shorter sequences leave programs idle
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -132,7 +150,7 @@ def _fwd_kernel(
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        s = tl.where(_visible(rows, cols, len_q, len_k, CAUSAL), s, float("-inf"))
+        s = tl.where(_visible(rows, cols, len_q, len_k, left, right), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
         p = tl.exp(s - m_use[:, None])
@@ -157,17 +175,18 @@ def _bwd_delta_kernel(
     dOut,
     Delta,
     cu_q,
+    used_q,
     stride_ot,
     stride_oh,
     stride_dh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    HAS_USED: tl.constexpr,
 ):
     """delta = rowsum(O * dO), FlashAttention-2's backward preprocess, on covered rows only."""
     block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_q + seq).to(tl.int64)
-    len_q = (tl.load(cu_q + seq + 1) - q_start).to(tl.int32)
+    q_start, len_q = _sequence(cu_q, used_q, seq, HAS_USED)
     if block * BLOCK_M >= len_q:
         return
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -191,7 +210,11 @@ def _bwd_dkdv_kernel(
     dV,
     cu_q,
     cu_k,
+    used_q,
+    used_k,
     scale,
+    left,
+    right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -202,16 +225,14 @@ def _bwd_dkdv_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    HAS_USED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One key block of one kv head: sums over its GROUP query heads and every query block."""
     block, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_q + seq).to(tl.int64)
-    len_q = (tl.load(cu_q + seq + 1) - q_start).to(tl.int32)
-    k_start = tl.load(cu_k + seq).to(tl.int64)
-    len_k = (tl.load(cu_k + seq + 1) - k_start).to(tl.int32)
+    q_start, len_q = _sequence(cu_q, used_q, seq, HAS_USED)
+    k_start, len_k = _sequence(cu_k, used_k, seq, HAS_USED)
     if block * BLOCK_N >= len_k:
         return
     cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -239,7 +260,7 @@ def _bwd_dkdv_kernel(
             delta = tl.load(Delta + head * stride_lh + q_start + rows, mask=rows < len_q, other=0.0)
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # no visible key: p = 0
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            visible = _visible(rows, cols, len_q, len_k, CAUSAL)
+            visible = _visible(rows, cols, len_q, len_k, left, right)
             p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -260,7 +281,11 @@ def _bwd_dq_kernel(
     dQ,
     cu_q,
     cu_k,
+    used_q,
+    used_k,
     scale,
+    left,
+    right,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -271,15 +296,13 @@ def _bwd_dq_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    HAS_USED: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_q + seq).to(tl.int64)
-    len_q = (tl.load(cu_q + seq + 1) - q_start).to(tl.int32)
-    k_start = tl.load(cu_k + seq).to(tl.int64)
-    len_k = (tl.load(cu_k + seq + 1) - k_start).to(tl.int32)
+    q_start, len_q = _sequence(cu_q, used_q, seq, HAS_USED)
+    k_start, len_k = _sequence(cu_k, used_k, seq, HAS_USED)
     if block * BLOCK_M >= len_q:
         return
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -305,20 +328,20 @@ def _bwd_dq_kernel(
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        p = tl.where(_visible(rows, cols, len_q, len_k, CAUSAL), tl.exp(s - lse[:, None]), 0.0)
+        p = tl.where(_visible(rows, cols, len_q, len_k, left, right), tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(dQ + q_offs, (dq * scale).to(dQ.dtype.element_ty), mask=q_mask)
 
 
-def _launch_options(q: torch.Tensor, causal: bool) -> dict:
+def _launch_options(q: torch.Tensor, used: torch.Tensor | None) -> dict:
     upcast = dot_upcast_needed(q.dtype, q.device)
     fp32_operands = upcast or q.dtype == torch.float32
     return {
         "HEAD_DIM": q.shape[2],
         "BLOCK_D": max(16, triton.next_power_of_2(q.shape[2])),
-        "CAUSAL": causal,
+        "HAS_USED": used is not None,
         "UPCAST": upcast,
         # fp32 operands natively default to TF32 (10-bit mantissa): ask for IEEE so fp32 runs
         # match PyTorch's fp32 baseline, as the interpreter does anyway.
@@ -360,8 +383,10 @@ def _fwd(
     value: torch.Tensor,
     cu_seq_q: torch.Tensor,
     cu_seq_k: torch.Tensor,
+    used_q: torch.Tensor | None,
+    used_k: torch.Tensor | None,
     max_q: int,
-    is_causal: bool,
+    window: list[int],
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
@@ -376,7 +401,10 @@ def _fwd(
         lse,
         cu_seq_q,
         cu_seq_k,
+        cu_seq_q if used_q is None else used_q,
+        cu_seq_k if used_k is None else used_k,
         scale,
+        *window,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -387,13 +415,13 @@ def _fwd(
         GROUP=q.shape[1] // k.shape[1],
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
-        **_launch_options(q, is_causal),
+        **_launch_options(q, used_q),
     )
     return out, lse
 
 
 @_fwd.register_fake
-def _(query, key, value, cu_seq_q, cu_seq_k, max_q, is_causal, scale):
+def _(query, key, value, cu_seq_q, cu_seq_k, used_q, used_k, max_q, window, scale):
     return torch.empty_like(query), query.new_empty((query.shape[1], query.shape[0]), dtype=torch.float32)
 
 
@@ -407,9 +435,11 @@ def _bwd(
     lse: torch.Tensor,
     cu_seq_q: torch.Tensor,
     cu_seq_k: torch.Tensor,
+    used_q: torch.Tensor | None,
+    used_k: torch.Tensor | None,
     max_q: int,
     max_k: int,
-    is_causal: bool,
+    window: list[int],
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, o, do = (t.contiguous() for t in (query, key, value, out, grad_out))
@@ -417,72 +447,50 @@ def _bwd(
     dq, dk, dv = _uninitialised_like(q), _uninitialised_like(k), _uninitialised_like(v)
     delta = torch.empty_like(lse)
     batch, heads, kv_heads = cu_seq_q.numel() - 1, q.shape[1], k.shape[1]
-    options = _launch_options(q, is_causal)
+    used_q_or_cu, used_k_or_cu = cu_seq_q if used_q is None else used_q, cu_seq_k if used_k is None else used_k
+    options = _launch_options(q, used_q)
     _bwd_delta_kernel[(triton.cdiv(max_q, BLOCK_M), batch, heads)](
         o,
         do,
         delta,
         cu_seq_q,
+        used_q_or_cu,
         o.stride(0),
         o.stride(1),
         delta.stride(0),
         HEAD_DIM=options["HEAD_DIM"],
         BLOCK_D=options["BLOCK_D"],
         BLOCK_M=BLOCK_M,
+        HAS_USED=options["HAS_USED"],
     )
+    sequences = (cu_seq_q, cu_seq_k, used_q_or_cu, used_k_or_cu, scale, *window)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), lse.stride(0))
     common = dict(GROUP=heads // kv_heads, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **options)
     _bwd_dkdv_kernel[(triton.cdiv(max_k, BLOCK_N), batch, kv_heads)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dk,
-        dv,
-        cu_seq_q,
-        cu_seq_k,
-        scale,
-        *strides,
-        **common,
+        q, k, v, do, lse, delta, dk, dv, *sequences, *strides, **common
     )
-    _bwd_dq_kernel[(triton.cdiv(max_q, BLOCK_M), batch, heads)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        cu_seq_q,
-        cu_seq_k,
-        scale,
-        *strides,
-        **common,
-    )
+    _bwd_dq_kernel[(triton.cdiv(max_q, BLOCK_M), batch, heads)](q, k, v, do, lse, delta, dq, *sequences, *strides, **common)
     return dq, dk, dv
 
 
 @_bwd.register_fake
-def _(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale):
+def _(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, used_q, used_k, max_q, max_k, window, scale):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 
 class _ReplicaVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale):
-        out, lse = _fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, is_causal, scale)
-        ctx.save_for_backward(query, key, value, out, lse, cu_seq_q, cu_seq_k)
-        ctx.meta = (max_q, max_k, is_causal, scale)
+    def forward(ctx, query, key, value, cu_seq_q, cu_seq_k, used_q, used_k, max_q, max_k, window, scale):
+        out, lse = _fwd(query, key, value, cu_seq_q, cu_seq_k, used_q, used_k, max_q, window, scale)
+        ctx.save_for_backward(query, key, value, out, lse, cu_seq_q, cu_seq_k, used_q, used_k)
+        ctx.meta = (max_q, max_k, window, scale)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
-        query, key, value, out, lse, cu_seq_q, cu_seq_k = ctx.saved_tensors
-        dq, dk, dv = _bwd(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, *ctx.meta)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = _bwd(grad_out, *ctx.saved_tensors, *ctx.meta)
+        return dq, dk, dv, *(None,) * 8
 
 
 def replica_varlen_attn(
@@ -496,12 +504,18 @@ def replica_varlen_attn(
     is_causal: bool = False,
     *,
     scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
     enable_gqa: bool = False,
     return_lse: bool = False,
+    return_aux=None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
 ):
     """torch 2.10's `varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal)`,
     bug included: rows at or beyond `cu_seq_q[-1]` (`cu_seq_k[-1]` for dk, dv) of the output and
-    of the gradients are never written.
+    of the gradients are never written; with `seqused_q`/`seqused_k`, neither are the rows of a
+    slot past its used length. `window_size=(-1, 0)` is causal, as in torch >= 2.11; `return_aux`
+    with `.lse` true (torch >= 2.11's AuxRequest) or `return_lse` returns (out, lse (H, T_q)).
     """
     _check(query, key, value, cu_seq_q, cu_seq_k)
     if query.shape[1] != key.shape[1] and not enable_gqa:
@@ -509,6 +523,12 @@ def replica_varlen_attn(
             f"query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True for "
             "grouped-query attention (as torch >= 2.12 requires)."
         )
+    if (seqused_q is None) != (seqused_k is None):
+        raise ValueError("pass seqused_q and seqused_k together (the replica reads both sides' used lengths or neither).")
+    left, right = check_window_size(window_size)
+    window = [left, 0 if is_causal else right]
     scale = query.shape[2] ** -0.5 if scale is None else float(scale)
-    out, lse = _ReplicaVarlen.apply(query, key, value, cu_seq_q, cu_seq_k, int(max_q), int(max_k), bool(is_causal), scale)
-    return (out, lse) if return_lse else out
+    out, lse = _ReplicaVarlen.apply(
+        query, key, value, cu_seq_q, cu_seq_k, seqused_q, seqused_k, int(max_q), int(max_k), window, scale
+    )
+    return (out, lse) if return_lse or getattr(return_aux, "lse", False) else out

@@ -11,11 +11,13 @@ workaround on the CPU with the replica of the same mechanism (kernels/replicas/t
     cases.py    META, the layouts, the records read
     study.py    reproduce(); the FA4-shaped replica; the workaround (`with_padding_zeroed`)
     claims.py   the claims, each with its evidence
+    report.py   the report to file upstream, its repro run by the paste-block battery
 """
 
-from postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, STATUS, TAIL, TAIL_NAN
+from postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, STATUS, TAIL, TAIL_NAN, WHO
 from postmortems.fa4_unwritten_padding.claims import claims
 from postmortems.fa4_unwritten_padding.figures import audit_table, layer_norm_table, probe_table
+from postmortems.fa4_unwritten_padding.report import REPORT
 from postmortems.fa4_unwritten_padding.study import (
     Fa4PaddingResults,
     real_rows,
@@ -29,8 +31,10 @@ __all__ = [
     "CHECKS",
     "META",
     "STATUS",
+    "REPORT",
     "TAIL",
     "TAIL_NAN",
+    "WHO",
     "Fa4PaddingResults",
     "audit_table",
     "claims",

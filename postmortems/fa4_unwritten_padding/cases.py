@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from workbench import Case, Fill
+from workbench.affected import Affected, Layout
 from workbench.postmortem import Link, Meta
 from workbench.upstream_status import finding_status
 
@@ -94,3 +95,59 @@ UPSTREAM_ALLOCATIONS = {
     "dk": "dk = torch.empty_like(k)",
     "dv": "dv = torch.empty_like(v)",
 }
+
+# Who is affected, as data: each layout as FA4 is called with it (head dim 64, FA4's smallest; float16;
+# garbage in the padding rows of q, k, v, finite as stale activations are). The paste-block battery runs
+# the page's check and workaround on each, on FA4 itself on a GPU and on the replica elsewhere.
+_LAYOUT = Case((5, 9), heads=2, head_dim=64, dtype="float16", fill=Fill.GARBAGE, seed=1)
+_TAIL = _LAYOUT.with_(tail_q=3, tail_k=3)
+_UNWRITTEN = "FA4 allocates out, dq, dk and dv with torch.empty and no program writes these rows"
+WHO = Affected(
+    scope=(
+        "**flash-attn-4** (`flash_attn.cute.flash_attn_varlen_func`): 4.0.0b36 was run on an H200 (sm90); the "
+        "allocations are the same in the newest tagged source read (fa4-v4.0.0.beta27) and in the 4.0.0b36 wheel. "
+        "Training is hurt through the backward; inference gets unwritten output rows, which matter only if something "
+        "reads them.",
+    ),
+    layouts=(
+        Layout(
+            "Rows past `cu_seqlens[-1]` (TAIL)",
+            True,
+            "a packed buffer longer than its tokens: a static token budget for `torch.compile` or CUDA graphs, a "
+            f"buffer padded to a multiple. {_UNWRITTEN}.",
+            _TAIL,
+        ),
+        Layout(
+            "Rows past `seqused_q/k` inside a slot (GAP)",
+            True,
+            "a padded layout given as slot starts in `cu_seqlens` and real lengths in `seqused_q`/`seqused_k` "
+            "(TransformerEngine's THD layout with `cu_seqlens_padded`): each sequence's stores stop at its "
+            "`seqused`, and the rest of its slot keeps whatever memory held.",
+            _LAYOUT.with_(seqlens_q=(5, 3, 9), padded_q=(8, 4, 12), padded_k=(8, 4, 12)),
+        ),
+        Layout(
+            "TAIL rows of the queries only",
+            True,
+            "`q` longer than `cu_seqlens_q[-1]`, `k` and `v` exact: the TAIL rows of `out` and `dq` are unwritten.",
+            _LAYOUT.with_(tail_q=4),
+        ),
+        Layout(
+            "TAIL rows with grouped K/V (GQA), a sliding window or an empty sequence",
+            True,
+            "none of these changes which rows FA4 writes.",
+            _TAIL.with_(seqlens_q=(5, 0, 9), heads=4, kv_heads=2, causal=True, window=(4, 0)),
+        ),
+        Layout(
+            "Buffers exactly `cu_seqlens[-1]` rows long, without `seqused`",
+            False,
+            "every row belongs to a sequence and is written; grouped K/V, windows and empty sequences included.",
+            _LAYOUT.with_(seqlens_q=(5, 0, 9), heads=4, kv_heads=2, causal=True, window=(4, 0)),
+        ),
+    ),
+    notes=(
+        "**Same mechanism elsewhere:** FlashAttention-2 and 3 allocate their gradients with `torch.empty` too "
+        "(flash-attention#1228, #2324), as does torch's `varlen_attn` (the torch-varlen-176793 post-mortem).",
+        "**Also in FA4, apart from this page:** NaN *in* padded K/V rows reaches REAL rows (FA4 multiplies zero "
+        "weights by whole key tiles: `0 x NaN`, the audit's padding-leak); the workaround below covers it too.",
+    ),
+)

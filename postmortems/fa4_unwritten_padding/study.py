@@ -2,8 +2,8 @@
 
 FA4 runs on sm90/sm100 GPUs only. On the CPU the replica of torch's varlen_attn
 (`kernels/replicas/torch_varlen.py`) stands in for it: the same mechanism (out, dq, dk, dv from
-torch.empty; only rows inside a sequence are written), given FA4's call shape here. It has no
-`seqused`, so it shows TAIL rows; GAP rows are shown by the H200 record alone.
+torch.empty; only rows inside a sequence are written), given FA4's call shape here, `seqused`
+included: TAIL rows and GAP rows (past seqused inside a slot) both come back unwritten.
 """
 
 from __future__ import annotations
@@ -23,14 +23,23 @@ from workbench.records import read_record
 
 def replica_flash_attn_varlen_func(
     q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
-    seqused_k=None, softmax_scale=None, causal=False,
+    seqused_k=None, softmax_scale=None, causal=False, window_size=(None, None), return_lse=False,
 ):  # fmt: skip
     """FA4's `flash_attn_varlen_func` call shape (qv fourth: call it with keywords, as FA4) over the
-    replica; returns (out, lse), lse None here."""
-    if qv is not None or seqused_q is not None or seqused_k is not None:
-        raise ValueError("the replica takes no qv and no seqused_q/k (GAP rows): study GAP rows in the H200 record.")
-    out = replica_varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale=softmax_scale)
-    return out, None
+    replica: sequence i's slot starts at cu_seqlens[i] and uses its first seqused[i] rows (all of
+    them without seqused); grouped K/V as FA4 takes them; window_size (left, right), None unbounded.
+    Returns (out, lse), lse (H, T_q) where asked for, else None."""
+    if qv is not None:
+        raise ValueError("the replica takes no qv (FA4's MLA-absorbed query): pass q, k, v only.")
+    if (seqused_q is None) != (seqused_k is None):  # FA4 takes one alone; the replica reads both sides or neither
+        rows = [(cu_seqlens_q, seqused_q), (cu_seqlens_k, seqused_k)]
+        seqused_q, seqused_k = (cu.diff() if used is None else used for cu, used in rows)
+    window = tuple(-1 if side is None else side for side in window_size)
+    out, lse = replica_varlen_attn(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale=softmax_scale, window_size=window,
+        enable_gqa=True, return_lse=True, seqused_q=seqused_q, seqused_k=seqused_k,
+    )  # fmt: skip
+    return out, (lse if return_lse else None)
 
 
 def real_rows(cu_seqlens: torch.Tensor, rows: int, seqused: torch.Tensor | None = None) -> torch.Tensor:

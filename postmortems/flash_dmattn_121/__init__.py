@@ -28,6 +28,7 @@ from postmortems.flash_dmattn_121.cases import (
     TRAIN_VARIANTS,
     UPSTREAM_CASES,
     UPSTREAM_TENSORS,
+    WHO,
     MaskCase,
     shown_name,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "META",
     "shown_name",
     "STATUS",
+    "WHO",
     "MaskCase",
     "PADDED",
     "REPLICA_CASES",

@@ -8,6 +8,7 @@ import torch
 
 from kernels import default_device
 from workbench import Case, Fill
+from workbench.affected import Affected, Layout, MaskedBatch
 from workbench.postmortem import (
     Link,
     Meta,
@@ -302,3 +303,58 @@ SHOWN_VARIANTS = (TRAIN_VARIANTS[0], TRAIN_VARIANTS[2], TRAIN_VARIANTS[3])  # th
 TRAIN_PAD = 24  # the padding the explorer opens on and the training claim is checked at
 
 GPU_SEEDS = tuple(range(8))  # the original report's configuration over 8 random draws
+
+# Who is affected, as data: batches of two items, 2 heads of 16, float16, as flash-dmattn's API takes them
+# (attn_mask (B, H, Q, K)). The paste-block battery runs the page's check on each against 1.2.2's own Triton
+# kernel, under the interpreter.
+_BATCH = MaskedBatch(lengths_k=(64, 64), seq=64, head_dim=16, mask_shape="none")
+WHO = Affected(
+    scope=(
+        "**Library:** `flash-dmattn` **1.2.2** (`flash_dmattn.triton_dmattn_func`, also chosen by "
+        "`flash_dmattn_func_auto` when the CUDA extension is not built). Its successor **`flash-sparse-attn` 2.x** has "
+        "no boolean-mask API; 2.0.6 does not import without `triton_kernels`, which it does not declare (its dense "
+        "kernel, run on the H200 below, is another code path).",
+        "**Backends:** the Triton backend, run here on CPU through the interpreter and natively on an H200. The CUDA "
+        "backend (where #121 was filed) needs a compiled extension we cannot build; this page makes no claim about it.",
+    ),
+    layouts=(
+        Layout(
+            "A query length that is not a multiple of 64",
+            True,
+            "the backward's row block is 64: every batch item gets NaN in dK and dV, whatever the mask. Lengths that "
+            "are multiples of 64, such as the report's 256, are clean.",
+            _BATCH.with_(lengths_k=(100, 100), seq=100),
+        ),
+        Layout(
+            "Left padding with `is_causal=True`",
+            True,
+            "the padded item's first rows see none of keys 0-63 after the causal mask: NaN output rows, and NaN in that "
+            "item's dK and dV.",
+            _BATCH.with_(lengths_k=(64, 44), left=True, is_causal=True, mask_shape="(B, H, S, S)"),
+        ),
+        Layout(
+            "A per-head mask where a row sees none of keys 0-63",
+            True,
+            "read per head: one head's row is enough.",
+            _BATCH.with_(keyless_rows=10, mask_shape="(B, H, S, S)"),
+        ),
+        Layout(
+            "The same as a float mask (`> 0` attends), with an `attn_bias`",
+            True,
+            "the kernel reads a float mask as a bool one, and a bias changes no row's visibility.",
+            _BATCH.with_(keyless_rows=10, mask_shape="(B, H, S, S)", mask_dtype="float", bias=True),
+        ),
+        Layout(
+            "An empty key sequence",
+            True,
+            "every row of that item sees no key.",
+            _BATCH.with_(lengths_k=(64, 0), mask_shape="(B, H, S, S)"),
+        ),
+        Layout(
+            "No mask, an all-True mask, or right padding, at a length that is a multiple of 64",
+            False,
+            "every row sees key 0, and every row block is full.",
+            _BATCH.with_(lengths_k=(64, 40), mask_shape="(B, H, S, S)"),
+        ),
+    ),
+)

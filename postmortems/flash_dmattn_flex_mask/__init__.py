@@ -10,7 +10,7 @@ runs the upstream function itself, the installed `flash_dmattn/flash_dmattn_flex
 * `attn_bias` is honoured (a `score_mod` adds it), which is the workaround inside the library.
 
 On CPU the file runs with two stand-ins that change no arithmetic, both said where they act:
-transformers is not installed here, so `compile_friendly_flex_attention` (transformers'
+where transformers is missing, `compile_friendly_flex_attention` (transformers'
 `torch.compile(flex_attention)`, read at huggingface/transformers@2ccc6ca) is provided by
 `_TransformersStandIn`; and every `torch.compile` it reaches (that one and upstream's
 `create_block_mask(_compile=True)`) runs under `torch.compiler.set_stance("force_eager")`, i.e.
@@ -22,7 +22,7 @@ gradients and the study re-run there (compiled, forward), and `gpu_probes`, whic
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META, STATUS
+from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META, STATUS, WHO
 from postmortems.flash_dmattn_flex_mask.claims import _gpu_as_is, _gpu_bitwise, _gpu_forward, _gpu_workarounds, claims
 from postmortems.flash_dmattn_flex_mask.figures import (
     audit_table,
@@ -33,6 +33,7 @@ from postmortems.flash_dmattn_flex_mask.figures import (
     workaround_table,
 )
 from postmortems.flash_dmattn_flex_mask.gpu import gpu_probes, probe_all
+from postmortems.flash_dmattn_flex_mask.report import REPORT
 from postmortems.flash_dmattn_flex_mask.study import impact_figures, reproduce, study_batch
 from postmortems.flash_dmattn_flex_mask.upstream import (
     listing,
@@ -51,6 +52,8 @@ __all__ = [
     "IMPLS",
     "META",
     "STATUS",
+    "REPORT",
+    "WHO",
     "_gpu_as_is",
     "_gpu_bitwise",
     "_gpu_forward",

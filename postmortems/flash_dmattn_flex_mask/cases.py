@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from workbench import Case
+from workbench.affected import Affected, Layout, MaskedBatch
 from workbench.postmortem import (
     Link,
     Meta,
@@ -122,3 +123,83 @@ GPU_SEEDS = (0, 1, 2)
 _RATIO = re.compile(r"(\w+): error [^;]*?\(([\d.e+]+)x PyTorch's own error\)")
 
 IMPLS = ("flex_dmattn_func", "(a) mask as -inf attn_bias", "(b) torch flex_attention + BlockMask", "(c) our varlen_attention")
+
+# Who is affected, as data: padded batches of three items (5, 3 and 8 real keys of 8), 2 heads of 16, float16,
+# each mask form flash-dmattn's API accepts (its head dim 1, nheads_k or nheads). The paste-block battery runs
+# the page's check and workarounds on each, against flex_dmattn_func 1.2.2 itself.
+_PADDED = MaskedBatch(lengths_k=(5, 3, 8), seed=1)
+WHO = Affected(
+    scope=(
+        "**flash-dmattn v0.1.0 to v1.2.2** (every tagged release; the line was already there when the backend "
+        "appeared in July 2025), when `flex_dmattn_func` runs: called directly, through "
+        '`flash_dmattn_func_auto(backend="flex")`, or by `flash_dmattn_func_auto()` on a machine where neither the '
+        "CUDA extension nor Triton imports.",
+        "**flash-sparse-attn 2.0.6**: the identical function survives as "
+        "`flash_sparse_attn.deprecated.flash_sparse_attn_flex.flex_sparse_attn_func` (not exported from the package "
+        "root; v1.2.3 exported it as the Flex backend).",
+        "**On a CPU** the compiled call does not get that far: with torch 2.13, `flex_dmattn_func` crashed the Python "
+        "process in our runs (SIGSEGV, or glibc's `free(): invalid size`). The check and workarounds below run "
+        "FlexAttention eagerly on a CPU, which computes the same attention.",
+    ),
+    layouts=(
+        Layout(
+            "A padding mask (B, H, S_q, S_k)",
+            True,
+            "right- or left-padded batches, document masks, and the top-k dynamic masks flash-dmattn is built for "
+            "(`flash_dmattn.utils.mask.create_mask`): every mask is dropped, so padded keys are attended.",
+            _PADDED,
+        ),
+        Layout(
+            "A float 0/1 mask",
+            True,
+            "read as `> 0` by the other backends, dropped by this one.",
+            _PADDED.with_(mask_dtype="float"),
+        ),
+        Layout(
+            "Per-head masks",
+            True,
+            "heads that see different keys, such as flash-dmattn's per-head top-k masks: dropped alike.",
+            _PADDED.with_(keyless_rows=2),
+        ),
+        Layout(
+            "A mask shared by every head (B, 1, S_q, S_k)",
+            True,
+            "a shape flash-dmattn's API accepts (its mask head dim may be 1, the key/value heads or the query heads): "
+            "dropped alike.",
+            _PADDED.with_(mask_shape="(B, 1, S, S)", is_causal=True),
+        ),
+        Layout(
+            "A key-padding mask (B, 1, 1, S_k)",
+            True,
+            "the same mask for every head and every query row, as tokenizers' attention masks give it: dropped alike.",
+            _PADDED.with_(mask_shape="(B, 1, 1, S)"),
+        ),
+        Layout("A mask with your own `attn_bias`", True, "the bias is added, the mask still dropped.", _PADDED.with_(bias=True)),
+        Layout(
+            "A padding mask with `is_causal=True`",
+            True,
+            "only `q_idx >= kv_idx` is applied: keys a row may see under causality but that the mask hides are attended.",
+            _PADDED.with_(is_causal=True),
+        ),
+        Layout("An empty key sequence", True, "its rows attend the padded keys.", _PADDED.with_(lengths_k=(5, 0, 8))),
+        Layout(
+            "No mask, or an all-True one",
+            False,
+            "nothing to drop: `is_causal=True` (or `None`) applies top-left causality `q_idx >= kv_idx`, which is "
+            "right for equal query and key lengths.",
+            _PADDED.with_(lengths_k=(8, 8, 8)),
+        ),
+        Layout(
+            "Grouped K/V (fewer key/value heads than query heads)",
+            False,
+            "`flex_attention` is called without `enable_gqa`, so the call raises a `ValueError` (the docs tick "
+            '"GQA Support" for this backend, which does not hold).',
+            _PADDED.with_(kv_heads=1),
+            refused="ValueError",
+        ),
+    ),
+    notes=(
+        "The Triton and CUDA backends read `attn_mask` (the Triton one has its own NaN bug: "
+        "[flash-dmattn-121](flash-dmattn-121.html)).",
+    ),
+)

@@ -51,12 +51,16 @@ def _bshd(case: Case, device) -> dict[str, torch.Tensor]:
 
 
 def mask_as_bias(fn: Callable) -> Callable:
-    """Workaround (a): the same upstream function, the mask folded into `attn_bias` as -inf."""
+    """Workaround (a): the same upstream function, the mask folded into `attn_bias` as -inf and both
+    expanded to (B, H, S_q, S_k), the shape upstream indexes (the page's flex_dmattn_masked)."""
 
     def call(query, key, value, attn_mask=None, attn_bias=None, is_causal=None, softmax_scale=None):
-        # The page's mask_as_bias: a bool mask gives an additive bias in q's dtype, never a bool one.
-        bias = torch.zeros((), dtype=query.dtype, device=query.device) if attn_bias is None else attn_bias.to(query.dtype)
-        attn_bias = torch.where(attn_mask > 0, bias, float("-inf"))
+        batch, seq_q, heads, _ = query.shape
+        if attn_mask is not None:  # a bool mask gives an additive bias in q's dtype, never a bool one
+            bias = torch.zeros((), dtype=query.dtype, device=query.device) if attn_bias is None else attn_bias.to(query.dtype)
+            attn_bias = torch.where(attn_mask > 0, bias, float("-inf"))
+        if attn_bias is not None:
+            attn_bias = attn_bias.expand(batch, heads, seq_q, key.shape[1])
         return fn(query, key, value, attn_mask=attn_mask, attn_bias=attn_bias, is_causal=is_causal, softmax_scale=softmax_scale)
 
     call.__name__ = "mask as -inf attn_bias"
@@ -71,16 +75,23 @@ def flex_with_mask(device=None) -> Callable:
     flex = torch.compile(flex_attention) if device.type == "cuda" else flex_attention
 
     def call(query, key, value, attn_mask=None, attn_bias=None, is_causal=None, softmax_scale=None):
-        keep = attn_mask > 0  # (B, H, S_q, S_k): every head's own mask, as on the page
+        batch, seq_q, heads, _ = query.shape
+        seq_k = key.shape[1]
+
+        def full(x):  # (B, H, S_q, S_k) from any shape flash-dmattn accepts, as on the page
+            return x.repeat_interleave(heads // x.shape[1], 1).expand(batch, heads, seq_q, seq_k)
+
+        keep = full(torch.ones(1, 1, 1, 1, dtype=torch.bool, device=query.device) if attn_mask is None else attn_mask > 0)
+        bias = None if attn_bias is None else full(attn_bias)
+        causal = is_causal is None or is_causal  # None means True, as in flash-dmattn
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return keep[b, h, q_idx, kv_idx] & (q_idx >= kv_idx) if is_causal else keep[b, h, q_idx, kv_idx]
+            return keep[b, h, q_idx, kv_idx] & (q_idx >= kv_idx) if causal else keep[b, h, q_idx, kv_idx]
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score if attn_bias is None else score + attn_bias[b, h, q_idx, kv_idx]
+            return score if bias is None else score + bias[b, h, q_idx, kv_idx]
 
-        batch, seq_q, heads, _ = query.shape
-        block_mask = create_block_mask(mask_mod, batch, heads, seq_q, key.shape[1], device=query.device)
+        block_mask = create_block_mask(mask_mod, batch, heads, seq_q, seq_k, device=query.device)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"(?s).*flex_attention called without torch\.compile")
             out = flex(

@@ -13,9 +13,10 @@ shows the workarounds with the library's own functions:
     study.py     reproduce(); the workarounds (`repacked`, `real_rows`); the lse bases a batch misaligns
     figures.py   the tables
     claims.py    the claims, each with its evidence
+    report.py    the reports to file upstream, their repros run by the paste-block battery
 """
 
-from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY, NO_QUERY, STATUS
+from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY, NO_QUERY, STATUS, WHO
 from postmortems.fsa_varlen_descriptors.claims import claims
 from postmortems.fsa_varlen_descriptors.figures import (
     audit_table,
@@ -25,6 +26,7 @@ from postmortems.fsa_varlen_descriptors.figures import (
     sanitizer_table,
     tail_table,
 )
+from postmortems.fsa_varlen_descriptors.report import REPORTS
 from postmortems.fsa_varlen_descriptors.study import (
     ALIGNED,
     BARE,
@@ -55,6 +57,8 @@ __all__ = [
     "NO_KEY",
     "NO_QUERY",
     "REAL_ROWS",
+    "REPORTS",
+    "WHO",
     "FsaDescriptorResults",
     "audit_table",
     "calls_table",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from workbench import Case, Fill
+from workbench.affected import Affected, Layout
 from workbench.postmortem import Link, Meta
 from workbench.upstream_status import finding_status
 
@@ -114,3 +115,59 @@ MISALIGNED_CHECKS = (
 EMPTY_CHECK = "empty-sequences"
 # compute-sanitizer memcheck's first report on each row: the forward's Q descriptor load (its source line).
 SANITIZER_FIRST_SITE = "scheduler.py:1625"
+
+# Who is affected, as data: each layout as the H200 audit called the library (2 heads of 64, float16,
+# zeros in the padding rows). The paste-block battery runs the page's check and workaround on each, the
+# library itself under the interpreter with every descriptor recorded (a fault on the GPU is a descriptor
+# that breaks Triton's rule there).
+_LAYOUT = Case((8, 4, 12), heads=2, head_dim=64, dtype="float16", fill=Fill.ZEROS)
+WHO = Affected(
+    scope=(
+        "**flash-sparse-attn 2.0.6** (`pip install flash-sparse-attn`, the successor of flash-dmattn), its Triton "
+        "varlen path (`flash_dense_attn_varlen_func`, `flash_sparse_attn_varlen_func`), on GPUs where Triton lowers "
+        "tensor descriptors to TMA (Hopper: the H200 here). Both varlen functions share the backward preprocess "
+        "kernel. The fixed-length `flash_dense_attn_func` reads lse the same way (`LSE + b * H * S + h * S`), so a "
+        "sequence length that is not a multiple of 4 breaks its backward too (under the interpreter: `python "
+        "scripts/fsa_misaligned.py --fixed`).",
+    ),
+    layouts=(
+        Layout(
+            "Sequence starts or a row count that are not all multiples of 4",
+            True,
+            "packed batches from real data, whose lengths are rarely all multiples of 4: the backward reads lse "
+            "through a descriptor based at `LSE + h * rows + cu_seqlens_q[b]` floats, which must be 16-byte aligned, "
+            "and raises `misaligned address` on an H200; the process loses its CUDA context. In the H200 audit, 8 "
+            "checks faulted this way, their first calls having between 2 of 4 and 24 of 32 lse bases misaligned. "
+            "Forward-only calls are spared.",
+            AUDIT.with_(tail_q=0, tail_k=0),
+        ),
+        Layout(
+            "An empty sequence",
+            True,
+            "`cu_seqlens_q` with a repeated boundary (a static batch size with a document missing, a bucket with "
+            "nothing in it): the forward builds descriptors over no element and raises `illegal instruction`.",
+            _LAYOUT.with_(seqlens_q=(4, 0, 8)),
+        ),
+        Layout(
+            "Rows past `cu_seqlens_q[-1]` (TAIL padding to a static shape)",
+            True,
+            "`out` and `dq` come from `torch.empty_like(query)` and no program writes those rows, aligned or not. On "
+            "the H200 the one batch that reached the end of its backward, the no-real-query check's, returned them "
+            "non-finite. In training, `dq`'s TAIL rows flow into the weight gradient of the projection that made "
+            "`q`, which sums over every row: one NaN there makes that gradient NaN.",
+            _LAYOUT.with_(seqlens_q=(4, 8), tail_q=4, tail_k=4),
+        ),
+        Layout(
+            "Every `cu_seqlens_q[b]` and the row count multiples of 4, no empty sequence, no TAIL rows",
+            False,
+            "every lse base is aligned, every descriptor has an extent, every row is written.",
+            _LAYOUT,
+        ),
+        Layout(
+            "The same with grouped K/V and bottom-right causal attention over unequal lengths",
+            False,
+            "neither changes where the descriptors start.",
+            _LAYOUT.with_(seqlens_q=(8, 4), seqlens_k=(12, 8), heads=4, kv_heads=2, causal=True),
+        ),
+    ),
+)

@@ -19,10 +19,11 @@ backend is asked for (data/gpu/sdpa-default-backend-h200.json, `workbench.sdpa_d
   `workbench repro sdpa-cudnn-masked-rows --device cuda --record data/gpu/sdpa-cudnn-masked-rows-h200.json`.
 """
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CUDNN_FILL, FULLY, META, STATUS, TENSORS, UNEQUAL
+from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CUDNN_FILL, FULLY, META, STATUS, TENSORS, UNEQUAL, WHO
 from postmortems.sdpa_cudnn_masked_rows.claims import claims
 from postmortems.sdpa_cudnn_masked_rows.figures import error_table, gpu_table, mask_figure, row_error_figure, workaround_table
 from postmortems.sdpa_cudnn_masked_rows.gpu import gpu_probes, probe_points
+from postmortems.sdpa_cudnn_masked_rows.report import REPORT
 from postmortems.sdpa_cudnn_masked_rows.study import (
     audit_record,
     cudnn_mask_replica,
@@ -39,6 +40,8 @@ __all__ = [
     "FULLY",
     "META",
     "STATUS",
+    "REPORT",
+    "WHO",
     "TENSORS",
     "UNEQUAL",
     "audit_record",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from workbench import Case, Fill
+from workbench.affected import Affected, Layout, MaskedBatch
 from workbench.postmortem import (
     Link,
     Meta,
@@ -150,3 +151,79 @@ GPU_LAYOUTS = {
     "causal-unequal": ((6, 9), (4, 9)),
     "larger": ((300, 64, 128, 17), (0, 40, 128, 5)),
 }
+
+# Who is affected, as data: padded batches of three items (6 positions, 2 heads of 16, float16) with the masks
+# users pass SDPA. The paste-block battery runs the page's check and workarounds on each, against the
+# replica of cuDNN's boolean-mask path (`cudnn_mask_replica`, the finite fill; what the H200 record confirms
+# bit for bit) and torch's own backends.
+_PADDED = MaskedBatch(lengths_k=(6, 4, 5), seq=6, mask_shape="(B, 1, 1, S)", seed=2)
+WHO = Affected(
+    scope=(
+        "**Backend:** SDPA on the cuDNN backend with an explicit **boolean** `attn_mask`. `is_causal=True` without a "
+        "mask is not this path. The math and memory-efficient backends match the oracle's 0 on those rows (within the "
+        "bound, on the same H200 calls, recorded below); FlashAttention takes no mask.",
+        "**cuDNN runs without being asked.** On our H200 (torch 2.11.0+cu130, its bundled cuDNN), "
+        "`scaled_dot_product_attention` called with no `sdpa_kernel` context ran the cuDNN backend, forward and "
+        "backward, for every masked call we profiled: boolean and float masks, GQA, fp16 and bf16 (the profiler's "
+        "aten ops and kernel names, table under *On GPU*). The source agrees: `check_prefer_cudnn_attention()` in "
+        "`sdp_utils.cpp` (read at the commit in the references) puts cuDNN first on sm90/sm100 when the runtime cuDNN "
+        "is newer than 9.15.0. So anyone training on Hopper with torch 2.11 and a mask that leaves a row empty is "
+        "affected unless they turned cuDNN off. Other GPUs and other torch releases were not measured.",
+        "**torch releases:** 2.11 is affected (recorded). The 2.12.0 release notes list PR #177868, which changes the "
+        "constant torch fills masked positions with for cuDNN; torch 2.12 and later were not run here, so whether "
+        "they give these rows 0 is open.",
+    ),
+    layouts=(
+        Layout(
+            "An empty key sequence",
+            True,
+            "a cross-attention item with an empty context, a key sequence of length 0 in a packed-to-padded batch: "
+            "its real query rows see no key, and cuDNN's finite fill makes each of them attend every key slot of its "
+            "item.",
+            _PADDED.with_(lengths_k=(6, 0, 5)),
+        ),
+        Layout(
+            "Bottom-right causal attention with more queries than keys",
+            True,
+            "the first `len_q - len_k` query rows see no key.",
+            _PADDED.with_(lengths_q=(6, 6, 6), lengths_k=(4, 6, 6), causal=True, mask_shape="(B, 1, S, S)"),
+        ),
+        Layout(
+            "A sliding window that leaves rows without a key",
+            True,
+            "a window aligned bottom-right over more queries than keys leaves the first rows none: the audit's "
+            "sliding-window failure on the H200 (our replica of the fill reproduces its error, and every row it gets "
+            "wrong is such a row; Report it upstream, below).",
+            _PADDED.with_(lengths_q=(6, 6, 6), lengths_k=(3, 6, 6), window=(2, 1), mask_shape="(B, 1, S, S)"),
+        ),
+        Layout(
+            "Per-head masks that leave one head's row without a key",
+            True,
+            "block or dynamic masks that differ by head.",
+            _PADDED.with_(keyless_rows=1, mask_shape="(B, H, S, S)"),
+        ),
+        Layout(
+            "Grouped K/V (`enable_gqa=True`) with an empty key sequence",
+            True,
+            "the query heads of a group see no key alike.",
+            _PADDED.with_(lengths_k=(6, 0, 5), kv_heads=1),
+        ),
+        Layout(
+            "Masks with at least one `True` per row",
+            False,
+            "each masked key's score is lowered by 65504, so next to a visible key its weight underflows to 0.",
+            _PADDED,
+        ),
+        Layout(
+            "An additive float mask with `-inf` where a key is hidden",
+            False,
+            "torch converts only boolean masks to the finite fill; on the H200, cuDNN given `-inf` returned 0 on every "
+            "row that sees no key (workaround (b') below).",
+            _PADDED.with_(lengths_k=(6, 0, 5), mask_dtype="additive"),
+        ),
+    ),
+    notes=(
+        "**Not harmed:** padded query rows you drop and whose loss is masked (they also come out non-zero on cuDNN, "
+        "but nothing reads them and `dO = 0` there).",
+    ),
+)

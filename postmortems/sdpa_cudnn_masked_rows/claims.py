@@ -245,3 +245,19 @@ def _sanitizer(r: MaskedRowsResults):
     ok &= s["printed_reports"] > 0 and all("bshd_to_thd" in f or "_back_to_thd" in f for f in s["first_frame_of_ours"])
     ok &= not keyless_rows(watched) and "q=[37, 0, 100, 64]" in s["program"]
     return ok, f"{s['errors']}; {s['printed_reports']} printed reports, our first frame: {s['first_frame_of_ours']}"
+
+
+@claims(
+    "The audit's sliding-window failure on cuDNN is the same mechanism: the replica, on the recorded case, reproduces "
+    "the recorded out error within 2%, and the REAL rows beyond the bound are exactly the rows the window leaves "
+    "without a key",
+    evidence=REPLICA,
+)
+def _sliding_window(r: MaskedRowsResults):
+    w = r.sliding_window
+    close = abs(w["error"] - w["recorded"]) <= RECORD_TOLERANCE * w["recorded"]
+    same = bool(w["wrong_rows"]) and w["wrong_rows"] == w["keyless_rows"]
+    return close and same, (
+        f"{w['case']}: replica error {w['error']:.3g}, recorded {w['recorded']:.3g}; {len(w['wrong_rows'])} rows "
+        f"beyond the bound, {len(w['keyless_rows'])} rows without a key, the same rows: {same}"
+    )

@@ -68,10 +68,10 @@ def implementations() -> dict[str, Callable]:
 
 
 def keyless_rows(case: Case) -> list[int]:
-    """THD indices of REAL query rows that see no key (causal bottom-right, as the audit's adapter)."""
+    """THD indices of REAL query rows that see no key (causal and the window bottom-right, as the audit's adapter)."""
     rows, start = [], 0
+    window = (case.window[0], 0 if case.causal else case.window[1])
     for lq, lk in zip(case.real_lengths("q"), case.real_lengths("k")):
-        window = (-1, 0) if case.causal else (-1, -1)
         has_key = visible_keys(lq, lk, window).any(-1) if lk else torch.zeros(lq, dtype=torch.bool)
         rows += [start + i for i in range(lq) if not has_key[i]]
         start += lq
@@ -149,6 +149,28 @@ def recorded_check(record: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
+def sliding_window_rows(device=None) -> dict[str, Any]:
+    """The H200 audit's sliding-window failure on cuDNN, replayed forward with the replica on the recorded
+    case through the audit's own adapter and padding: the replica's out error beside the recorded one,
+    and the REAL rows beyond the bound beside the rows the window leaves without a key."""
+    check = recorded_check(audit_record("sdpa-cudnn"), "sliding-window")
+    case = Case(**check["case"])
+    impl = adapt(cudnn_mask_replica, "sdpa-math", device=device)
+    record = probe(impl, pack(case, device), backward=False, padding_fill=case.fill)
+    real = record.regions_q == 0
+    batch = pack(case, device)
+    oracle = reference_attention(*(t.detach().double() for t in (batch.q, batch.k, batch.v)), *batch.args()[3:], **batch.kwargs())
+    row_error = (record.tensors["out"].double() - oracle.cpu()).abs().flatten(1).amax(1)
+    wrong = (real & (row_error > record.errors["out"].bound)).nonzero().flatten().tolist()
+    return {
+        "case": case.label(),
+        "error": record.errors["out"].error,
+        "recorded": check["errors"]["out"][0],
+        "wrong_rows": wrong,
+        "keyless_rows": keyless_rows(case),
+    }
+
+
 def default_backend_records() -> list[dict[str, Any]]:
     """data/gpu/sdpa-default-backend-*.json: which backend SDPA ran, by the profiler's aten ops, for
     ordinary masked calls made with no `sdpa_kernel` context (`workbench.sdpa_dispatch`)."""
@@ -191,6 +213,7 @@ class MaskedRowsResults(Results):
     sanitizer: dict[str, Any]
     gpu: dict[str, Any] | None
     default_backend: list[dict[str, Any]]  # the records of SDPA's unpinned dispatch, one per GPU
+    sliding_window: dict[str, Any]  # the audit's sliding-window failure replayed on the replica
 
 
 def _oracle(case: Case, device=None) -> dict[str, torch.Tensor]:
@@ -316,6 +339,7 @@ def reproduce(device=None) -> MaskedRowsResults:
         sanitizer=sanitizer_summary(),
         gpu=gpu,
         default_backend=default_backend_records(),
+        sliding_window=sliding_window_rows("cpu"),
     )
 
 

@@ -11,7 +11,7 @@ mechanism (`kernels.replicas.torch_varlen`) on any machine, and through torch's 
 """
 
 from kernels.replicas.torch_varlen import replica_varlen_attn
-from postmortems.torch_varlen_176793.cases import CASES, META, STATUS, STUDY
+from postmortems.torch_varlen_176793.cases import CASES, META, STATUS, STUDY, WHO
 from postmortems.torch_varlen_176793.claims import claims, register_gpu_claims
 from postmortems.torch_varlen_176793.figures import capture_table, gpu_points_table, gpu_workaround_table
 from postmortems.torch_varlen_176793.gpu import gpu_probes, upstream_probes
@@ -50,6 +50,7 @@ __all__ = [
     "META",
     "STATUS",
     "STUDY",
+    "WHO",
     "TRAIN_CONFIG",
     "TinyLM",
     "_masked_grad_out",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from workbench import Case, Fill
+from workbench.affected import Affected, Layout
 from workbench.postmortem import (
     Link,
     Meta,
@@ -147,3 +148,57 @@ CASES = tuple(STUDY.with_(seqlens_q=layout, tail_q=pad, tail_k=pad) for layout i
 )
 
 GRADS = ("dq", "dk", "dv")
+
+# Who is affected, as data: each layout as varlen_attn is called with it (GQA through enable_gqa, causal
+# and windows through window_size). The paste-block battery runs the page's check and workarounds on each,
+# on torch's own varlen_attn on a GPU and on the replica elsewhere.
+_LAYOUT = Case((5, 9), heads=2, head_dim=16, dtype="float16", fill=Fill.ZEROS, seed=2)
+_TAIL = _LAYOUT.with_(tail_q=3, tail_k=3)
+WHO = Affected(
+    scope=(
+        "**torch 2.10 and later** (`varlen_attn` first ships in 2.10), CUDA only. Our evidence covers **torch 2.11** "
+        "on an H200, where `varlen_attn` runs the FlashAttention-2 kernels vendored in torch; later releases, which "
+        "may send it to another backend on sm90, were not run here.",
+    ),
+    layouts=(
+        Layout(
+            "`query.size(0) > cu_seq_q[-1]` or `key.size(0) > cu_seq_k[-1]` (TAIL rows)",
+            True,
+            "static token budgets kept for `torch.compile` or CUDA graphs, packed buffers padded to a multiple of N "
+            "(sequence-parallel divisibility, `pad_to_multiple_of`): `varlen_attn` allocates out, dq, dk and dv with "
+            "`empty_like` and no program writes the rows past the last boundary.",
+            _TAIL,
+        ),
+        Layout(
+            "TAIL rows of the queries only",
+            True,
+            "`q` longer than `cu_seq_q[-1]`, `k` and `v` exact: the TAIL rows of `out` and `dq` are unwritten.",
+            _LAYOUT.with_(tail_q=4),
+        ),
+        Layout(
+            "TAIL rows with a causal or sliding window (`window_size`), or an empty sequence",
+            True,
+            "neither changes which rows are written.",
+            _TAIL.with_(seqlens_q=(5, 0, 9), causal=True, window=(4, 0)),
+        ),
+        Layout(
+            "TAIL rows with grouped K/V (`enable_gqa=True`, torch 2.12 and later)",
+            True,
+            "grouping changes which heads are read, not which rows are written.",
+            _TAIL.with_(heads=4, kv_heads=2),
+        ),
+        Layout(
+            "Buffers exactly `cu_seqlens[-1]` rows long",
+            False,
+            "every row belongs to a sequence and is written; windows and empty sequences included. Padding described "
+            "inside `cu_seqlens` (workaround (a)) is such a buffer.",
+            _LAYOUT.with_(seqlens_q=(5, 0, 9), causal=True, window=(4, 0)),
+        ),
+    ),
+    notes=(
+        "**Same mechanism elsewhere:** `flash_attn_varlen_func` (FlashAttention 2 and 3 allocate gradients with "
+        "`torch.empty`, as flash-attention#2324 states); the same pattern was addressed in flash-linear-attention "
+        "(#892 proposed zero-initialised buffers; closed unmerged) and in tilelang (#2461 zeroes its padding rows; "
+        "merged).",
+    ),
+)
