@@ -94,8 +94,9 @@ def _markdown(text: str) -> str:
     return "# %% [markdown]\n" + text.strip("\n")
 
 
-def _code(text: str) -> str:
-    return "# %%\n" + text.strip("\n")
+def _code(text: str, alt: str = "") -> str:
+    """A code cell; `alt`: what its figure shows (the site's alt text: a figure without one is refused)."""
+    return ("# %%" + (f" alt={alt}" if alt else "") + "\n") + text.strip("\n")
 
 
 def notebook_source(report, *, today: str | None = None) -> str:
@@ -145,12 +146,15 @@ found = {{}}
     for i, (label, _, case, origin) in enumerate(repros, 1):
         cells += [
             _markdown(f"### {i}. {label}\n\n{origin}: `{case.label()}`, padding filled with {case.fill.value}."),
-            _code(f"""
+            _code(
+                f"""
 case = {case_source(case)}
 record, found[{label!r}] = probe_layout(impl, case)
 print(*found[{label!r}], sep="\\n")
 plot_token_norms(record) if record is not None else None
-"""),
+""",
+                alt=f"Per-row norms of out, dq, dk and dv for the failing case {label}, GAP and TAIL rows shaded.",
+            ),
         ]
     expected = report.verdicts()
     findings = {label: finding for label, finding, _, _ in repros}
