@@ -22,6 +22,7 @@ never read what they write, so timing them on the caller's own tensors is harmle
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,10 +107,12 @@ NATIVE_TILES: dict[str, dict[int, tuple[Tile, ...]]] = {
 def lanes(head_dim: int) -> int:
     """The lanes a kernel computes a head of `head_dim` features on: the next power of two
     (`tl.arange` takes no other length), at least 16 (the smallest K of `tl.dot`). The lanes
-    past the head dim are masked: they load 0 and are never stored."""
-    return max(16, triton.next_power_of_2(head_dim))
+    past the head dim are masked: they load 0 and are never stored. Plain integer arithmetic:
+    `triton.next_power_of_2` is a constexpr function, microseconds of host time per call."""
+    return max(16, 1 << (head_dim - 1).bit_length())
 
 
+@functools.cache  # asked at every launch; a few microseconds each, which short documents cannot hide
 def native_tiles(kernel: str, head_dim: int, dtype: torch.dtype, head_dim_v: int | None = None) -> tuple[Tile, ...]:
     """The compiled-GPU candidates of `kernel` for q/k of `head_dim` and v of `head_dim_v`
     (default: the same): those of the row bucket of the wider one's lanes. A padded head dim
