@@ -117,3 +117,11 @@ def test_softmax_scale_is_scale():
     assert torch.equal(batch.call(varlen_attention, softmax_scale=0.3), batch.call(varlen_attention, scale=0.3))
     with pytest.raises(ValueError, match="softmax_scale is FlashAttention's name for scale"):
         batch.call(varlen_attention, scale=0.3, softmax_scale=0.3)
+
+
+def test_device_cuda_means_the_current_cuda_device(monkeypatch):
+    """`device="cuda"` is where `.to("cuda")` puts the boundaries: q on "cuda:1" then matches it."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert metadata._indexed(torch.device("cuda")) == torch.device("cuda", 1)
+    assert metadata._indexed(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert metadata._indexed(torch.device("cpu")) == torch.device("cpu")

@@ -149,7 +149,7 @@ class VarlenMetadata:
             raise TypeError(f"validate must be a bool, got {type(validate).__name__} {validate!r}; pass True or False.")
         self.validate = validate
         self.given: Given = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        self.device = torch.device(device) if device is not None else cu_seqlens_q.device
+        self.device = _indexed(torch.device(device)) if device is not None else cu_seqlens_q.device
         self.total_q: int | None = None
         self.total_k: int | None = None
         # set by _bind: what the kernels run on, and what is known of the batch
@@ -335,6 +335,14 @@ class VarlenMetadata:
 
 _REPORTED = "a VarlenMetadata whose boundaries are malformed (its check ran on the device, read at this later call): "
 _BACKWARD = "the backward of a varlen_attention call whose metadata is malformed (its check ran on the device, read here): "
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """`device` with its index: "cuda" is the current CUDA device, where `.to("cuda")` puts tensors
+    (q says "cuda:0", and the two must compare equal)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _rows(name: str, value: object) -> int:
