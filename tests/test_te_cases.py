@@ -33,12 +33,12 @@ RECIPE = {r.name: r for r in upstream.RECIPES}
 
 def test_the_case_table_is_every_recipe_with_each_boundary_on_the_reports_shapes():
     cases = upstream.te_cases()
-    assert len(cases) == len(upstream.RECIPES) * 2 and len({c.name for c in cases}) == len(cases)
+    assert len(cases) == len(upstream.RECIPES) * 3 and len({c.name for c in cases}) == len(cases)
     report = upstream.REPORT_CASE
     assert report.padded_lengths("q") == (112, 160, 128, 144) and report.real_lengths("q") == (100, 150, 120, 130)
     assert report.heads * report.head_dim == 1536 and report.head_dim == 48 and report.causal
     assert all(p % 16 == 0 for p in report.padded_lengths("q"))  # the report's FP8 alignment
-    assert [c.name for c in cases[:2]] == ["bf16:different", "bf16:equal"]
+    assert [c.name for c in cases[:3]] == ["bf16:different", "bf16:equal", "bf16:equal-copies"]
     assert RECIPE["block-dpa"].describe() == "Float8BlockScaling(fp8_dpa=True)"
     again = upstream.TeCase.from_json(cases[5].to_json())
     assert again == cases[5]
@@ -137,6 +137,18 @@ def test_equal_boundaries_are_judged_by_the_real_ones_and_by_the_call():
     assert not contract["tensors"]["dk"]["within"] and not contract["padding_exactly_zero"]
     assert run["contract_real_rows_grad"]["real_within_bound"]
     assert run["backend"]["attention_precision"] == "fp8"  # the stand-in names sub-backend 2 under fp8_dpa
+    assert run["boundaries_same_object"] == [True]  # VERL's workaround: one tensor passed twice
+
+
+@pytest.mark.slow  # child processes: a fresh interpreter each
+def test_equal_copies_reach_te_as_separate_tensors():
+    """TE#3487's case: the same values in two tensors, which TE's auto-detect compares by identity."""
+    run = upstream.spawn(upstream.TeCase(RECIPE["bf16"], "equal-copies", SMALL), "cpu", 120, FAKE_TE)
+    assert run["code"] == 0, run
+    assert run["boundaries_same_object"] == [False]
+    assert run["as_called"]["real_within_bound"] and run["contract_real_rows_grad"]["real_within_bound"]
+    different = upstream.spawn(upstream.TeCase(RECIPE["bf16"], "different", SMALL), "cpu", 120, FAKE_TE)
+    assert different["boundaries_same_object"] == [False]
 
 
 @pytest.mark.slow  # child processes: a fresh interpreter each
@@ -167,7 +179,10 @@ def test_the_reports_batch_draws_normal_values_in_padding_rows_too():
         assert getattr(batch, name).requires_grad
     same = upstream.identical_batch(batch)
     assert (same.regions_q == Region.REAL).all() and torch.equal(same.cu_seqlens_q, batch.cu_seqlens_q_padded)
-    assert same.q is batch.q
+    assert same.q is batch.q and same.cu_seqlens_q is same.cu_seqlens_q_padded  # one tensor passed twice
+    copies = upstream.identical_batch(batch, separate=True)  # TE#3487: equal values, separate tensors
+    assert torch.equal(copies.cu_seqlens_q, copies.cu_seqlens_q_padded) and copies.cu_seqlens_q is not copies.cu_seqlens_q_padded
+    assert copies.cu_seqlens_k is not copies.cu_seqlens_k_padded
 
 
 def test_the_scripts_summary_line_says_how_each_run_ended():

@@ -125,19 +125,24 @@ def te_recipe(
     return RecipeResult(case, pads, tol, te_error, checks, padding)
 
 
-def identical_boundaries(impl):
+def identical_boundaries(impl, separate: bool = False):
     """`impl` called the way VERL's workaround calls it: the padded boundaries passed as the real ones
-    (and the longest padded sequence as max_seqlen), so that padding rows count as tokens."""
+    (and the longest padded sequence as max_seqlen), so that padding rows count as tokens.
+
+    By default the same tensor goes in twice. `separate=True` passes a copy as the real boundaries:
+    equal values in another tensor, which TE 2.18+ tells apart (its pad_between_seqs auto-detect
+    compares the objects, TE#3487)."""
 
     def workaround(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, cu_seqlens_q_padded, cu_seqlens_k_padded, **kwargs
     ):
+        real_q, real_k = (t.clone() if separate else t for t in (cu_seqlens_q_padded, cu_seqlens_k_padded))
         return impl(
             q,
             k,
             v,
-            cu_seqlens_q_padded,
-            cu_seqlens_k_padded,
+            real_q,
+            real_k,
             int(cu_seqlens_q_padded.diff().max()),
             int(cu_seqlens_k_padded.diff().max()),
             cu_seqlens_q_padded=cu_seqlens_q_padded,

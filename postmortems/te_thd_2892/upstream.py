@@ -12,8 +12,10 @@ run settle that on TE as installed:
   FP8 alignment, 32 heads of 48, causal, BF16 inputs, normal values in every row as its script
   draws them, `report_batch`), through TE's DotProductAttention called as the audit matrix calls
   it (`workbench.audit.adapters.te`), under each recipe of `RECIPES`, with the boundaries
-  `different` (real cu_seqlens, padded cu_seqlens_padded) and `equal` (cu_seqlens =
-  cu_seqlens_padded: VERL's workaround). `run_case` measures each with `workbench.probes.probe`
+  `different` (real cu_seqlens, padded cu_seqlens_padded), `equal` (cu_seqlens =
+  cu_seqlens_padded, one tensor passed twice: VERL's workaround) and `equal-copies` (the same
+  values in two tensors: TE#3487 reports that TE's object-identity auto-detect of
+  pad_between_seqs then counts them as padded). `run_case` measures each with `workbench.probes.probe`
   against the fp64 oracle: out, dq, dk, dv on REAL rows within the FlashAttention-style bound,
   what padding rows hold, non-finite counts; and TE's own output shape. Equal boundaries are
   judged three ways: by the real boundaries (`contract`), the same with dO zero on padding rows
@@ -197,7 +199,7 @@ RECIPES = (
     Recipe("block", "Float8BlockScaling"),
     Recipe("block-dpa", "Float8BlockScaling", (("fp8_dpa", True),)),
 )
-BOUNDARIES = ("different", "equal")
+BOUNDARIES = ("different", "equal", "equal-copies")
 
 
 @dataclass(frozen=True)
@@ -251,12 +253,14 @@ def report_batch(case: Case, device):
     return dataclasses.replace(batch, **leaves)
 
 
-def identical_batch(batch):
-    """The batch as VERL's workaround describes it: every row a token, cu_seqlens = cu_seqlens_padded."""
+def identical_batch(batch, separate: bool = False):
+    """The batch as VERL's workaround describes it: every row a token, cu_seqlens = cu_seqlens_padded,
+    one tensor for both (`separate`: a copy of the same values, as `identical_boundaries`)."""
     case = batch.case
     padded = case.padded_lengths("q")
-    same = case.with_(seqlens_q=padded, seqlens_k=None, padded_q=None, padded_k=None, align=None)
-    return dataclasses.replace(pack(same, batch.device), q=batch.q, k=batch.k, v=batch.v)
+    same = pack(case.with_(seqlens_q=padded, seqlens_k=None, padded_q=None, padded_k=None, align=None), batch.device)
+    real_q, real_k = (t.clone() if separate else t for t in (same.cu_seqlens_q_padded, same.cu_seqlens_k_padded))
+    return dataclasses.replace(same, q=batch.q, k=batch.k, v=batch.v, cu_seqlens_q=real_q, cu_seqlens_k=real_k)
 
 
 def _error(exc: BaseException) -> str:
@@ -320,9 +324,15 @@ def run_case(te_case: TeCase, device: str) -> dict[str, Any]:
     except Exception as exc:
         return {**result, "stage": "recipe", "error": _error(exc)}
     shapes: list[list[int]] = []
+    same_objects: list[bool] = []
 
     @functools.wraps(te_dot_product_attention)
     def recorded(*args, **keywords):  # TE's own output, before the adapter gives it q's shape
+        # What TE's pad_between_seqs auto-detect reads: are the real boundaries the padded ones' objects?
+        same_objects.append(
+            keywords["cu_seqlens_q"] is keywords["cu_seqlens_q_padded"]
+            and keywords["cu_seqlens_kv"] is keywords["cu_seqlens_kv_padded"]
+        )
         out = te_dot_product_attention(*args, **keywords)
         shapes.append(list(out.shape))
         return out
@@ -334,10 +344,13 @@ def run_case(te_case: TeCase, device: str) -> dict[str, Any]:
     else:
         # Judged by the real boundaries: with the probes' dO (non-zero on padding rows), and with
         # padding rows' dO zeroed, as in training, where the loss covers real tokens only.
-        result["contract"] = _measure(identical_boundaries(impl), batch)
-        result["contract_real_rows_grad"] = _measure(identical_boundaries(impl), batch, real_rows_grad(batch))
-        result["as_called"] = _measure(impl, identical_batch(batch))  # judged by the boundaries passed
+        workaround = identical_boundaries(impl, separate=te_case.boundaries == "equal-copies")
+        result["contract"] = _measure(workaround, batch)
+        result["contract_real_rows_grad"] = _measure(workaround, batch, real_rows_grad(batch))
+        # Judged by the boundaries passed.
+        result["as_called"] = _measure(impl, identical_batch(batch, separate=te_case.boundaries == "equal-copies"))
     result["te_output_shapes"] = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
+    result["boundaries_same_object"] = sorted(set(same_objects))
     result["q_shape"] = list(batch.q.shape)
     return result
 
