@@ -351,7 +351,8 @@ def build(src: Path, out: Path | None, jobs: int) -> dict:
     env = {**os.environ, **BUILD_ENV, "MAX_JOBS": str(jobs)}
     env["CPATH"] = os.pathsep.join([*found["cpath"], *filter(None, [os.environ.get("CPATH")])])
     command = [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "--no-index"]
-    command += ["-w", str(BUILD / "dist"), str(src / carried["sdist"]["file"])]
+    # pip runs in BUILD, so a relative --src (the runbook's `.whl/te-src`) must be made absolute.
+    command += ["-w", str(BUILD / "dist"), str((src / carried["sdist"]["file"]).resolve())]
     log = (out or BUILD) / "te-build.log"
     began = time.perf_counter()
     with log.open("w") as sink:

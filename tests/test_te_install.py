@@ -117,6 +117,27 @@ def test_the_built_wheel_is_cut_into_parts_under_16_mib_and_rebuilt(script, tmp_
         script.join(out, wheel.name, sha, tmp_path / "again")
 
 
+def test_the_build_hands_pip_the_sdist_by_an_absolute_path(script, tmp_path, monkeypatch):
+    """pip runs in the build folder: the runbook's relative `--src .whl/te-src` once made it look for
+    /tmp/te-build/.whl/te-src/... (the first build call on the H200, 2026-12-07)."""
+    src = tmp_path / "te-src"
+    src.mkdir()
+    (src / "transformer_engine_torch-2.20.2.tar.gz").write_bytes(b"")
+    (src / "manifest.json").write_text(json.dumps({"sdist": {"file": "transformer_engine_torch-2.20.2.tar.gz"}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(script, "BUILD", tmp_path / "build")
+    monkeypatch.setattr(script, "headers", lambda: {"missing": [], "cpath": []})
+    monkeypatch.setattr(script, "toolchain", lambda: {})
+    ran = []
+    monkeypatch.setattr(
+        script.subprocess, "run", lambda command, **kw: ran.append((command, kw["cwd"])) or type("R", (), {"returncode": 1})
+    )
+    result = script.build(script.Path("te-src"), None, 1)
+    assert result["built"] is False and result["stage"] == "compile"
+    ((command, cwd),) = ran
+    assert cwd == tmp_path / "build" and command[-1] == str(src / "transformer_engine_torch-2.20.2.tar.gz")
+
+
 def test_a_step_fails_when_nothing_was_built_or_te_does_not_import(script):
     assert script.succeeded({"step": "probe", "headers": {}})
     assert not script.succeeded({"step": "build", "built": False, "stage": "compile"})
