@@ -1,6 +1,6 @@
 """TransformerEngine's audit FAILs taken apart, and the report's FP8 mechanism on TE's own GEMM.
 
-    python3 scripts/te_probes.py --record $OUT/te-probes-h200.json [--parts variants,determinism,gemm,initcheck] [--jobs 4]
+    python3 scripts/te_probes.py --record $OUT/te-thd-2892-probes-h200.json [--parts variants,determinism,gemm,initcheck] [--jobs 4]
 
 Runs, on the GPU machine with TE installed (docs/gpu-transformer-engine.md), what
 postmortems/te_thd_2892/te_probes.py describes, each in a child process (TE's debug log on, so

@@ -27,19 +27,19 @@ META = Meta(
     category="training bug",
     impact=(
         "a reported run collapsed (ppl 3.7 -> 3055) after FP8 alignment padding entered packed THD batches (the "
-        "reporter's attribution; TE itself not run here); VERL's identical cu_seqlens workaround shows padding to "
-        "non-causal attention"
+        "reporter's attribution); VERL's identical cu_seqlens workaround shows padding to non-causal attention"
     ),
     our_verdict=(
-        "crash not reproduced by anyone (withdrawn); the workaround is harmless for causal attention with padding "
-        "at each sequence's end and harmful without a causal mask; the FP8-scale mechanism holds in our replica only"
+        "on TE 2.20.2 (H200) the report's failing call is the correct one: no crash, padded output, REAL rows right, "
+        "padding zero; the workaround is harmless for causal attention with padding at each sequence's end and "
+        "harmful without a causal mask (through TE's attention too); the FP8-scale mechanism holds in our replica"
     ),
     detection="loss and gradient-norm blow-up when FP8 alignment padding is enabled for packed sequences",
     fix_type="pass real cu_seqlens with cu_seqlens_padded; keep padding rows zero before FP8 quantization; zero tail rows",
     tags=("thd", "cu_seqlens_padded", "fp8", "training"),
     reported="2026-04-16",
     published="2026-11-29",
-    revised="2026-12-05",
+    revised="2026-12-07",
     links=(
         Link(
             "Dao-AILab/flash-attention#1228: rows after cu_seqlens[-1] may be uninitialised",
@@ -65,20 +65,26 @@ META = Meta(
             "comment",
         ),
         Link("TE PR #2911: auto-pad FP8 GEMM m/k inside cublas_gemm", f"{TE}/pull/2911", "2026-04-21", "PR", "open, not merged"),
-        Link("TE PR #2596: pad_between_seqs with FlashAttention 3", f"{TE}/pull/2596", "2026-05-22", "PR", "merged, in v2.17"),
+        Link(
+            "TE PR #2596: pad_between_seqs with FlashAttention 3",
+            f"{TE}/pull/2596",
+            "2026-05-23",
+            "PR",
+            "merged (80ea313); cherry-picked to release_v2.16 (4d0e9be): first in v2.16",
+        ),
         Link(
             "TE PR #2898: CUDA graphs with THD; rewrites the pad_between_seqs auto-detect",
             f"{TE}/pull/2898",
             "2026-07-01",
             "PR",
-            "merged, in v2.18",
+            "merged (4cd705b), first in v2.18; still so in 2.20.2",
         ),
         Link(
             "TE PR #2994: Plumb FP8+THD (FP8 fused attention for THD; its release not established here)",
             f"{TE}/pull/2994",
             "2026-08-20",
             "PR",
-            "last commit 2026-08-20 (9fbffe6), not on main at d0067d0 (2026-08-22); merged after that (tracker)",
+            "merged after 2026-08-22 (tracker; not on main at d0067d0); TE 2.20.2 refuses FP8 THD attention below cuDNN 9.23",
         ),
         Link(
             "TE PR #3205: FA3/FA4 with pad_between_seqs, exact zeros on padding rows",
@@ -93,6 +99,34 @@ META = Meta(
             "2026-08-08",
             "issue",
             "closed by its reporter (worked around)",
+        ),
+        Link(
+            "TE PR #3332: a regression test and docs for #3331 (pad_between_seqs must be True with any padding under CP)",
+            f"{TE}/pull/3332",
+            "2026-08-08",
+            "PR",
+            "closed, not merged",
+        ),
+        Link(
+            "Megatron-LM PR #5541: thd_tail_padding_policy, 'extend_last' extends cu_seqlens_padded[-1]",
+            "https://github.com/NVIDIA/Megatron-LM/pull/5541",
+            "2026-07-30",
+            "PR",
+            "merged to dev (1392f28); in no release tag as of core_v0.19.0",
+        ),
+        Link(
+            "TE#3487: the object-identity auto-detect (#2898) counts equal-valued copies as padding",
+            f"{TE}/issues/3487",
+            "2026-09-05",
+            "issue",
+            "open",
+        ),
+        Link(
+            "Megatron-LM PR #7417: pad_between_seqs = not torch.equal(cu_seqlens, cu_seqlens_padded)",
+            "https://github.com/NVIDIA/Megatron-LM/pull/7417",
+            "2026-09-16",
+            "PR",
+            "open",
         ),
     ),
     seed="004_c27650584a0de2fe.txt",

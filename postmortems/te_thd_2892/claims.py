@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from postmortems.te_thd_2892 import on_te
 from postmortems.te_thd_2892.cases import HEALTH_FRACTIONS, HEALTH_STEPS, TE_MAIN, TE_V2_12, TRAINING_RUNS, WORKAROUND_FRACTION
 from postmortems.te_thd_2892.study import TeResults
 from postmortems.te_thd_2892.training import qkv_norm_ratio
@@ -45,10 +46,126 @@ def _auto_detect_new(r: TeResults):
     return holds, "; ".join(f"{name}: {value}" for name, value in found.items())
 
 
+# -- TransformerEngine itself, on the GPU (postmortems/te_thd_2892/on_te.py reads the records) ------
+
+
+@claims(
+    "TE 2.20.2, the report's script: as written it stops at its first slip (48 GQA groups for 32 heads), and each "
+    "mended slip moves it to the next; with all three mended it runs both calls, Float8BlockScaling with "
+    "cu_seqlens_q != cu_seqlens_q_padded included, and exits 0: no SIGSEGV",
+    evidence=UPSTREAM_GPU,
+)
+def _te_script(r: TeResults):
+    runs = on_te.script_runs()
+    stops = [run.get("error", "").split(":")[0] for run in runs[:-1]]
+    holds = all(run.get("code") == 1 for run in runs[:-1]) and runs[-1].get("code") == 0 and len(runs) == 4
+    holds &= not any(run["outcome"] == "killed" for run in runs)
+    return holds, f"stopped by {', '.join(stops)}, then exit {runs[-1].get('code')} ({on_te.made(on_te.te_record('cases'))})"
+
+
+@claims(
+    "TE 2.20.2 with cu_seqlens != cu_seqlens_padded (the report's shapes: 500 real tokens in 544 rows, head dim 48, "
+    "causal), without FP8 and under delayed, current and block scaling of the GEMMs: TE's output has the padded 544 "
+    "rows, not the unpadded size; REAL rows of out, dq, dk, dv are within the bound and padding rows exactly 0",
+    evidence=UPSTREAM_GPU,
+    headline=True,
+)
+def _te_different(r: TeResults):
+    runs = on_te.case_runs()
+    names = [f"{recipe}:different" for recipe in ("bf16", "delayed", "current", "block")]
+    ran = [runs[n] for n in names]
+    holds = all(run["contract"]["real_within_bound"] and run["contract"]["padding_exactly_zero"] for run in ran)
+    holds &= all(run["te_output_shapes"] == [[544, 1536]] and run.get("code") == 0 for run in ran)
+    worst = max(t["real_error"] / t["bound"] for run in ran for t in run["contract"]["tensors"].values())
+    return (
+        holds,
+        f"{len(ran)} recipes, TE's output {ran[0]['te_output_shapes'][0]}, worst {worst:.2f} of the bound; {on_te._backend(ran[0])}",
+    )
+
+
+@claims(
+    "TE 2.20.2 runs no FP8 attention on THD on Hopper with the cuDNN 9.14 of torch's wheels: delayed scaling's fp8_dpa "
+    "needs cuDNN 9.23 for THD, current scaling's needs sm100, Float8BlockScaling refuses fp8_dpa; every such call "
+    "raises (no backend), so FP8 on THD reaches only the GEMMs",
+    evidence=UPSTREAM_GPU,
+)
+def _te_no_fp8_attention(r: TeResults):
+    runs = on_te.case_runs()
+    dpa = [run for name, run in runs.items() if name.split(":")[0].endswith("-dpa")]
+    reasons = {on_te._why_refused(run) for run in dpa}
+    holds = len(dpa) == 9 and not any(run.get("contract", {}).get("ran", "nothing") != "nothing" for run in dpa)
+    holds &= any("cuDNN 9.23" in reason for reason in reasons) and any("sm100" in reason for reason in reasons)
+    return holds, "; ".join(sorted(reasons))
+
+
+@claims(
+    "VERL's workaround through TE 2.20.2 (causal, padding after each sequence's tokens): out and dq of REAL rows within "
+    "the bound; dk and dv off it when padding rows send gradient back, within it when a loss over REAL tokens sends "
+    "them none",
+    evidence=UPSTREAM_GPU,
+)
+def _te_equal(r: TeResults):
+    runs = [run for name, run in on_te.case_runs().items() if name.endswith(":equal") and "contract" in run]
+    ran = [run for run in runs if run["contract"].get("ran") == "forward+backward"]
+    split = all(
+        run["contract"]["tensors"]["out"]["within"]
+        and run["contract"]["tensors"]["dq"]["within"]
+        and not run["contract"]["tensors"]["dk"]["within"]
+        and run["contract_real_rows_grad"]["real_within_bound"]
+        for run in ran
+    )
+    dk = ran[0]["contract"]["tensors"]["dk"]
+    return split and len(
+        ran
+    ) == 4, f"{len(ran)} recipes; dk {dk['real_error']:.3g} vs bound {dk['bound']:.3g}; with dO zero on padding: within"
+
+
+@claims(
+    "TE#3487's case on TE 2.20.2: the padded boundaries' values in a separate tensor count as padding between "
+    "sequences (UnfusedDotProductAttention leaves the candidates), yet TE picks the same fused backend, and every "
+    "measured error equals the one-tensor run's",
+    evidence=UPSTREAM_GPU,
+)
+def _te_3487(r: TeResults):
+    runs = on_te.case_runs()
+    pairs = [(runs[f"{n}:equal"], runs[f"{n}:equal-copies"]) for n in ("bf16", "delayed", "current", "block")]
+    holds = all(one["boundaries_same_object"] == [True] and two["boundaries_same_object"] == [False] for one, two in pairs)
+    holds &= all(one["backend"]["selected"] == two["backend"]["selected"] for one, two in pairs)
+    holds &= all(
+        "UnfusedDotProductAttention=True" in one["backend"]["available"][0]
+        and "UnfusedDotProductAttention=False" in two["backend"]["available"][0]
+        for one, two in pairs
+    )
+    holds &= all(one["contract"] == two["contract"] and one["as_called"] == two["as_called"] for one, two in pairs)
+    return (
+        holds,
+        f"{len(pairs)} recipes; one tensor: {pairs[0][0]['backend']['available'][0]}; copies: {pairs[0][1]['backend']['available'][0]}",
+    )
+
+
+@claims(
+    "the toy trained through TE 2.20.2's attention (BF16): causal, VERL's boundaries give the same loss at every step; "
+    "bidirectional, its training loss ends higher and its held-out perplexity is worse, as through the replica",
+    evidence=UPSTREAM_GPU,
+)
+def _te_training(r: TeResults):
+    runs = {(x["attention"], x["objective"], x["boundaries"]): x for x in on_te.training_runs() if "error" not in x}
+    out = []
+    holds = True
+    for attention in ("te-bf16", "replica"):
+        causal = runs[attention, "causal", "separate"]["losses"] == runs[attention, "causal", "identical"]["losses"]
+        apart, same = runs[attention, "bidirectional", "separate"], runs[attention, "bidirectional", "identical"]
+        worse = same["final_loss"] > apart["final_loss"] and same["eval_perplexity"] > apart["eval_perplexity"]
+        holds &= causal and worse
+        out.append(
+            f"{attention}: causal identical {causal}; bidirectional ppl {apart['eval_perplexity']:.2f} -> {same['eval_perplexity']:.2f}"
+        )
+    return holds, "; ".join(out)
+
+
 @claims(
     "VERL's workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it",
     evidence=REPLICA,
-    headline=True,
 )
 def _workaround_noncausal(r: TeResults):
     points = r.workaround_sweep[False]
