@@ -120,6 +120,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=4, help="child processes at once (default 4)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds a child may take (default 300)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layouts", help="initcheck only these layouts of INITCHECK_LAYOUTS (comma-separated; default: all)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - set(PARTS))
@@ -134,8 +135,15 @@ def main() -> int:
         jobs |= {("determinism", s): (determinism, s, args.device, args.timeout) for s in ("default", "deterministic")}
     if "gemm" in parts:
         jobs[("gemm", "table")] = (gemm, args.device, args.timeout)
+    layouts = args.layouts.split(",") if args.layouts else list(INITCHECK_LAYOUTS)
+    if set(layouts) - set(INITCHECK_LAYOUTS):
+        print(
+            f"te_probes: --layouts {sorted(set(layouts) - set(INITCHECK_LAYOUTS))} are not in {list(INITCHECK_LAYOUTS)}",
+            file=sys.stderr,
+        )
+        return 2
     if "initcheck" in parts:
-        jobs |= {("initcheck", n): (initcheck, n, args.device, args.timeout) for n in INITCHECK_LAYOUTS}
+        jobs |= {("initcheck", n): (initcheck, n, args.device, args.timeout) for n in layouts}
     done: dict[tuple[str, str], dict] = {}
 
     def record(partial: bool) -> None:

@@ -27,13 +27,17 @@ COMMANDS = {
 RUNBOOK = "docs/gpu-transformer-engine.md"
 
 
-def te_record(kind: str) -> dict[str, Any]:
-    """The newest (provenance date) record of `kind` ('cases', 'training', 'probes')."""
+def te_record(kind: str, part: str | None = None) -> dict[str, Any]:
+    """The newest (provenance date) whole record of `kind` ('cases', 'training', 'probes'); with
+    `part`, the newest that holds it (scripts/te_probes.py records the parts it was asked for)."""
     if kind not in COMMANDS:
         raise ValueError(f"kind = {kind!r} must be one of {tuple(COMMANDS)}.")
-    records = [r for r in load_records(f"te-thd-2892-{kind}-*.json") if not r.get("partial")]
+    records = [r for r in load_records(f"te-thd-2892-{kind}-*.json") if not r.get("partial") and (part is None or r.get(part))]
     if not records:
-        raise NotRecorded(f"no whole TE record of {kind}: make one on the GPU with `{COMMANDS[kind]}` ({RUNBOOK})")
+        command = COMMANDS[kind] + (f" --parts {part}" if part else "")
+        raise NotRecorded(
+            f"no whole TE record of {kind}{f' ({part})' if part else ''}: make one on the GPU with `{command}` ({RUNBOOK})"
+        )
     return max(records, key=lambda r: r["provenance"].get("date", ""))
 
 

@@ -146,8 +146,9 @@ def scale_damage(rows: list[dict[str, Any]]) -> dict[str, float]:
 # -- compute-sanitizer's initcheck, with and without padding -----------------------------------
 
 # The layout the audit's sanitizer run watched for the row te (scripts/audit_sanitize.py: GAP and
-# TAIL rows, an empty sequence, unequal lengths, GQA, causal), then the same lengths with each
-# kind of padding alone and with none: which of them the uninitialised reads follow.
+# TAIL rows, a sequence with keys and no query, unequal lengths, GQA, causal), then the same
+# lengths with each kind of padding alone and with none, and without padding, the queryless
+# sequence or GQA: which of them the uninitialised reads follow.
 _WATCHED = Case(
     seqlens_q=(37, 0, 100, 64),
     seqlens_k=(40, 5, 100, 64),
@@ -167,6 +168,10 @@ INITCHECK_LAYOUTS: dict[str, Case] = {
     "GAP only": _WATCHED.with_(tail_q=0, tail_k=0),
     "TAIL only": _WATCHED.with_(padded_q=None, padded_k=None),
     "no padding": _WATCHED.with_(padded_q=None, padded_k=None, tail_q=0, tail_k=0),
+    "no padding, no queryless sequence": _WATCHED.with_(
+        seqlens_q=(37, 100, 64), seqlens_k=(40, 100, 64), padded_q=None, padded_k=None, tail_q=0, tail_k=0
+    ),
+    "no padding, no GQA": _WATCHED.with_(padded_q=None, padded_k=None, tail_q=0, tail_k=0, kv_heads=None),
 }
 
 
