@@ -236,18 +236,18 @@ def test_claims_fail_when_facts_change():
     assert not held[rope[1]] and not held[detect[0]] and held[detect[1]]
     # A claim whose results are missing fails, it does not vanish (those on TE read its records alone).
     on_records = [c for c in pm.claims.statements if "TE 2.20.2" in c]
-    assert len(on_records) == 6
+    assert len(on_records) == 10
     assert not any(v.holds for v in pm.claims.check(SimpleNamespace()) if v.claim not in on_records)
 
 
 def test_claims_on_te_follow_its_records(monkeypatch):
-    """The claims on TE itself read its GPU records: a crash, an unpadded output or a missing record must show."""
+    """The claims on TE itself read its GPU records: a crash, an unpadded output, a padding-blind block scale, a
+    missing record must show."""
     import copy
 
     from postmortems.te_thd_2892 import on_te
 
-    real = {kind: on_te.te_record(kind) for kind in ("cases", "training")}
-    changed = copy.deepcopy(real)
+    changed = {kind: copy.deepcopy(on_te.te_record(kind)) for kind in ("cases", "training", "probes")}
     changed["cases"]["script_runs"][-1] |= {"outcome": "killed", "signal": "SIGSEGV", "code": None}
     for run in changed["cases"]["case_runs"]:
         if run["case"] == "delayed:different":
@@ -255,14 +255,19 @@ def test_claims_on_te_follow_its_records(monkeypatch):
         if run["case"] == "bf16:equal-copies":
             run["contract"]["tensors"]["dq"]["real_error"] *= 2
     changed["training"]["runs"][5]["losses"] = [x + 1e-3 for x in changed["training"]["runs"][5]["losses"]]
-    monkeypatch.setattr(on_te, "te_record", lambda kind: changed[kind])
+    for row in changed["probes"]["gemm"][0]["result"]:
+        if (row["name"], row["fill"]) == ("block", "large"):
+            row["y_real_error"] *= 3
+    changed["probes"]["determinism"][1]["verdict"] = "FAIL"
+    monkeypatch.setattr(on_te, "te_record", lambda kind, part=None: changed[kind])
     held = {v.claim: v for v in pm.claims.check(SimpleNamespace())}
     broken = [c for c, v in held.items() if "TE 2.20.2" in c and not v.holds]
-    assert len(broken) == 4, broken  # the script, the different boundaries, TE#3487, the causal training
+    # the script, the different boundaries, TE#3487, the causal training, the FP8 Linear, determinism
+    assert len(broken) == 6, broken
     monkeypatch.undo()
     monkeypatch.setattr(on_te, "load_records", lambda pattern: [])
     unrecorded = [v for v in pm.claims.check(SimpleNamespace()) if v.unrecorded]
-    assert len(unrecorded) == 6 and all("docs/gpu-transformer-engine.md" in v.evidence for v in unrecorded)
+    assert len(unrecorded) == 10 and all("docs/gpu-transformer-engine.md" in v.evidence for v in unrecorded)
 
 
 def _cp_rule(kept_findings=(), lost=("dk", "dv"), rows_on_no_rank=6):

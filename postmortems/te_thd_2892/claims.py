@@ -164,6 +164,66 @@ def _te_training(r: TeResults):
 
 
 @claims(
+    "the report's FP8 mechanism on TE 2.20.2's own Linear (the report's 544 x 1536 packed rows): large values in "
+    "padding rows raise the REAL rows' output error about 2.5x under delayed and current scaling (one scale per "
+    "tensor) and leave it unchanged under block scaling (1 x 128 blocks along each row), whose weight gradient they "
+    "still coarsen; zero padding changes no recipe's error",
+    evidence=UPSTREAM_GPU,
+)
+def _te_fp8_linear(r: TeResults):
+    from postmortems.te_thd_2892.te_probes import scale_damage
+
+    rows = on_te.gemm_rows()
+    damage = scale_damage(rows)
+    by = {(x["name"], x["fill"]): x for x in rows}
+    holds = damage["delayed"] > 2 and damage["current"] > 2 and abs(damage["block"] - 1) < 0.01 and damage["bf16"] == 1
+    holds &= by["block", "large"]["dw_error"] > 1.3 * by["block", "zeros"]["dw_error"]
+    holds &= all(by[n, "normal"]["y_real_error"] == by[n, "zeros"]["y_real_error"] for n in damage)
+    return holds, ", ".join(f"{n} {d:.2f}x" for n, d in damage.items()) + (
+        f"; block's dW {by['block', 'zeros']['dw_error']:.3g} -> {by['block', 'large']['dw_error']:.3g}"
+    )
+
+
+@claims(
+    "TE 2.20.2's fused backward with GQA leaves dk and dv of a sequence that has keys but no query as memory held them "
+    "(NaN under poisoned memory; 0 is right): without GQA, or with a query in that sequence, they are right; dtype, "
+    "causality and the other sequences do not matter",
+    evidence=UPSTREAM_GPU,
+)
+def _te_queryless_gqa(r: TeResults):
+    runs = {run["variant"]: bool(run["result"]["findings"]) for run in on_te.te_record("probes", "variants")["variants"]}
+    clean = ["without GQA", "the queryless sequence given a query", "a keyless sequence, every other one whole"]
+    nan = [name for name in runs if name not in clean and name != "the empty-sequences check's layout"]
+    holds = not any(runs[n] for n in clean) and all(runs[n] for n in nan) and not runs["the empty-sequences check's layout"]
+    return holds, f"NaN in {len(nan)} of {len(runs)} variants; clean: {', '.join(clean)}"
+
+
+@claims(
+    "TE 2.20.2's fused backward: dq differs bitwise between identical runs by default, and is identical with "
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, as TE documents",
+    evidence=UPSTREAM_GPU,
+)
+def _te_determinism(r: TeResults):
+    runs = {run["setting"]: run for run in on_te.te_record("probes", "determinism")["determinism"]}
+    holds = runs["default"]["verdict"] == "FAIL" and runs["deterministic"]["verdict"] == "pass"
+    return holds, f"default: {runs['default']['evidence']}; with the switch: {runs['deterministic']['evidence']}"
+
+
+@claims(
+    "compute-sanitizer's initcheck on TE 2.20.2's forward + backward: the same count of uninitialised reads, in "
+    "cuDNN's fmha_reduce_head_ragged, with GAP and TAIL rows, with either alone and with none: they do not come from "
+    "padding rows",
+    evidence=UPSTREAM_GPU,
+)
+def _te_initcheck(r: TeResults):
+    runs = {run["layout"]: run for run in on_te.te_record("probes", "initcheck")["initcheck"]}
+    padded = ["the audit's (GAP and TAIL)", "GAP only", "TAIL only", "no padding"]
+    counts = {runs[n]["errors"] for n in padded}
+    holds = len(counts) == 1 and all(runs[n]["completed"] and "fmha_reduce_head_ragged" in runs[n]["first"] for n in padded)
+    return holds and 0 not in counts, f"{counts.pop() if len(counts) == 1 else counts} reads in each of {len(padded)} layouts"
+
+
+@claims(
     "VERL's workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it",
     evidence=REPLICA,
 )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from postmortems.te_thd_2892.te_probes import scale_damage
 from workbench.postmortem import NotRecorded, table
 from workbench.records import load_records
 
@@ -153,24 +152,54 @@ def training_te_table():
     )
 
 
-def probes() -> dict[str, Any]:
-    return te_record("probes")
+def gemm_rows() -> list[dict[str, Any]]:
+    return te_record("probes", "gemm")["gemm"][0].get("result") or []
 
 
 def gemm_te_table():
-    """TE's Linear on the report's packed shapes under each FP8 recipe: REAL rows' relative error
-    of y and dW against fp64, padding rows zero, normal or large."""
-    record = te_record("probes")
-    rows = record["gemm"][0].get("result") or []
-    damage = scale_damage(rows)
+    """TE's Linear on the report's packed shapes under each FP8 recipe: the REAL rows' relative
+    error of y and dW against fp64, with padding rows zero, normal or large."""
+    record = te_record("probes", "gemm")
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in gemm_rows():
+        by.setdefault(r["name"], {})[r["fill"]] = r
     body = []
-    for r in rows:
-        if "error" in r:
-            body.append((r["name"], r["fill"], "-", "-", r["error"][:80]))
-        else:
-            body.append((r["name"], r["fill"], r["y_real_error"], r["dw_error"], f"{damage.get(r['name'], float('nan')):.2f}x"))
+    for name, fills in by.items():
+        if any("error" in r for r in fills.values()):
+            body.append((name, next(r["error"] for r in fills.values() if "error" in r)[:60], "", ""))
+            continue
+        y = " / ".join(f"{fills[f]['y_real_error']:.3g}" for f in fills)
+        dw = " / ".join(f"{fills[f]['dw_error']:.3g}" for f in fills)
+        body.append((name, y, dw, f"{fills['large']['y_real_error'] / fills['zeros']['y_real_error']:.2f}x"))
+    fills = " / ".join(next(iter(by.values())))
+    header = ("recipe", f"y error, padding {fills}", f"dW error, padding {fills}", "y: large / zero padding")
+    return table(header, body, title=f"TE's Linear: REAL-row error against fp64 ({made(record)})")
+
+
+def variants_table():
+    """The audit row te's smallest failing fuzz layout, one thing changed at a time: what TE's
+    backward leaves in dk and dv of REAL rows (NaN-poisoned memory)."""
+    record = te_record("probes", "variants")
+    rows = []
+    for run in record["variants"]:
+        case = run["case"]
+        found = (run.get("result") or {}).get("findings")
+        said = "; ".join(f["evidence"] for f in found) if found else ("clean" if found == [] else run["outcome"])
+        heads = f"{case['heads']}/{case['kv_heads'] or case['heads']}"
+        rows.append((run["variant"], f"q={case['seqlens_q']} k={case['seqlens_k']}", heads, case["dtype"], said))
     return table(
-        ("recipe", "padding", "y error (REAL rows)", "dW error", "large / zero padding"),
-        body,
-        title=f"TE's Linear, FP8 scales and padding rows ({made(record)})",
+        ("variant", "lengths", "heads q/kv", "dtype", "REAL rows of dk, dv"),
+        rows,
+        title=f"TE's backward on empty sequences ({made(record)})",
     )
+
+
+def initcheck_table():
+    """compute-sanitizer's initcheck on the row te's forward + backward, layout by layout."""
+    record = te_record("probes", "initcheck")
+    rows = []
+    for run in record["initcheck"]:
+        case = run["case"]
+        kernel = run["first"].split(" at ")[-1].split("(")[0].split("<")[0].removeprefix("void ") if run["first"] else "-"
+        rows.append((run["layout"], f"q={case['seqlens_q']} k={case['seqlens_k']}", run["errors"], kernel))
+    return table(("layout", "lengths", "uninitialised reads", "first in"), rows, title=f"initcheck on TE ({made(record)})")
