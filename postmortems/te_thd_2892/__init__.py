@@ -4,12 +4,13 @@ alignment padding and VERL's identical-boundaries workaround (NVIDIA/Transformer
 TransformerEngine itself runs on a GPU only: scripts/te_pack.sh and scripts/te_install.py install
 its wheels and build its PyTorch extension on the GPU machine (docs/gpu-transformer-engine.md),
 and `upstream` runs the report's repro on it (scripts/te_thd_cases.py; the toy's training through
-TE's attention: scripts/te_thd_training.py). The page's claims do not read those records yet:
-every claim says what produced its evidence:
-a reading of TE's source at a named commit, our replica of a mechanism (the contract as one
-masked matmul, `workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model
-(`workbench.tinylm`), or our own kernel (`kernels.varlen_attention`, also under our context-parallel
-attention, `workbench.context_parallel`).
+TE's attention: scripts/te_thd_training.py; `te_probes`: TE's audit FAILs taken apart and its FP8
+Linear, scripts/te_probes.py). `on_te` reads those records for the page. Every claim says what
+produced its evidence: TE itself on the GPU (the records), a reading of TE's source at a named
+commit, our replica of a mechanism (the contract as one masked matmul,
+`workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model (`workbench.tinylm`),
+or our own kernel (`kernels.varlen_attention`, also under our context-parallel attention,
+`workbench.context_parallel`).
 
 The study, one function per part:
 
@@ -26,11 +27,13 @@ The study, one function per part:
 6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), the 2 x cp_size padding rule of
    context parallelism (`workbench.audit.context_parallel.padding_rule_study`, `cp_rule_table`),
    `te_recipe` (TE's THD padding test on our kernel), `cast_study` (the Triton interpreter's e4m3 cast);
-7. `upstream` (GPU only, not imported here): TE itself on the report's script and the cases it meant.
+7. `upstream`, `te_probes` (GPU only, not imported here): TE itself on the report's script and the
+   cases it meant, its audit FAILs and its FP8 Linear; `on_te`: their records, read for the page.
 
 `reproduce()` runs them all and returns `TeResults`; `claims` checks them.
 """
 
+from postmortems.te_thd_2892 import on_te
 from postmortems.te_thd_2892.cases import (
     CASES,
     FP8_CASE,
@@ -92,6 +95,7 @@ from workbench.layout import Case, Fill, pack
 from workbench.postmortem import table
 
 __all__ = [
+    "on_te",
     "CASES",
     "Case",
     "FP8_CASE",

@@ -203,3 +203,23 @@ def initcheck_table():
         kernel = run["first"].split(" at ")[-1].split("(")[0].split("<")[0].removeprefix("void ") if run["first"] else "-"
         rows.append((run["layout"], f"q={case['seqlens_q']} k={case['seqlens_k']}", run["errors"], kernel))
     return table(("layout", "lengths", "uninitialised reads", "first in"), rows, title=f"initcheck on TE ({made(record)})")
+
+
+def records_table():
+    """Every GPU record of this page: what made it, on which GPU, when, at which commit."""
+    from workbench.audit.matrix import RECORD_COMMAND
+
+    rows = []
+    for pattern in (
+        "te-probe-*.json",
+        "te-install-*.json",
+        "te-reuse-*.json",
+        "te-thd-2892-*.json",
+        "audit-te*.json",
+        "sanitizer-te*.json",
+    ):
+        for record in load_records(pattern):
+            p = record["provenance"]
+            command = p.get("command") or f"{RECORD_COMMAND} --rows te,te-fp8"  # the matrix's records name no command
+            rows.append((record["file"], p["device"], p["date"][:16], p["commit"], command.split(" --record")[0]))
+    return table(("record (data/gpu/)", "GPU", "made (UTC)", "commit", "command"), rows, title="This page's GPU records")
