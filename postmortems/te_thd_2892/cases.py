@@ -80,7 +80,7 @@ META = Meta(
             "merged (4cd705b), first in v2.18; still so in 2.20.2",
         ),
         Link(
-            "TE PR #2994: Plumb FP8+THD (FP8 fused attention for THD; its release not established here)",
+            "TE PR #2994: Plumb FP8+THD (fused FP8 attention takes THD, from cuDNN 9.23)",
             f"{TE}/pull/2994",
             "2026-08-20",
             "PR",

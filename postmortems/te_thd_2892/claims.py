@@ -35,8 +35,8 @@ def _auto_detect_old(r: TeResults):
 
 
 @claims(
-    "TE main (PR #2898, v2.18): any padded tensor that is not the very object passed as cu_seqlens counts as padding "
-    "between sequences, VERL's equal values included",
+    "TE 2.18 to 2.20.2 (PR #2898; read at main d0067d0 and in the 2.20.2 release): any padded tensor that is not "
+    "the very object passed as cu_seqlens counts as padding between sequences, VERL's equal values included",
     evidence=source_at(TE_MAIN),
 )
 def _auto_detect_new(r: TeResults):

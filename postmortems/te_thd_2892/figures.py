@@ -74,7 +74,7 @@ def workaround_table(results: TeResults):
 
 def auto_detect_table(results: TeResults):
     return table(
-        ("layout", "TE 2.12-2.17.1", "TE main (v2.18)"),
+        ("layout", "TE 2.12-2.17.1", "TE 2.18-2.20.2"),
         [(name, str(old), str(new)) for name, (old, new) in results.auto_detect.items()],
         title="pad_between_seqs when left None (source reading, transcribed)",
     )

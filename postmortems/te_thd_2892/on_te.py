@@ -122,34 +122,24 @@ def training_runs() -> list[dict[str, Any]]:
 
 
 def training_te_table():
-    """The toy trained through TE's attention and through the replica: final loss and held-out
-    perplexity (judged with the correct boundaries), the boundaries kept apart and made identical."""
+    """The toy trained through TE's attention and through the replica: held-out perplexity (judged
+    with the correct boundaries), the boundaries kept apart and made identical; a run that raised
+    says what it raised."""
     record = te_record("training")
     runs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    errors = []
+    rows = []
     for run in record["runs"]:
         if "error" in run:
-            errors.append(f"{run['attention']} {run['objective']}: {run['error'].split('.')[0]}")
+            rows.append((run["attention"], run["objective"], "not run", "not run", run["error"].split(". ")[0]))
             continue
         runs.setdefault((run["attention"], run["objective"]), {})[run["boundaries"]] = run
-    rows = []
     for (attention, objective), pair in runs.items():
         apart, same = pair["separate"], pair["identical"]
-        rows.append(
-            (
-                attention,
-                objective,
-                f"{apart['eval_perplexity']:.3f}",
-                f"{same['eval_perplexity']:.3f}",
-                "identical" if apart["losses"] == same["losses"] else f"{same['final_loss'] - apart['final_loss']:+.3f}",
-            )
-        )
-    title = f"Toy training, held-out perplexity ({made(record)})"
-    if errors:
-        title += "; not run: " + "; ".join(errors)
-    return table(
-        ("attention", "objective", "boundaries apart", "identical (VERL)", "final loss, identical - apart"), rows, title=title
-    )
+        gap = "identical" if apart["losses"] == same["losses"] else f"{same['final_loss'] - apart['final_loss']:+.3f}"
+        rows.append((attention, objective, f"{apart['eval_perplexity']:.3f}", f"{same['eval_perplexity']:.3f}", gap))
+    rows.sort(key=lambda row: row[2] == "not run")
+    header = ("attention", "objective", "boundaries apart", "identical (VERL)", "final loss, identical - apart")
+    return table(header, rows, title=f"Toy training, held-out perplexity ({made(record)})")
 
 
 def gemm_rows() -> list[dict[str, Any]]:
@@ -223,3 +213,29 @@ def records_table():
             command = p.get("command") or f"{RECORD_COMMAND} --rows te,te-fp8"  # the matrix's records name no command
             rows.append((record["file"], p["device"], p["date"][:16], p["commit"], command.split(" --record")[0]))
     return table(("record (data/gpu/)", "GPU", "made (UTC)", "commit", "command"), rows, title="This page's GPU records")
+
+
+def plot_te_training():
+    """Per training step, the toy's loss with VERL's identical boundaries minus its loss with them
+    kept apart: causal and bidirectional, through TE's attention and through the replica."""
+    import matplotlib
+
+    from workbench.plots import INK, SERIES, STYLE
+    from workbench.postmortem import figure
+
+    record = te_record("training")
+    runs = {(r["attention"], r["objective"], r["boundaries"]): r["losses"] for r in record["runs"] if "losses" in r}
+    fig, axes = figure(1, 1, width=6.5, height=3.4)
+    ax = axes[0, 0]
+    with matplotlib.rc_context(STYLE):
+        for k, attention in enumerate(dict.fromkeys(a for a, _, _ in runs)):
+            for objective, style in (("causal", ":"), ("bidirectional", "-")):
+                apart, same = runs[attention, objective, "separate"], runs[attention, objective, "identical"]
+                gap = [b - a for a, b in zip(apart, same)]
+                ax.plot(gap, color=SERIES[k], ls=style, lw=1.5, label=f"{attention}, {objective}")
+        ax.axhline(0.0, color=INK, lw=0.8)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("loss: identical - apart")
+        fig.legend(fontsize=8, frameon=False, ncol=4, loc="outside lower center")
+        ax.set_title(f"VERL's boundaries, per step ({made(record)})", loc="left", fontsize=9)
+    return fig
