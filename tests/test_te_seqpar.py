@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from postmortems.te_thd_2892 import seqpar_te
+from postmortems.te_thd_2892 import claims, on_te, seqpar_te
 from postmortems.te_thd_2892.upstream import REPORT_CASE, TeCase
 from workbench.layout import Case
 from workbench.provenance import REPO
@@ -93,6 +93,74 @@ def test_the_judge_reads_real_rows_and_catches_one_off():
 def test_a_child_says_the_stage_it_reached():
     err = f"{seqpar_te.STAGE}import\nsome log\n{seqpar_te.STAGE}forward, step 0\nmore\n"
     assert seqpar_te.reached(err) == "forward, step 0" and seqpar_te.reached("nothing") is None
+
+
+def _two_gpu_record() -> dict:
+    """A record as scripts/te_seqpar.py writes one on two GPUs, every configuration ending as TE's
+    source says it should (the claim's check is what is tested, not TE)."""
+
+    def child(who: str) -> dict:
+        versions = {"transformer-engine": "2.20.2", "torch": "2.11.0", "cudnn": "9.14.0"}
+        return {"who": who, "outcome": "exited", "code": 0, "versions": versions}
+
+    judged = {name: {"real_error": 0.01, "bound": 0.1, "within": True} for name in seqpar_te.JUDGED}
+    runs = [
+        {
+            "case": c.name,
+            "layout_rows": 544,
+            "real_rows": 500,
+            "gathered_rows": [[544], [544]],
+            "padded_downstream": True,
+            "real_within_bound": True,
+            "tensors": judged,
+            "ranks": [child("0"), child("1")],
+            "reference": child("reference"),
+        }
+        for c in seqpar_te.SP_CASES
+    ]
+    provenance = {"device": "NVIDIA H100 80GB HBM3", "date": "2027-01-01T00:00:00", "commit": "abc1234"}
+    return {"config": {"device": "cuda"}, "runs": runs, "partial": False, "provenance": provenance}
+
+
+def test_the_claim_on_te_reads_the_two_gpu_record(monkeypatch):
+    """NOT RECORDED without the record; holds on one where every rank gathered the padded rows; fails
+    when a rank gathered the unpadded size, a child crashed, or the record was made on the CPU."""
+    statement = next(c for c in claims.statements if "sequence parallelism on two GPUs" in c)
+
+    def verdict(record):
+        monkeypatch.setattr(on_te, "load_records", lambda pattern: [] if record is None else [{**record, "file": "x.json"}])
+        return next(v for v in claims.check(None) if v.claim == statement)
+
+    missing = verdict(None)
+    assert missing.unrecorded and "python3 scripts/te_seqpar.py --device cuda" in missing.evidence
+    good = _two_gpu_record()
+    held = verdict(good)
+    assert held.holds, held.evidence
+    assert "rows gathered [544]; worst 0.10 of the bound (NVIDIA H100 80GB HBM3, TE 2.20.2" in held.evidence
+    unpadded = json.loads(json.dumps(good))
+    unpadded["runs"][0]["gathered_rows"] = [[500], [500]]
+    assert verdict(unpadded).failed and "rows gathered [500, 544]" in verdict(unpadded).evidence
+    crashed = json.loads(json.dumps(good))
+    crashed["runs"][3]["ranks"][1] |= {"outcome": "killed", "signal": "SIGSEGV", "code": None}
+    assert verdict(crashed).failed
+    on_cpu = {**good, "config": {"device": "cpu"}}
+    assert verdict(on_cpu).failed
+
+
+def test_the_pages_table_says_not_recorded_until_the_record_exists(monkeypatch):
+    monkeypatch.setattr(on_te, "load_records", lambda pattern: [])
+    (row,) = on_te.seqpar_table().rows
+    assert row[0].startswith("NOT RECORDED: no whole TE record of seqpar") and "scripts/te_seqpar.py" in row[0]
+    record = _two_gpu_record()
+    record["runs"][1] |= {"tensors": None, "real_within_bound": False}
+    record["runs"][1]["ranks"][0] |= {"error": "RuntimeError: NCCL error", "outcome": "exited", "code": 1}
+    record["runs"][2]["tensors"] = {**record["runs"][2]["tensors"], "dx": {"real_error": 1.0, "bound": 0.1, "within": False}}
+    monkeypatch.setattr(on_te, "load_records", lambda pattern: [{**record, "file": "x.json"}])
+    rows = on_te.seqpar_table().rows
+    assert [r[0] for r in rows] == [c.name for c in seqpar_te.SP_CASES]
+    assert rows[0][1:5] == ("exited 0, exited 0", "544 / 544", "544 (500 real)", "yes")
+    assert rows[1][1] == "exited 1, exited 0" and rows[1][5] == "RuntimeError: NCCL error"
+    assert rows[2][5] == "out DX dw_qkv dw_proj"
 
 
 def _script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ The records (data/gpu/, each with provenance: GPU, versions, commit, date, comma
     te-thd-2892-cases-<gpu>.json     scripts/te_thd_cases.py: the report's script, and every recipe x boundaries
     te-thd-2892-training-<gpu>.json  scripts/te_thd_training.py: the toy trained through TE's attention
     te-thd-2892-probes-<gpu>.json    scripts/te_probes.py: the audit FAIL's variants, determinism, TE's FP8 Linear, initcheck
+    te-thd-2892-seqpar-<gpu>.json    scripts/te_seqpar.py: TE's sequence-parallel block on two GPUs against one
     audit-te.json, audit-te-fp8.json scripts/gpu_audit_matrix.py: the audit matrix's rows for TE
 
 `te_record(kind)` gives the newest of a kind, or raises `NotRecorded` naming the command that makes
@@ -22,12 +23,13 @@ COMMANDS = {
     "cases": "python3 scripts/te_thd_cases.py --record $OUT/te-thd-2892-cases-<gpu>.json",
     "training": "python3 scripts/te_thd_training.py --record $OUT/te-thd-2892-training-<gpu>.json",
     "probes": "python3 scripts/te_probes.py --record $OUT/te-thd-2892-probes-<gpu>.json",
+    "seqpar": "python3 scripts/te_seqpar.py --device cuda --record $OUT/te-thd-2892-seqpar-<gpu>.json",
 }
 RUNBOOK = "docs/gpu-transformer-engine.md"
 
 
 def te_record(kind: str, part: str | None = None) -> dict[str, Any]:
-    """The newest (provenance date) whole record of `kind` ('cases', 'training', 'probes'); with
+    """The newest (provenance date) whole record of `kind` ('cases', 'training', 'probes', 'seqpar'); with
     `part`, the newest that holds it (scripts/te_probes.py records the parts it was asked for)."""
     if kind not in COMMANDS:
         raise ValueError(f"kind = {kind!r} must be one of {tuple(COMMANDS)}.")
@@ -43,7 +45,8 @@ def te_record(kind: str, part: str | None = None) -> dict[str, Any]:
 def made(record: dict[str, Any]) -> str:
     """'NVIDIA H200, TE 2.20.2, 2026-12-07, commit 75f70e1': where and when a record was made."""
     p = record["provenance"]
-    versions = next((r["versions"] for r in record.get("case_runs", []) if "versions" in r), {})
+    children = [*record.get("case_runs", []), *(rank for run in record.get("runs", []) for rank in run.get("ranks", []))]
+    versions = next((r["versions"] for r in children if "versions" in r), {})
     te = f", TE {versions['transformer-engine']}, cuDNN {versions['cudnn']}" if versions else ""
     return f"{p['device']}{te}, {p['date'][:10]}, commit {p['commit']}"
 
@@ -193,6 +196,45 @@ def initcheck_table():
         kernel = run["first"].split(" at ")[-1].split("(")[0].split("<")[0].removeprefix("void ") if run["first"] else "-"
         rows.append((run["layout"], f"q={case['seqlens_q']} k={case['seqlens_k']}", run["errors"], kernel))
     return table(("layout", "lengths", "uninitialised reads", "first in"), rows, title=f"initcheck on TE ({made(record)})")
+
+
+def seqpar_runs() -> list[dict[str, Any]]:
+    return te_record("seqpar")["runs"]
+
+
+def seqpar_table():
+    """TE's sequence-parallel block on two GPUs: how the ranks ended, the rows each rank's
+    column-parallel Linear gathered, whether attention and the row-parallel Linear got the padded
+    rows, which tensors keep REAL rows within the one-GPU block's bound (capitals: off it). Until
+    the record exists, the one row says so and names the run that makes it."""
+    title = "TE's sequence-parallel block, 2 ranks against 1"
+    try:
+        record = te_record("seqpar")
+    except NotRecorded as exc:
+        return table(("TE on two GPUs",), [(f"NOT RECORDED: {exc}",)], title=title)
+    rows = []
+    for run in record["runs"]:
+        ended = ", ".join(f"{r['outcome']} {r.get('signal') or r.get('code')}" for r in run["ranks"])
+        gathered = " / ".join("-" if g is None else " ".join(map(str, g)) for g in run["gathered_rows"])
+        tensors = run["tensors"]
+        if tensors is None:
+            said = (
+                next((r["error"] for r in run["ranks"] if r.get("error")), None) or f"stopped at {run['ranks'][0].get('reached')}"
+            )
+            judged = said[:60]
+        else:
+            judged = " ".join(n if t.get("within") else n.upper() for n, t in tensors.items())
+        layout = f"{run['layout_rows']} ({run['real_rows']} real)"
+        rows.append((run["case"], ended, gathered, layout, "yes" if run["padded_downstream"] else "no", judged))
+    header = (
+        "recipe:boundaries",
+        "ranks ended",
+        "rows gathered, per rank",
+        "layout rows",
+        "padded downstream",
+        "REAL rows in bound",
+    )
+    return table(header, rows, title=f"{title} ({made(record)})")
 
 
 def records_table():
