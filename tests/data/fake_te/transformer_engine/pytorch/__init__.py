@@ -158,30 +158,18 @@ def _reduce_scatter(full, group):
     return out
 
 
-class _GatherFirstDim(torch.autograd.Function):
-    """All-gather along the first dimension; backward reduce-scatters (TE's column-parallel SP input)."""
+class _FirstDim(torch.autograd.Function):
+    """Along the first dimension: an all-gather (TE's column-parallel SP input) whose backward
+    reduce-scatters, or a reduce-scatter (its row-parallel SP output) whose backward all-gathers."""
 
     @staticmethod
-    def forward(ctx, local, group):
-        ctx.group = group
-        return _gather(local, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.group), None
-
-
-class _ReduceScatterFirstDim(torch.autograd.Function):
-    """Reduce-scatter along the first dimension; backward all-gathers (TE's row-parallel SP output)."""
-
-    @staticmethod
-    def forward(ctx, full, group):
-        ctx.group = group
-        return _reduce_scatter(full, group)
+    def forward(ctx, x, group, gather):
+        ctx.group, ctx.gather = group, gather
+        return _gather(x, group) if gather else _reduce_scatter(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather(grad, ctx.group), None
+        return (_reduce_scatter(grad, ctx.group) if ctx.gather else _gather(grad, ctx.group)), None, None
 
 
 class Linear(torch.nn.Module):
@@ -219,12 +207,12 @@ class Linear(torch.nn.Module):
         if os.environ.get("FAKE_TE_HANG") == "1":
             time.sleep(3600)  # planted: a hang
         if self.sequence_parallel and self.parallel_mode == "column":
-            inp = _GatherFirstDim.apply(inp, self.tp_group)
+            inp = _FirstDim.apply(inp, self.tp_group, True)
             planted = os.environ.get("FAKE_TE_SP_GATHER_ROWS")
             if planted:
                 inp = inp[: int(planted)]  # planted: the report's gather of cu_seqlens_q[-1] rows
         recipe = _active[-1] if _active else None
         out = inp @ self.weight.T if recipe is None else _fp8(inp, recipe) @ _fp8(self.weight, recipe).T
         if self.sequence_parallel and self.parallel_mode == "row":
-            out = _ReduceScatterFirstDim.apply(out, self.tp_group)
+            out = _FirstDim.apply(out, self.tp_group, False)
         return out
