@@ -20,6 +20,7 @@ import torch
 from postmortems.te_thd_2892 import claims, on_te, seqpar_te
 from postmortems.te_thd_2892.upstream import REPORT_CASE, TeCase
 from workbench.layout import Case
+from workbench.postmortem import NotRecorded
 from workbench.provenance import REPO
 from workbench.records import read_record
 
@@ -123,34 +124,33 @@ def _two_gpu_record() -> dict:
 
 
 def test_the_claim_on_te_reads_the_two_gpu_record(monkeypatch):
-    """NOT RECORDED without the record; holds on one where every rank gathered the padded rows; fails
-    when a rank gathered the unpadded size, a child crashed, or the record was made on the CPU."""
-    statement = next(c for c in claims.statements if "sequence parallelism on two GPUs" in c)
+    """Holds on a record where every rank gathered the padded rows; fails when a rank gathered the
+    unpadded size, a child crashed, or the record was made on the CPU; without a record it raises
+    NotRecorded naming the run (the page claims nothing of it until then)."""
 
     def verdict(record):
         monkeypatch.setattr(on_te, "load_records", lambda pattern: [] if record is None else [{**record, "file": "x.json"}])
-        return next(v for v in claims.check(None) if v.claim == statement)
+        return on_te.seqpar_verdict()
 
-    missing = verdict(None)
-    assert missing.unrecorded and "python3 scripts/te_seqpar.py --device cuda" in missing.evidence
+    with pytest.raises(NotRecorded, match="python3 scripts/te_seqpar.py --device cuda"):
+        verdict(None)
     good = _two_gpu_record()
-    held = verdict(good)
-    assert held.holds, held.evidence
-    assert "rows gathered [544]; worst 0.10 of the bound (NVIDIA H100 80GB HBM3, TE 2.20.2" in held.evidence
+    holds, evidence = verdict(good)
+    assert holds, evidence
+    assert "rows gathered [544]; worst 0.10 of the bound (NVIDIA H100 80GB HBM3, TE 2.20.2" in evidence
+    assert "544 rows, not cu_seqlens[-1] = 500" in on_te.SEQPAR_CLAIM
+    assert on_te.SEQPAR_CLAIM not in claims.statements  # a page claims what ran
     unpadded = json.loads(json.dumps(good))
     unpadded["runs"][0]["gathered_rows"] = [[500], [500]]
-    assert verdict(unpadded).failed and "rows gathered [500, 544]" in verdict(unpadded).evidence
+    holds, evidence = verdict(unpadded)
+    assert not holds and "rows gathered [500, 544]" in evidence
     crashed = json.loads(json.dumps(good))
     crashed["runs"][3]["ranks"][1] |= {"outcome": "killed", "signal": "SIGSEGV", "code": None}
-    assert verdict(crashed).failed
-    on_cpu = {**good, "config": {"device": "cpu"}}
-    assert verdict(on_cpu).failed
+    assert not verdict(crashed)[0]
+    assert not verdict({**good, "config": {"device": "cpu"}})[0]
 
 
-def test_the_pages_table_says_not_recorded_until_the_record_exists(monkeypatch):
-    monkeypatch.setattr(on_te, "load_records", lambda pattern: [])
-    (row,) = on_te.seqpar_table().rows
-    assert row[0].startswith("NOT RECORDED: no whole TE record of seqpar") and "scripts/te_seqpar.py" in row[0]
+def test_the_pages_table_reads_the_record(monkeypatch):
     record = _two_gpu_record()
     record["runs"][1] |= {"tensors": None, "real_within_bound": False}
     record["runs"][1]["ranks"][0] |= {"error": "RuntimeError: NCCL error", "outcome": "exited", "code": 1}

@@ -224,32 +224,6 @@ def _te_initcheck(r: TeResults):
 
 
 @claims(
-    "TE 2.20.2 under sequence parallelism on two GPUs (tensor-parallel size 2, the report's shapes, BF16 and "
-    "DelayedScaling GEMMs, boundaries different and VERL's equal): each rank's column-parallel Linear gathers "
-    "cu_seqlens_padded[-1] = 544 rows, not cu_seqlens[-1] = 500; attention and the row-parallel Linear get all 544; "
-    "REAL rows of the output and of the input and weight gradients are within the bound of the same block on one GPU",
-    evidence=UPSTREAM_GPU,
-)
-def _te_seqpar(r: TeResults):
-    from postmortems.te_thd_2892.seqpar_te import SP_CASES, TP
-    from postmortems.te_thd_2892.upstream import REPORT_CASE
-
-    record = on_te.te_record("seqpar")
-    runs = record["runs"]
-    layout, real = sum(REPORT_CASE.padded_lengths("q")), sum(REPORT_CASE.real_lengths("q"))
-    holds = record["config"]["device"] == "cuda" and [run["case"] for run in runs] == [c.name for c in SP_CASES]
-    holds &= all(rank.get("code") == 0 for run in runs for rank in [*run["ranks"], run["reference"]])
-    holds &= all((run["layout_rows"], run["real_rows"]) == (layout, real) for run in runs)
-    holds &= all(
-        run["gathered_rows"] == [[layout]] * TP and run["padded_downstream"] and run["real_within_bound"] for run in runs
-    )
-    judged = [t for run in runs for t in (run["tensors"] or {}).values() if "bound" in t]
-    worst = max((t["real_error"] / t["bound"] for t in judged), default=float("nan"))
-    gathered = sorted({rows for run in runs for ranks in run["gathered_rows"] for rows in (ranks or [None])}, key=str)
-    return holds, f"{len(runs)} configurations; rows gathered {gathered}; worst {worst:.2f} of the bound ({on_te.made(record)})"
-
-
-@claims(
     "VERL's workaround, non-causal attention: REAL-row error above the bound at every padding fraction > 0, growing with it",
     evidence=REPLICA,
 )

@@ -202,16 +202,43 @@ def seqpar_runs() -> list[dict[str, Any]]:
     return te_record("seqpar")["runs"]
 
 
+# The claim the page makes once TE has run under sequence parallelism (a page claims what ran):
+# its statement and its check, `seqpar_verdict`.
+SEQPAR_CLAIM = (
+    "TE 2.20.2 under sequence parallelism on two GPUs (tensor-parallel size 2, the report's shapes, BF16 and "
+    "DelayedScaling GEMMs, boundaries different and VERL's equal): each rank's column-parallel Linear gathers "
+    "cu_seqlens_padded[-1] = 544 rows, not cu_seqlens[-1] = 500; attention and the row-parallel Linear get all 544; "
+    "REAL rows of the output and of the input and weight gradients are within the bound of the same block on one GPU"
+)
+
+
+def seqpar_verdict() -> tuple[bool, str]:
+    """SEQPAR_CLAIM checked on the newest two-GPU record: made on CUDA, every configuration of
+    seqpar_te.SP_CASES run, every child exited 0, each rank's gather of the padded rows, attention
+    and the row-parallel Linear given them, every judged tensor within its bound."""
+    from postmortems.te_thd_2892.seqpar_te import SP_CASES, TP
+    from postmortems.te_thd_2892.upstream import REPORT_CASE
+
+    record = te_record("seqpar")
+    runs = record["runs"]
+    layout, real = sum(REPORT_CASE.padded_lengths("q")), sum(REPORT_CASE.real_lengths("q"))
+    holds = record["config"]["device"] == "cuda" and [run["case"] for run in runs] == [c.name for c in SP_CASES]
+    holds &= all(child.get("code") == 0 for run in runs for child in [*run["ranks"], run["reference"]])
+    holds &= all((run["layout_rows"], run["real_rows"]) == (layout, real) for run in runs)
+    holds &= all(
+        run["gathered_rows"] == [[layout]] * TP and run["padded_downstream"] and run["real_within_bound"] for run in runs
+    )
+    judged = [t for run in runs for t in (run["tensors"] or {}).values() if "bound" in t]
+    worst = max((t["real_error"] / t["bound"] for t in judged), default=float("nan"))
+    gathered = sorted({rows for run in runs for ranks in run["gathered_rows"] for rows in (ranks or [None])}, key=str)
+    return holds, f"{len(runs)} configurations; rows gathered {gathered}; worst {worst:.2f} of the bound ({made(record)})"
+
+
 def seqpar_table():
     """TE's sequence-parallel block on two GPUs: how the ranks ended, the rows each rank's
     column-parallel Linear gathered, whether attention and the row-parallel Linear got the padded
-    rows, which tensors keep REAL rows within the one-GPU block's bound (capitals: off it). Until
-    the record exists, the one row says so and names the run that makes it."""
-    title = "TE's sequence-parallel block, 2 ranks against 1"
-    try:
-        record = te_record("seqpar")
-    except NotRecorded as exc:
-        return table(("TE on two GPUs",), [(f"NOT RECORDED: {exc}",)], title=title)
+    rows, which tensors keep REAL rows within the one-GPU block's bound (capitals: off it)."""
+    record = te_record("seqpar")
     rows = []
     for run in record["runs"]:
         ended = ", ".join(f"{r['outcome']} {r.get('signal') or r.get('code')}" for r in run["ranks"])
@@ -234,7 +261,7 @@ def seqpar_table():
         "padded downstream",
         "REAL rows in bound",
     )
-    return table(header, rows, title=f"{title} ({made(record)})")
+    return table(header, rows, title=f"TE's sequence-parallel block, 2 ranks against 1 ({made(record)})")
 
 
 def records_table():
