@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from postmortems.te_thd_2892.te_probes import INITCHECK_LAYOUTS, ZERO_KEY_VARIANTS  # noqa: E402
-from postmortems.te_thd_2892.upstream import RESULT, _run, backend_log, child_env, outcome  # noqa: E402
+from postmortems.te_thd_2892.upstream import RESULT, _run, backend_log, child_env, outcome, printed  # noqa: E402
 
 PARTS = ("variants", "determinism", "gemm", "initcheck")
 TE_ROW = "workbench.audit.adapters.te:te_dot_product_attention"
@@ -42,8 +42,8 @@ DETERMINISTIC = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 def child(code: str, timeout: float, env: dict[str, str] | None = None) -> dict:
     """`code` (which prints RESULT + JSON last) in a child: its result, how it ended, TE's backend."""
     rc, out, err, seconds = _run([sys.executable, "-c", code], child_env(env), timeout)
-    lines = [line for line in out.splitlines() if line.startswith(RESULT)]
-    result = {"result": json.loads(lines[-1][len(RESULT) :])} if lines else {"stderr_tail": err.splitlines()[-8:]}
+    found = printed(out)
+    result = {"result": found} if found is not None else {"stderr_tail": err.splitlines()[-8:]}
     return {**result, **outcome(rc), "seconds": round(seconds, 1), "backend": backend_log(err)}
 
 

@@ -27,8 +27,9 @@ The study, one function per part:
 6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), the 2 x cp_size padding rule of
    context parallelism (`workbench.audit.context_parallel.padding_rule_study`, `cp_rule_table`),
    `te_recipe` (TE's THD padding test on our kernel), `cast_study` (the Triton interpreter's e4m3 cast);
-7. `upstream`, `te_probes` (GPU only, not imported here): TE itself on the report's script and the
-   cases it meant, its audit FAILs and its FP8 Linear; `on_te`: their records, read for the page.
+7. `upstream`, `te_probes`, `seqpar_te` (GPU only, not imported here): TE itself on the report's
+   script and the cases it meant, its audit FAILs and its FP8 Linear, its sequence-parallel block on
+   two GPUs (scripts/te_seqpar.py); `on_te`: their records, read for the page.
 
 `reproduce()` runs them all and returns `TeResults`; `claims` checks them.
 """

@@ -5,6 +5,7 @@ The records (data/gpu/, each with provenance: GPU, versions, commit, date, comma
     te-thd-2892-cases-<gpu>.json     scripts/te_thd_cases.py: the report's script, and every recipe x boundaries
     te-thd-2892-training-<gpu>.json  scripts/te_thd_training.py: the toy trained through TE's attention
     te-thd-2892-probes-<gpu>.json    scripts/te_probes.py: the audit FAIL's variants, determinism, TE's FP8 Linear, initcheck
+    te-thd-2892-seqpar-<gpu>.json    scripts/te_seqpar.py: TE's sequence-parallel block on two GPUs against one
     audit-te.json, audit-te-fp8.json scripts/gpu_audit_matrix.py: the audit matrix's rows for TE
 
 `te_record(kind)` gives the newest of a kind, or raises `NotRecorded` naming the command that makes
@@ -22,12 +23,13 @@ COMMANDS = {
     "cases": "python3 scripts/te_thd_cases.py --record $OUT/te-thd-2892-cases-<gpu>.json",
     "training": "python3 scripts/te_thd_training.py --record $OUT/te-thd-2892-training-<gpu>.json",
     "probes": "python3 scripts/te_probes.py --record $OUT/te-thd-2892-probes-<gpu>.json",
+    "seqpar": "python3 scripts/te_seqpar.py --device cuda --record $OUT/te-thd-2892-seqpar-<gpu>.json",
 }
 RUNBOOK = "docs/gpu-transformer-engine.md"
 
 
 def te_record(kind: str, part: str | None = None) -> dict[str, Any]:
-    """The newest (provenance date) whole record of `kind` ('cases', 'training', 'probes'); with
+    """The newest (provenance date) whole record of `kind` ('cases', 'training', 'probes', 'seqpar'); with
     `part`, the newest that holds it (scripts/te_probes.py records the parts it was asked for)."""
     if kind not in COMMANDS:
         raise ValueError(f"kind = {kind!r} must be one of {tuple(COMMANDS)}.")
@@ -43,7 +45,8 @@ def te_record(kind: str, part: str | None = None) -> dict[str, Any]:
 def made(record: dict[str, Any]) -> str:
     """'NVIDIA H200, TE 2.20.2, 2026-12-07, commit 75f70e1': where and when a record was made."""
     p = record["provenance"]
-    versions = next((r["versions"] for r in record.get("case_runs", []) if "versions" in r), {})
+    children = [*record.get("case_runs", []), *(rank for run in record.get("runs", []) for rank in run.get("ranks", []))]
+    versions = next((r["versions"] for r in children if "versions" in r), {})
     te = f", TE {versions['transformer-engine']}, cuDNN {versions['cudnn']}" if versions else ""
     return f"{p['device']}{te}, {p['date'][:10]}, commit {p['commit']}"
 
@@ -193,6 +196,72 @@ def initcheck_table():
         kernel = run["first"].split(" at ")[-1].split("(")[0].split("<")[0].removeprefix("void ") if run["first"] else "-"
         rows.append((run["layout"], f"q={case['seqlens_q']} k={case['seqlens_k']}", run["errors"], kernel))
     return table(("layout", "lengths", "uninitialised reads", "first in"), rows, title=f"initcheck on TE ({made(record)})")
+
+
+def seqpar_runs() -> list[dict[str, Any]]:
+    return te_record("seqpar")["runs"]
+
+
+# The claim the page makes once TE has run under sequence parallelism (a page claims what ran):
+# its statement and its check, `seqpar_verdict`.
+SEQPAR_CLAIM = (
+    "TE 2.20.2 under sequence parallelism on two GPUs (tensor-parallel size 2, the report's shapes, BF16 and "
+    "DelayedScaling GEMMs, boundaries different and VERL's equal): each rank's column-parallel Linear gathers "
+    "cu_seqlens_padded[-1] = 544 rows, not cu_seqlens[-1] = 500; attention and the row-parallel Linear get all 544; "
+    "REAL rows of the output and of the input and weight gradients are within the bound of the same block on one GPU"
+)
+
+
+def seqpar_verdict() -> tuple[bool, str]:
+    """SEQPAR_CLAIM checked on the newest two-GPU record: made on CUDA, every configuration of
+    seqpar_te.SP_CASES run, every child exited 0, each rank's gather of the padded rows, attention
+    and the row-parallel Linear given them, every judged tensor within its bound."""
+    from postmortems.te_thd_2892.seqpar_te import SP_CASES, TP
+    from postmortems.te_thd_2892.upstream import REPORT_CASE
+
+    record = te_record("seqpar")
+    runs = record["runs"]
+    layout, real = sum(REPORT_CASE.padded_lengths("q")), sum(REPORT_CASE.real_lengths("q"))
+    holds = record["config"]["device"] == "cuda" and [run["case"] for run in runs] == [c.name for c in SP_CASES]
+    holds &= all(child.get("code") == 0 for run in runs for child in [*run["ranks"], run["reference"]])
+    holds &= all((run["layout_rows"], run["real_rows"]) == (layout, real) for run in runs)
+    holds &= all(
+        run["gathered_rows"] == [[layout]] * TP and run["padded_downstream"] and run["real_within_bound"] for run in runs
+    )
+    judged = [t for run in runs for t in (run["tensors"] or {}).values() if "bound" in t]
+    worst = max((t["real_error"] / t["bound"] for t in judged), default=float("nan"))
+    gathered = sorted({rows for run in runs for ranks in run["gathered_rows"] for rows in (ranks or [None])}, key=str)
+    return holds, f"{len(runs)} configurations; rows gathered {gathered}; worst {worst:.2f} of the bound ({made(record)})"
+
+
+def seqpar_table():
+    """TE's sequence-parallel block on two GPUs: how the ranks ended, the rows each rank's
+    column-parallel Linear gathered, whether attention and the row-parallel Linear got the padded
+    rows, which tensors keep REAL rows within the one-GPU block's bound (capitals: off it)."""
+    record = te_record("seqpar")
+    rows = []
+    for run in record["runs"]:
+        ended = ", ".join(f"{r['outcome']} {r.get('signal') or r.get('code')}" for r in run["ranks"])
+        gathered = " / ".join("-" if g is None else " ".join(map(str, g)) for g in run["gathered_rows"])
+        tensors = run["tensors"]
+        if tensors is None:
+            said = (
+                next((r["error"] for r in run["ranks"] if r.get("error")), None) or f"stopped at {run['ranks'][0].get('reached')}"
+            )
+            judged = said[:60]
+        else:
+            judged = " ".join(n if t.get("within") else n.upper() for n, t in tensors.items())
+        layout = f"{run['layout_rows']} ({run['real_rows']} real)"
+        rows.append((run["case"], ended, gathered, layout, "yes" if run["padded_downstream"] else "no", judged))
+    header = (
+        "recipe:boundaries",
+        "ranks ended",
+        "rows gathered, per rank",
+        "layout rows",
+        "padded downstream",
+        "REAL rows in bound",
+    )
+    return table(header, rows, title=f"TE's sequence-parallel block, 2 ranks against 1 ({made(record)})")
 
 
 def records_table():

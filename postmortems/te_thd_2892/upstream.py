@@ -363,6 +363,12 @@ def child(text: str, device: str) -> None:
     print(RESULT + json.dumps(run_case(TeCase.from_json(text), device)), flush=True)
 
 
+def printed(stdout: str) -> Any:
+    """What a child printed last after RESULT (None: it printed nothing there, e.g. it crashed first)."""
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
+    return json.loads(lines[-1][len(RESULT) :]) if lines else None
+
+
 # -- in the parent --------------------------------------------------------------------------
 
 # TE logs its backend choice at debug level (transformer_engine/pytorch/attention/dot_product_attention/utils.py).
@@ -445,8 +451,7 @@ def spawn(te_case: TeCase, device: str = "cuda", timeout: float = 300, env: dict
     """`te_case` in a child process: its result, how it ended, and TE's backend log."""
     code = "import sys\nfrom postmortems.te_thd_2892.upstream import child\nchild(sys.argv[1], sys.argv[2])\n"
     rc, out, err, seconds = _run([sys.executable, "-c", code, te_case.to_json(), device], child_env(env), timeout)
-    lines = [line for line in out.splitlines() if line.startswith(RESULT)]
-    result = json.loads(lines[-1][len(RESULT) :]) if lines else {"case": te_case.name, **raised(err)}
+    result = printed(out) or {"case": te_case.name, **raised(err)}
     return {
         **result,
         **outcome(rc),
