@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import VarlenMetadata, varlen_attention
-from kernels.varlen import metadata
-from workbench import Case, pack
+from varlen_workbench.kernels.varlen import VarlenMetadata, metadata, varlen_attention
+from varlen_workbench.workbench.layout import Case, pack
 
 CASE = Case((5, 0, 9), seqlens_k=(7, 3, 9), padded_q=(6, 2, 9), padded_k=(8, 3, 10), tail_q=2, heads=2, head_dim=16, causal=True)
 

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from kernels.contract import check_cu_seqlens, check_cu_seqlens_tensors, check_max_seqlen
-from kernels.runtime import interpreted
-from kernels.varlen.device_check import DeviceCheck, SafeLayout, check_on_device
+from varlen_workbench.kernels.contract import check_cu_seqlens, check_cu_seqlens_tensors, check_max_seqlen
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen.device_check import DeviceCheck, SafeLayout, check_on_device
 
 Boundaries = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 Given = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # the padded ones optional
@@ -113,7 +113,8 @@ class VarlenMetadata:
     Example::
 
         >>> import torch
-        >>> from kernels import VarlenMetadata, default_device, varlen_attention
+        >>> from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
+        >>> from varlen_workbench.kernels._compat import default_device
         >>> cu = torch.tensor([0, 5, 8], dtype=torch.int32)  # host memory, as a collator makes it
         >>> metadata = VarlenMetadata(cu, cu, 5, 5, total_q=8, total_k=8, device=default_device())
         >>> q, k, v = (torch.randn(8, 2, 16, device=default_device()) for _ in range(3))

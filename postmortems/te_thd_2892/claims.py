@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import math
 
-from postmortems.te_thd_2892.cases import HEALTH_FRACTIONS, HEALTH_STEPS, TE_MAIN, TE_V2_12, TRAINING_RUNS, WORKAROUND_FRACTION
-from postmortems.te_thd_2892.study import TeResults
-from postmortems.te_thd_2892.training import qkv_norm_ratio
-from workbench.postmortem import (
+from varlen_workbench.postmortems.te_thd_2892.cases import (
+    HEALTH_FRACTIONS,
+    HEALTH_STEPS,
+    TE_MAIN,
+    TE_V2_12,
+    TRAINING_RUNS,
+    WORKAROUND_FRACTION,
+)
+from varlen_workbench.postmortems.te_thd_2892.study import TeResults
+from varlen_workbench.postmortems.te_thd_2892.training import qkv_norm_ratio
+from varlen_workbench.workbench.postmortem import (
     OURS,
     REPLICA,
     TOY,
@@ -15,8 +22,8 @@ from workbench.postmortem import (
     Claims,
     source_at,
 )
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
 
 claims = Claims()
 

@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from transformer_engine.common.recipe import Float8BlockScaling
-from workbench import reference_attention
+from varlen_workbench.workbench.reference import reference_attention
 
 _active = []  # the recipes of the autocast contexts entered, innermost last
 _log = logging.getLogger("DotProductAttention")
