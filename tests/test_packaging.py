@@ -170,3 +170,12 @@ def test_wheel_metadata(built_wheel):
     assert {n.split("/")[0] for n in names} == {NAMESPACE, info} and top_level == [NAMESPACE]
     assert f"{NAMESPACE}/__init__.py" not in names and f"{NAMESPACE}/kernels/varlen/__init__.py" in names
     assert re.findall(r"^(\S+) = ", entry_points, flags=re.MULTILINE) == [SCRIPT]
+
+
+def test_every_gpu_runbook_command_installs_the_clone_first():
+    """The GPU machine imports varlen_workbench only once this copy is installed, and a call may find a
+    fresh machine: each command of the runbook that runs our code installs it first."""
+    runbook = (ROOT / "docs" / "gpu-transformer-engine.md").read_text()
+    commands = [line for block in re.findall(r"```sh\n(.*?)```", runbook, flags=re.DOTALL) for line in block.splitlines()]
+    ours = [line for line in commands if re.search(r"python3 (scripts/|-m varlen_workbench)", line)]
+    assert ours and all("bash scripts/install_editable.sh &&" in line.partition("python3 ")[0] for line in ours), ours
