@@ -95,3 +95,18 @@ def test_start_here_names_what_exists():
     assert "[docs/contract.md](docs/contract.md#the-call), The call" in section
     assert "\n## The call\n" in (ROOT / "docs" / "contract.md").read_text()
     assert README.index("## NaN gradients? Start here") < README.index("## The two commands")
+
+
+def test_the_transformers_range_and_the_install_commands_are_the_tested_ones():
+    """The range is pyproject.toml's floor and the lock's pin (usage.transformers_range, the use page's
+    source too); the commands that add the fix to an existing environment are the ones
+    tests/test_install.py runs."""
+    from varlen_workbench.workbench.usage import transformers_range
+
+    tested = transformers_range()
+    newest = ".".join(tested.newest.split(".")[:2])
+    assert f"It is tested on transformers\n{tested.oldest} and {newest}, the ends of the range it supports" in README
+    section = _section("Use the fix in your environment")
+    assert "pip list --format=freeze > installed.txt\npip install /path/to/this/clone -c installed.txt" in section
+    install_test = (ROOT / "tests" / "test_install.py").read_text()
+    assert '"list", "--format=freeze"' in install_test and 'built_wheel, "-c", installed' in install_test

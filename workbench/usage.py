@@ -139,7 +139,8 @@ def beside_hub_kernels() -> Beside:
     except ImportError:
         return Beside(None, None, hub, None)
     needs = [r for r in importlib.metadata.requires("transformers") or [] if _named(r, HF_DISTRIBUTION) and "extra ==" not in r]
-    return Beside(transformers.__version__, needs[0] if needs else None, hub, import_utils.is_kernels_available())
+    probe = getattr(import_utils, "is_kernels_available", None)  # transformers before 4.54 does not ask
+    return Beside(transformers.__version__, needs[0] if needs else None, hub, probe() if probe else None)
 
 
 def _named(requirement: str, name: str) -> bool:
