@@ -37,10 +37,10 @@ test-fast: $(STAMP)
 
 # Executes every notebook afresh and renders site/_build/ (open site/_build/index.html).
 site: $(STAMP)
-	$(VENV)/bin/workbench build
+	$(VENV)/bin/varlen-workbench build
 
 lab: $(STAMP)
-	$(VENV)/bin/workbench lab
+	$(VENV)/bin/varlen-workbench lab
 
 clean:
 	rm -rf $(VENV) site/_build .pytest_cache .hypothesis

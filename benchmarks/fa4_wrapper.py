@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import varlen_attention
-from kernels.varlen.fa4 import unsupported
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen.fa4 import unsupported
 
 WORKLOADS = {  # name: (sequence lengths, causal, TAIL rows)
     "8x2048 d128": ([2048] * 8, False, 0),

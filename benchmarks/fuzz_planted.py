@@ -3,16 +3,16 @@
     python benchmarks/fuzz_planted.py [--seeds 10] [--budget 100] [--profile tiny] [--device cpu] [--record FILE]
     python benchmarks/fuzz_planted.py --summarize FILE    # the table of a recorded run
 
-Each planted bug is the oracle (`workbench.reference_attention`, CPU) made wrong exactly where
+Each planted bug is the oracle (`varlen_workbench.workbench.reference.reference_attention`, CPU) made wrong exactly where
 one layout feature appears: TAIL rows, a GAP row, an empty sequence, GQA, len_q != len_k. For
 each bug and each fuzzing seed, both generators draw layouts the way the audit's fuzzer does
 (layout `i` of run `s` from `random.Random(s * 1_000_003 + i)`), under the same poisoned probe
 and checks; at the first layout that fails the bug's check, the fuzzer's own bounded shrinker
-(`workbench.audit.fuzz.shrink`, the profile's probe budget) shrinks it. Reported per bug:
+(`varlen_workbench.workbench.audit.fuzz.shrink`, the profile's probe budget) shrinks it. Reported per bug:
 layouts to the first detection (a miss counts as the budget) and rows (q + k) of the shrunk
 layout, mean over seeds, for the old generator (`old_random_case` below: the fuzzer's own
-`_draw` before workbench.strategies, kept here only for this comparison) and the new one
-(`workbench.audit.fuzz.random_case`: a `LayoutSpace` sample), and new / old ratios (< 1: better).
+`_draw` before varlen_workbench.workbench.strategies, kept here only for this comparison) and the new one
+(`varlen_workbench.workbench.audit.fuzz.random_case`: a `LayoutSpace` sample), and new / old ratios (< 1: better).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-from workbench import reference_attention
-from workbench.audit import adapt
-from workbench.audit.adapters import Adapted
-from workbench.audit.fuzz import PROFILES, Profile, _allowed, random_case, run_layout, shrink
-from workbench.layout import Case, Fill
-from workbench.records import write_record
+from varlen_workbench.workbench.audit import adapt
+from varlen_workbench.workbench.audit.adapters import Adapted
+from varlen_workbench.workbench.audit.fuzz import PROFILES, Profile, _allowed, random_case, run_layout, shrink
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.records import write_record
+from varlen_workbench.workbench.reference import reference_attention
 
-# -- the generator before workbench.strategies (the fuzzer's `_draw` at commit 6f6bf41) ----------
+# -- the generator before varlen_workbench.workbench.strategies (the fuzzer's `_draw` at commit 6f6bf41) ----------
 
 
 def old_random_case(rng: random.Random, impl: Adapted, profile: Profile) -> Case:
@@ -252,7 +252,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", type=int, default=100, help="layouts per run at most (default 100)")
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES), help="the fuzzer's profile (default tiny)")
     parser.add_argument("--device", default="cpu", help="where the planted bugs and the oracle run (default cpu)")
-    parser.add_argument("--record", help="write every run's numbers here (JSON with provenance, workbench.records)")
+    parser.add_argument(
+        "--record", help="write every run's numbers here (JSON with provenance, varlen_workbench.workbench.records)"
+    )
     parser.add_argument("--summarize", metavar="FILE", help="only print the table of a recorded run")
     args = parser.parse_args(argv)
     if args.summarize:

@@ -41,13 +41,13 @@ from unittest import mock
 
 import torch
 
-import kernels.interpreter as interpreter
-import kernels.varlen.device_check as device_check
-import kernels.varlen.fa4 as fa4
-import kernels.varlen.launch as launch
-import kernels.varlen.metadata as metadata
-import kernels.varlen.op as op
-from workbench.timing import host_us
+import varlen_workbench.kernels.interpreter as interpreter
+import varlen_workbench.kernels.varlen.device_check as device_check
+import varlen_workbench.kernels.varlen.fa4 as fa4
+import varlen_workbench.kernels.varlen.launch as launch
+import varlen_workbench.kernels.varlen.metadata as metadata
+import varlen_workbench.kernels.varlen.op as op
+from varlen_workbench.workbench.timing import host_us
 
 SEQS, ROWS, HEADS, HEAD_DIM, TAIL = 8, 128, 2, 128, 32
 

@@ -4,7 +4,7 @@
 
 Where a workload is host-bound (the GPU finishes a call before the host has issued the next,
 see the benchmark's `host ms` column), the host time per call *is* the time. This times, on
-one workload of `workbench.bench`, what the host spends to issue a call of each layer, from
+one workload of `varlen_workbench.workbench.bench`, what the host spends to issue a call of each layer, from
 the public function down to one Triton launch, with no sync inside the loop: the differences
 say where the microseconds go (autograd wrapper, custom-op dispatch, launches). Use a
 host-bound workload (the default): where the kernels outlast the host, the launch queue fills
@@ -18,11 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import varlen_attention
-from kernels.varlen import launch, op
-from workbench.bench import select_workloads
-from workbench.layout import pack
-from workbench.timing import host_us
+from varlen_workbench.kernels.varlen import launch, op, varlen_attention
+from varlen_workbench.workbench.bench import select_workloads
+from varlen_workbench.workbench.layout import pack
+from varlen_workbench.workbench.timing import host_us
 
 
 def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
@@ -57,7 +56,7 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
         "ours: forward+backward": lambda: ours(batch.q).backward(grad),
         "ours: forward (autograd)": lambda: ours(batch.q),
         "ours: forward (no grad)": lambda: ours(q),
-        "  custom op kernels::varlen_attention_fwd": lambda: op._forward_op(q, k, v, *cu, causal, scale),
+        "  custom op varlen_workbench::varlen_attention_fwd": lambda: op._forward_op(q, k, v, *cu, causal, scale),
         "  launcher attention_forward (3 launches)": lambda: launch.attention_forward(q, k, v, *cu, causal, scale),
         "    one launch: work lists": lambda: launch.work_lists(batch.cu_seqlens_q, batch.cu_seqlens_k),
         "    one launch: padding fill": lambda: launch.fill_padding_rows(
@@ -71,7 +70,9 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--shape", default="short docs", help="a workload of workbench.bench, by part of its name")
+    parser.add_argument(
+        "--shape", default="short docs", help="a workload of varlen_workbench.workbench.bench, by part of its name"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs CUDA: host time per call only means something beside a GPU's")

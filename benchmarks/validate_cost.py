@@ -3,7 +3,7 @@
     python -m benchmarks.validate_cost [--iters 50]     # on the GPU
     python -m benchmarks.validate_cost --quick          # each variant once on a tiny layout, untimed (CI)
 
-Each workload is timed as `workbench.bench` times it (`workbench.timing.time_call`: CUDA events
+Each workload is timed as `varlen_workbench.workbench.bench` times it (`varlen_workbench.workbench.timing.time_call`: CUDA events
 around each call, no host sync between calls, median and fastest of `--iters` calls), every
 call on a `VarlenMetadata` as a training step passes it, for: validate=False; validate=True on
 the same metadata every call (checked once, as the layers of one step share it); validate=True
@@ -22,9 +22,10 @@ from unittest import mock
 
 import torch
 
-import kernels.varlen.metadata as metadata
-from kernels import VarlenMetadata, default_device, varlen_attention
-from workbench.timing import MIN_ITERS, CallTime, time_call
+import varlen_workbench.kernels.varlen.metadata as metadata
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
+from varlen_workbench.workbench.timing import MIN_ITERS, CallTime, time_call
 
 # (name, sequence lengths, head dim, causal)
 WORKLOADS = (

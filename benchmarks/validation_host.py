@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "docs"))
 
 from contract_errors import Launched, checks_only  # noqa: E402
 
-import kernels.varlen.op as op  # noqa: E402
-from workbench.timing import host_us  # noqa: E402
+import varlen_workbench.kernels.varlen.op as op  # noqa: E402
+from varlen_workbench.workbench.timing import host_us  # noqa: E402
 
 
 def call(q: torch.Tensor, cu: torch.Tensor, same: list[torch.Tensor], validate: bool, fresh: bool) -> None:

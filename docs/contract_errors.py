@@ -1,5 +1,5 @@
 """Prints the error table of docs/contract.md from the code: every malformed call of
-`workbench.malformed.CATALOGUE`, made against `kernels.varlen_attention` on CPU tensors, with
+`varlen_workbench.workbench.malformed.CATALOGUE`, made against `varlen_workbench.kernels.varlen.varlen_attention` on CPU tensors, with
 the exception and message a user gets, and whether `validate=False` still raises it.
 
     python docs/contract_errors.py        # the table, to paste between the doc's markers
@@ -10,19 +10,16 @@ the exception and message a user gets, and whether `validate=False` still raises
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import kernels.varlen.metadata as metadata  # noqa: E402
-import kernels.varlen.op as op  # noqa: E402
-from workbench.malformed import CATALOGUE, base_args, split_call  # noqa: E402
+import varlen_workbench.kernels.varlen.metadata as metadata
+import varlen_workbench.kernels.varlen.op as op
+from varlen_workbench.workbench.malformed import CATALOGUE, base_args, split_call
 
 BEGIN, END = "<!-- error-table:begin (python docs/contract_errors.py) -->", "<!-- error-table:end -->"
 

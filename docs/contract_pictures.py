@@ -14,15 +14,12 @@ Each picture follows a marker naming what it draws, e.g.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from workbench.layout import Case, pack  # noqa: E402
-from workbench.plots import attention_mask  # noqa: E402
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.plots import attention_mask
 
 DOC = ROOT / "docs" / "contract.md"
 MARKER = re.compile(r"<!-- mask len_q=(\d+) len_k=(\d+)((?: causal)?)((?: window=\(-?\d+, -?\d+\))?) -->")

@@ -6,7 +6,7 @@ wrong value) whose message names the argument, the offending index and value, an
 Metadata checks here read `cu_seqlens*` on the host: one device->host copy of all of them (one
 sync), then numpy on the host (a numpy op costs about a microsecond, a torch op on a small CPU
 tensor several). Natively `varlen_attention` checks the values with a kernel instead
-(`kernels.varlen.device_check`) and comes here only to raise the error of a call that failed.
+(`varlen_workbench.kernels.varlen.device_check`) and comes here only to raise the error of a call that failed.
 Callers that cannot afford any wait (CUDA graphs, `torch.compile`) pass `validate=False` to
 the kernel and keep only the tensor-shape checks in `check_varlen_tensors`, which need no sync.
 """
@@ -74,7 +74,7 @@ def check_varlen_tensors(
             raise ValueError(
                 f"{name} must be 3-D (tokens, heads, head_dim) in packed THD layout, got shape "
                 f"{tuple(t.shape)}; for a padded (batch, seq, heads, dim) tensor use "
-                "workbench.bshd_to_thd first."
+                "varlen_workbench.workbench.layout.bshd_to_thd first."
             )
         if not t.is_floating_point():
             raise TypeError(
@@ -132,7 +132,7 @@ def check_varlen_tensors(
     if not separate_v_head_dim and head_dim_v != head_dim:
         raise ValueError(
             f"v has head_dim {head_dim_v} but q and k have {head_dim}; this implementation takes one head dim for "
-            "q, k and v: pad v with zeros to q's head dim and drop the extra output features (kernels.varlen_attention "
+            "q, k and v: pad v with zeros to q's head dim and drop the extra output features (varlen_workbench.kernels.varlen.varlen_attention "
             "takes v's head dim apart)."
         )
     if head_dims is not None and head_dim_v not in head_dims:

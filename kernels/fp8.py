@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contract import check_causal, check_cu_seqlens, check_scale, check_varlen_tensors, check_window_size
-from kernels.runtime import jit
-from kernels.varlen.launch import Window
+from varlen_workbench.kernels.contract import check_causal, check_cu_seqlens, check_scale, check_varlen_tensors, check_window_size
+from varlen_workbench.kernels.runtime import jit
+from varlen_workbench.kernels.varlen.launch import Window
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -336,14 +336,16 @@ def varlen_attention_fp8(
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Varlen attention forward on blockwise-FP8 q, k, v (the padding contract's semantics,
-    `causal` and `window_size` as in `kernels.varlen_attention`).
+    `causal` and `window_size` as in `varlen_workbench.kernels.varlen.varlen_attention`).
 
     Output: (T_q, H, D) in `out_dtype`, padding rows exactly 0, REAL rows computed from the
     dequantized values. k and v must share the block size and their scales' shape.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Fp8Blockwise):
-            raise TypeError(f"{name} must be an Fp8Blockwise (from kernels.quantize_fp8_blockwise), got {type(t).__name__}.")
+            raise TypeError(
+                f"{name} must be an Fp8Blockwise (from varlen_workbench.kernels.fp8.quantize_fp8_blockwise), got {type(t).__name__}."
+            )
     if k.block != v.block or k.scale.shape != v.scale.shape:
         raise ValueError(f"k and v must be quantized with the same block size, got {k.block} and {v.block}.")
     if out_dtype not in INPUT_DTYPES:

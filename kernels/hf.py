@@ -1,8 +1,8 @@
-"""`kernels.varlen_attention` as a transformers attention implementation: the one-line swap.
+"""`varlen_workbench.kernels.varlen.varlen_attention` as a transformers attention implementation: the one-line swap.
 
-    import kernels.hf
+    import varlen_workbench.kernels.hf
 
-    kernels.hf.register()  # once per process; returns NAME
+    varlen_workbench.kernels.hf.register()  # once per process; returns NAME
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="varlen_contract")
 
 transformers is optional: it is imported only when `register()` runs, and a missing install is
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.varlen.metadata import LAST, VarlenMetadata
+from varlen_workbench.kernels.varlen.metadata import LAST, VarlenMetadata
 
 NAME = "varlen_contract"  # the attn_implementation string: our varlen attention, keeping the padding contract
 
@@ -46,7 +46,7 @@ def _transformers() -> Any:
         import transformers
     except ImportError as exc:
         raise ImportError(
-            "kernels.hf registers an attention implementation with transformers, which is not installed; "
+            "varlen_workbench.kernels.hf registers an attention implementation with transformers, which is not installed; "
             "install it with `pip install transformers` (one with AttentionInterface: 4.51 has it)."
         ) from exc
     if not hasattr(transformers, "AttentionInterface"):
@@ -110,7 +110,7 @@ def step_metadata(
 ) -> VarlenMetadata:
     """The `VarlenMetadata` of the batch transformers hands an attention function, built once per
     forward: transformers passes every layer the same tensors (mask, position_ids, cu_seq_lens),
-    so the layers after the first find it in `kernels.varlen.metadata.LAST`, keyed on those very
+    so the layers after the first find it in `varlen_workbench.kernels.varlen.metadata.LAST`, keyed on those very
     tensors, unmodified: no host read, no check, no allocation.
 
     The keywords are transformers' own; the most explicit that describes the batch wins:
@@ -190,7 +190,7 @@ def _takes_metadata(varlen: Callable[..., Any]) -> bool:
 
 def attention_forward(varlen: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, None]]:
     """A transformers attention function (module, query, key, value, attention_mask, **kwargs) that
-    runs `varlen`, any callable with `kernels.varlen_attention`'s signature, on the batch's layout:
+    runs `varlen`, any callable with `varlen_workbench.kernels.varlen.varlen_attention`'s signature, on the batch's layout:
     the step's `VarlenMetadata` as `metadata=` where `varlen` takes it, else its boundaries."""
     with_metadata = _takes_metadata(varlen)
 
@@ -243,13 +243,13 @@ def attention_forward(varlen: Callable[..., torch.Tensor]) -> Callable[..., tupl
 
 
 def register(name: str = NAME, varlen: Callable[..., torch.Tensor] | None = None) -> str:
-    """Registers `varlen` (default: `kernels.varlen_attention`) with transformers' AttentionInterface
+    """Registers `varlen` (default: `varlen_workbench.kernels.varlen.varlen_attention`) with transformers' AttentionInterface
     as `name`, so that `attn_implementation=name` selects it; returns `name`.
 
     Where transformers builds masks per implementation (AttentionMaskInterface), the name gets FlashAttention's:
     None for a causal batch, the (batch, seq) padding mask otherwise, never a dense 4-D mask."""
     transformers = _transformers()
-    from kernels.varlen import varlen_attention
+    from varlen_workbench.kernels.varlen import varlen_attention
 
     transformers.AttentionInterface.register(name, attention_forward(varlen_attention if varlen is None else varlen))
     try:

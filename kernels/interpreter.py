@@ -9,7 +9,7 @@ The workaround is a compile-time flag that upcasts bf16 `tl.dot` operands to fp3
 here, from an observation rather than from "are we interpreted?", lets it retire itself the day
 the interpreter is fixed, and it never exists in native code. A kernel consumes it as:
 
-    from kernels.interpreter import dot_upcast_needed
+    from varlen_workbench.kernels.interpreter import dot_upcast_needed
     DOT_UPCAST=dot_upcast_needed(q.dtype, q.device)   # launch argument, a tl.constexpr
     if DOT_UPCAST: a, b = a.to(tl.float32), b.to(tl.float32)   # in the kernel, before tl.dot
 
@@ -18,7 +18,7 @@ compiled on CUDA tensors, where `dot_upcast_needed` is False without running any
 branch is compiled out. On a machine with a GPU the interpreter is asked with CPU tensors, in
 the same process (`report("cpu")`), or from a shell:
 
-    WORKBENCH_DEVICE=cpu python -m kernels.interpreter      # prints the report as JSON
+    WORKBENCH_DEVICE=cpu python -m varlen_workbench.kernels.interpreter      # prints the report as JSON
 """
 
 from __future__ import annotations
@@ -29,16 +29,15 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from kernels._compat import default_device
-from kernels.contract import check_scale, check_varlen_inputs, check_window_size
-from kernels.runtime import interpreted, jit, triton_library_interpreted
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.contract import check_scale, check_varlen_inputs, check_window_size
+from varlen_workbench.kernels.runtime import interpreted, jit, triton_library_interpreted
 
 HOPPER = 90  # compute capability of the GPU machine (H200)
 
@@ -62,7 +61,7 @@ def _dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr, UPCAST: tl.constexpr):
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     # fp32 accumulator as in attention kernels; "ieee": fp32 operands get a true fp32 product
-    # natively (not TF32), as in kernels.varlen_attention; no effect on fp16/bf16.
+    # natively (not TF32), as in varlen_workbench.kernels.varlen.varlen_attention; no effect on fp16/bf16.
     tl.store(c_ptr + offsets, tl.dot(a, b, input_precision="ieee"))
 
 
@@ -244,14 +243,14 @@ def single_block_attention(
 
     With `upcast=False` (the default, like most Triton attention kernels) it meets the
     interpreter's bf16 bug head on; `upcast=True` applies our workaround. Same contract and
-    signature as `kernels.varlen_attention` (padding rows of the output are 0), forward only,
+    signature as `varlen_workbench.kernels.varlen.varlen_attention` (padding rows of the output are 0), forward only,
     sequences up to `SINGLE_BLOCK_MAX_SEQLEN` tokens, no sliding window (any other
     `window_size` than (-1, -1) is refused).
     """
     if check_window_size(window_size) != (-1, -1):
         raise ValueError(
             f"window_size = {tuple(window_size)}: single_block_attention reproduces a kernel without sliding "
-            "windows; pass (-1, -1), or use kernels.varlen_attention(..., window_size=...) for a window."
+            "windows; pass (-1, -1), or use varlen_workbench.kernels.varlen.varlen_attention(..., window_size=...) for a window."
         )
     shape = check_varlen_inputs(
         q,
@@ -272,7 +271,7 @@ def single_block_attention(
         if n > SINGLE_BLOCK_MAX_SEQLEN:
             raise ValueError(
                 f"{name} = {n} exceeds SINGLE_BLOCK_MAX_SEQLEN = {SINGLE_BLOCK_MAX_SEQLEN}: this "
-                "reproduction holds a whole sequence in one block; use kernels.varlen_attention."
+                "reproduction holds a whole sequence in one block; use varlen_workbench.kernels.varlen.varlen_attention."
             )
     q, k, v = (t.contiguous() for t in (q, k, v))  # the kernel assumes unit stride in head_dim
     out = torch.zeros_like(q)
@@ -392,11 +391,9 @@ def report(device: torch.device | str | None = None) -> dict:
 def _run_module(module: str, args: list[str], *, timeout: float = 300.0):
     """Runs `python -m module *args` in a child process that compiles (no TRITON_INTERPRET), on
     the CPU, and parses its JSON: how a process whose Triton library is interpreted compiles."""
-    # The child imports the same source tree as this process, installed or not.
-    root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))
+    # The child is this interpreter: it imports varlen_workbench as this process does (installed).
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env |= {"WORKBENCH_DEVICE": "cpu", "PYTHONPATH": path}
+    env |= {"WORKBENCH_DEVICE": "cpu"}
     child = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if child.returncode != 0:
         raise RuntimeError(f"`python -m {module}` failed (exit {child.returncode}):\n{child.stderr[-3000:]}")

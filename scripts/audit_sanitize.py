@@ -1,6 +1,6 @@
 """One implementation's forward + backward on a padded layout: the program compute-sanitizer watches.
 
-    python scripts/audit_sanitize.py ROW          # ROW: a row of workbench.audit.adapters.MATRIX
+    python scripts/audit_sanitize.py ROW          # ROW: a row of varlen_workbench.workbench.audit.adapters.MATRIX
 
 The layout has GAP rows (where the path can express a padded layout), TAIL rows (where it can
 express them), an empty sequence, unequal lengths and GQA where expressible, 4 heads, head
@@ -40,9 +40,9 @@ def _first_line(exc: BaseException) -> str:
 def watch(impl, case, say: Callable[[str], None]) -> tuple[Any, str]:
     """Runs `case` forward and backward through `impl` on the device, or what of it the row can
     run (see the module docstring), saying each reduction; (the layout run, what ran)."""
-    from workbench.audit.adapters import AdapterRefused
-    from workbench.layout import pack
-    from workbench.probes import probe
+    from varlen_workbench.workbench.audit.adapters import AdapterRefused
+    from varlen_workbench.workbench.layout import pack
+    from varlen_workbench.workbench.probes import probe
 
     def run(case, backward: bool) -> None:
         probe(impl, pack(case, impl.device), reference=False, backward=backward, **impl.case_kwargs(case))
@@ -74,15 +74,15 @@ def watch(impl, case, say: Callable[[str], None]) -> tuple[Any, str]:
 def main(row: str) -> int:
     import torch
 
-    from workbench.audit import adapt
-    from workbench.audit.adapters import MATRIX
-    from workbench.audit.checks import Context
-    from workbench.audit.sanitizer import NOT_APPLICABLE
-    from workbench.layout import Fill
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.audit.adapters import MATRIX
+    from varlen_workbench.workbench.audit.checks import Context
+    from varlen_workbench.workbench.audit.sanitizer import NOT_APPLICABLE
+    from varlen_workbench.workbench.layout import Fill
 
     rows = {name: (target, adapter) for name, target, adapter in MATRIX}
     if row not in rows:
-        print(f"audit_sanitize: row {row!r} is not in workbench.audit.adapters.MATRIX: {sorted(rows)}", file=sys.stderr)
+        print(f"audit_sanitize: row {row!r} is not in varlen_workbench.workbench.audit.adapters.MATRIX: {sorted(rows)}", file=sys.stderr)
         return 2
     impl = adapt(rows[row][0], rows[row][1], "cuda")
     why = impl.why_not()

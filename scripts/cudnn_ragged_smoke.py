@@ -2,12 +2,12 @@
 
     python scripts/cudnn_ragged_smoke.py            # needs CUDA and nvidia-cudnn-frontend==1.32.0
 
-Runs `workbench.audit.adapters.cudnn_ragged.cudnn_ragged_attention` forward and backward on
+Runs `varlen_workbench.workbench.audit.adapters.cudnn_ragged.cudnn_ragged_attention` forward and backward on
 packed layouts with GAP rows (cu_seqlens != cu_seqlens_padded) and TAIL rows, GQA, unequal
 lengths, causal and not, bf16, and compares out, dq, dk, dv on REAL rows with the fp64
-per-sequence reference (`workbench.reference_attention`) within FlashAttention's bound (2x the
+per-sequence reference (`varlen_workbench.workbench.reference.reference_attention`) within FlashAttention's bound (2x the
 error of PyTorch's same computation in bf16). Padding rows are only reported: whether they are
-0 is the audit's question (`workbench audit workbench.audit.adapters.cudnn_ragged:cudnn_ragged_attention
+0 is the audit's question (`varlen-workbench audit varlen_workbench.workbench.audit.adapters.cudnn_ragged:cudnn_ragged_attention
 --device cuda`), not this script's.
 
 Each stage is named when it fails (import, graph build, execution, numerics), with the exception,
@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     # name: Case keywords (lengths, padded extents, TAIL rows, heads)
@@ -45,10 +42,10 @@ def run(name: str, keywords: dict[str, Any]) -> str | None:
     """None if the layout passes, else the first reason it does not."""
     import torch
 
-    from workbench.audit.adapters.cudnn_ragged import cudnn_ragged_attention
-    from workbench.bounds import error_check
-    from workbench.layout import Case, Fill, Region, pack
-    from workbench.reference import reference_attention
+    from varlen_workbench.workbench.audit.adapters.cudnn_ragged import cudnn_ragged_attention
+    from varlen_workbench.workbench.bounds import error_check
+    from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+    from varlen_workbench.workbench.reference import reference_attention
 
     case = Case(head_dim=64, dtype="bfloat16", fill=Fill.ZEROS, **keywords)
     batch = pack(case, "cuda")

@@ -52,7 +52,7 @@ descriptor becomes a TMA descriptor on Hopper.
 
 Needs only torch, triton, the flash-sparse-attn wheel (2.0.6) and this repository (run from its
 root); triton_kernels, which flash_sparse_attn imports for its projection kernels only, is stubbed
-when missing (workbench.upstream).
+when missing (varlen_workbench.workbench.upstream).
 """
 
 from __future__ import annotations
@@ -68,8 +68,6 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: workbench, postmortems
 
 # Imported where used, not here: the CPU run imports flash_sparse_attn for the interpreter, --ptx
 # for compilation, and `triton.jit` decides once per module (--ptx compiles in a child process).
@@ -226,13 +224,13 @@ def run_call(fsa, function: str, case: str, device) -> dict:
 CALL_EXTRA: dict = {}
 
 
-# -- CPU: the interpreter, with every descriptor recorded (postmortems.fsa_varlen_descriptors.upstream) --
+# -- CPU: the interpreter, with every descriptor recorded (varlen_workbench.postmortems.fsa_varlen_descriptors.upstream) --
 
 
 def load(device: str):
     """flash_sparse_attn, ready to run on `device` (on the CPU: under the interpreter), with the
     backward preprocess launches recorded."""
-    from postmortems.fsa_varlen_descriptors.upstream import load as load_fsa
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import load as load_fsa
 
     fsa = load_fsa(device)
     hook_preprocess(importlib.import_module("flash_sparse_attn.ops.triton"))
@@ -242,7 +240,7 @@ def load(device: str):
 def one(fsa, function: str, case: str, device: str) -> dict:
     import torch
 
-    from postmortems.fsa_varlen_descriptors.upstream import recorded_descriptors, summarize_descriptors
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import recorded_descriptors, summarize_descriptors
 
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"  # before any fault
     with recorded_descriptors() as records:
@@ -262,9 +260,9 @@ def one_check(fsa, function: str, check: str) -> dict:
     """`first_call` run under the interpreter: where it stops, the lse bases, every descriptor."""
     import torch
 
-    from postmortems.fsa_varlen_descriptors.audit import first_call
-    from postmortems.fsa_varlen_descriptors.upstream import recorded_descriptors, summarize_descriptors
-    from workbench.audit.checks import Context
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.audit import first_call
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import recorded_descriptors, summarize_descriptors
+    from varlen_workbench.workbench.audit.checks import Context
 
     ctx, case, kwargs = first_call(check, function)
     found: dict = {"function": function, "case": f"check {check}", "layout": case.label(), "probe_kwargs": kwargs}
@@ -294,9 +292,10 @@ def one_workaround(fsa, function: str, name: str, device: str) -> dict:
     queries padded at the start to a multiple of 4), forward and backward, against the float64 oracle."""
     import torch
 
-    from postmortems.fsa_varlen_descriptors.cases import NAMED
-    from postmortems.fsa_varlen_descriptors.study import contract, repacked
-    from workbench import pack, probe
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import NAMED
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.study import contract, repacked
+    from varlen_workbench.workbench.layout import pack
+    from varlen_workbench.workbench.probes import probe
 
     case = NAMED[name]
     found: dict = {"function": function, "case": WORKAROUND + name, "layout": case.label()}
@@ -318,7 +317,7 @@ def one_workaround(fsa, function: str, name: str, device: str) -> dict:
 def calls(args) -> list[tuple[str, str]]:
     """(function, case) pairs: both varlen functions on each case, then (--fixed) the fixed-length ones,
     then (--workaround) both through the workaround on each of the post-mortem's calls."""
-    from postmortems.fsa_varlen_descriptors.cases import NAMED
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import NAMED
 
     pairs = [(function, case) for function in FUNCTIONS for case in args.cases]
     pairs += [(FIXED_FUNCTION, case) for case in FIXED] if args.fixed else []
@@ -422,7 +421,7 @@ def hopper_ptx() -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from workbench.upstream import import_module
+    from varlen_workbench.workbench.upstream import import_module
 
     import_module("flash_sparse_attn", stub={"triton_kernels": "flash_sparse_attn"}, for_interpreter=False)
     from flash_sparse_attn.ops.triton import flash_bwd_preprocess
@@ -545,7 +544,7 @@ def main() -> int:
     args.cases = args.cases.split(",")
     args.checks = [c for c in args.checks.split(",") if c]
     if args.checks and (args.device != "cpu" or args.isolate):
-        parser.error("--checks runs on the CPU (on CUDA, `workbench audit --checks` is the replay)")
+        parser.error("--checks runs on the CPU (on CUDA, `varlen-workbench audit --checks` is the replay)")
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:
         parser.error(f"--cases: unknown {unknown}; choose from {list(CASES)}")
@@ -568,7 +567,7 @@ def main() -> int:
         results.append(hopper_ptx_in_subprocess(args.timeout))
     print_results(results)
     if args.json:  # provenance as every record has it (on a GPU machine, WORKBENCH_COMMIT names the commit)
-        from workbench.records import write_record
+        from varlen_workbench.workbench.records import write_record
 
         write_record(args.json, {"results": results}, command=shlex.join(["python", "scripts/fsa_misaligned.py", *sys.argv[1:]]))
     return 0

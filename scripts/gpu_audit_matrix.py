@@ -4,18 +4,18 @@
                                        [--check-parts 3] [--skip-sanitizer | --only-sanitizer]
     python scripts/gpu_audit_matrix.py --rows A --recheck no-real-query --check-timeout 400
 
-Every row of `workbench.audit.adapters.MATRIX` whose record is not complete
-(`workbench.audit.matrix.complete`: it ran, no cell is "not run", and its fuzzer tried
+Every row of `varlen_workbench.workbench.audit.adapters.MATRIX` whose record is not complete
+(`varlen_workbench.workbench.audit.matrix.complete`: it ran, no cell is "not run", and its fuzzer tried
 FUZZ_LAYOUTS layouts, or searched FUZZ_SEARCH s where one layout takes over SLOW_LAYOUT s)
 is audited again, every row with `--force`; `--recheck` runs only the checks it names again, in the
 rows named, each given `--check-timeout` s (a check past its time limit is an answer the matrix
 keeps until then):
 
-    python -m workbench.cli audit TARGET [--adapter A] --device cuda --budget 1000 --time-limit T
+    python -m varlen_workbench.workbench.cli audit TARGET [--adapter A] --device cuda --budget 1000 --time-limit T
         --workers W --check-timeout 150 --record data/gpu/audit-<row>.json.new
 
 On CUDA the audit runs each check and fuzz batch in a child process replaced after a CUDA
-error, a crash or the check's time limit (`workbench.audit.isolate`), so one fault costs one
+error, a crash or the check's time limit (`varlen_workbench.workbench.audit.isolate`), so one fault costs one
 cell. Rows `--jobs` at a time, slow ones first (over SLOW_LAYOUT s a layout in their last
 record, or never recorded). A slow row runs what it still needs of two phases, at once, each
 in processes of its own (a run of both in one process would not fit a call):
@@ -27,10 +27,10 @@ in processes of its own (a run of both in one process would not fit a call):
 - its fuzzer alone (`--skip` every check, `--time-limit` FUZZ_SEARCH s where the call has room),
   merged with its own provenance (`fuzz_provenance`).
 
-`workbench audit --record` rewrites its record after each check and, while fuzzing, every
+`varlen-workbench audit --record` rewrites its record after each check and, while fuzzing, every
 PROGRESS_SECONDS (marked `partial`), so a run killed at the call's deadline (with every process
 it started) keeps what it finished: the next call runs only the rest, and a fuzzer's layouts
-count (its failures as drawn). The fuzzer's own time is bounded (`workbench.audit.fuzz.fuzz`),
+count (its failures as drawn). The fuzzer's own time is bounded (`varlen_workbench.workbench.audit.fuzz.fuzz`),
 so that a fuzz-only run given FUZZ_SEARCH s ends inside the call. A row starts only if
 MIN_ROW_SECONDS are left before `--deadline`, so a call ends inside the device's 10-minute
 limit. A path that cannot run at all (its package missing) records why (`"ran": false`, with
@@ -40,7 +40,7 @@ budget it met (`fuzz_budget`).
 Then compute-sanitizer, beside the audits: each row's forward + backward
 (`scripts/audit_sanitize.py ROW`) under initcheck and memcheck, and racecheck where its kernels
 accumulate with atomics (RACECHECK), with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so each tensor is its
-own allocation; each log is parsed (`workbench.audit.sanitizer.parse`) and the row's runs go to
+own allocation; each log is parsed (`varlen_workbench.workbench.audit.sanitizer.parse`) and the row's runs go to
 data/gpu/sanitizer-<row>.json, skipped next time once every tool's run counts. A summary comes
 last, with the rows left for the next call.
 
@@ -64,11 +64,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from workbench.audit.adapters import MATRIX  # noqa: E402
-from workbench.audit.checks import CHECKS  # noqa: E402
-from workbench.audit.matrix import (  # noqa: E402
+from varlen_workbench.workbench.audit.adapters import MATRIX
+from varlen_workbench.workbench.audit.checks import CHECKS
+from varlen_workbench.workbench.audit.matrix import (
     CORRECTNESS,
     FUZZ_LAYOUTS,
     FUZZ_SEARCH,
@@ -79,14 +77,14 @@ from workbench.audit.matrix import (  # noqa: E402
     left_out,
     ran,
 )
-from workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, executable, parse, status  # noqa: E402
-from workbench.records import load_records, write_json, write_record  # noqa: E402
+from varlen_workbench.workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, executable, parse, status
+from varlen_workbench.workbench.records import load_records, write_json, write_record
 
 DATA = ROOT / "data" / "gpu"
 CHECK_TIMEOUT = 150  # seconds one check may take before its cell says "not run: timed out"
 CHECKS_AND_SHRINK = 150  # seconds a row needs beside its fuzzing: the checks, shrinking, start-up
 # The same for a fuzz-only run: the fuzzer ends within its time limit + SHRINK_SECONDS + PROBE_GRACE
-# (workbench.audit.fuzz), then the command's start-up and a replaced child's.
+# (varlen_workbench.workbench.audit.fuzz), then the command's start-up and a replaced child's.
 SHRINK_AND_START = 110
 MIN_ROW_SECONDS = 240  # a row starts only with this much time left before the deadline
 SANITIZER_TOOLS = ("initcheck", "memcheck")
@@ -190,7 +188,7 @@ def _merge_checks(record: dict[str, Any], part: dict[str, Any], rc: int | str, s
 
 
 def _command(target: str, adapter: str | None, args, phase: str, fuzz_seconds: int, checks: list[str], out: Path) -> list[str]:
-    command = [sys.executable, "-m", "workbench.cli", "audit", target, *(["--adapter", adapter] if adapter else [])]
+    command = [sys.executable, "-m", "varlen_workbench.workbench.cli", "audit", target, *(["--adapter", adapter] if adapter else [])]
     command += ["--device", "cuda", "--workers", str(args.workers), "--check-timeout", str(args.check_timeout)]
     if phase == "checks":
         command += ["--budget", "0", "--checks", ",".join(checks)]
@@ -203,7 +201,7 @@ def _command(target: str, adapter: str | None, args, phase: str, fuzz_seconds: i
 
 def _run(command: list[str], log: Path, hard: int) -> tuple[int | str, float]:
     """Runs an audit command into `log`, killed with every process it started after `hard` s."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     # The output streams into the log as it comes, so a run killed at its time limit still shows
@@ -250,7 +248,7 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
     runs += [(phase, [], "" if phase == "all" else "-fuzz") for phase in phases if phase != "checks"]
     if (
         parts and not args.recheck
-    ):  # the logs of a checks run are this run's parts alone (workbench.audit.summary reads the latest)
+    ):  # the logs of a checks run are this run's parts alone (varlen_workbench.workbench.audit.summary reads the latest)
         for stale in (DATA / "logs").glob(f"audit-{row}-checks*.log"):
             stale.unlink()
     lock = threading.Lock()
@@ -307,12 +305,8 @@ def run_sanitizer(row: str, tool: str, timeout: int) -> ToolRun:
     options = ["--leak-check", "no"] if tool == "memcheck" else []
     command = [exe, "--tool", tool, *options, "--report-api-errors", "no", "--print-limit", "20", "--log-file", str(log)]
     command += [sys.executable, "scripts/audit_sanitize.py", row]
-    # Prepend: the audited packages may come on PYTHONPATH (wheels installed with --target).
-    env = {
-        **os.environ,
-        "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    # PYTHONPATH as it is: the audited packages may come on it (wheels installed with --target).
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -28,9 +28,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: kernels, workbench
-
-from kernels.runtime import jit  # compiled on CUDA tensors, through the Triton interpreter on CPU tensors
+from varlen_workbench.kernels.runtime import jit  # compiled on CUDA tensors, through the Triton interpreter on CPU tensors
 
 # isort: split
 import torch
@@ -58,8 +56,8 @@ def copy_rows_kernel(Src, Dst, n_rows, DIM: tl.constexpr, BLOCK: tl.constexpr, D
 def program(variant: str) -> bool:
     """Writes an uninitialised tensor by `variant` stores, then reads it back in torch: whether
     every element holds its source's value."""
-    from kernels import default_device
-    from kernels.varlen.hopper import ensure_descriptor_allocator
+    from varlen_workbench.kernels._compat import default_device
+    from varlen_workbench.kernels.varlen.hopper import ensure_descriptor_allocator
 
     device = default_device()
     ensure_descriptor_allocator(device)  # device-side descriptors take their scratch from Triton's allocator
@@ -77,8 +75,8 @@ def frames(log: str) -> dict[str, int]:
 
 
 def sanitized(variant: str, exe: str) -> dict:
-    """One program under initcheck: its reports (`workbench.audit.sanitizer.parse`) and its own verdict."""
-    from workbench.audit.sanitizer import parse
+    """One program under initcheck: its reports (`varlen_workbench.workbench.audit.sanitizer.parse`) and its own verdict."""
+    from varlen_workbench.workbench.audit.sanitizer import parse
 
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "initcheck.log"
@@ -148,7 +146,7 @@ def main() -> int:
     if args.variant:
         print(f"{args.variant}: {WRITTEN} {program(args.variant)}")
         return 0
-    from workbench.audit.sanitizer import executable
+    from varlen_workbench.workbench.audit.sanitizer import executable
 
     exe = executable()
     if exe is None or not torch.cuda.is_available():
@@ -160,7 +158,7 @@ def main() -> int:
     verdict = conclusion(runs)
     print(verdict)
     if args.record:
-        from workbench.records import write_record
+        from varlen_workbench.workbench.records import write_record
 
         write_record(args.record, {"rows": ROWS, "dim": DIM, "block": BLOCK, "runs": runs, "conclusion": verdict})
     return 0

@@ -53,4 +53,10 @@ PY
 FLASH_DMATTN_SKIP_CUDA_BUILD=TRUE FLASH_DMATTN_FORCE_BUILD=TRUE \
     "${PIP[@]}" --no-deps --no-build-isolation $UPSTREAM
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+# mypy does not follow setuptools' editable finder: it reads the folders under their import
+# names through these links (pyproject.toml, [tool.mypy] mypy_path).
+mkdir -p .venv/typecheck/varlen_workbench
+for folder in kernels workbench postmortems; do
+    ln -sfn "../../../$folder" ".venv/typecheck/varlen_workbench/$folder"
+done
 touch .venv/.installed

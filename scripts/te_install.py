@@ -18,7 +18,7 @@ puts them on PYTHONPATH); the steps, call by call, with their cost: docs/gpu-tra
   larger file), so a later call carries it back (`reuse`) instead of compiling again. Then `check`.
 - check: `import transformer_engine.pytorch` in a fresh process, with the versions TE reports.
 
-Every step writes one JSON record (workbench.records, with provenance) and prints it. A failed
+Every step writes one JSON record (varlen_workbench.workbench.records, with provenance) and prints it. A failed
 build records its command and the log's last lines, and exits 1.
 """
 
@@ -40,8 +40,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 SITE = Path("/tmp/site")  # where gpu-wheels-install.sh installs the carried wheels (--target)
 BUILD = Path("/tmp/te-build")
 PART_BYTES = 15 << 20  # the device returns files of at most 16 MiB
@@ -425,7 +423,7 @@ def main() -> int:
     result = {"step": args.step, **result}
     print(json.dumps(result, indent=1))
     if args.record:
-        from workbench.records import write_record
+        from varlen_workbench.workbench.records import write_record
 
         write_record(args.record, result, command=shlex.join(["python3", "scripts/te_install.py", *sys.argv[1:]]))
     return 0 if succeeded(result) else 1

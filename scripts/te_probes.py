@@ -13,7 +13,7 @@ the backend TE chose is recorded beside each result; a crash is a finding, not a
 - initcheck    compute-sanitizer's initcheck on the row te's forward + backward, on the audit's
                layout and on the same lengths with GAP alone, TAIL alone and no padding.
 
-The record (workbench.records, with provenance) is rewritten as each child ends, `partial` until
+The record (varlen_workbench.workbench.records, with provenance) is rewritten as each child ends, `partial` until
 the last, so a call cut short keeps what finished.
 """
 
@@ -27,14 +27,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from postmortems.te_thd_2892.te_probes import INITCHECK_LAYOUTS, ZERO_KEY_VARIANTS  # noqa: E402
-from postmortems.te_thd_2892.upstream import RESULT, _run, backend_log, child_env, outcome, printed  # noqa: E402
+from varlen_workbench.postmortems.te_thd_2892.te_probes import INITCHECK_LAYOUTS, ZERO_KEY_VARIANTS
+from varlen_workbench.postmortems.te_thd_2892.upstream import RESULT, _run, backend_log, child_env, outcome, printed
 
 PARTS = ("variants", "determinism", "gemm", "initcheck")
-TE_ROW = "workbench.audit.adapters.te:te_dot_product_attention"
+TE_ROW = "varlen_workbench.workbench.audit.adapters.te:te_dot_product_attention"
 # TE's switch for deterministic attention (its README and PR #2584): 0 refuses non-deterministic algorithms.
 DETERMINISTIC = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 
@@ -49,7 +46,7 @@ def child(code: str, timeout: float, env: dict[str, str] | None = None) -> dict:
 
 def variant(name: str, device: str, timeout: float) -> dict:
     code = (
-        "import json\nfrom postmortems.te_thd_2892.te_probes import ZERO_KEY_VARIANTS, run_variant\n"
+        "import json\nfrom varlen_workbench.postmortems.te_thd_2892.te_probes import ZERO_KEY_VARIANTS, run_variant\n"
         f"print({RESULT!r} + json.dumps(run_variant(ZERO_KEY_VARIANTS[{name!r}], {device!r})))\n"
     )
     return {"variant": name, "case": ZERO_KEY_VARIANTS[name].to_dict(), **child(code, timeout)}
@@ -59,7 +56,7 @@ def determinism(setting: str, device: str, timeout: float) -> dict:
     """The audit's determinism check on the row te, in a child with TE's default or DETERMINISTIC."""
     with tempfile.TemporaryDirectory() as directory:
         record = Path(directory) / "audit.json"
-        argv = ["-m", "workbench", "audit", TE_ROW, "--adapter", "te-thd", "--device", device]
+        argv = ["-m", "varlen_workbench.workbench.cli", "audit", TE_ROW, "--adapter", "te-thd", "--device", device]
         argv += ["--checks", "determinism", "--budget", "0", "--no-isolate", "--record", str(record)]
         env = DETERMINISTIC if setting == "deterministic" else {}
         rc, _, err, seconds = _run([sys.executable, *argv], child_env(env), timeout)
@@ -79,7 +76,7 @@ def determinism(setting: str, device: str, timeout: float) -> dict:
 
 def gemm(device: str, timeout: float) -> dict:
     code = (
-        "import json\nfrom postmortems.te_thd_2892.te_probes import fp8_linear_table\n"
+        "import json\nfrom varlen_workbench.postmortems.te_thd_2892.te_probes import fp8_linear_table\n"
         f"print({RESULT!r} + json.dumps(fp8_linear_table({device!r})))\n"
     )
     return child(code, timeout)
@@ -87,13 +84,13 @@ def gemm(device: str, timeout: float) -> dict:
 
 def initcheck(name: str, device: str, timeout: float) -> dict:
     """compute-sanitizer's initcheck on the row te's forward + backward of INITCHECK_LAYOUTS[name]."""
-    from workbench.audit.sanitizer import ToolRun, executable, parse
+    from varlen_workbench.workbench.audit.sanitizer import ToolRun, executable, parse
 
     exe = executable()
     if exe is None:
         return {"layout": name, **ToolRun("initcheck", None, why="compute-sanitizer is not installed").to_dict()}
     code = (
-        "from postmortems.te_thd_2892.te_probes import INITCHECK_LAYOUTS, forward_backward\n"
+        "from varlen_workbench.postmortems.te_thd_2892.te_probes import INITCHECK_LAYOUTS, forward_backward\n"
         f"print(forward_backward(INITCHECK_LAYOUTS[{name!r}], {device!r}))\n"
     )
     with tempfile.TemporaryDirectory() as directory:
@@ -149,7 +146,7 @@ def main() -> int:
     def record(partial: bool) -> None:
         if not args.record:
             return
-        from workbench.records import write_record
+        from varlen_workbench.workbench.records import write_record
 
         payload: dict = {part: [done[key] for key in jobs if key[0] == part and key in done] for part in parts}
         write_record(args.record, {**payload, "partial": partial}, command=command)

@@ -9,7 +9,7 @@ on one process, each a child process with --timeout seconds, so that a crash or 
 with how the child ended and the stage it had reached. `--device cpu` runs the same over gloo
 (the tests run it through the TE stand-in, tests/data/fake_te).
 
-The record (workbench.records, with provenance) is rewritten as each configuration ends, `partial`
+The record (varlen_workbench.workbench.records, with provenance) is rewritten as each configuration ends, `partial`
 until the last, so a call cut short keeps what finished.
 """
 
@@ -21,12 +21,9 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from postmortems.te_thd_2892.seqpar_te import MULTICAST_OFF, SP_CASES, TP, run_config, sp_case, summary  # noqa: E402
-from postmortems.te_thd_2892.upstream import REPORT_CASE  # noqa: E402
-from workbench.layout import Case  # noqa: E402
+from varlen_workbench.postmortems.te_thd_2892.seqpar_te import MULTICAST_OFF, SP_CASES, TP, run_config, sp_case, summary
+from varlen_workbench.postmortems.te_thd_2892.upstream import REPORT_CASE
+from varlen_workbench.workbench.layout import Case
 
 
 def main() -> int:
@@ -36,7 +33,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds a configuration's processes may take (default 300)")
     names = [c.name for c in SP_CASES]
     parser.add_argument("--only", help=f"comma-separated, of {names} (default: all)")
-    parser.add_argument("--case", help="the layout as JSON of workbench.layout.Case's fields (default: the report's)")
+    parser.add_argument("--case", help="the layout as JSON of varlen_workbench.workbench.layout.Case's fields (default: the report's)")
     args = parser.parse_args()
     only = args.only.split(",") if args.only else names
     unknown = sorted(set(only) - set(names))
@@ -63,7 +60,7 @@ def main() -> int:
     def record(partial: bool) -> None:
         if not args.record:
             return
-        from workbench.records import write_record
+        from varlen_workbench.workbench.records import write_record
 
         config = {"device": args.device, "tp": TP, "case": case.to_dict(), "env": MULTICAST_OFF, "timeout": args.timeout}
         write_record(args.record, {"config": config, "runs": runs, "partial": partial}, command=command)

@@ -7,7 +7,7 @@ postmortems/te_thd_2892/upstream.py describes: the report's script as written an
 its slips mended in turn, then every recipe x boundaries case on the report's shapes. Each is a
 child process with TE's debug log on, `--jobs` at a time; a child killed by a signal is recorded
 as such ("outcome": "killed", "signal": "SIGSEGV"), with the backend its log had named. The record
-(workbench.records, with provenance) holds one entry per run, rewritten as each run ends (marked
+(varlen_workbench.workbench.records, with provenance) holds one entry per run, rewritten as each run ends (marked
 `partial` until the last), so a call cut short keeps what finished; a summary line per run is printed.
 """
 
@@ -20,9 +20,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from postmortems.te_thd_2892.upstream import REPORT, SLIPS, run_script, spawn, te_cases  # noqa: E402
+from varlen_workbench.postmortems.te_thd_2892.upstream import REPORT, SLIPS, run_script, spawn, te_cases
 
 
 def summary(run: dict) -> str:
@@ -64,7 +62,7 @@ def main() -> int:
         its time limit keeps them."""
         if not args.record:
             return
-        from workbench.records import write_record
+        from varlen_workbench.workbench.records import write_record
 
         payload = {
             "report": REPORT,

@@ -11,11 +11,11 @@ the boundaries kept apart and made identical (`boundary_runs`), causal (next-tok
 bidirectional (masked tokens, `train_bidirectional`), in BF16 and in FP8 attention
 (DelayedScaling(fp8_dpa=True)); beside them the same runs through the replica (`dense_attention`,
 CPU, float32). TE's module is built for each call, as the audit matrix builds it
-(workbench.audit.adapters.te): calls stay independent, and DelayedScaling runs every call at its
+(varlen_workbench.workbench.audit.adapters.te): calls stay independent, and DelayedScaling runs every call at its
 initial scale (no amax history), which a model keeping its modules would refine over steps. The
 FP8 here is attention's only: the toy's linear layers stay torch's, in float32.
 
-Recorded per run (workbench.records, with provenance): the loss and the global gradient norm at
+Recorded per run (varlen_workbench.workbench.records, with provenance): the loss and the global gradient norm at
 every step, the held-out loss and perplexity (judged with the correct boundaries), its time; a
 run that raises is recorded with the error, and the others still run.
 """
@@ -28,21 +28,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from postmortems.te_thd_2892.cases import BIDIRECTIONAL_STEPS, TRAIN_STEPS  # noqa: E402
-from postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional  # noqa: E402
-from workbench.tinylm import dense_attention  # noqa: E402
+from varlen_workbench.postmortems.te_thd_2892.cases import BIDIRECTIONAL_STEPS, TRAIN_STEPS
+from varlen_workbench.postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
+from varlen_workbench.workbench.tinylm import dense_attention
 
 BOUNDARIES = {"correct": "separate", "workaround": "identical"}  # the toy's run names -> what attention is given
 
 
 def te_attention(recipe, device: str = "cuda"):
     """TE's DotProductAttention behind the contract's call, on `device` in BF16, under `recipe` (None: no FP8)."""
-    from workbench.audit import adapt
-    from workbench.audit.adapters.te import with_recipe
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.audit.adapters.te import with_recipe
 
     return on_device(adapt(with_recipe(recipe), "te-thd", device), device, torch.bfloat16)
 
@@ -82,7 +80,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("replica", "te-bf16", "te-fp8"), help="only this attention")
     args = parser.parse_args()
-    from workbench.audit.adapters.te import fp8_delayed_recipe
+    from varlen_workbench.workbench.audit.adapters.te import fp8_delayed_recipe
 
     attentions = {
         "replica": lambda: dense_attention,
@@ -114,7 +112,7 @@ def main() -> int:
                 print(_line(r), flush=True)
             records += runs
             if args.record:  # rewritten after each pair of runs: a call cut short keeps them
-                from workbench.records import write_record
+                from varlen_workbench.workbench.records import write_record
 
                 write_record(args.record, {"config": config, "runs": records}, command=command)
     return 0

@@ -1,15 +1,14 @@
 """Shared test settings: bounded hypothesis runs so the suite fits CI's budget."""
 
-# `kernels` first: without CUDA it switches Triton to the interpreter, which must happen before
-# any test module imports triton.language (else tl.* stay compiled-mode functions).
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-import kernels
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
 
 # The Triton interpreter is slow and timing on shared CI machines is noisy: no deadlines,
 # few examples. `HYPOTHESIS_PROFILE=thorough` runs many more (e.g. natively on a GPU).
-# Layouts come from workbench.strategies. Both profiles keep Hypothesis's replay database in
+# Layouts come from varlen_workbench.workbench.strategies. Both profiles keep Hypothesis's replay database in
 # .hypothesis/ where pytest runs (git-ignored): a failing layout is replayed first on the next
 # run. Database and randomness are set explicitly because Hypothesis, when it sees a CI
 # environment variable, starts from its own CI defaults (derandomized, no database).
@@ -28,31 +27,33 @@ settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "quick"
 
 # -- post-mortem projects for the pipeline tests (registry, CLI, site, browser) -------------
 # A project is a uniquely named post-mortem package in a temporary directory with notebooks/
-# next to it, importable here and (through PYTHONPATH, see workbench.execute.kernel_env) in
+# next to it, importable here and (through PYTHONPATH, see varlen_workbench.workbench.execute.kernel_env) in
 # notebook kernels. Nothing is ever written to the repository's postmortems/.
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-PLANTED_BUG = """from workbench import reference_attention
+REPO = Path(__file__).resolve().parent.parent
+PLANTED_BUG = """from varlen_workbench.workbench.reference import reference_attention
 
 
 def varlen_attention(q, *args, **kwargs):
     # Planted bug: a reduction over every row lets NaN padding reach every output.
     return reference_attention(q, *args, **kwargs) + 0 * q.sum()
 """
-FAST_FIX = """from workbench import reference_attention as varlen_attention
+FAST_FIX = """from varlen_workbench.workbench.reference import reference_attention as varlen_attention
 """
 
 
 def make_project(root: Path, name: str | None = None):
     """An empty post-mortem package under `root` (a fresh unique name unless given)."""
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.registry import Registry
 
     name = name or f"wbproject_{uuid.uuid4().hex[:8]}"
     if not (root / name).exists():
@@ -63,16 +64,16 @@ def make_project(root: Path, name: str | None = None):
 
 
 def scaffold_variant(project, postmortem_id: str, impl: str):
-    """`workbench new`'s files with the studied kernel swapped for `impl` (PLANTED_BUG or
+    """`varlen-workbench new`'s files with the studied kernel swapped for `impl` (PLANTED_BUG or
     FAST_FIX: the oracle, which needs no Triton interpreter). Not executed. Returns the
     package's study.py (where the kernel is imported) and the notebook."""
-    from workbench.registry import forget_modules
+    from varlen_workbench.workbench.registry import forget_modules
 
     package_path, notebook_path = project.scaffold(postmortem_id, f"Variant {postmortem_id}")
     study = package_path / "study.py"
     text = study.read_text()
-    assert "from kernels import varlen_attention\n" in text
-    study.write_text(text.replace("from kernels import varlen_attention\n", impl))
+    assert "from varlen_workbench.kernels.varlen import varlen_attention\n" in text
+    study.write_text(text.replace("from varlen_workbench.kernels.varlen import varlen_attention\n", impl))
     forget_modules(f"{project.package}.{package_path.name}")
     return study, notebook_path
 
@@ -90,7 +91,7 @@ def plain_notebook(path: Path, *sources: str) -> None:
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """An empty project, importable and made the CLI's default registry for this test."""
-    from workbench import registry
+    from varlen_workbench.workbench import registry
 
     monkeypatch.syspath_prepend(str(tmp_path / "project"))
     project = make_project(tmp_path / "project")
@@ -123,16 +124,16 @@ def built_site(tmp_path_factory):
     """(project, site directory), made once per test run: the untouched scaffold of `workbench
     new` (executed by it), a fast variant tagged differently and a plain notebook, all committed
     executed, and the site built by executing them afresh. Read-only for the tests."""
-    from workbench import registry
-    from workbench.cli import main
-    from workbench.execute import execute_in_place
-    from workbench.site import build
+    from varlen_workbench.workbench import registry
+    from varlen_workbench.workbench.cli import main
+    from varlen_workbench.workbench.execute import execute_in_place
+    from varlen_workbench.workbench.site import build
 
     with _once_per_run(tmp_path_factory, "built-site") as (directory, first), pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(directory))
         project = make_project(directory, "wbproject_scaffolded")
         if first:
-            mp.setattr(registry, "PACKAGE", project.package)  # `workbench new` scaffolds into it
+            mp.setattr(registry, "PACKAGE", project.package)  # `varlen-workbench new` scaffolds into it
             assert main(["new", "scaffold-demo", "A scaffolded post-mortem"]) == 0
             study_path, notebook_path = scaffold_variant(project, "oracle-variant", FAST_FIX)
             cases_path = study_path.parent / "cases.py"
@@ -151,12 +152,12 @@ def built_site(tmp_path_factory):
 @pytest.fixture(scope="session")
 def published_site(tmp_path_factory) -> Path:
     """The repository's own site, rendered once per test run from the committed notebooks
-    (`workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests.
+    (`varlen-workbench build --no-execute`, seconds): the pages readers get. Read-only for the tests.
     WORKBENCH_PUBLISHED_SITE names a site built beforehand instead (a GPU machine without Jupyter
     runs the paste blocks from a site built elsewhere)."""
     if os.environ.get("WORKBENCH_PUBLISHED_SITE"):
         return Path(os.environ["WORKBENCH_PUBLISHED_SITE"]).resolve()
-    from workbench.site import build
+    from varlen_workbench.workbench.site import build
 
     with _once_per_run(tmp_path_factory, "published-site") as (directory, first):
         if first:
@@ -165,8 +166,27 @@ def published_site(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    """Our wheel, built once per test run from a copy of the sources (an in-tree build leaves
+    build/ and an .egg-info beside them) with this environment's setuptools. Read-only."""
+    with _once_per_run(tmp_path_factory, "built-wheel") as (directory, first):
+        if first:
+            source = directory / "source"
+            source.mkdir()
+            for name in ("pyproject.toml", "README.md", "LICENSE"):
+                shutil.copy(REPO / name, source / name)
+            for folder in ("workbench", "kernels", "postmortems"):
+                shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+            command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(directory)]
+            done = subprocess.run([*command, str(source)], capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr
+    (wheel,) = directory.glob("*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
 def scaffolded(built_site):
-    """The project holding the untouched `workbench new` post-mortem 'scaffold-demo'."""
+    """The project holding the untouched `varlen-workbench new` post-mortem 'scaffold-demo'."""
     return built_site[0]
 
 
@@ -187,9 +207,9 @@ def gpu_skip_reason() -> str | None:
 
     if not torch.cuda.is_available():
         return f"gpu: torch {torch.__version__} sees no CUDA device"
-    if kernels.default_device().type != "cuda":
+    if default_device().type != "cuda":
         return "gpu: the default device is the CPU here (WORKBENCH_DEVICE=cpu)"
-    if kernels.interpreted("cuda"):
+    if interpreted("cuda"):
         return "gpu: the kernels run through the Triton interpreter on CUDA here (TRITON_INTERPRET=1 before triton's import)"
     return None
 

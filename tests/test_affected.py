@@ -1,11 +1,11 @@
-"""Who is affected, declared as data (workbench.affected): the masked batches it builds, the layouts'
+"""Who is affected, declared as data (varlen_workbench.workbench.affected): the masked batches it builds, the layouts'
 rules, the text it renders. Each post-mortem's declaration is checked against its library by the
 paste-block battery (tests/test_snippets.py)."""
 
 import pytest
 import torch
 
-from postmortems import (
+from varlen_workbench.postmortems import (
     fa4_unwritten_padding,
     flash_dmattn_121,
     flash_dmattn_flex_mask,
@@ -13,8 +13,8 @@ from postmortems import (
     sdpa_cudnn_masked_rows,
     torch_varlen_176793,
 )
-from workbench import Case
-from workbench.affected import Affected, Layout, MaskedBatch
+from varlen_workbench.workbench.affected import Affected, Layout, MaskedBatch
+from varlen_workbench.workbench.layout import Case
 
 DECLARED = [
     fa4_unwritten_padding,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench import Case, Fill
+from varlen_workbench.workbench.layout import Case, Fill
 
 
 @pytest.mark.parametrize("head_dim", [0, -16, 2.5, True])
@@ -23,8 +23,8 @@ def test_fill_lists_the_valid_fills():
 
 
 def test_a_float64_q_on_the_cpu_is_advised_a_dtype_that_runs_there():
-    from kernels import varlen_attention
-    from workbench.malformed import base_args, split_call
+    from varlen_workbench.kernels.varlen import varlen_attention
+    from varlen_workbench.workbench.malformed import base_args, split_call
 
     args = {**base_args(), **{n: base_args()[n].double() for n in ("q", "k", "v")}}
     positional, keywords = split_call(args)
@@ -34,8 +34,8 @@ def test_a_float64_q_on_the_cpu_is_advised_a_dtype_that_runs_there():
 
 @pytest.mark.parametrize("which", ["q", "k"])
 def test_a_transposed_tensor_is_named_as_likely_transposed(which):
-    from kernels import varlen_attention
-    from workbench.malformed import base_args, split_call
+    from varlen_workbench.kernels.varlen import varlen_attention
+    from varlen_workbench.workbench.malformed import base_args, split_call
 
     args = base_args()
     args[which] = args[which].transpose(1, 2).contiguous()  # (tokens, head_dim, heads)
@@ -50,8 +50,8 @@ def test_a_transposed_tensor_is_named_as_likely_transposed(which):
 
 
 def test_the_single_block_reproduction_refuses_a_window():
-    from kernels.interpreter import single_block_attention
-    from workbench.malformed import base_args, split_call
+    from varlen_workbench.kernels.interpreter import single_block_attention
+    from varlen_workbench.workbench.malformed import base_args, split_call
 
     positional, keywords = split_call(base_args())
     with pytest.raises(ValueError, match=r"window_size = \(2, 0\): single_block_attention reproduces a kernel without"):

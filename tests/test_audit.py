@@ -1,4 +1,4 @@
-"""`workbench audit`: adapters, checks, the bad-input campaign, reports and the CLI.
+"""`varlen-workbench audit`: adapters, checks, the bad-input campaign, reports and the CLI.
 
 Implementations here are the fp64 oracle with one planted bug each (fast: no interpreter), and
 fakes with the exact signatures of torch's varlen_attn (2.10 and 2.11), FlashAttention's
@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from workbench import reference_attention
-from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, parse_head_dims, register_adapter
-from workbench.audit.campaign import Outcome, classify, run_campaign, summarize
-from workbench.cli import main
-from workbench.malformed import CATALOGUE, base_args, split_call
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, parse_head_dims, register_adapter
+from varlen_workbench.workbench.audit.campaign import Outcome, classify, run_campaign, summarize
+from varlen_workbench.workbench.cli import main
+from varlen_workbench.workbench.malformed import CATALOGUE, base_args, split_call
+from varlen_workbench.workbench.reference import reference_attention
 
 BY_ID = {c.id: c for c in CATALOGUE}
 
@@ -180,9 +180,10 @@ def test_the_top_left_hint_comes_only_where_out_matches_top_left_alignment():
 def test_a_failing_window_case_replays_with_its_window():
     """The failing case carries its window (Case.window): a post-mortem notebook from the audit
     replays it, and probing it alone shows the same failure."""
-    from workbench import pack, probe
-    from workbench.audit import layout_findings
-    from workbench.audit.notebook import reproductions
+    from varlen_workbench.workbench.audit import layout_findings
+    from varlen_workbench.workbench.audit.notebook import reproductions
+    from varlen_workbench.workbench.layout import pack
+    from varlen_workbench.workbench.probes import probe
 
     report = audit(window_left_ignored, "contract", budget=0, checks=["sliding-window"])
     [(label, finding, case, _)] = reproductions(report)
@@ -301,7 +302,7 @@ def sdpa_bshd_guarded(q, k, v, mask):
 def test_adapters_are_detected_from_signatures():
     from torch.nn.attention.varlen import varlen_attn
 
-    assert detect(kernels.varlen_attention).name == "ours"
+    assert detect(varlen_attention).name == "ours"
     assert detect(varlen_attn).name == "torch-varlen"  # torch's own: CUDA only, its dtypes
     # Fakes of a library's signature are called by the same names; only the library's own
     # function carries what its signature cannot say (device, dtypes).
@@ -312,10 +313,10 @@ def test_adapters_are_detected_from_signatures():
         detect(sdpa_bshd)
     with pytest.raises(ValueError, match=r"adapter='nope' is not registered; known adapters: .*torch-varlen"):
         adapt(reference_attention, "nope")
-    with pytest.raises(ValueError, match=r"target 'workbench:nothing_here'.*has no attribute 'nothing_here'"):
-        adapt("workbench:nothing_here")
+    with pytest.raises(ValueError, match=r"target 'varlen_workbench.workbench:nothing_here'.*has no attribute 'nothing_here'"):
+        adapt("varlen_workbench.workbench:nothing_here")
     with pytest.raises(ValueError, match=r"must look like module:function"):
-        adapt("workbench.reference_attention")
+        adapt("varlen_workbench.workbench.reference.reference_attention")
 
 
 def test_torch_varlen_on_cpu_is_not_applicable_with_the_reason():
@@ -511,7 +512,7 @@ def test_campaign_accepts_the_implementations_own_argument_names():
 
 
 def test_campaign_of_our_kernel_is_all_clear_errors():
-    rows = run_campaign(adapt(kernels.varlen_attention), "float32")
+    rows = run_campaign(adapt(varlen_attention), "float32")
     assert {r["outcome"] for r in rows} == {Outcome.CLEAR.value}, [r for r in rows if r["outcome"] != "clear error"]
     assert len(rows) == len(CATALOGUE) and {r["head_dim"] for r in rows} == {"16"}
     assert "head_dim" not in summarize(rows)[1]
@@ -521,11 +522,11 @@ def test_campaign_grades_validation_at_a_head_dim_the_implementation_runs():
     """Our FA4 path refuses head_dim 16 before it looks at the boundaries: at 16 every case would
     grade that refusal. The campaign moves its base calls to the first head dim the path runs."""
 
-    @functools.wraps(kernels.varlen_attention)
+    @functools.wraps(varlen_attention)
     def head_dim_64_only(q, *args, **kwargs):
         if q.shape[-1] != 64:
             raise ValueError(f"head_dim {q.shape[-1]}: this path takes head dim 64 only")
-        return kernels.varlen_attention(q, *args, **kwargs)
+        return varlen_attention(q, *args, **kwargs)
 
     rows = run_campaign(adapt(head_dim_64_only), "float32")
     moved = [r["id"] for r in rows if r["outcome"] != Outcome.CLEAR.value and "head_dim 16" in r["evidence"]]
@@ -543,7 +544,7 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
         main(
             [
                 "audit",
-                "workbench:reference_attention",
+                "varlen_workbench.workbench.reference:reference_attention",
                 "--budget",
                 "3",
                 "--checks",
@@ -568,7 +569,7 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
     )
     assert main(["audit", "no_such_module_xyz:f"]) == 2
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
-    assert main(["audit", "workbench:reference_attention", "--checks", "tail-rows,nope"]) == 2
+    assert main(["audit", "varlen_workbench.workbench.reference:reference_attention", "--checks", "tail-rows,nope"]) == 2
     assert "--checks / --skip name unknown checks ['nope']" in capsys.readouterr().err
 
 
@@ -588,25 +589,34 @@ def test_audit_head_dims_are_checked_against_what_the_adapter_declares():
         with pytest.raises(ValueError, match=r"--head-dim .*pass D \(e.g. 96\) or D_QK,D_V"):
             parse_head_dims(bad)
     with pytest.raises(ValueError, match=r"head_dim = 20: adapter 'ours' declares head dims 8, 16, 24, \.\.\., 256"):
-        audit(kernels.varlen_attention, head_dim=20, budget=0)
+        audit(varlen_attention, head_dim=20, budget=0)
     with pytest.raises(ValueError, match=r"head_dim_v = 264: adapter 'ours' declares"):
-        audit(kernels.varlen_attention, head_dim=192, head_dim_v=264, budget=0)
+        audit(varlen_attention, head_dim=192, head_dim_v=264, budget=0)
     with pytest.raises(ValueError, match="head_dim_v = 128 needs head_dim"):
-        audit(kernels.varlen_attention, head_dim_v=128, budget=0)
+        audit(varlen_attention, head_dim_v=128, budget=0)
 
 
 def test_cli_audit_head_dim(tmp_path, capsys):
     record = tmp_path / "audit.json"
-    argv = ["audit", "workbench:reference_attention", "--head-dim", "192,128", "--budget", "1", "--checks", "real-accuracy"]
+    argv = [
+        "audit",
+        "varlen_workbench.workbench.reference:reference_attention",
+        "--head-dim",
+        "192,128",
+        "--budget",
+        "1",
+        "--checks",
+        "real-accuracy",
+    ]
     assert main([*argv, "--record", str(record)]) == 0
     data = json.loads(record.read_text())
     assert data["head_dims"] == "192/128" and data["checks"][0]["cases"][0]["head_dim_v"] == 128
     assert "head dim 192/128" in capsys.readouterr().out
-    assert main(["audit", "workbench:reference_attention", "--head-dim", "96,x", "--budget", "0"]) == 2
+    assert main(["audit", "varlen_workbench.workbench.reference:reference_attention", "--head-dim", "96,x", "--budget", "0"]) == 2
     assert "--head-dim '96,x': pass D" in capsys.readouterr().err
     # the run under another device (a child process) gets the flag as given
-    from workbench.audit import _argv
-    from workbench.cli import build_parser
+    from varlen_workbench.workbench.audit import _argv
+    from varlen_workbench.workbench.cli import build_parser
 
     assert "--head-dim 192,128" in " ".join(_argv(build_parser().parse_args(argv)))
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.audit import Verdict, adapt, audit
-from workbench.audit.campaign import Outcome
-from workbench.audit.plain import plain_attention
-from workbench.cli import main
-from workbench.layout import Case, pack
-from workbench.probes import probe
+from varlen_workbench.workbench.audit import Verdict, adapt, audit
+from varlen_workbench.workbench.audit.campaign import Outcome
+from varlen_workbench.workbench.audit.plain import plain_attention
+from varlen_workbench.workbench.cli import main
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.probes import probe
 
 
 def returns_none(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
@@ -91,5 +91,5 @@ def test_skip_beside_checks(capsys):
         "lse",
     ]
     assert "input-validation" not in report.verdicts()
-    assert main(["audit", "workbench:reference_attention", "--budget", "0", "--skip", "nope"]) == 2
+    assert main(["audit", "varlen_workbench.workbench.reference:reference_attention", "--budget", "0", "--skip", "nope"]) == 2
     assert "--checks / --skip name unknown checks ['nope']" in capsys.readouterr().err

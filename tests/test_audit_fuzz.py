@@ -10,11 +10,12 @@ import pytest
 import torch
 from test_audit import oracle, tail_unwritten, varlen_attn_210, window_left_ignored
 
-import kernels
-from workbench import Case, pack, probe
-from workbench.audit import adapt, fuzz
-from workbench.audit.fuzz import PROFILES, candidates, random_case, run_layout, size
-from workbench.audit.snippets import torch_snippet
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.audit import adapt, fuzz
+from varlen_workbench.workbench.audit.fuzz import PROFILES, candidates, random_case, run_layout, size
+from varlen_workbench.workbench.audit.snippets import torch_snippet
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.probes import probe
 
 
 def test_layouts_are_seeded_and_stay_within_what_the_adapter_can_express():
@@ -73,8 +74,8 @@ def test_reproduction_snippets_run_and_show_the_failure(capsys):
 
 
 def test_the_shrinker_drops_an_unrelated_empty_sequence():
-    from workbench.audit.fuzz import shrink
-    from workbench.layout import Case, Fill
+    from varlen_workbench.workbench.audit.fuzz import shrink
+    from varlen_workbench.workbench.layout import Case, Fill
 
     impl = adapt(tail_unwritten, "contract")
     case = Case((3, 0), seqlens_k=(3, 0), tail_q=2, heads=1, head_dim=16, fill=Fill.ZEROS)
@@ -98,22 +99,22 @@ def test_time_limit_stops_the_fuzzer_and_says_so():
 @pytest.mark.slow
 def test_our_kernel_survives_50_fuzzed_layouts():
     start = time.perf_counter()
-    result = fuzz(adapt(kernels.varlen_attention), 50, seed=2026, profile=PROFILES["tiny"])
+    result = fuzz(adapt(varlen_attention), 50, seed=2026, profile=PROFILES["tiny"])
     assert result.tried == 50 and not result.stopped_early
     assert result.failures == [], "\n\n".join(f.snippet for f in result.failures)
     print(f"{result.summary()} ({time.perf_counter() - start:.0f} s)")
 
 
 def test_fp32_one_key_gradient_is_within_the_floored_bound():
-    """The fuzzer's find that fixed workbench.bounds: with one key dk is exactly 0 in fp64, and
+    """The fuzzer's find that fixed varlen_workbench.workbench.bounds: with one key dk is exactly 0 in fp64, and
     the kernel's fp32 rounding (~1 ulp) must not fail a bound of 3 x max(PyTorch's 0 error, 1 ulp)."""
-    record = probe(kernels.varlen_attention, pack(Case((1,), heads=1, head_dim=16)))
+    record = probe(varlen_attention, pack(Case((1,), heads=1, head_dim=16)))
     assert record.real_within_bound, record.errors
 
 
 @pytest.mark.slow  # three worker processes, each importing the audit: ~7 s; the fast loop fuzzes in one
 def test_workers_split_the_same_layouts_and_find_the_same_failures():
-    impl = adapt("workbench:reference_attention")
+    impl = adapt("varlen_workbench.workbench.reference:reference_attention")
     one, two = fuzz(impl, 12, seed=5), fuzz(impl, 12, seed=5, workers=2)
     assert one.tried == two.tried == 12 and one.failures == two.failures == []
     leaky = adapt(tail_unwritten, "contract")
@@ -171,7 +172,9 @@ def test_progress_reports_the_layouts_so_far_with_failures_as_drawn(monkeypatch)
     """What a caller killed at its deadline keeps: every PROGRESS_SECONDS (0 here: every chunk)
     the layouts tried so far, each check's first failure as drawn, marked partial; once more
     when the search ends, before shrinking (which a kill may cut)."""
-    fuzz_module = importlib.import_module("workbench.audit.fuzz")  # the package exports the function by that name
+    fuzz_module = importlib.import_module(
+        "varlen_workbench.workbench.audit.fuzz"
+    )  # the package exports the function by that name
 
     monkeypatch.setattr(fuzz_module, "PROGRESS_SECONDS", 0)
     heard: list = []
@@ -190,8 +193,8 @@ def test_progress_reports_the_layouts_so_far_with_failures_as_drawn(monkeypatch)
 def test_shrinking_stops_at_its_stop_time():
     """With a time limit the fuzzer ends within time_limit + SHRINK_SECONDS + PROBE_GRACE: past
     `stop_at`, neither the greedy pass nor the pass that drops unneeded sequences probes."""
-    from workbench.audit.fuzz import shrink
-    from workbench.layout import Case, Fill
+    from varlen_workbench.workbench.audit.fuzz import shrink
+    from varlen_workbench.workbench.layout import Case, Fill
 
     impl = adapt(tail_unwritten, "contract")
     case = Case((3, 0), seqlens_k=(3, 0), tail_q=2, heads=1, head_dim=16, fill=Fill.ZEROS)

@@ -1,4 +1,4 @@
-"""Adapters inferred from a varlen function's parameter names (workbench.audit.adapters.varlen).
+"""Adapters inferred from a varlen function's parameter names (varlen_workbench.workbench.audit.adapters.varlen).
 
 Fakes with the exact signatures of FlashAttention-4's flash_attn.cute.flash_attn_varlen_func
 (4.0.0b36: `qv` fourth, windows with None for unbounded, seqused_q/k, (out, lse) on request) and
@@ -12,15 +12,15 @@ import pytest
 import torch
 from test_audit import oracle
 
-import kernels
-from workbench import reference_attention
-from workbench.audit import Verdict, adapt, audit, detect
-from workbench.audit.adapters import REGISTER_EXAMPLE, AdapterRefused
-from workbench.audit.adapters.cudnn_ragged import cudnn_ragged_attention
-from workbench.audit.adapters.varlen import infer
-from workbench.audit.checks import Finding
-from workbench.audit.snippets import torch_snippet
-from workbench.layout import Case
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.audit import Verdict, adapt, audit, detect
+from varlen_workbench.workbench.audit.adapters import REGISTER_EXAMPLE, AdapterRefused
+from varlen_workbench.workbench.audit.adapters.cudnn_ragged import cudnn_ragged_attention
+from varlen_workbench.workbench.audit.adapters.varlen import infer
+from varlen_workbench.workbench.audit.checks import Finding
+from varlen_workbench.workbench.audit.snippets import torch_snippet
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.reference import reference_attention
 
 FA4_CALLS: list[dict] = []
 
@@ -159,7 +159,7 @@ def test_real_signatures_are_read_by_name():
     assert (torch_names["cu_seqlens_q"], torch_names["max_seqlen_k"], torch_names["scale"]) == ("cu_seq_q", "max_k", "scale")
     assert "causal" not in torch_names or torch_names["causal"] == "is_causal"  # 2.11+: causal is a (-1, 0) window
     assert "padded" in infer(varlen_attn).lacks() or "is_causal" in torch_names
-    ours = infer(kernels.varlen_attention)
+    ours = infer(varlen_attention)
     assert ours.layout("q") == ours.layout("k") == "padded" and ours.lacks() == {} and ours.window_unbounded == -1
     cudnn = infer(cudnn_ragged_attention)
     assert cudnn.names["scale"] == "softmax_scale" and cudnn.lacks() == {}
@@ -220,12 +220,12 @@ def test_the_readme_shows_the_register_example_as_the_code_defines_it():
 
 def self_attn(q, k, v, cu_seqlens, max_seqlen, causal=False, softmax_scale=None):
     """Training code's self-attention: one cu_seqlens and one max_seqlen for q and k."""
-    return kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=causal, scale=softmax_scale)
+    return varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=causal, scale=softmax_scale)
 
 
 def self_attn_scale_dropped(q, k, v, cu_seqlens, max_seqlen, is_causal=False, scale=None):
     """The same with `scale` taken and never passed on: always 1/sqrt(D)."""
-    return kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=is_causal)
+    return varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=is_causal)
 
 
 def self_attn_oracle(q, k, v, cu_seqlens, max_seqlen, causal=False, softmax_scale=None):
@@ -317,15 +317,15 @@ def test_python_errors_name_keywords(capsys):
 
 
 def test_command_line_errors_name_flags(capsys):
-    from workbench.cli import main
+    from varlen_workbench.workbench.cli import main
 
     assert main(["audit", "test_audit_inference:not_varlen"]) == 2
     message = capsys.readouterr().err.split("\n\n")[0]
     assert "Pass --adapter NAME, NAME one of" in message and "adapter=" not in message, message
     assert main(["audit", "test_audit_inference:users_attention", "--adapter", "nope"]) == 2
-    assert "workbench audit: --adapter nope is not registered" in capsys.readouterr().err
+    assert "varlen-workbench audit: --adapter nope is not registered" in capsys.readouterr().err
     assert main(["audit", "test_audit_inference:users_attention", "--budget", "-1", "--checks", "real-accuracy"]) == 2
-    assert "workbench audit: --budget -1 must be >= 0" in capsys.readouterr().err
+    assert "varlen-workbench audit: --budget -1 must be >= 0" in capsys.readouterr().err
     assert (
         main(["audit", "torch.nn.attention.varlen:varlen_attn", "--device", "cpu", "--budget", "0", "--checks", "tail-rows"]) == 2
     )

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from workbench.audit import Verdict, audit
-from workbench.audit.isolate import Spec, Worker
-from workbench.audit.plain import plain_attention
+from varlen_workbench.workbench.audit import Verdict, audit
+from varlen_workbench.workbench.audit.isolate import Spec, Worker
+from varlen_workbench.workbench.audit.plain import plain_attention
 
 FAULT = "CUDA error: an illegal memory access was encountered"
 _faulted = False  # this process's "context" is lost
@@ -93,9 +93,9 @@ def test_isolated_fuzzer_resumes_after_a_sticky_fault():
 
 @pytest.mark.slow  # a child killed and a fresh one started: ~4 s; the sticky-fault test keeps isolation in the fast loop
 def test_a_worker_restarts_after_its_child_dies():
-    from workbench.audit import adapt
-    from workbench.audit.fuzz import run_layout
-    from workbench.layout import Case
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.audit.fuzz import run_layout
+    from varlen_workbench.workbench.layout import Case
 
     impl = adapt(killing_attention, "contract", device="cpu")
     with Worker(Spec.of(impl)) as worker:
@@ -116,7 +116,9 @@ def test_a_callable_that_cannot_be_imported_is_refused_with_the_fix():
 def test_cuda_children_are_spawned_not_forked():
     """A forked child cannot use CUDA once its fork server has (seen on the H200): on CUDA every
     child is spawned; on the CPU the fork server keeps replacements fast."""
-    spec = dict(target="workbench.audit.plain:plain_attention", adapter=None, adapter_name="contract", module="workbench")
+    spec = dict(
+        target="varlen_workbench.workbench.audit.plain:plain_attention", adapter=None, adapter_name="contract", module="workbench"
+    )
     assert Worker(Spec(**spec, device="cuda")).method == "spawn"
     assert Worker(Spec(**spec, device="cpu")).method == (
         "forkserver" if os.name == "posix" and os.uname().sysname == "Linux" else "spawn"

@@ -1,17 +1,17 @@
-"""`workbench audit` on our own kernel: every check holds (the default audit, fuzzer apart)."""
+"""`varlen-workbench audit` on our own kernel: every check holds (the default audit, fuzzer apart)."""
 
 from __future__ import annotations
 
 import pytest
 
-import kernels
-from workbench.audit import CHECKS, audit
-from workbench.malformed import CATALOGUE
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.audit import CHECKS, audit
+from varlen_workbench.workbench.malformed import CATALOGUE
 
 
 @pytest.mark.slow
 def test_our_kernel_passes_every_check():
-    report = audit(kernels.varlen_attention, budget=0)
+    report = audit(varlen_attention, budget=0)
     assert report.adapter == "ours" and [r.name for r in report.results] == [n for n, c in CHECKS.items() if not c.distributed]
     assert report.passed, report.table()
     assert (

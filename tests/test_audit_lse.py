@@ -14,9 +14,9 @@ import pytest
 import torch
 from test_audit import oracle
 
-from workbench import reference_attention
-from workbench.audit import Verdict, audit
-from workbench.layout import real_rows
+from varlen_workbench.workbench.audit import Verdict, audit
+from varlen_workbench.workbench.layout import real_rows
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def _lse(q, k, v, *args, **kwargs):

@@ -1,4 +1,4 @@
-"""The audit matrix page's logic (workbench.audit.matrix) on records made here, on the CPU."""
+"""The audit matrix page's logic (varlen_workbench.workbench.audit.matrix) on records made here, on the CPU."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from workbench.audit import audit
-from workbench.audit.judgements import (
+from varlen_workbench.workbench.audit import audit
+from varlen_workbench.workbench.audit.judgements import (
     judgements,
     known_links,
     new_findings,
@@ -17,7 +17,7 @@ from workbench.audit.judgements import (
     postmortem_links,
     unjudged,
 )
-from workbench.audit.matrix import (
+from varlen_workbench.workbench.audit.matrix import (
     COLUMNS,
     cell,
     columns,
@@ -29,8 +29,8 @@ from workbench.audit.matrix import (
     load_matrix,
     wrappers,
 )
-from workbench.audit.render import heatmap, matrix_html, text_grid
-from workbench.upstream_status import UpstreamStatus
+from varlen_workbench.workbench.audit.render import heatmap, matrix_html, text_grid
+from varlen_workbench.workbench.upstream_status import UpstreamStatus
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
 
@@ -48,7 +48,7 @@ def records_dir(tmp_path_factory):
                 "row": "dmattn-flex",
                 "ran": False,
                 "rc": 2,
-                "output": ["workbench audit: cannot import transformers"],
+                "output": ["varlen-workbench audit: cannot import transformers"],
                 "provenance": {},
             }
         )
@@ -119,7 +119,7 @@ def test_postmortem_links_name_registered_pages_for_committed_fails():
     """Each post-mortem of the judgements names a registered page, its cells are FAILs of the
     committed H200 matrix, and the cell links to that page (the fuzzer's cell gathers its
     fuzz:<check> links)."""
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.registry import Registry
 
     ids = set(Registry().ids())
     records = load_matrix()

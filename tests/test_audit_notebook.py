@@ -1,4 +1,4 @@
-"""`workbench audit --notebook`: the written notebook executes, builds into the site and passes nbval."""
+"""`varlen-workbench audit --notebook`: the written notebook executes, builds into the site and passes nbval."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbench.audit import adapt, audit
-from workbench.audit.fuzz import run_layout
-from workbench.audit.notebook import audit_claims, reproductions
-from workbench.site import build
+from varlen_workbench.workbench.audit import adapt, audit
+from varlen_workbench.workbench.audit.fuzz import run_layout
+from varlen_workbench.workbench.audit.notebook import audit_claims, reproductions
+from varlen_workbench.workbench.site import build
 
 ROOT = Path(__file__).resolve().parents[1]
 TAIL_BUG = '''import torch
-from workbench import reference_attention
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def attention(q, k, v, cu_q, cu_k, max_q, max_k, *, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None):
@@ -86,7 +86,7 @@ def test_audit_notebook_executes_builds_and_passes_nbval(project, tmp_path):
 
 
 def test_claims_stop_holding_when_the_implementation_is_fixed():
-    from workbench import reference_attention
+    from varlen_workbench.workbench.reference import reference_attention
 
     broken = audit("test_audit:tail_unwritten", "contract", budget=0, checks=["tail-rows"])
     repros = reproductions(broken)

@@ -1,4 +1,4 @@
-"""The adapters of workbench.audit.adapters for paths other than a plain varlen call, on the CPU where the path runs there.
+"""The adapters of varlen_workbench.workbench.audit.adapters for paths other than a plain varlen call, on the CPU where the path runs there.
 
 SDPA's math backend and nested jagged tensors run on the CPU; FlexAttention runs forward only
 (no CPU backward): its document mask is checked against the fp64 oracle directly, and its CPU
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import reference_attention
-from workbench.audit import ADAPTERS, Verdict, adapt, audit, detect
-from workbench.audit.adapters import MATRIX, fsa_dense_varlen
-from workbench.audit.checks import Finding
-from workbench.audit.snippets import torch_snippet
-from workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.audit import ADAPTERS, Verdict, adapt, audit, detect
+from varlen_workbench.workbench.audit.adapters import MATRIX, fsa_dense_varlen
+from varlen_workbench.workbench.audit.checks import Finding
+from varlen_workbench.workbench.audit.snippets import torch_snippet
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.reference import reference_attention
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
 
@@ -122,8 +122,8 @@ def test_the_plain_torch_snippet_of_a_padded_batch_path_runs():
 def test_mask_adapters_carry_the_window_and_the_others_say_they_take_none():
     """SDPA with a mask expresses any window (bshd_mask is the oracle's rule per sequence, padded
     positions masked); paths whose call has no window_size are n/a for windows, with the reason."""
-    from workbench.audit.adapters import bshd_mask
-    from workbench.reference import visible_keys
+    from varlen_workbench.workbench.audit.adapters import bshd_mask
+    from varlen_workbench.workbench.reference import visible_keys
 
     report = audit(SDPA, "sdpa-math", device="cpu", budget=0, checks=["sliding-window"])
     assert report.verdicts() == {"sliding-window": "pass"}, report.table()
@@ -133,7 +133,7 @@ def test_mask_adapters_carry_the_window_and_the_others_say_they_take_none():
         assert not mask[b, lq:].any() and not mask[b, :, lk:].any()
     assert torch.equal(bshd_mask([4], [4], 4, 4, True, "cpu", (1, 3))[0], visible_keys(4, 4, (1, 0)))  # causal: right = 0
     for adapter in ("sdpa-nested", "flex-document", "fsa-varlen"):
-        target = "workbench.audit.adapters.fsa:fsa_dense_varlen" if adapter == "fsa-varlen" else SDPA
+        target = "varlen_workbench.workbench.audit.adapters.fsa:fsa_dense_varlen" if adapter == "fsa-varlen" else SDPA
         if adapter == "flex-document":
             target = "torch.nn.attention.flex_attention:flex_attention"
         assert "takes no window_size" in adapt(target, adapter, device="cpu").lacks["window"]
@@ -156,8 +156,8 @@ def _script(name: str):
 def test_the_fsa_script_replays_the_first_call_the_gpu_audit_made():
     """scripts/fsa_misaligned.py's 'audit' case is the layout real-accuracy packs first for fsa-varlen
     on the GPU (head dim 64, float16, TAIL rows kept, GAP rows dropped: the adapter lacks 'padded')."""
-    from workbench.audit.checks import CHECKS, Context
-    from workbench.layout import observing_packs
+    from varlen_workbench.workbench.audit.checks import CHECKS, Context
+    from varlen_workbench.workbench.layout import observing_packs
 
     class Packed(Exception):
         pass
@@ -239,7 +239,7 @@ def test_fsa_varlen_backward_builds_a_tma_descriptor_over_lse_at_an_address_not_
 def test_the_fsa_script_replays_each_audit_checks_first_call_with_the_gpus_layout():
     """--checks replays the call each audit check makes first on the H200 (its native layouts, not the
     interpreter-sized ones), with the probe's keywords: the call whose error that check's cell records."""
-    from postmortems.fsa_varlen_descriptors.audit import first_call  # the script's --checks replay
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.audit import first_call  # the script's --checks replay
 
     function = _script("fsa_misaligned").FUNCTIONS[0]
     _, determinism, kwargs = first_call("determinism", function)

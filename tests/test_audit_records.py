@@ -1,5 +1,5 @@
-"""`workbench.audit.records`: recorded audits (data/gpu/audit-*.json) read back and printed as
-`workbench audit` printed them.
+"""`varlen_workbench.workbench.audit.records`: recorded audits (data/gpu/audit-*.json) read back and printed as
+`varlen-workbench audit` printed them.
 
 Run against the committed records (whatever run they hold) and against edited copies under
 tmp_path; a live audit of a planted TAIL bug checks that a record prints exactly like its report.
@@ -13,18 +13,19 @@ import shutil
 import pytest
 from test_audit import tail_unwritten
 
-from workbench import Case
-from workbench.audit import audit
-from workbench.audit.records import (
+from varlen_workbench.workbench.audit import audit
+from varlen_workbench.workbench.audit.records import (
     CAMPAIGN_CHECKS,
     GPU_DATA,
     campaign_table,
     fuzz_failure,
     fuzz_summary,
     load_audit_records,
+    shown_snippet,
     verdict_table,
     verdicts,
 )
+from varlen_workbench.workbench.layout import Case
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def test_a_copy_loads_the_same_records_and_an_empty_directory_names_the_command(
     with pytest.raises(FileNotFoundError) as raised:
         load_audit_records(empty)
     assert str(empty) in str(raised.value)
-    assert "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json" in str(raised.value)
+    assert "varlen-workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json" in str(raised.value)
 
 
 @pytest.mark.parametrize("record", load_audit_records(), ids=lambda r: r["file"])
@@ -95,7 +96,7 @@ def test_a_record_prints_exactly_like_the_report_it_was_recorded_from():
 
 
 def test_a_run_hands_over_its_report_after_each_check_marked_partial_until_it_ends():
-    """What `workbench audit --record` writes as it goes, so that a run killed at a deadline keeps
+    """What `varlen-workbench audit --record` writes as it goes, so that a run killed at a deadline keeps
     the checks it finished."""
     heard: list = []
     report = audit(tail_unwritten, "contract", budget=2, checks=["tail-rows", "custom-scale"], checkpoint=heard.append)
@@ -155,8 +156,8 @@ def test_an_earlier_record_is_regraded_with_todays_rules():
     """The earlier varlen_attn run (campaign and checks on layouts with TAIL rows) read again:
     its empty-sequences FAIL is TAIL rows alone, the later run's case has none and passes, and
     the campaign's 'silent NaN' counts that are exactly the TAIL values are the TAIL bug."""
-    from workbench.audit import adapt
-    from workbench.audit.regrade import EVERY_ROW_NAN, TAIL_BUG, TAIL_ONLY, regrade_campaign, regrade_checks
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.audit.regrade import EVERY_ROW_NAN, TAIL_BUG, TAIL_ONLY, regrade_campaign, regrade_checks
 
     records = {r["file"]: r for r in load_audit_records()}
     earlier, later = records["audit-torch-varlen-earlier.json"], records["audit-torch-varlen.json"]
@@ -172,7 +173,7 @@ def test_an_earlier_record_is_regraded_with_todays_rules():
 
 
 def test_tail_only_reads_the_regions_a_finding_names():
-    from workbench.audit.regrade import tail_only
+    from varlen_workbench.workbench.audit.regrade import tail_only
 
     case = "q=[3, 0] tail=2 H=2 D=64 float16 (zeros padding): "
     assert tail_only(case + "out: 256 non-finite values in 2 TAIL rows; dq: max |x| 0.5 in 2 TAIL rows")
@@ -180,3 +181,18 @@ def test_tail_only_reads_the_regions_a_finding_names():
     assert not tail_only(case + "dq: error 0.3 > bound 0.01 (30x PyTorch's own error)")
     assert not tail_only("raised RuntimeError: CUDA error: invalid argument")
     assert tail_only("dk: 64 non-finite values in 1 TAIL rows; dv: 64 non-finite values in 1 TAIL rows")  # a fuzzer's
+
+
+def test_recorded_snippets_are_shown_with_the_import_names_of_today():
+    """Records made before the rename import `workbench` and `kernels`, other distributions' names
+    now: shown, every recorded snippet imports what exists today, and the record file is untouched."""
+    import ast
+    import importlib
+
+    failures = [f for r in load_audit_records() if r.get("fuzz") for f in r["fuzz"]["failures"]]
+    assert any("from workbench import" in f["snippet"] for f in failures)  # the old names are there to translate
+    for failure in failures:
+        for node in ast.walk(ast.parse(shown_snippet(failure))):
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("varlen_workbench", "kernels", "workbench"):
+                module = importlib.import_module(node.module)
+                assert all(hasattr(module, alias.name) for alias in node.names), ast.unparse(node)

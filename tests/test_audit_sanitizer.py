@@ -1,4 +1,4 @@
-"""compute-sanitizer's text output parsed (workbench.audit.sanitizer), on logs saved from H200 runs
+"""compute-sanitizer's text output parsed (varlen_workbench.workbench.audit.sanitizer), on logs saved from H200 runs
 (kept under tests/data/sanitizer/: data/gpu/logs/ holds the latest run of each row, which a re-run
 replaces) and a racecheck hazard report in the tool's documented format."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.audit.sanitizer import API_RETURN_CODE, load_sanitizer, parse, row_summary, status
-from workbench.provenance import GPU_DATA, REPO
+from varlen_workbench.workbench.audit.sanitizer import API_RETURN_CODE, load_sanitizer, parse, row_summary, status
+from varlen_workbench.workbench.provenance import GPU_DATA, REPO
 
 LOGS = Path(__file__).parent / "data" / "sanitizer"
 DONE = "sdpa-cudnn: q=[37, 0, 100, 64] H=4/2 D=64 bfloat16 causal forward+backward in 21.0 s"
@@ -125,13 +125,13 @@ def test_a_reduced_program_completes_and_says_what_it_gave_up():
 
 # scripts/audit_sanitize.py's `watch` on the CPU, with functions that refuse GQA or whose backward raises.
 def _attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
-    from workbench import reference_attention
+    from varlen_workbench.workbench.reference import reference_attention
 
     return reference_attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw).to(q.dtype)
 
 
 def refuses_gqa(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
-    from workbench.audit import AdapterRefused
+    from varlen_workbench.workbench.audit import AdapterRefused
 
     if q.shape[1] != k.shape[1]:
         raise AdapterRefused("no kernel for grouped heads")
@@ -153,8 +153,8 @@ def backward_raises(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
 
 
 def test_the_sanitizer_program_runs_what_the_row_can_and_says_so():
-    from workbench.audit import adapt
-    from workbench.layout import Case
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.layout import Case
 
     spec = importlib.util.spec_from_file_location("audit_sanitize", REPO / "scripts" / "audit_sanitize.py")
     assert spec and spec.loader
@@ -175,7 +175,7 @@ def test_the_sanitizer_program_runs_what_the_row_can_and_says_so():
 
 def test_the_earlier_flex_run_read_just_before_its_allocations_in_one_kernel():
     """audit-matrix.ipynb states this of the kept log through the check, and prints its count from it."""
-    from workbench.audit.sanitizer import reads_just_before_allocations
+    from varlen_workbench.workbench.audit.sanitizer import reads_just_before_allocations
 
     log = _log("flex-document-memcheck")
     assert reads_just_before_allocations(log).kinds == {"Invalid __global__ read": 20}

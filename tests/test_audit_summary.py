@@ -7,9 +7,9 @@ import copy
 import shutil
 from pathlib import Path
 
-from workbench.audit.judgements import judgements
-from workbench.audit.matrix import fails, load_matrix
-from workbench.audit.summary import failures, summary
+from varlen_workbench.workbench.audit.judgements import judgements
+from varlen_workbench.workbench.audit.matrix import fails, load_matrix
+from varlen_workbench.workbench.audit.summary import failures, summary
 
 
 def _line(text: str, start: str) -> str:
@@ -54,7 +54,7 @@ def test_rows_without_an_answer_are_named():
 
 
 def _standalone() -> dict:
-    from workbench.audit.records import load_audit_records
+    from varlen_workbench.workbench.audit.records import load_audit_records
 
     records = {record["file"]: record for record in load_audit_records()}
     return {
@@ -65,7 +65,7 @@ def _standalone() -> dict:
 
 def test_standalone_audits_group_tail_only_fails_with_the_tail_mechanism():
     """The earlier varlen_attn audit's empty-sequences FAIL has TAIL values only: it joins tail-rows."""
-    from workbench.audit.summary import audits_summary
+    from varlen_workbench.workbench.audit.summary import audits_summary
 
     text = audits_summary(_standalone())
     broken = _line(text, "* **Broken:**")
@@ -76,7 +76,7 @@ def test_standalone_audits_group_tail_only_fails_with_the_tail_mechanism():
 
 
 def test_a_silent_fail_outside_tail_rows_withdraws_the_recommendation():
-    from workbench.audit.summary import audits_summary
+    from varlen_workbench.workbench.audit.summary import audits_summary
 
     subjects = copy.deepcopy(_standalone())
     checks = subjects["torch `varlen_attn`"]["checks"]
@@ -90,8 +90,8 @@ def test_a_silent_fail_outside_tail_rows_withdraws_the_recommendation():
 def test_incomplete_rows_say_why_from_h200_records(tmp_path):
     """On a frozen copy of rows of the H200 matrix as they stood on 2026-12-01 (records, sanitizer
     runs, the logs of runs killed at a call's deadline)."""
-    from workbench.audit.matrix import complete
-    from workbench.audit.summary import incomplete
+    from varlen_workbench.workbench.audit.matrix import complete
+    from varlen_workbench.workbench.audit.summary import incomplete
 
     snapshot = Path(__file__).parent / "data" / "audit-matrix-snapshot"
     records = load_matrix(snapshot)
@@ -122,7 +122,7 @@ def test_incomplete_rows_say_why_from_h200_records(tmp_path):
 
 
 def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):
-    from workbench.audit.summary import incomplete
+    from varlen_workbench.workbench.audit.summary import incomplete
 
     ours = copy.deepcopy(next(r for r in load_matrix() if r["row"] == "ours"))
     assert incomplete([ours], tmp_path) == {}
@@ -147,9 +147,9 @@ def test_incomplete_names_each_gap_of_a_synthetic_record(tmp_path):
 def test_a_check_that_joined_the_audit_after_a_run_is_no_gap_of_it(tmp_path):
     """The lse check came after the H200 records: they are whole without it, and the matrix has no lse
     column yet; a run made after it joined, that lacks it, left it out."""
-    from workbench.audit.checks import CHECKS
-    from workbench.audit.matrix import columns, complete, left_out
-    from workbench.audit.summary import incomplete
+    from varlen_workbench.workbench.audit.checks import CHECKS
+    from varlen_workbench.workbench.audit.matrix import columns, complete, left_out
+    from varlen_workbench.workbench.audit.summary import incomplete
 
     ours = copy.deepcopy(next(r for r in load_matrix() if r["row"] == "ours"))
     ours["checks"] = [c for c in ours["checks"] if c["name"] != "lse"]

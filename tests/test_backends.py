@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.varlen.backends import fa4_is_faster_for
-from workbench.bench import GUARDED_FA4, RECORD_COMMAND
-from workbench.records import load_records
-from workbench.workloads import workloads
+from varlen_workbench.kernels.varlen.backends import fa4_is_faster_for
+from varlen_workbench.workbench.bench import GUARDED_FA4, RECORD_COMMAND
+from varlen_workbench.workbench.records import load_records
+from varlen_workbench.workbench.workloads import workloads
 
 TOLERANCE = 0.03
 

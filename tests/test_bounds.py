@@ -1,4 +1,4 @@
-"""workbench.bounds: the fp32 floor covers a correct kernel's rounding, and a real bug still fails."""
+"""varlen_workbench.workbench.bounds: the fp32 floor covers a correct kernel's rounding, and a real bug still fails."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import math
 import pytest
 import torch
 
-import kernels
-from workbench import Case, Fill, Region, error_check, pack, reference_attention
+from varlen_workbench.kernels import varlen
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.workbench.reference import reference_attention
 
-varlen_attention = functools.partial(kernels.varlen_attention, backend="triton")
+varlen_attention = functools.partial(varlen.varlen_attention, backend="triton")
 EPS32 = torch.finfo(torch.float32).eps
 
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from conftest import FAST_FIX, PLANTED_BUG, plain_notebook, scaffold_variant
 
-from workbench import Case, cli
-from workbench.registry import read_manifest, recorded_verdicts
+from varlen_workbench.workbench import cli
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.registry import read_manifest, recorded_verdicts
 
 
 def test_every_command_is_wired():
@@ -99,7 +100,7 @@ def test_progress_says_what_is_still_running_in_lines_that_fit(capsys):
 
 
 def test_claim_lines_wrap_the_claim_and_cut_long_evidence():
-    from workbench.postmortem import OURS, ClaimVerdict
+    from varlen_workbench.workbench.postmortem import OURS, ClaimVerdict
 
     long = ClaimVerdict("padding rows of out, dq, dk, dv are exactly 0 " * 3, False, "row 7: nan; " * 60, OURS)
     short = ClaimVerdict("real rows match", True, "max error 0.1 of the bound", OURS)
@@ -184,10 +185,10 @@ def test_list_fits_the_terminal_without_importing_the_modules(project, capsys, m
 
 def test_list_shows_every_title_readably_at_80_columns():
     """The repository's own post-mortems, as a newcomer's 80-column terminal shows them."""
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.registry import Registry
 
     listed = subprocess.run(
-        [sys.executable, "-m", "workbench", "list"],
+        [sys.executable, "-m", "varlen_workbench.workbench", "list"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -204,7 +205,7 @@ def test_list_shows_every_title_readably_at_80_columns():
 
 def test_list_without_postmortems_says_how_to_start(project, capsys):
     assert cli.main(["list"]) == 0
-    assert "workbench new" in capsys.readouterr().out
+    assert "varlen-workbench new" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # executes a notebook end to end: ~4 s
@@ -256,7 +257,7 @@ def _alive(pid: int) -> bool:
     ids=["SIGTERM", "SIGINT", "SIGKILL"],
 )
 def test_lab_stops_its_child_when_signalled(tmp_path, sig):
-    """`workbench lab` killed by its PID or Ctrl-C takes JupyterLab with it: the signal is
+    """`varlen-workbench lab` killed by its PID or Ctrl-C takes JupyterLab with it: the signal is
     forwarded; killed with -9, which it cannot see, the kernel's parent-death signal stops it."""
     pid_file = tmp_path / "child.pid"
     child = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(60)"
@@ -264,7 +265,7 @@ def test_lab_stops_its_child_when_signalled(tmp_path, sig):
         [
             sys.executable,
             "-c",
-            f"import sys; from workbench.cli import run_forwarding_signals; sys.exit(run_forwarding_signals([sys.executable, '-c', {child!r}]))",
+            f"import sys; from varlen_workbench.workbench.cli import run_forwarding_signals; sys.exit(run_forwarding_signals([sys.executable, '-c', {child!r}]))",
         ]
     )
     deadline = time.monotonic() + 60
@@ -287,12 +288,12 @@ def test_lab_help_is_real_help(capsys):
         cli.main(["lab", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: workbench lab")
-    assert "--allow-root" in out and "--no-browser" in out and "workbench execute ID" in out
+    assert out.startswith("usage: varlen-workbench lab")
+    assert "--allow-root" in out and "--no-browser" in out and "varlen-workbench execute ID" in out
 
 
 def test_jsonable_results():
-    from workbench.records import jsonable
+    from varlen_workbench.workbench.records import jsonable
 
     case = Case(seqlens_q=(3,))
     assert jsonable({"a": (1, 2.5, None), "t": torch.arange(3)}) == {"a": [1, 2.5, None], "t": [0, 1, 2]}
@@ -302,14 +303,14 @@ def test_jsonable_results():
 
 
 def test_a_record_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
-    """`write_json` (which `write_record` and `workbench audit --record` write through): a write
+    """`write_json` (which `write_record` and `varlen-workbench audit --record` write through): a write
     cut off midway (a kill, a full disk) leaves the earlier record as it was, and no partial file."""
     import pathlib
 
-    from workbench.records import read_record, write_json, write_record
+    from varlen_workbench.workbench.records import read_record, write_json, write_record
 
     path = tmp_path / "sub" / "audit-row.json"
-    first = write_record(path, {"rows": [1]}, command="python -m workbench audit x")
+    first = write_record(path, {"rows": [1]}, command="python -m varlen_workbench.workbench audit x")
     whole_write = pathlib.Path.write_text
 
     def cut_off(self, text, *args, **kwargs):

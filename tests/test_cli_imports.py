@@ -42,7 +42,7 @@ class Blocker(importlib.abc.MetaPathFinder):
 if {block!r}:
     sys.meta_path.insert(0, Blocker())
 
-from workbench import cli, registry
+from varlen_workbench.workbench import cli, registry
 
 registry.PACKAGE = {package!r}
 report = []
@@ -62,7 +62,7 @@ def run_commands(project, commands, *, block):
     `project`'s post-mortems); returns, per command, its exit status, the Jupyter modules
     loaded so far and whether torch was."""
     code = RUNNER.format(jupyter=JUPYTER, block=block, package=project.package, commands=commands)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project.root), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project.root), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=project.root, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and lines, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
@@ -73,7 +73,16 @@ def run_commands(project, commands, *, block):
 # entry point (its --help: on a GPU the benchmark itself would run for minutes).
 GPU_COMMANDS = [
     ["repro", "fast-fix"],
-    ["audit", "workbench:reference_attention", "--adapter", "contract", "--budget", "0", "--checks", "gap-rows"],
+    [
+        "audit",
+        "varlen_workbench.workbench.reference:reference_attention",
+        "--adapter",
+        "contract",
+        "--budget",
+        "0",
+        "--checks",
+        "gap-rows",
+    ],
     ["bench", "--help"],
 ]
 
@@ -91,7 +100,7 @@ def test_audit_bench_repro_need_no_jupyter_package(project, block):
 
 
 def test_help_and_list_import_neither_torch_nor_jupyter(project):
-    """`workbench --help` and `list` answer at once: `list` reads each post-mortem's META from
+    """`varlen-workbench --help` and `list` answer at once: `list` reads each post-mortem's META from
     its source instead of importing the module (torch, Triton, matplotlib: seconds)."""
     scaffold_variant(project, "fast-fix", FAST_FIX)
     report = run_commands(project, [["--help"], ["list"]], block=True)
@@ -106,42 +115,34 @@ def test_info_needs_no_jupyter_package(project):
 
 
 def test_python_dash_m_workbench():
-    done = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "varlen_workbench.workbench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: workbench ")
+    assert done.stdout.startswith("usage: varlen-workbench ")
     for command in ("info", "list", "repro", "audit", "bench", "new", "lab"):
         assert command in done.stdout
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path of `workbench bench`")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path of `varlen-workbench bench`")
 def test_bench_on_cpu_is_one_line_and_exit_2(capsys):
-    from workbench import cli
+    from varlen_workbench.workbench import cli
 
     assert cli.main(["bench", "--quick"]) == cli.EXIT_USAGE
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
-    assert line.startswith("workbench bench: torch ") and "sees no CUDA device" in line
+    assert line.startswith("varlen-workbench bench: torch ") and "sees no CUDA device" in line
 
 
-def test_version_comes_from_package_metadata():
-    from importlib.metadata import version
+def test_instruments_resolve_lazily_and_unknown_names_raise():
+    """`from varlen_workbench.workbench import instruments as wb`: every name is its module's own."""
+    import importlib
 
-    import workbench
+    from varlen_workbench.workbench import instruments
 
-    assert workbench.__version__ == version("varlen-postmortem-workbench")
-
-
-def test_lazy_names_resolve_and_unknown_names_raise():
-    import workbench
-    import workbench.probes
-    import workbench.sweeps
-    from workbench.layout import Case
-
-    assert workbench.Case is Case
-    assert set(workbench.__all__) == {"__version__", *workbench._EXPORTS}
-    assert set(workbench.__all__) <= set(dir(workbench))
-    for name in workbench._EXPORTS:  # every lazy name resolves to what its module defines
-        assert getattr(workbench, name) is getattr(__import__(workbench._EXPORTS[name], fromlist=[name]), name)
+    assert set(instruments.__all__) == set(instruments._EXPORTS) <= set(dir(instruments))
+    for name, module in instruments._EXPORTS.items():  # every lazy name resolves to what its module defines
+        assert getattr(instruments, name) is getattr(importlib.import_module(module), name)
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        workbench.no_such_name  # noqa: B018
+        instruments.no_such_name  # noqa: B018

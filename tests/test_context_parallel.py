@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kernels import varlen_attention
-from workbench.audit.checks import Verdict
-from workbench.audit.context_parallel import context_parallel_check, cp_case, judge, padding_rule_study
-from workbench.context_parallel import (
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.audit.checks import Verdict
+from varlen_workbench.workbench.audit.context_parallel import context_parallel_check, cp_case, judge, padding_rule_study
+from varlen_workbench.workbench.context_parallel import (
     LayoutError,
     ZigZag,
     check_cp_layout,
@@ -21,8 +21,8 @@ from workbench.context_parallel import (
     shard_thd,
     unshard_thd,
 )
-from workbench.layout import Case, Fill, cumulative, pack
-from workbench.reference import reference_attention
+from varlen_workbench.workbench.layout import Case, Fill, cumulative, pack
+from varlen_workbench.workbench.reference import reference_attention
 
 
 @pytest.fixture
@@ -133,13 +133,13 @@ def _naive_merge(outs, lses):
 
 
 def nan_merge(*args, **kwargs):
-    with mock.patch("workbench.context_parallel.merge_partials", _naive_merge):
+    with mock.patch("varlen_workbench.workbench.context_parallel.merge_partials", _naive_merge):
         return context_parallel_attention(*args, **kwargs)
 
 
 @pytest.mark.slow
 def test_planted_nan_merge_fails():
-    """(forgets_tail goes through `workbench audit`: test_workbench_audit_fails_a_planted_cp_bug.)"""
+    """(forgets_tail goes through `varlen-workbench audit`: test_workbench_audit_fails_a_planted_cp_bug.)"""
     _, ((_, findings),) = judge([cp_case(PLANTED_CASE, 2)], impl=nan_merge)
     assert "gap-rows" in {f.check for f in findings}, findings
     assert any("non-finite" in f.evidence for f in findings)
@@ -161,7 +161,7 @@ def test_on_cpu_ranks_interpret_on_a_gpu_machine(monkeypatch):
     and TRITON_INTERPRET is left alone."""
     import os
 
-    from workbench import context_parallel as cp
+    from varlen_workbench.workbench import context_parallel as cp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -184,9 +184,9 @@ def test_on_cpu_ranks_interpret_on_a_gpu_machine(monkeypatch):
 
 def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
     """The record command: both results and the command that reproduces them (the runs themselves are tested above)."""
-    from workbench.audit import context_parallel as audit_cp
-    from workbench.audit.checks import CheckResult
-    from workbench.records import read_record
+    from varlen_workbench.workbench.audit import context_parallel as audit_cp
+    from varlen_workbench.workbench.audit.checks import CheckResult
+    from varlen_workbench.workbench.records import read_record
 
     check = CheckResult(audit_cp.NAME, Verdict.PASS, "evidence")
     study = audit_cp.PaddingRuleStudy(
@@ -205,7 +205,10 @@ def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
     assert audit_cp.main(["--cp-size", "2", "--record", str(path)]) == 0
     record = read_record(path)
     assert record["check"]["verdict"] == "pass" and record["padding_rule"]["rows_on_no_rank"] == 6
-    assert record["provenance"]["command"] == f"python -m workbench.audit.context_parallel --cp-size 2 --record {path}"
+    assert (
+        record["provenance"]["command"]
+        == f"python -m varlen_workbench.workbench.audit.context_parallel --cp-size 2 --record {path}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -219,7 +222,7 @@ def test_main_records_the_check_and_the_study(tmp_path, monkeypatch):
 )
 def test_main_argument_errors(argv, env, message, monkeypatch, capsys):
     """Bad arguments exit 2 with the argument and the fix, before any rank starts."""
-    from workbench.audit import context_parallel as audit_cp
+    from varlen_workbench.workbench.audit import context_parallel as audit_cp
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -232,7 +235,7 @@ def test_main_argument_errors(argv, env, message, monkeypatch, capsys):
 
 def test_main_refuses_more_ranks_than_gpus(monkeypatch, capsys):
     """On a GPU machine each rank needs a GPU of its own: no silent fall-back to gloo."""
-    from workbench.audit import context_parallel as audit_cp
+    from varlen_workbench.workbench.audit import context_parallel as audit_cp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -241,9 +244,9 @@ def test_main_refuses_more_ranks_than_gpus(monkeypatch, capsys):
     assert "--cp-size 2: cp_size = 2 needs 2 GPUs for NCCL, and this machine has 1" in capsys.readouterr().err
 
 
-# -- the audit's entry: `workbench audit` runs the check on a context-parallel target ----------
+# -- the audit's entry: `varlen-workbench audit` runs the check on a context-parallel target ----------
 
-CP_TARGET = "workbench.context_parallel:context_parallel_attention"
+CP_TARGET = "varlen_workbench.workbench.context_parallel:context_parallel_attention"
 
 
 def test_audit_calls_a_cp_target_only_through_its_check():
@@ -252,9 +255,9 @@ def test_audit_calls_a_cp_target_only_through_its_check():
     checks and the fuzzer are n/a for a CP attention (never called in one process), and the
     context-parallel check is n/a for a single-process one; the matrix (single-process rows)
     has no column for it."""
-    from workbench.audit import CHECKS, adapt, audit
-    from workbench.audit.matrix import CORRECTNESS
-    from workbench.audit.plain import plain_attention
+    from varlen_workbench.workbench.audit import CHECKS, adapt, audit
+    from varlen_workbench.workbench.audit.matrix import CORRECTNESS
+    from varlen_workbench.workbench.audit.plain import plain_attention
 
     cp, plain = adapt(CP_TARGET), adapt(plain_attention, "contract")
     assert cp.adapter.name == "context-parallel"
@@ -276,9 +279,9 @@ def test_audit_calls_a_cp_target_only_through_its_check():
 
 @pytest.mark.slow
 def test_workbench_audit_fails_a_planted_cp_bug(capsys):
-    """`workbench audit` on a CP attention that leaves TAIL rows unwritten: exit 1, the check's FAIL
+    """`varlen-workbench audit` on a CP attention that leaves TAIL rows unwritten: exit 1, the check's FAIL
     names the rank and the rows."""
-    from workbench.cli import main
+    from varlen_workbench.workbench.cli import main
 
     target = f"{forgets_tail.__module__}:forgets_tail"
     assert main(["audit", target, "--adapter", "context-parallel", "--checks", "context-parallel"]) == 1

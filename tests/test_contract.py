@@ -1,6 +1,6 @@
 """Point 4 of the padding contract: every malformed input gets a clear error.
 
-Each case of the catalogue (workbench.malformed, shared with `workbench audit`) is one malformed
+Each case of the catalogue (varlen_workbench.workbench.malformed, shared with `varlen-workbench audit`) is one malformed
 call: the exception type and a regex its message must match (naming the argument, the offending
 index/value, and the fix).
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.contract import check_scale, check_varlen_inputs, check_window_size
-from kernels.varlen.op import DTYPES, HEAD_DIMS
-from workbench import Case, Region, check_cu_seqlens, pack, region_labels
-from workbench.malformed import CATALOGUE, I32, base_args, split_call
+from varlen_workbench.kernels.contract import check_cu_seqlens, check_scale, check_varlen_inputs, check_window_size
+from varlen_workbench.kernels.varlen.op import DTYPES, HEAD_DIMS
+from varlen_workbench.workbench.layout import Case, Region, pack, region_labels
+from varlen_workbench.workbench.malformed import CATALOGUE, I32, base_args, split_call
 
 
 def call(**changes):
@@ -140,7 +140,7 @@ def test_validation_reads_the_metadata_in_one_host_copy():
     """check_varlen_inputs (what validate=True runs) reads all four boundary vectors in one copy,
     and varlen_attention up to its launch does too: once per new metadata, never with
     validate=False. (On CUDA each read is a sync: issue 17 measured validate=True at +15-47%.)"""
-    import kernels.varlen.op as op
+    import varlen_workbench.kernels.varlen.op as op
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
     from contract_errors import checks_only

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from kernels import varlen_attention
-from workbench import Case, Fill, Region, pack, poisoned_memory, region_labels
-from workbench.malformed import CATALOGUE, PADDED, REAL, ROWS, base_args
-from workbench.plots import attention_mask
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack, region_labels
+from varlen_workbench.workbench.malformed import CATALOGUE, PADDED, REAL, ROWS, base_args
+from varlen_workbench.workbench.plots import attention_mask
+from varlen_workbench.workbench.poison import poisoned_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "contract.md"

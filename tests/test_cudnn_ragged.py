@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from workbench.audit.adapters import cudnn_ragged
+from varlen_workbench.workbench.audit.adapters import cudnn_ragged
 
 
 @pytest.fixture

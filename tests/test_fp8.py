@@ -5,9 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import default_device
-from kernels.fp8 import FP8, FP8_MAX, Fp8Blockwise, quantize_fp8_blockwise, quantize_reference, varlen_attention_fp8
-from workbench import Case, Fill, Region, cumulative, pack, reference_attention
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.fp8 import (
+    FP8,
+    FP8_MAX,
+    Fp8Blockwise,
+    quantize_fp8_blockwise,
+    quantize_reference,
+    varlen_attention_fp8,
+)
+from varlen_workbench.workbench.layout import Case, Fill, Region, cumulative, pack
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.provenance import REPO
+from varlen_workbench.workbench.provenance import REPO
 
 # Records as they stood before a rerun (data/gpu/ holds the latest, which the next GPU call replaces).
 FROZEN = REPO / "tests" / "data" / "audit-records"
@@ -57,14 +57,14 @@ def test_a_slow_rows_checks_left_are_split_into_parts(script):
 
 
 def _part(record, names, partial=""):
-    """A checks-only run's record of `names` (each passing), as `workbench audit --record` writes it."""
+    """A checks-only run's record of `names` (each passing), as `varlen-workbench audit --record` writes it."""
     checks = [{"name": n, "verdict": "pass", "evidence": "fine", "seconds": 1.0} for n in names]
     provenance = {**record["provenance"], "commit": "new", "date": "2026-12-02 09:00 UTC"}
     return {**record, "checks": checks, "provenance": provenance, "budget": 0, "fuzz": None, "partial": partial}
 
 
 def test_check_parts_merge_into_the_row_with_the_run_each_check_came_from(script):
-    from workbench.audit.matrix import cell, complete
+    from varlen_workbench.workbench.audit.matrix import cell, complete
 
     fsa = script._earlier("fsa-dense-varlen")
     left = script._checks_left(fsa, force=False)
@@ -88,7 +88,7 @@ def test_check_parts_merge_into_the_row_with_the_run_each_check_came_from(script
     assert again["fuzz_provenance"] == {"commit": "fz"} and again["fuzz"]["tried"] == 1000
 
 
-# Stands in for `workbench audit ... --record OUT`: records its first check as a run under way
+# Stands in for `varlen-workbench audit ... --record OUT`: records its first check as a run under way
 # does, starts a process of its own (as the audit's children), and hangs until killed.
 FAKE_AUDIT = """
 import json, subprocess, sys, time

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from workbench import Region, region_labels
-from workbench.health import GradientHealth, State, Thresholds, classify, token_norms
+from varlen_workbench.workbench.health import GradientHealth, State, Thresholds, classify, token_norms
+from varlen_workbench.workbench.layout import Region, region_labels
 
 
 class NaNGradient(torch.autograd.Function):

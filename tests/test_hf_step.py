@@ -1,9 +1,9 @@
 """The transformers swap builds the batch's `VarlenMetadata` once per forward, with at most one
 host read, whatever the batch kind; the layers after the first read nothing and build nothing.
 
-On the CPU a host read costs no sync, so the count is of the swap's reads (`kernels.hf._read`, its
+On the CPU a host read costs no sync, so the count is of the swap's reads (`varlen_workbench.kernels.hf._read`, its
 one way to read values) and of the metadata it builds; the H200's profiler count of real syncs,
-ours and transformers' apart, is `workbench.stepbench`'s record.
+ours and transformers' apart, is `varlen_workbench.workbench.stepbench`'s record.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import hf
-from kernels.varlen import metadata
-from workbench import realclient as rc
+from varlen_workbench.kernels import hf
+from varlen_workbench.kernels.varlen import metadata
+from varlen_workbench.workbench import realclient as rc
 
 SIZE = dataclasses.replace(rc.SIZES["cpu"], layers=2)  # a second layer finds the first one's metadata
 

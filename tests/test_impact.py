@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from workbench.provenance import GPU_DATA
-from workbench.registry import Registry, RegistryError, validate_module
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.registry import Registry, RegistryError, validate_module
 
 # A ratio ("25x", "1,200 times") or an order of magnitude ("~1e9") written into the text.
 TYPED_FIGURE = re.compile(r"\d[\d,.]*\s*(?:x\b|×|times\b)|~\s*1e[+-]?\d")
@@ -57,7 +57,7 @@ def test_interpreter_impact_is_the_records_order_of_magnitude():
 
 def test_a_figure_without_impact_figures_is_refused():
     module = Registry().get("torch-varlen-176793").module
-    bare = types.ModuleType("postmortems.torch_varlen_176793")
+    bare = types.ModuleType("varlen_workbench.postmortems.torch_varlen_176793")
     for name in ("STATUS", "CASES", "reproduce", "claims"):
         setattr(bare, name, getattr(module, name))
     bare.META = dataclasses.replace(module.META, impact="{ratio} times worse")  # type: ignore[attr-defined]

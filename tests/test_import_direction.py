@@ -2,7 +2,8 @@
 
 Read from the source (every import statement, at any depth), so a late import inside a function
 counts as much as one at the top. The registry loads post-mortems by name (importlib), which is
-the one road from workbench to postmortems.
+the one road from workbench to postmortems. Every import of ours names the namespace
+(`varlen_workbench.kernels`, ...): the old top-level names are other distributions' now.
 """
 
 import ast
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "varlen_workbench"
+FOLDERS = ("kernels", "workbench", "postmortems")  # the folders the namespace maps, each a layer
 
 
 def imported(path: Path) -> list[tuple[int, str]]:
@@ -24,12 +27,14 @@ def imported(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def sources(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def sources(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
 
 
-def top(module: str) -> str:
-    return module.partition(".")[0]
+def layer(module: str) -> str | None:
+    """The folder (layer) of one of our modules, None for anyone else's."""
+    names = module.split(".")
+    return names[1] if names[0] == NAMESPACE and len(names) > 1 else None
 
 
 @pytest.mark.parametrize(("package", "forbidden"), [("kernels", {"workbench", "postmortems"}), ("workbench", {"postmortems"})])
@@ -38,7 +43,7 @@ def test_lower_layers_never_import_upper_ones(package, forbidden):
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for path in sources(package)
         for line, module in imported(path)
-        if top(module) in forbidden
+        if layer(module) in forbidden
     ]
     assert not wrong, wrong
 
@@ -46,28 +51,29 @@ def test_lower_layers_never_import_upper_ones(package, forbidden):
 def test_no_postmortem_imports_another():
     wrong = []
     for path in sources("postmortems"):
-        parts = path.relative_to(ROOT / "postmortems").parts
-        own = parts[0].removesuffix(".py") if len(parts) > 1 or parts[0] != "__init__.py" else None
+        own = path.relative_to(ROOT / "postmortems").parts[0].removesuffix(".py")
         for line, module in imported(path):
             names = module.split(".")
-            if names[0] == "postmortems" and len(names) > 1 and names[1] != own:
+            if layer(module) == "postmortems" and len(names) > 2 and names[2] != own:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not wrong, wrong
 
 
-def test_the_rule_sees_late_imports(tmp_path):
-    """A check that cannot fail is no check: an import inside a function is found."""
+@pytest.mark.parametrize("folder", [*FOLDERS, "tests", "benchmarks", "scripts", "docs"])
+def test_no_import_names_an_old_top_level_package(folder):
+    """`import kernels` is Hugging Face's package, `import workbench` a PyPI distribution's."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sources(folder)
+        for line, module in imported(path)
+        if module.split(".")[0] in FOLDERS
+    ]
+    assert not wrong, wrong
+
+
+def test_the_rules_see_late_imports(tmp_path):
+    """A check that cannot fail is no check: an import inside a function is found, old names too."""
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from postmortems.other import X\n    import workbench.layout\n")
-    assert imported(sample) == [(2, "postmortems.other"), (3, "workbench.layout")]
-
-
-def test_no_lazy_name_of_workbench_shadows_one_of_its_modules():
-    """`from workbench import probe` must stay the function after `import workbench.probes`: a name
-    exported lazily never equals a submodule's name (importing the submodule would rebind it)."""
-    import workbench
-
-    modules = {path.stem for path in (ROOT / "workbench").glob("*.py")} | {
-        path.parent.name for path in (ROOT / "workbench").glob("*/__init__.py")
-    }
-    assert not modules & set(workbench._EXPORTS), modules & set(workbench._EXPORTS)
+    sample.write_text("def f():\n    from varlen_workbench.postmortems.other import X\n    import kernels.hf\n")
+    assert imported(sample) == [(2, "varlen_workbench.postmortems.other"), (3, "kernels.hf")]
+    assert layer("varlen_workbench.postmortems.other") == "postmortems" and layer("kernels.hf") is None

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from workbench.provenance import REPO
+from varlen_workbench.workbench.provenance import REPO
 
 
 @pytest.fixture(scope="module")

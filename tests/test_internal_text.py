@@ -77,7 +77,7 @@ def _context(text: str, match: re.Match) -> str:
         "# NBVAL_CHECK_OUTPUT",
         "at /tmp/ipykernel_16376/2449625859.py:12",
         "the device budget of the session was spent",
-        "Next GPU session: workbench repro x",
+        "Next GPU session: varlen-workbench repro x",
         "the device copy's stale .git",
         "Seed: shared/seeds/001_90a18acb6ed00fca.txt",
         "and, once a GPU record exists, around torch's own",
@@ -101,7 +101,7 @@ def test_each_kind_of_note_is_found(text):
 def test_reader_wording_passes():
     assert not internal_notes(
         "Not yet measured on a GPU. CPU debugging sessions, a padded token budget, static token budgets, budget=20, "
-        "`workbench audit ... --budget 3000`. Seed 0, five seeds, the audit draws every case from its seed. Issue #1228."
+        "`varlen-workbench audit ... --budget 3000`. Seed 0, five seeds, the audit draws every case from its seed. Issue #1228."
     )
 
 
@@ -114,7 +114,7 @@ def test_a_statement_the_page_contradicts_is_found():
 
 @pytest.mark.slow  # renders every page (seconds); the rules themselves are checked above, in the fast loop
 def test_no_page_carries_internal_notes_or_stale_statements(published_site):
-    from workbench.postmortem import load_records
+    from varlen_workbench.workbench.postmortem import load_records
 
     found = []
     for page in sorted(published_site.glob("*.html")):

@@ -1,4 +1,4 @@
-"""The bf16 `tl.dot` detector (kernels.interpreter) against what the installed Triton really does.
+"""The bf16 `tl.dot` detector (varlen_workbench.kernels.interpreter) against what the installed Triton really does.
 
 Every assertion is phrased against an independent observation, so the tests hold under the
 interpreter (where triton 3.6 has the bug), natively on a GPU, and on a future Triton that fixes
@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.interpreter
-from kernels import interpreted
-from kernels.interpreter import (
+import varlen_workbench.kernels.interpreter
+from varlen_workbench.kernels.interpreter import (
     BLOCK,
     SINGLE_BLOCK_MAX_SEQLEN,
     bf16_dot_is_broken,
@@ -32,7 +31,9 @@ from kernels.interpreter import (
     single_block_attention,
     triton_dot,
 )
-from workbench import Case, pack, probe
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.probes import probe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,8 +101,8 @@ def test_compiled_answers_false_without_launching_anything(monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a dot was launched to answer for compiled kernels")
 
-    monkeypatch.setattr(kernels.interpreter, "check_dot", no_launch)
-    monkeypatch.setattr(kernels.interpreter, "interpreter_bf16_dot_is_broken", no_launch)
+    monkeypatch.setattr(varlen_workbench.kernels.interpreter, "check_dot", no_launch)
+    monkeypatch.setattr(varlen_workbench.kernels.interpreter, "interpreter_bf16_dot_is_broken", no_launch)
     assert not bf16_dot_is_broken("cuda") and not dot_upcast_needed(torch.bfloat16, "cuda")
 
 
@@ -119,9 +120,9 @@ def test_the_interpreters_report_on_any_machine():
 
 @pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_the_interpreters_report_from_a_shell():
-    """`WORKBENCH_DEVICE=cpu python -m kernels.interpreter`, with triton imported first."""
+    """`WORKBENCH_DEVICE=cpu python -m varlen_workbench.kernels.interpreter`, with triton imported first."""
     env = os.environ | {"WORKBENCH_DEVICE": "cpu"}
-    code = "import triton, runpy; runpy.run_module('kernels.interpreter', run_name='__main__')"
+    code = "import triton, runpy; runpy.run_module('varlen_workbench.kernels.interpreter', run_name='__main__')"
     child = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
     printed = json.loads(child.stdout)

@@ -22,14 +22,15 @@ import numpy as np
 import pytest
 import torch
 
-import kernels.varlen.metadata as metadata
-import kernels.varlen.op as op
-from kernels import VarlenMetadata, default_device
-from kernels.contract import check_cu_seqlens
-from kernels.varlen.device_check import CHUNK, check_on_device
-from kernels.varlen.launch import work_lists
-from workbench import Case, pack
-from workbench.malformed import CATALOGUE, base_args, split_call
+import varlen_workbench.kernels.varlen.metadata as metadata
+import varlen_workbench.kernels.varlen.op as op
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.contract import check_cu_seqlens
+from varlen_workbench.kernels.varlen import VarlenMetadata
+from varlen_workbench.kernels.varlen.device_check import CHUNK, check_on_device
+from varlen_workbench.kernels.varlen.launch import work_lists
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.malformed import CATALOGUE, base_args, split_call
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -401,7 +402,7 @@ def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkey
     they do, and without a check (validate=False) too. The work lists of the check's safe copy
     are the check's own: only validate=False launches `work_lists`. Outputs and gradients are bitwise those of a call that
     makes and fills everything (validate=False)."""
-    import kernels.varlen.launch as launch
+    import varlen_workbench.kernels.varlen.launch as launch
 
     batch = pack(case)
     fills = _counted(monkeypatch, launch, "fill_padding_rows")

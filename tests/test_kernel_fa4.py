@@ -21,10 +21,15 @@ import functools
 import pytest
 import torch
 
-import kernels.varlen.fa4 as fa4
-from kernels import VarlenMetadata, default_device, interpreted, varlen_attention
+import varlen_workbench.kernels.varlen.fa4 as fa4
 from tests.test_kernel_varlen import nan_on_padding
-from workbench import Case, Region, pack, poisoned_memory, probe, reference_attention, region_labels
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
+from varlen_workbench.workbench.layout import Case, Region, pack, region_labels
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.reference import reference_attention
 
 GARBAGE = 12345.0
 
@@ -173,7 +178,7 @@ PADDED = Case(
     dtype="bfloat16",
 )
 CAUSAL = Case((9, 3), seqlens_k=(4, 6), align=4, tail_q=1, heads=4, kv_heads=2, head_dim=64, causal=True, dtype="float16")
-# Documents past kernels.varlen.backends.SHORT_DOCUMENTS, TAIL rows only: "auto" takes FA4.
+# Documents past varlen_workbench.kernels.varlen.backends.SHORT_DOCUMENTS, TAIL rows only: "auto" takes FA4.
 LONGER = Case((300, 20), seqlens_k=(300, 20), tail_q=3, tail_k=3, heads=2, head_dim=64, dtype="float16")
 # TAIL rows only (a batch padded to a fixed size): FA4 gets views that end at the last real row.
 TAIL = Case((6, 0, 9), seqlens_k=(7, 2, 5), tail_q=3, tail_k=4, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
@@ -223,18 +228,18 @@ def test_fa4_gets_the_layout_as_padded_starts_and_real_lengths(fake_fa4):
     "on a GPU, data/gpu/audit-ours-fa4.json audits the real FA4 behind the wrapper",
 )
 def test_the_guarded_path_passes_the_audit_on_the_stand_in(fake_fa4):
-    """`workbench audit kernels:varlen_attention_fa4`, every check and a few fuzzed layouts, on
+    """`varlen-workbench audit varlen_workbench.kernels.varlen:varlen_attention_fa4`, every check and a few fuzzed layouts, on
     the CPU: what the H200 audit of the real FA4 behind the wrapper must also find."""
     import dataclasses
 
-    import kernels
-    from workbench.audit import ADAPTERS, adapt, audit
+    from varlen_workbench.kernels.varlen import varlen_attention_fa4
+    from varlen_workbench.workbench.audit import ADAPTERS, adapt, audit
 
     adapter = ADAPTERS["ours-fa4"]
     anywhere = dataclasses.replace(  # the adapter less its CUDA-only limit: the stand-in runs on the CPU
         adapter, lacks=lambda fn, device: {k: v for k, v in adapter.lacks_for(fn, device).items() if k != "run"}
     )
-    report = audit(adapt(kernels.varlen_attention_fa4, anywhere, "cpu"), budget=8)
+    report = audit(adapt(varlen_attention_fa4, anywhere, "cpu"), budget=8)
     assert report.passed and report.validation == "validates", report.table()
     assert report.fuzz is not None and report.fuzz.tried == 8 and not report.fuzz.failures
     assert {r.verdict.value for r in report.results} == {"pass", "validates"}, report.table()
@@ -296,7 +301,7 @@ def host_reads(fake_fa4, monkeypatch) -> list[int]:
     nothing remembered, and every host read of a tensor's values counted (`tolist`, `item`):
     for each, how many FA4 forwards had run before it. The stand-in's own reads (its float64
     oracle) are not the wrapper's and go uncounted."""
-    import kernels.varlen.metadata as metadata
+    import varlen_workbench.kernels.varlen.metadata as metadata
 
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
     monkeypatch.setattr(metadata, "LAST", metadata.Memo())
@@ -439,7 +444,7 @@ def test_fa4_head_dim_rule_is_fa4s():
 )
 def test_the_default_takes_the_faster_backend_by_the_rule(fake_fa4, case, on_fa4):
     """backend="auto", the default, runs FA4 where it can run the call and the record's rule
-    (kernels.varlen.backends) says FA4 is the faster; the Triton kernel elsewhere."""
+    (varlen_workbench.kernels.varlen.backends) says FA4 is the faster; the Triton kernel elsewhere."""
     batch = pack(case)
     out = batch.call(varlen_attention)
     assert bool(fake_fa4.calls) == on_fa4

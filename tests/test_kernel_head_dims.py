@@ -17,11 +17,13 @@ import pytest
 import torch
 from hypothesis import given
 
-from kernels import default_device
-from kernels.varlen.launch import NATIVE_TILES, TUNER, lanes, native_tiles
 from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
-from workbench import Case, Fill, error_check, pack, reference_attention
-from workbench.strategies import LayoutSpace
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, TUNER, lanes, native_tiles
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.strategies import LayoutSpace
 
 # Each names what it is here for; together: 48, 80, 96 and 192/128, every dtype, GQA and MQA,
 # causal with len_q != len_k, GAP and TAIL rows, an empty sequence, and the extremes 8 and 256.
@@ -105,7 +107,7 @@ def test_every_head_dim_of_the_contract_is_accepted_and_others_refused():
 def test_custom_op_and_torch_compile_give_vs_head_dim(monkeypatch):
     """The custom op's road (dispatch modes, torch.compile) computes bitwise what the eager road
     does at D_v != D, and its fake implementations give torch.compile out's and dv's shapes."""
-    from kernels.varlen import op
+    from varlen_workbench.kernels.varlen import op
 
     case = Case((5, 9), padded_q=(8, 9), heads=2, head_dim=48, head_dim_v=24, causal=True, fill=Fill.ZEROS)
 
@@ -128,7 +130,7 @@ def test_custom_op_and_torch_compile_give_vs_head_dim(monkeypatch):
 
 
 # Lengths across a 64-row block, every dtype, v's head dim drawn apart (each layout has at least
-# one row of q and of k: workbench.probe needs them).
+# one row of q and of k: varlen_workbench.workbench.probes.probe needs them).
 BOUNDS = dict(longest=40, heads=(1, 2, 4), dtypes=("float32", "float16", "bfloat16"), fills=(Fill.NAN, Fill.HUGE))
 layouts = LayoutSpace(head_dims=(8, 24, 48, 80), head_dims_v=(16, 40, 96), **BOUNDS).strategy
 

@@ -18,17 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import default_device, interpreted
-from kernels.varlen.hopper import (
+from tests.test_kernel_varlen import assert_contract
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen.hopper import (
     ForwardConfig,
     check_descriptor_alignment,
     forward_config,
     longest_first,
     warp_specialize_fails,
 )
-from kernels.varlen.launch import Tile
-from tests.test_kernel_varlen import assert_contract
-from workbench import Case
+from varlen_workbench.kernels.varlen.launch import Tile
+from varlen_workbench.workbench.layout import Case
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ForwardConfig(*switches) for switches in itertools.product((False, True), repeat=3)][1:]
@@ -117,8 +118,8 @@ def test_warp_specialize_is_kept_off_four_warp_tiles_on_hopper_only():
 @pytest.mark.slow
 def test_benchmark_quick_run_checks_every_variant(tmp_path):
     """`python -m benchmarks.hopper_forward --quick`: every variant checked on the CPU, none timed."""
-    from workbench.hopper_report import hopper_rows, refusals
-    from workbench.records import read_record
+    from varlen_workbench.workbench.hopper_report import hopper_rows, refusals
+    from varlen_workbench.workbench.records import read_record
 
     record = tmp_path / "quick.json"
     command = [sys.executable, "-m", "benchmarks.hopper_forward", "--quick", "--record", str(record)]

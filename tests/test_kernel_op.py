@@ -10,9 +10,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import default_device, interpreted
 from tests.test_kernel_varlen import varlen_attention
-from workbench import Case, Fill, Region, error_check, pack, reference_attention
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.workbench.reference import reference_attention
 
 CASE = Case((5, 9), seqlens_k=(7, 9), padded_q=(8, 9), tail_q=2, heads=2, kv_heads=1, head_dim=16, causal=True, fill=Fill.NAN)
 
@@ -38,8 +41,8 @@ def test_dispatch_mode_sees_one_op_per_pass():
     with OpLog() as backward:
         out.backward(d_out)
     # Autograd adds detach (saving tensors) and zeros (the unused lse's gradient) around it.
-    assert [op for op in forward.ops if op != "aten.detach.default"] == ["kernels.varlen_attention_fwd.default"]
-    assert [op for op in backward.ops if op.startswith("kernels.")] == ["kernels.varlen_attention_bwd.default"]
+    assert [op for op in forward.ops if op != "aten.detach.default"] == ["varlen_workbench.varlen_attention_fwd.default"]
+    assert [op for op in backward.ops if op.startswith("varlen_workbench.")] == ["varlen_workbench.varlen_attention_bwd.default"]
 
 
 def _loss(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded):
@@ -172,7 +175,7 @@ def test_tensors_on_another_device_get_a_clear_error():
 def test_eager_road_and_custom_op_compute_bitwise_the_same(monkeypatch, use_lse):
     """Plain eager calls skip the custom op's dispatch (host time); under a dispatch mode or
     torch.compile the custom op runs. Same launchers: same bits, forward and backward."""
-    from kernels.varlen import op
+    from varlen_workbench.kernels.varlen import op
 
     results = []
     for eager in (True, False):
@@ -187,7 +190,7 @@ def test_eager_road_and_custom_op_compute_bitwise_the_same(monkeypatch, use_lse)
 
 
 def test_plain_calls_take_the_eager_road_and_dispatch_modes_the_custom_op():
-    from kernels.varlen import op
+    from varlen_workbench.kernels.varlen import op
 
     assert op._eager()
     with OpLog():
@@ -199,8 +202,8 @@ def test_the_host_cost_benchmark_runs_the_native_path_of_every_variant(capsys):
     (the attention kernels or FA4, the metadata check as often as the variant needs it) through
     the native path of the wrapper, on the CPU; the module's state is as it was afterwards."""
     from benchmarks import host_cost
-    from kernels import interpreter
-    from kernels.varlen import fa4, launch, metadata
+    from varlen_workbench.kernels import interpreter
+    from varlen_workbench.kernels.varlen import fa4, launch, metadata
 
     chosen, load = launch.TUNER.chosen, fa4.load
     assert host_cost.main(["--quick", "--device", "cpu"]) == 0

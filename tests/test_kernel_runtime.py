@@ -4,6 +4,7 @@ everything an interpreted launch changes restored."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -19,9 +20,8 @@ from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 from triton.runtime.jit import JITFunction, KernelInterface
 
-import kernels.runtime as runtime
-from kernels import interpreted, use_interpreter
-from kernels.runtime import _first_tensor_on_cpu, jit
+import varlen_workbench.kernels.runtime as runtime
+from varlen_workbench.kernels.runtime import _first_tensor_on_cpu, interpreted, jit, use_interpreter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,31 +194,18 @@ def _python(code: str, env: dict | None = None, timeout: float = 300) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# Hides the project's distribution metadata, as for a clone on PYTHONPATH that was never installed:
-# transformers' probe of the name `kernels` then imports our package to read its version.
-HIDE_METADATA = """
-import importlib.metadata as metadata
-_version = metadata.version
-def version(name):
-    if name.replace("_", "-") == "varlen-postmortem-workbench":
-        raise metadata.PackageNotFoundError(name)
-    return _version(name)
-metadata.version = version
-"""
-
 TRAIN_A_STEP = """
-import json, os, sys
+import importlib.util, json, os, sys
 import triton
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import is_kernels_available
-probed = "kernels" in sys.modules  # transformers imported our package while probing the name
 environ = dict(os.environ)
 import torch
-import kernels.hf
-from kernels.varlen.launch import TUNER
+import varlen_workbench.kernels.hf
+from varlen_workbench.kernels.varlen.launch import TUNER
 
-name = kernels.hf.register()
+name = varlen_workbench.kernels.hf.register()
 config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=1, head_dim=16, attn_implementation=name)
 torch.manual_seed(0)
@@ -227,8 +214,9 @@ ids = torch.randint(1, 64, (1, 12))
 position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])  # two documents, packed
 loss = model(input_ids=ids, labels=ids, position_ids=position_ids, use_cache=False).loss
 loss.backward()
+hub = importlib.util.find_spec("kernels")  # Hugging Face's, where transformers required it
 print(json.dumps({
-    "probed": probed,
+    "kernels_found_at": hub.origin if hub else None,
     "hf_kernels_available": is_kernels_available(),
     "loss": loss.item(),
     "grads_finite": all(bool(p.grad.isfinite().all()) for p in model.parameters()),
@@ -238,14 +226,16 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("installed", [True, False], ids=["installed", "clone without metadata"])
-def test_triton_then_transformers_then_the_project_trains_a_step_on_cpu(installed):
-    """The order that crashed: triton and transformers first, then `kernels.hf`, one training step
-    of a tiny Llama through the swap on the CPU. Not installed, transformers' probe of the name
-    `kernels` imports our package before we do: harmless, and still not Hugging Face's kernels."""
+def test_triton_then_transformers_then_the_project_trains_a_step_on_cpu():
+    """The order that crashed: triton and transformers first, then `varlen_workbench.kernels.hf`, one training step
+    of a tiny Llama through the swap on the CPU, from the repository root. The name `kernels` that
+    transformers probes is Hugging Face's distribution where it is installed, never our folder."""
     env = {name: value for name, value in os.environ.items() if name not in ("TRITON_INTERPRET", "WORKBENCH_DEVICE")}
-    found = _python(("" if installed else HIDE_METADATA) + TRAIN_A_STEP, env)
-    assert found["probed"] is (not installed) and found["hf_kernels_available"] is False
+    found = _python(TRAIN_A_STEP, env)
+    hub_installed = "kernels" in importlib.metadata.packages_distributions().get("kernels", [])
+    assert found["hf_kernels_available"] is hub_installed, found
+    if found["kernels_found_at"]:
+        assert not Path(found["kernels_found_at"]).is_relative_to(ROOT / "kernels"), found
     assert found["grads_finite"] and found["kernels"] == ["dkdv", "dq", "forward"], found
     assert found["environ"] == [], found  # nothing set by kernels nor by the step
 
@@ -261,7 +251,7 @@ watched = (tl, tl.core, tl.math, tl.standard, tl.tensor, interpreter, JITFunctio
 def state():
     return [dict(vars(o)) for o in watched] + [dict(os.environ)]
 before = state()
-import kernels, kernels.hf, kernels.interpreter, kernels.replicas.dmattn, kernels.replicas.torch_varlen, kernels.varlen.tiles
+import varlen_workbench.kernels.varlen, varlen_workbench.kernels.hf, varlen_workbench.kernels.interpreter, varlen_workbench.kernels.replicas.dmattn, varlen_workbench.kernels.replicas.torch_varlen, varlen_workbench.kernels.varlen.tiles
 after = state()
 names = [getattr(o, "__name__", type(o).__name__) for o in watched] + ["os.environ"]
 print(json.dumps([name for name, b, a in zip(names, before, after) if b != a]))
@@ -276,8 +266,8 @@ def test_triton_interpret_before_triton_keeps_everything_interpreted():
     goes to a child process (`triton_library_interpreted`)."""
     code = """
 import json, torch
-from kernels import varlen_attention
-from kernels.runtime import triton_library_interpreted
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.runtime import triton_library_interpreted
 q = torch.randn(6, 2, 16, requires_grad=True); cu = torch.tensor([0, 2, 6], dtype=torch.int32)
 varlen_attention(q, q, q, cu, cu, 4, 4, causal=True).sum().backward()
 print(json.dumps({"library": triton_library_interpreted(), "finite": bool(q.grad.isfinite().all())}))
@@ -291,7 +281,7 @@ print(json.dumps({"library": triton_library_interpreted(), "finite": bool(q.grad
 @pytest.mark.gpu
 def test_use_interpreter_runs_cuda_tensors_through_the_interpreter():
     """Forced, a bf16 tl.dot on CUDA tensors shows the interpreter's bug; compiled it is right."""
-    from kernels.interpreter import check_dot, interpreter_bf16_dot_is_broken
+    from varlen_workbench.kernels.interpreter import check_dot, interpreter_bf16_dot_is_broken
 
     assert check_dot(torch.bfloat16, "cuda").correct and not check_dot(torch.bfloat16, "cuda").interpreted
     with use_interpreter():

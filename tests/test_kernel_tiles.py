@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import default_device, interpreted
-from kernels.varlen.launch import (
+from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen.launch import (
     BLOCK_SIZES,
     KEYS,
     MIN_TIMED_WORK,
@@ -20,9 +22,8 @@ from kernels.varlen.launch import (
     native_tiles,
     work_lists,
 )
-from kernels.varlen.op import HEAD_DIMS
-from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
-from workbench import Case, pack
+from varlen_workbench.kernels.varlen.op import HEAD_DIMS
+from varlen_workbench.workbench.layout import Case, pack
 
 # Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k
 # (rows that see no key), len_q < len_k, an empty sequence, GQA, gaps and a tail.
@@ -105,7 +106,7 @@ class FakeCompiled:
 def test_tuner_never_times_a_spilling_candidate(monkeypatch):
     """Spills are read from the compiled kernels first: where any candidate does not spill, only
     those are timed, however fast a spilling one would have looked."""
-    import kernels.varlen.launch as launch_module
+    import varlen_workbench.kernels.varlen.launch as launch_module
 
     spilling, fast_spilling = Tile(64, 64, 4, 2), Tile(128, 128, 8, 3)
     clean, slower_clean = Tile(128, 64, 8, 3), Tile(64, 32, 4, 3)
@@ -137,7 +138,7 @@ def test_an_untimed_call_takes_the_first_candidate_that_does_not_spill(monkeypat
     """Under MIN_TIMED_WORK nothing is timed, but spills are still read: candidates compile in
     order up to the first clean one; where all spill, the first runs. While syncs are
     forbidden (CUDA graph capture) the first runs unread and nothing is remembered."""
-    import kernels.varlen.launch as launch_module
+    import varlen_workbench.kernels.varlen.launch as launch_module
 
     spilling, clean, later = Tile(32, 64, 4, 3), Tile(32, 128, 8, 3), Tile(64, 128, 8, 3)
     spills = {spilling: 16, clean: 0, later: 0}
@@ -196,7 +197,7 @@ def test_tuned_kernels_do_not_spill(monkeypatch):
     rows, where the first dK/dV candidate spills) at bf16 head dim 128 get tiles that do not
     spill. A fresh tuner: the process-wide one holds other tests' choices, and under `-n 8` one
     of them spilled (GQA dK/dV at head dim 128, where every candidate spills, is one such)."""
-    import kernels.varlen.launch as launch_module
+    import varlen_workbench.kernels.varlen.launch as launch_module
 
     tuner = TileTuner()
     monkeypatch.setattr(launch_module, "TUNER", tuner)

@@ -1,6 +1,6 @@
 """The fixed kernel against the float64 oracle, and the padding contract on every layout.
 
-Every case runs forward and backward through `workbench.probe` under poisoned memory, with
+Every case runs forward and backward through `varlen_workbench.workbench.probes.probe` under poisoned memory, with
 NaN in the padding rows of q, k, v *and* of dO. It must give, on REAL rows, errors within
 FlashAttention's bound (2x / 3x PyTorch's own error in the same dtype) and, on GAP and TAIL
 rows of out, dq, dk, dv, exact zeros.
@@ -15,14 +15,18 @@ import pytest
 import torch
 from hypothesis import example, given
 
-import kernels
-from kernels import default_device
-from workbench import Case, Fill, Region, error_check, grad_output, pack, probe, reference_attention
-from workbench.strategies import LayoutSpace
+from varlen_workbench.kernels import varlen
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.workbench.probes import grad_output, probe
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.strategies import LayoutSpace
 
 # Our Triton kernel, also on a GPU where FlashAttention-4 is installed (backend="auto" would
 # take FA4 for the calls it can run; tests/test_kernel_fa4.py covers that path).
-varlen_attention = functools.partial(kernels.varlen_attention, backend="triton")
+varlen_attention = functools.partial(varlen.varlen_attention, backend="triton")
 
 
 def fast_only(values, keep) -> list:
@@ -168,7 +172,7 @@ def test_strided_inputs():
     assert torch.equal(out, expected)
 
 
-# workbench.probe needs at least one row of q and of k (nonempty, the default); test_zero_rows covers none.
+# varlen_workbench.workbench.probes.probe needs at least one row of q and of k (nonempty, the default); test_zero_rows covers none.
 layouts = LayoutSpace(
     max_batch=4,
     longest=70,
@@ -196,7 +200,7 @@ def test_drawn_layouts(case):
 def test_fp32_draw_over_67_keys_is_within_the_floored_bound():
     """The draw above passes now; interpreted (the platform it failed on), it still fails the old floor."""
     assert_contract(DRAWN_67_KEYS)
-    if kernels.interpreted(default_device()):
+    if interpreted(default_device()):
         batch = pack(DRAWN_67_KEYS)
         out = probe(varlen_attention, batch, grad_out=nan_on_padding(batch), poisoned=True).errors["out"]
         one_dot = torch.finfo(torch.float32).eps * math.sqrt(DRAWN_67_KEYS.head_dim)  # |out| < 1: scale 1

@@ -24,11 +24,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import AuxRequest, default_device, interpreted, varlen_attn
 from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
-from workbench import Case, Fill, pack, reference_attention
-from workbench.bounds import lse_error
-from workbench.reference import visible_keys
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen import AuxRequest, varlen_attn
+from varlen_workbench.workbench.bounds import lse_error
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.reference import reference_attention, visible_keys
 
 # The window shapes of torch's test_varlen_vs_sdpa (pytorch/pytorch test/test_varlen_attention.py).
 TORCH_WINDOWS = [(-1, -1), (-1, 0), (4, 0), (-1, 4), (0, 0), (1, 0), (0, 1), (0, -1), (4, 4), (8, 2), (1025, 1025)]
@@ -127,8 +129,8 @@ def test_oracle_checks_the_window_too():
 
 
 def test_validation_is_remembered_for_the_same_unchanged_metadata(monkeypatch):
-    from kernels import contract
-    from kernels.varlen import metadata
+    from varlen_workbench.kernels import contract
+    from varlen_workbench.kernels.varlen import metadata
 
     # A check of the boundary values is one host copy of all four (CPU) or one check kernel (natively).
     copies = []
@@ -386,9 +388,9 @@ def test_docstring_example_runs():
     """varlen_attention's docstring example, as doctest runs it."""
     import doctest
 
-    import kernels
+    from varlen_workbench.kernels.varlen import varlen_attention
 
     finder = doctest.DocTestFinder()
-    (test,) = [t for t in finder.find(kernels.varlen_attention, "varlen_attention") if t.examples]
+    (test,) = [t for t in finder.find(varlen_attention, "varlen_attention") if t.examples]
     result = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE).run(test, out=lambda _: None)
     assert result.attempted >= 5 and result.failed == 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from workbench import (
+from varlen_workbench.workbench.layout import (
     Case,
     Fill,
     Region,
@@ -21,7 +21,7 @@ from workbench import (
     thd_to_bshd,
     unpad_thd,
 )
-from workbench.strategies import LayoutSpace
+from varlen_workbench.workbench.strategies import LayoutSpace
 
 # Small packed layouts: empty and length-1 sequences, GAP rows (explicit or aligned), TAIL rows,
 # GQA, len_q != len_k, every fill; also layouts with no row at all (the conversions handle them).

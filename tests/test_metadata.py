@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import VarlenMetadata, varlen_attention
-from kernels.varlen import metadata
-from workbench import Case, pack
+from varlen_workbench.kernels.varlen import VarlenMetadata, metadata, varlen_attention
+from varlen_workbench.workbench.layout import Case, pack
 
 CASE = Case((5, 0, 9), seqlens_k=(7, 3, 9), padded_q=(6, 2, 9), padded_k=(8, 3, 10), tail_q=2, heads=2, head_dim=16, causal=True)
 
@@ -122,6 +121,21 @@ def test_softmax_scale_is_scale():
 def test_device_cuda_means_the_current_cuda_device(monkeypatch):
     """`device="cuda"` is where `.to("cuda")` puts the boundaries: q on "cuda:1" then matches it."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert metadata._indexed(torch.device("cuda")) == torch.device("cuda", 1)
-    assert metadata._indexed(torch.device("cuda", 0)) == torch.device("cuda", 0)
-    assert metadata._indexed(torch.device("cpu")) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert metadata._kernel_device("cuda") == torch.device("cuda", 1)
+    assert metadata._kernel_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert metadata._kernel_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without CUDA says")
+def test_device_cuda_without_cuda_names_the_argument_and_what_to_pass():
+    """Not torch's `AssertionError: Torch not compiled with CUDA enabled` from deep inside."""
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"device='cuda', but torch .* sees no CUDA device here; pass device='cpu'"):
+        VarlenMetadata(cu, cu, 3, 3, total_q=5, total_k=5, device="cuda")
+
+
+def test_a_device_torch_does_not_know_is_refused_by_name():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"device='gpu' is not a torch device .*; pass 'cuda' or 'cpu'"):
+        VarlenMetadata(cu, cu, 3, 3, total_q=5, total_k=5, device="gpu")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-import kernels.varlen
-from kernels.interpreter import DOT_DTYPES
-from kernels.replicas.dmattn import FLASH_DMATTN_DTYPES
-from kernels.replicas.torch_varlen import VARLEN_ATTN_DTYPES
-from workbench.layout import DTYPE_NAMES, Case
+import varlen_workbench.kernels.varlen
+from varlen_workbench.kernels.interpreter import DOT_DTYPES
+from varlen_workbench.kernels.replicas.dmattn import FLASH_DMATTN_DTYPES
+from varlen_workbench.kernels.replicas.torch_varlen import VARLEN_ATTN_DTYPES
+from varlen_workbench.workbench.layout import DTYPE_NAMES, Case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,9 +27,11 @@ def test_dtypes_is_defined_once():
 
 
 def test_each_table_holds_what_its_name_says():
-    assert set(DOT_DTYPES) == set(kernels.varlen.DTYPES), "the interpreter study checks the dtypes our kernels take"
+    assert set(DOT_DTYPES) == set(varlen_workbench.kernels.varlen.DTYPES), (
+        "the interpreter study checks the dtypes our kernels take"
+    )
     assert all(getattr(torch, name) is dtype for name, dtype in DTYPE_NAMES.items())
-    assert set(kernels.varlen.DTYPES) < set(DTYPE_NAMES.values())  # a Case can name every kernel dtype
+    assert set(varlen_workbench.kernels.varlen.DTYPES) < set(DTYPE_NAMES.values())  # a Case can name every kernel dtype
     # what each upstream takes is a subset of what a Case can name, so each can be studied
     assert set(FLASH_DMATTN_DTYPES) <= set(DTYPE_NAMES.values()) and set(VARLEN_ATTN_DTYPES) <= set(DTYPE_NAMES.values())
     assert Case(seqlens_q=(2,), dtype=torch.bfloat16).dtype == "bfloat16"

@@ -1,6 +1,6 @@
-"""Committed notebooks are as `workbench execute` leaves them, not as a Lab session saved them:
+"""Committed notebooks are as `varlen-workbench execute` leaves them, not as a Lab session saved them:
 a Lab run adds live widget views, their state and the session's execution counts (a diff of
-megabytes that says nothing). The fix is always the same: `workbench execute ID`."""
+megabytes that says nothing). The fix is always the same: `varlen-workbench execute ID`."""
 
 import json
 from pathlib import Path
@@ -32,7 +32,7 @@ def lab_traces(nb: dict) -> list[str]:
 def test_committed_notebook_is_as_workbench_execute_leaves_it(path):
     traces = lab_traces(json.loads(path.read_text()))
     assert not traces, (
-        f"{path.name} is not as `workbench execute` leaves it ({'; '.join(traces)}): run `workbench execute {path.stem}`"
+        f"{path.name} is not as `varlen-workbench execute` leaves it ({'; '.join(traces)}): run `varlen-workbench execute {path.stem}`"
     )
 
 

@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from postmortems.fa4_unwritten_padding import META as FOUND
-from postmortems.fa4_unwritten_padding import STATUS as FOUND_STATUS
-from postmortems.torch_varlen_176793 import META as REPORTED
-from postmortems.torch_varlen_176793 import STATUS as REPORTED_STATUS
-from workbench.registry import Registry
+from varlen_workbench.postmortems.fa4_unwritten_padding import META as FOUND
+from varlen_workbench.postmortems.fa4_unwritten_padding import STATUS as FOUND_STATUS
+from varlen_workbench.postmortems.torch_varlen_176793 import META as REPORTED
+from varlen_workbench.postmortems.torch_varlen_176793 import STATUS as REPORTED_STATUS
+from varlen_workbench.workbench.registry import Registry
 
 
 def test_a_reported_bug_names_its_report_and_links_it():
@@ -44,11 +44,11 @@ def test_every_postmortem_names_its_report_where_upstream_knows():
 
 
 def test_a_fresh_scaffold_passes_and_a_status_missing_its_report_names_the_file_the_field_and_the_fix(project):
-    """`workbench new` then `make test` passes (the entry it adds is "not checked"); a status that
+    """`varlen-workbench new` then `make test` passes (the entry it adds is "not checked"); a status that
     says "reported" without its reference fails naming the status file, the entry and the fix."""
-    from workbench.errors import RegistryError
-    from workbench.registry import forget_modules
-    from workbench.upstream_status import STATUS_FILE
+    from varlen_workbench.workbench.errors import RegistryError
+    from varlen_workbench.workbench.registry import forget_modules
+    from varlen_workbench.workbench.upstream_status import STATUS_FILE
 
     project.scaffold("my-bug", "A title")
     assert project.get("my-bug").status.status == "not checked"

@@ -6,9 +6,20 @@ import pytest
 import torch
 from torch import nn
 
-from workbench import Case, GradientHealth, pack, probe, reference_attention
-from workbench.plots import FACE, attention_mask, plot_errors, plot_health, plot_layout, plot_nan_map, plot_token_norms
-from workbench.sweeps import sweep
+from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.plots import (
+    FACE,
+    attention_mask,
+    plot_errors,
+    plot_health,
+    plot_layout,
+    plot_nan_map,
+    plot_token_norms,
+)
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.sweeps import sweep
 
 
 def _leaky(q, k, v, *args, **kwargs):

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from postmortems import flash_dmattn_121 as pm
-from workbench import upstream
-from workbench.postmortem import Claims, Table
-from workbench.sweeps import SweepResult
+from varlen_workbench.postmortems import flash_dmattn_121 as pm
+from varlen_workbench.workbench import upstream
+from varlen_workbench.workbench.postmortem import Claims, Table
+from varlen_workbench.workbench.sweeps import SweepResult
 
 
 def _qkv(batch=2, seqlen=24, heads=2, head_dim=8, seed=0):
@@ -193,7 +193,7 @@ def test_gpu_probes_refuse_the_cpu():
 
 def _fake_monitor(norms: dict[str, list[float]]):
     """A GradientHealth fed the given per-parameter gradient norms, one optimizer step per entry."""
-    from workbench.health import GradientHealth
+    from varlen_workbench.workbench.health import GradientHealth
 
     model = torch.nn.Module()
     for name in norms:
@@ -293,7 +293,7 @@ def test_report_claims_table_reads_this_run_and_says_when_the_gpu_record_is_miss
 
 
 def test_gpu_probes_run_in_order_and_record_a_failing_probe(monkeypatch):
-    gpu = importlib.import_module("postmortems.flash_dmattn_121.gpu")  # where gpu_probes looks its probes up
+    gpu = importlib.import_module("varlen_workbench.postmortems.flash_dmattn_121.gpu")  # where gpu_probes looks its probes up
     monkeypatch.setattr(gpu, "upstream_call_errors", lambda device: {"x": "TypeError"})
     monkeypatch.setattr(gpu, "upstream_cases", lambda dtype: ())
     monkeypatch.setattr(gpu, "_seed_runs", lambda device: {"plain": {"runs": 0}})

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-pm = pytest.importorskip("postmortems.flash_dmattn_flex_mask")
+pm = pytest.importorskip("varlen_workbench.postmortems.flash_dmattn_flex_mask")
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +50,15 @@ def test_gpu_checks_fail_on_a_raising_or_missing_probe(probes):
     assert not holds and f"{len(pm.AUDITED) - 1}/{len(pm.AUDITED)} within" in evidence
     first = [x for x in probes["runs"] if x["check"] != "fully-masked-rows"]
     assert not pm._gpu_as_is(as_results(probes, backward=True, runs=first))[0], "a case never run is not covered"
-    with pytest.raises(LookupError, match="workbench repro flash-dmattn-flex-mask --device cuda"):
+    with pytest.raises(LookupError, match="varlen-workbench repro flash-dmattn-flex-mask --device cuda"):
         pm._gpu_bitwise(types.SimpleNamespace(gpu=None))
 
 
 @pytest.fixture
 def h200():
     """The committed H200 record: reproduce() re-run there (compiled, forward), its probes empty."""
-    from workbench.provenance import GPU_DATA
-    from workbench.records import read_record
+    from varlen_workbench.workbench.provenance import GPU_DATA
+    from varlen_workbench.workbench.records import read_record
 
     path = GPU_DATA / "flash-dmattn-flex-mask-h200.json"
     return {**read_record(path), "file": path.name}
@@ -67,7 +67,7 @@ def h200():
 def test_gpu_study_checks_read_the_re_run_and_can_fail(h200):
     import copy
 
-    from workbench.postmortem import NotRecorded
+    from varlen_workbench.workbench.postmortem import NotRecorded
 
     record = types.SimpleNamespace(gpu=h200)
     assert pm._gpu_bitwise(record)[0] and pm._gpu_forward(record)[0]

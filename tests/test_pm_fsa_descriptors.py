@@ -8,10 +8,10 @@ import pytest
 import torch
 from triton.runtime.errors import InterpreterError
 
-from postmortems import fsa_varlen_descriptors as pm
-from postmortems.fsa_varlen_descriptors.study import contract
-from workbench import Case, Fill, pack
-from workbench.reference import reference_attention
+from varlen_workbench.postmortems import fsa_varlen_descriptors as pm
+from varlen_workbench.postmortems.fsa_varlen_descriptors.study import contract
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def float64_fsa(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, softmax_scale=None):

@@ -8,10 +8,10 @@ import nbformat
 import pytest
 import torch
 
-from postmortems import triton_interpreter_bf16_dot as pm
-from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, ClaimFailed, Evidence
-from workbench.records import jsonable, load_records
-from workbench.registry import Registry, check_notebook, recorded_verdicts
+from varlen_workbench.postmortems import triton_interpreter_bf16_dot as pm
+from varlen_workbench.workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, ClaimFailed, Evidence
+from varlen_workbench.workbench.records import jsonable, load_records
+from varlen_workbench.workbench.registry import Registry, check_notebook, recorded_verdicts
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def _replace(results, **changes):
 
 
 def test_module_and_committed_notebook_follow_the_pipeline_conventions():
-    postmortem = Registry("postmortems").get(pm.META.id)
+    postmortem = Registry().get(pm.META.id)
     nb = nbformat.read(postmortem.notebook, as_version=4)
     check_notebook(postmortem, nb)
     verdicts = recorded_verdicts(postmortem, nb)
@@ -149,12 +149,12 @@ def test_native_results_take_part_in_the_detector_and_compile_claims(results):
 
 def test_without_any_native_run_the_gpu_claim_fails_saying_how_to_record_one(results):
     (verdict,) = [v for v in pm.claims.check(_replace(results, gpu=[], native=None)) if v.level == UPSTREAM_GPU]
-    assert not verdict.holds and "workbench repro triton-interpreter-bf16-dot --device cuda --record" in verdict.evidence
+    assert not verdict.holds and "varlen-workbench repro triton-interpreter-bf16-dot --device cuda --record" in verdict.evidence
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA has the device")
 def test_reproduce_refuses_a_device_it_does_not_have():
-    with pytest.raises(ValueError, match=f"sees no CUDA device: run `workbench repro {pm.META.id} --device cuda`"):
+    with pytest.raises(ValueError, match=f"sees no CUDA device: run `varlen-workbench repro {pm.META.id} --device cuda`"):
         pm.reproduce(device="cuda")
 
 
@@ -170,7 +170,7 @@ def test_the_committed_gpu_record_is_read_in_its_older_shape(results):
 
 
 def test_records_written_by_workbench_repro_are_rendered(results, tmp_path):
-    # The record `workbench repro --record` writes: our results go through `jsonable` unchanged.
+    # The record `varlen-workbench repro --record` writes: our results go through `jsonable` unchanged.
     record = {"provenance": {"device": "NVIDIA H200"}, "verdict": "8/8 claims hold", "results": jsonable(results)}
     (tmp_path / f"{pm.META.id}-h200.json").write_text(json.dumps(record))
     (tmp_path / "another-postmortem-h200.json").write_text("{}")
@@ -187,7 +187,7 @@ def test_tables_show_each_mode_present(results):
 
 
 def test_listings_read_the_code_as_it_is_now():
-    from kernels.varlen import attention_kernels
+    from varlen_workbench.kernels.varlen import attention_kernels
 
     assert "def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):" in str(pm.listing("our _dot"))
     assert attention_kernels._dot.fn.__name__ == "_dot"

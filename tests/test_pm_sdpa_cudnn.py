@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from postmortems import sdpa_cudnn_masked_rows as pm
-from workbench import Case
+from varlen_workbench.postmortems import sdpa_cudnn_masked_rows as pm
+from varlen_workbench.workbench.layout import Case
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +80,10 @@ def test_the_math_claim_fails_when_a_keyless_row_is_not_zero(results):
 
 def test_the_audit_matrix_links_the_cudnn_cells_to_this_page():
     """The two sdpa-cudnn FAIL cells this page explains link to it from the matrix, and only they."""
-    from workbench.audit.judgements import judgements, postmortem_links
-    from workbench.audit.matrix import fails, load_matrix
-    from workbench.audit.render import matrix_html
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.audit.judgements import judgements, postmortem_links
+    from varlen_workbench.workbench.audit.matrix import fails, load_matrix
+    from varlen_workbench.workbench.audit.render import matrix_html
+    from varlen_workbench.workbench.registry import Registry
 
     records = load_matrix()
     mine = {cell for cell, judged in judgements().items() if judged.postmortem == pm.META.id}

@@ -9,13 +9,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels import default_device, interpreted, varlen_attention
-from postmortems import te_thd_2892 as pm
-from postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
-from workbench import Region, pack, probe, reference_attention
-from workbench.health import GradientHealth
-from workbench.postmortem import Results
-from workbench.tinylm import IGNORE, PAD_TOKEN, SyntheticTask, dense_attention
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems import te_thd_2892 as pm
+from varlen_workbench.postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
+from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.layout import Region, pack
+from varlen_workbench.workbench.postmortem import Results
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.tinylm import IGNORE, PAD_TOKEN, SyntheticTask, dense_attention
 
 
 def ignores_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
@@ -245,7 +249,7 @@ def test_claims_on_te_follow_its_records(monkeypatch):
     missing record must show."""
     import copy
 
-    from postmortems.te_thd_2892 import on_te
+    from varlen_workbench.postmortems.te_thd_2892 import on_te
 
     changed = {kind: copy.deepcopy(on_te.te_record(kind)) for kind in ("cases", "training", "probes")}
     changed["cases"]["script_runs"][-1] |= {"outcome": "killed", "signal": "SIGSEGV", "code": None}
@@ -272,9 +276,9 @@ def test_claims_on_te_follow_its_records(monkeypatch):
 
 def _cp_rule(kept_findings=(), lost=("dk", "dv"), rows_on_no_rank=6):
     """A padding-rule study as padding_rule_study() returns one (the run itself: test_context_parallel)."""
-    from workbench.audit.checks import Finding
-    from workbench.audit.context_parallel import PaddingRuleStudy, cp_case
-    from workbench.layout import Case
+    from varlen_workbench.workbench.audit.checks import Finding
+    from varlen_workbench.workbench.audit.context_parallel import PaddingRuleStudy, cp_case
+    from varlen_workbench.workbench.layout import Case
 
     broken = Case((7, 5, 10), causal=True, head_dim=16)
     unchecked = tuple(Finding("real-accuracy", f"rank 0 of 2: {name}: error 1 > bound 0.1") for name in lost)
@@ -285,7 +289,7 @@ def _cp_rule(kept_findings=(), lost=("dk", "dv"), rows_on_no_rank=6):
 def test_context_parallel_claims_fail_when_facts_change():
     """The 2 x cp_size claims hold on the study's answers and stop holding when one changes. No claim
     is made of NCCL on two GPUs, where nothing ran (a page claims what ran, not what is to come)."""
-    from workbench.audit.checks import Finding
+    from varlen_workbench.workbench.audit.checks import Finding
 
     statements = [c for c in pm.claims.statements if "2 x cp_size" in c]
     assert len(statements) == 2 and not any("NCCL" in c for c in pm.claims.statements)

@@ -8,12 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from postmortems import te_thd_2892 as pm
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.postmortems import te_thd_2892 as pm
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
 
 CLAIM = "On the H200, cuDNN's ragged SDPA"
-CLAIMS_MODULE = importlib.import_module("postmortems.te_thd_2892.claims")  # the package exports its Claims as `claims`
+CLAIMS_MODULE = importlib.import_module(
+    "varlen_workbench.postmortems.te_thd_2892.claims"
+)  # the package exports its Claims as `claims`
 
 
 def _holds(results, record=None, monkeypatch=None) -> bool:

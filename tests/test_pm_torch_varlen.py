@@ -8,13 +8,14 @@ import time
 import pytest
 import torch
 
-from kernels.replicas.torch_varlen import stale_memory
-from postmortems import torch_varlen_176793 as pm
-from postmortems.torch_varlen_176793 import gpu as pm_gpu
-from workbench import Case, Fill, pack, poisoned_memory
-from workbench.records import jsonable
-from workbench.registry import Registry
-from workbench.timing import CallTime
+from varlen_workbench.kernels.replicas.torch_varlen import stale_memory
+from varlen_workbench.postmortems import torch_varlen_176793 as pm
+from varlen_workbench.postmortems.torch_varlen_176793 import gpu as pm_gpu
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.records import jsonable
+from varlen_workbench.workbench.registry import Registry
+from varlen_workbench.workbench.timing import CallTime
 
 TINY = Case(seqlens_q=(9, 5), tail_q=2, tail_k=2, heads=1, head_dim=16, dtype="float16", fill=Fill.ZEROS)
 
@@ -27,9 +28,9 @@ def _call(fn, batch, d_out=None):
 
 
 def test_registered_with_a_conforming_notebook():
-    from workbench.registry import check_notebook
+    from varlen_workbench.workbench.registry import check_notebook
 
-    post_mortem = Registry("postmortems").get("torch-varlen-176793")
+    post_mortem = Registry().get("torch-varlen-176793")
     check_notebook(post_mortem)
     assert post_mortem.meta.seed == "000_1019a3997e440af2.txt"
     assert pm.STUDY in pm.CASES and all(c.tail_q == c.tail_k for c in pm.CASES)
@@ -205,7 +206,7 @@ def test_budget_batches_have_the_trailing_rows_asked_for():
 def test_gpu_claims_read_a_record_of_probes(probes_json):
     from types import SimpleNamespace
 
-    from workbench.postmortem import Claims
+    from varlen_workbench.workbench.postmortem import Claims
 
     probes = json.loads(probes_json)
     names = list(probes["capture"]["compile_fullgraph"])

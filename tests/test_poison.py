@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from workbench import poisoned_memory
+from varlen_workbench.workbench.poison import poisoned_memory
 
 
 def _settings():

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench import Case, Fill, Region, pack, probe, reference_attention
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def in_dtype(*args, **kwargs):

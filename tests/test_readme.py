@@ -1,5 +1,5 @@
-"""The README's commands work as written: every `workbench` subcommand it shows exists, its
-`workbench new` example is a valid id that no post-mortem has, and it says how to get the
+"""The README's commands work as written: every `varlen-workbench` subcommand it shows exists, its
+`varlen-workbench new` example is a valid id that no post-mortem has, and it says how to get the
 command on PATH."""
 
 import importlib
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from workbench import cli
-from workbench.registry import Registry, module_name
+from varlen_workbench.workbench import cli
+from varlen_workbench.workbench.registry import Registry, module_name
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
 def test_every_subcommand_shown_exists():
-    shown = set(re.findall(r"^workbench (\w+)", README, flags=re.MULTILINE))
+    shown = set(re.findall(r"^varlen-workbench (\w+)", README, flags=re.MULTILINE))
     commands = cli.build_parser()._subparsers._group_actions[0].choices  # argparse keeps them here
     assert shown and shown <= set(commands), shown - set(commands)
 
@@ -35,17 +35,21 @@ def _committed_ids() -> set[str]:
 
 
 def test_new_example_is_a_valid_id_no_committed_postmortem_has():
-    examples = [e for e in re.findall(r"^workbench new (\S+) ", README, flags=re.MULTILINE) if e != "ID"]  # ID: the placeholder
+    examples = [
+        e for e in re.findall(r"^varlen-workbench new (\S+) ", README, flags=re.MULTILINE) if e != "ID"
+    ]  # ID: the placeholder
     assert examples
     committed = _committed_ids()
     assert committed  # the repository's own post-mortems are found
     for postmortem_id in examples:
         assert cli._id_problem("new", postmortem_id) is None
-        assert postmortem_id not in committed, f"`workbench new {postmortem_id}` would collide with an existing post-mortem"
+        assert postmortem_id not in committed, (
+            f"`varlen-workbench new {postmortem_id}` would collide with an existing post-mortem"
+        )
 
 
 def test_readme_says_how_to_put_workbench_on_path():
-    assert "source .venv/bin/activate" in README and ".venv/bin/workbench" in README
+    assert "source .venv/bin/activate" in README and ".venv/bin/varlen-workbench" in README
 
 
 def _section(title: str) -> str:
@@ -72,7 +76,7 @@ def test_start_here_swap_from_a_config_runs_as_written():
     runs our kernel as its attention, trains a step with finite gradients, and keeps the packed
     documents apart."""
     (block,) = re.findall(r"```python\n(.*?)```", _section("NaN gradients? Start here"), flags=re.DOTALL)
-    assert "attn_implementation=kernels.hf.register()" in block
+    assert "attn_implementation=varlen_workbench.kernels.hf.register()" in block
     env = {**os.environ, "WORKBENCH_DEVICE": "cpu"}
     run = subprocess.run(
         [sys.executable, "-c", block + SWAP_CHECKS], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
@@ -83,9 +87,26 @@ def test_start_here_swap_from_a_config_runs_as_written():
 def test_start_here_names_what_exists():
     section = _section("NaN gradients? Start here")
     assert "make setup" in section and re.search(r"^setup:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
-    assert "python -m workbench.realclient" in section and callable(importlib.import_module("workbench.realclient").main)
-    assert "workbench audit mypkg.attn:my_varlen_attention" in section
+    assert "python -m varlen_workbench.workbench.realclient" in section and callable(
+        importlib.import_module("varlen_workbench.workbench.realclient").main
+    )
+    assert "varlen-workbench audit mypkg.attn:my_varlen_attention" in section
     # The head dims are the contract's to state: the link goes to a section it has.
     assert "[docs/contract.md](docs/contract.md#the-call), The call" in section
     assert "\n## The call\n" in (ROOT / "docs" / "contract.md").read_text()
     assert README.index("## NaN gradients? Start here") < README.index("## The two commands")
+
+
+def test_the_transformers_range_and_the_install_commands_are_the_tested_ones():
+    """The range is pyproject.toml's floor and the lock's pin (usage.transformers_range, the use page's
+    source too); the commands that add the fix to an existing environment are the ones
+    tests/test_install.py runs."""
+    from varlen_workbench.workbench.usage import transformers_range
+
+    tested = transformers_range()
+    newest = ".".join(tested.newest.split(".")[:2])
+    assert f"It is tested on transformers\n{tested.oldest} and {newest}, the ends of the range it supports" in README
+    section = _section("Use the fix in your environment")
+    assert "pip list --format=freeze > installed.txt\npip install /path/to/this/clone -c installed.txt" in section
+    install_test = (ROOT / "tests" / "test_install.py").read_text()
+    assert '"list", "--format=freeze"' in install_test and 'built_wheel, "-c", installed' in install_test

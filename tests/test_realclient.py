@@ -1,4 +1,4 @@
-"""The real-client check (workbench.realclient) and the transformers integration it drives (kernels.hf)."""
+"""The real-client check (varlen_workbench.workbench.realclient) and the transformers integration it drives (varlen_workbench.kernels.hf)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import hf, varlen_attention
-from workbench import realclient as rc
-from workbench.records import load_records, write_record
+from varlen_workbench.kernels import hf
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench import realclient as rc
+from varlen_workbench.workbench.records import load_records, write_record
 
 SIZE = rc.SIZES["cpu"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +42,7 @@ def test_pack_is_what_the_flattening_collator_gives():
 @pytest.fixture(autouse=True)
 def fresh_memo(monkeypatch):
     """No metadata remembered from another test's forward."""
-    from kernels.varlen import metadata
+    from varlen_workbench.kernels.varlen import metadata
 
     monkeypatch.setattr(metadata, "LAST", metadata.Memo())
     monkeypatch.setattr(hf, "LAST", metadata.LAST)
@@ -162,7 +163,7 @@ def test_register_makes_the_name_an_attn_implementation():
 
 
 def test_per_document_sdpa_is_the_oracle_with_padding_rows_zero():
-    from workbench import reference_attention
+    from varlen_workbench.workbench.reference import reference_attention
 
     q, k, v = (torch.randn(14, h, 16, dtype=torch.float64) for h in (4, 2, 2))
     cu, padded = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 5, 10], dtype=torch.int32)
@@ -215,6 +216,14 @@ def test_record_round_trip(fast_report, tmp_path):
     assert again.table() == fast_report.table() and again.size == fast_report.size
 
 
+def test_the_committed_h200_record_reads_ours_under_todays_name():
+    """Recorded when ours was the top-level package `kernels`: read back, its runs of ours are
+    under the backend's name of today."""
+    report = rc.load_h200()
+    assert report is not None and {r.backend for r in report.runs} <= set(rc.BY_NAME)
+    assert report.run(rc.OURS.name).status == "ran"
+
+
 def test_unknown_memory_is_refused():
     with pytest.raises(ValueError, match="memories"):
         rc.check(SIZE, memories=("stale",))
@@ -225,9 +234,9 @@ def test_one_line_swap_keeps_gradients_finite_and_within_the_bar():
     """A tiny Llama through attn_implementation="varlen_contract" (interpreter), TAIL rows, both
     memories. Two layers: a layer's TAIL rows feed the next one's attention (the notebook runs all
     four of SIZES["cpu"]), at half the interpreter's time."""
-    report = rc.check(dataclasses.replace(SIZE, layers=2), backends=(rc.BAR, rc.BY_NAME["ours (kernels.hf)"]))
+    report = rc.check(dataclasses.replace(SIZE, layers=2), backends=(rc.BAR, rc.OURS))
     for memory in rc.MEMORIES:
-        run = report.run("ours (kernels.hf)", memory)
+        run = report.run(rc.OURS.name, memory)
         assert run.status == "ran" and run.nonfinite == 0 and report.meets_bar(run), report.table()
 
 
@@ -249,10 +258,10 @@ def test_right_padded_batch_matches_sdpa():
 
 @pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_kernels_run_on_cpu_tensors_when_records_are_imported_first():
-    """workbench.records (through provenance) imports triton before the kernels: any order works."""
+    """varlen_workbench.workbench.records (through provenance) imports triton before the kernels: any order works."""
     code = (
-        "import workbench.records, torch\n"
-        "from kernels import varlen_attention\n"
+        "import varlen_workbench.workbench.records, torch\n"
+        "from varlen_workbench.kernels.varlen import varlen_attention\n"
         "q = torch.randn(6, 2, 16); cu = torch.tensor([0, 2, 6], dtype=torch.int32)\n"
         "print(varlen_attention(q, q, q, cu, cu, 4, 4, causal=True).shape)\n"
     )
@@ -266,7 +275,9 @@ def test_command_line_writes_a_record_with_its_command(tmp_path, capsys):
     path = tmp_path / rc.RECORD
     assert rc.main(["--backends", "transformers sdpa: math", "--record", str(path)]) == 0
     (record,) = load_records(rc.RECORD, tmp_path)
-    assert record["provenance"]["command"].startswith("python -m workbench.realclient --backends 'transformers sdpa: math'")
+    assert record["provenance"]["command"].startswith(
+        "python -m varlen_workbench.workbench.realclient --backends 'transformers sdpa: math'"
+    )
     assert [r["backend"] for r in record["runs"]] == [rc.BAR.name] * 2 + ["transformers sdpa: math"] * 2
     assert "| transformers sdpa: math | poisoned |" in capsys.readouterr().out
 

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 
-from workbench import Case, Fill, Region, pack, reference_attention
-from workbench.strategies import LayoutSpace
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.strategies import LayoutSpace
 
 
 def sdpa_per_sequence(batch, causal: bool, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:

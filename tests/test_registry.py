@@ -13,9 +13,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbench.postmortem import METADATA_KEY, OURS, Claims, ClaimVerdict, claims_table
-from workbench.registry import (
+from varlen_workbench.workbench.postmortem import METADATA_KEY, OURS, Claims, ClaimVerdict, claims_table
+from varlen_workbench.workbench.registry import (
     HEADER_TAG,
+    PACKAGE,
     PostMortem,
     Registry,
     RegistryError,
@@ -25,7 +26,7 @@ from workbench.registry import (
     recorded_verdicts,
     validate_module,
 )
-from workbench.scaffold import python_string, render_package
+from varlen_workbench.workbench.scaffold import python_string, render_package
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,8 +103,7 @@ def test_scaffold_passes_lint(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     package = tmp_path / "postmortems" / "my_kernel_nan_dk"
     package.mkdir(parents=True)
-    (package.parent / "__init__.py").write_text('"""Post-mortems."""\n')
-    for name, text in render_package("my-kernel-nan-dk", "my_kernel_nan_dk", 'it\'s a "quoted" $title', "postmortems").items():
+    for name, text in render_package("my-kernel-nan-dk", "my_kernel_nan_dk", 'it\'s a "quoted" $title', PACKAGE).items():
         (package / name).write_text(text)
     ruff = [sys.executable, "-m", "ruff"]
     for command in (["check", "--no-cache", "."], ["format", "--no-cache", "--check", "--diff", "."]):
@@ -142,12 +142,12 @@ def _module_copy(pm: PostMortem, **changes) -> types.ModuleType:
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"META": None}, "META must be a workbench.postmortem.Meta"),
+        ({"META": None}, "META must be a varlen_workbench.workbench.postmortem.Meta"),
         ({"CASES": ()}, "CASES must be a non-empty tuple"),
         ({"CASES": ("not a case",)}, "CASES must be a non-empty tuple"),
         ({"reproduce": lambda: {}}, r"define reproduce\(device=None\)"),
         ({"claims": Claims()}, "at least one registered claim"),
-        ({"claims": None}, "claims must be a workbench.postmortem.Claims"),
+        ({"claims": None}, "claims must be a varlen_workbench.workbench.postmortem.Claims"),
     ],
 )
 def test_malformed_modules_are_named_with_the_fix(project, changes, message):
@@ -222,8 +222,8 @@ def test_recorded_verdicts_are_read_back_exactly_from_output_metadata(project):
 
 
 def test_scaffold_and_registry_import_without_a_cycle():
-    """workbench.scaffold is plain text and nbformat: importing it alone must not pull in the registry."""
-    code = "import sys, workbench.scaffold; assert 'workbench.registry' not in sys.modules, 'scaffold imports the registry'"
+    """varlen_workbench.workbench.scaffold is plain text and nbformat: importing it alone must not pull in the registry."""
+    code = "import sys, varlen_workbench.workbench.scaffold; assert 'varlen_workbench.workbench.registry' not in sys.modules, 'scaffold imports the registry'"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
 
@@ -283,7 +283,7 @@ def test_committed_source_listings_match_the_current_code(pm_id):
         current = str(module.listing(name))
         assert shown == current, (
             f"{pm.notebook}: cell {index} shows listing {name!r} as the code was, not as it is; "
-            f"re-execute it (`workbench execute {pm_id}`)"
+            f"re-execute it (`varlen-workbench execute {pm_id}`)"
         )
 
 
@@ -296,7 +296,7 @@ def test_a_stale_listing_is_caught():
             'pm.listing("our _dot")', outputs=[nbformat.v4.new_output("execute_result", data={"text/plain": stale})]
         )
     ]
-    from postmortems import triton_interpreter_bf16_dot as interp
+    from varlen_workbench.postmortems import triton_interpreter_bf16_dot as interp
 
     ((index, name, shown),) = shown_listings(nb)
     assert (index, name) == (0, "our _dot") and shown != str(interp.listing(name))
@@ -305,7 +305,7 @@ def test_a_stale_listing_is_caught():
 def test_a_claim_whose_gpu_record_is_missing_is_not_recorded_rather_than_failed(capsys):
     from types import SimpleNamespace
 
-    from workbench.postmortem import UPSTREAM_GPU, ClaimFailed, overall_verdict, recorded_probes
+    from varlen_workbench.workbench.postmortem import UPSTREAM_GPU, ClaimFailed, overall_verdict, recorded_probes
 
     meta = SimpleNamespace(id="demo-bug")
     claims = Claims()
@@ -320,7 +320,7 @@ def test_a_claim_whose_gpu_record_is_missing_is_not_recorded_rather_than_failed(
 
     (gpu, ours) = claims.report(SimpleNamespace(gpu=None, ours=True))  # nothing raised: nothing failed
     assert not gpu.holds and gpu.unrecorded and not gpu.failed and gpu.verdict == "NOT RECORDED"
-    assert "workbench repro demo-bug --device cuda --record data/gpu/demo-bug-<gpu>.json" in gpu.evidence
+    assert "varlen-workbench repro demo-bug --device cuda --record data/gpu/demo-bug-<gpu>.json" in gpu.evidence
     assert ClaimVerdict.from_dict(gpu.to_dict()) == gpu and "unrecorded" not in ours.to_dict()
     assert overall_verdict([gpu, ours]) == "1/2 claims hold; 1 await a GPU record"
     assert "NOT RECORDED" in capsys.readouterr().out

@@ -7,18 +7,18 @@ import pytest
 import torch
 import triton.language as tl
 
-from kernels import default_device
-from kernels.replicas.dmattn import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.replicas.dmattn import (
     _finite_or_zero,
     dmattn_backward,
     isfinite_exists,
     launch_patch_as_written,
     triton_dmattn_func,
 )
-from kernels.runtime import jit
-from postmortems.flash_dmattn_121 import dense_reference
-from workbench import poisoned_memory
-from workbench.bounds import error_check
+from varlen_workbench.kernels.runtime import jit
+from varlen_workbench.postmortems.flash_dmattn_121 import dense_reference
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.poison import poisoned_memory
 
 DEVICE = default_device()  # CUDA where there is one (compiled), else the CPU (interpreted)
 

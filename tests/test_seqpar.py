@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kernels import default_device
-from workbench.seqpar import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.workbench.seqpar import (
     SizingError,
     _spawn,
     gather_tokens,
@@ -20,7 +20,7 @@ from workbench.seqpar import (
     sequence_parallel_forward,
     shard,
 )
-from workbench.tinylm import LMConfig, SyntheticTask, TinyLM
+from varlen_workbench.workbench.tinylm import LMConfig, SyntheticTask, TinyLM
 
 
 @pytest.fixture

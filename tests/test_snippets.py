@@ -1,12 +1,12 @@
 """Every block a page invites a reader to paste, executed as the page shows it.
 
 The blocks come from the built pages (`published_site`: the committed notebooks rendered as
-`workbench build --no-execute` does), extracted by `workbench.pasteblocks.paste_blocks`, and each runs
+`varlen-workbench build --no-execute` does), extracted by `varlen_workbench.workbench.pasteblocks.paste_blocks`, and each runs
 verbatim against the inputs real users have: boolean and float masks, masks that differ across
 heads, a non-zero `attn_bias`, grouped K/V, empty sequences. A check must flag exactly the runs
 the upstream kernel breaks, judged by running that kernel; a workaround must keep REAL rows
 within the page's bound (FlashAttention's: out error at most 2x PyTorch's own error in the same
-dtype, `workbench.bounds`). Each battery also runs the text its page showed before the fix, and
+dtype, `varlen_workbench.workbench.bounds`). Each battery also runs the text its page showed before the fix, and
 must fail it: a battery that cannot fail proves nothing.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.bounds import error_check
-from workbench.pasteblocks import block_digest, paste_blocks
-from workbench.provenance import GPU_DATA, REPO
-from workbench.records import read_record, write_record
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.pasteblocks import block_digest, paste_blocks
+from varlen_workbench.workbench.provenance import GPU_DATA, REPO
+from varlen_workbench.workbench.records import read_record, write_record
 
 
 def _is_script(block: str) -> bool:
@@ -97,7 +97,7 @@ def _keeps_torch_settings(run: Callable[[], Any], every: bool = True) -> Any:
     return results[0]
 
 
-# -- the padded batches of the mask-taking APIs (workbench.affected.MaskedBatch) ---------------------
+# -- the padded batches of the mask-taking APIs (varlen_workbench.workbench.affected.MaskedBatch) ---------------------
 
 
 def _dense(x: dict[str, Any], dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
@@ -131,7 +131,7 @@ def _rows_within_bound(out: torch.Tensor, x: dict[str, Any], scale: float | None
 def _kernel_nan_121(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """What 1.2.2's Triton kernel does on the declared layout `name`: ((B,) items with a non-finite
     dK or dV, (B, H, Q) rows with a non-finite output)."""
-    from postmortems import flash_dmattn_121 as pm
+    from varlen_workbench.postmortems import flash_dmattn_121 as pm
 
     x = pm.WHO.layout(name).inputs.build()
     q, k, v = (x[n].requires_grad_() for n in ("q", "k", "v"))
@@ -148,7 +148,7 @@ def battery_nan_check_121(check: Callable) -> None:
     """On every layout the page declares, `check(q_len, attn_mask, is_causal) -> (items, rows)` names
     exactly the items whose dK/dV 1.2.2's kernel makes NaN, and the rows whose output it makes NaN
     (per head, or any head); the kernel hits exactly the layouts declared affected."""
-    from postmortems import flash_dmattn_121 as pm
+    from varlen_workbench.postmortems import flash_dmattn_121 as pm
 
     for layout in pm.WHO.layouts:
         items, rows = _kernel_nan_121(layout.name)
@@ -207,7 +207,7 @@ def _flex_layouts(expect_refusal: bool = True):
     error (the library's own) checked on 1.2.2 itself first."""
     from flash_dmattn.flash_dmattn_flex import flex_dmattn_func
 
-    from postmortems.flash_dmattn_flex_mask import WHO
+    from varlen_workbench.postmortems.flash_dmattn_flex_mask import WHO
 
     for layout in WHO.layouts:
         x = layout.inputs.build()
@@ -271,7 +271,7 @@ def _cudnn_replica():
     whether cuDNN itself runs."""
     import torch.nn.functional as F
 
-    from postmortems.sdpa_cudnn_masked_rows import CUDNN_FILL
+    from varlen_workbench.postmortems.sdpa_cudnn_masked_rows import CUDNN_FILL
 
     if _native_cuda():
         yield True
@@ -295,14 +295,14 @@ def _cudnn_replica():
 
 
 def _cudnn_like(x: dict[str, Any]) -> torch.Tensor:
-    from postmortems.sdpa_cudnn_masked_rows import cudnn_mask_replica
+    from varlen_workbench.postmortems.sdpa_cudnn_masked_rows import cudnn_mask_replica
 
     q, k, v, mask = _sdpa_inputs(x)
     return cudnn_mask_replica(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def _sdpa_layouts():
-    from postmortems.sdpa_cudnn_masked_rows import WHO
+    from varlen_workbench.postmortems.sdpa_cudnn_masked_rows import WHO
 
     for layout in WHO.layouts:
         x = layout.inputs.build()
@@ -342,14 +342,15 @@ def battery_sdpa_without_cudnn(sdpa_without_cudnn: Callable) -> None:
 
 # -- torch's varlen_attn: torch-varlen-176793 -------------------------------------------------------
 # varlen_attn runs on CUDA only; without a GPU the page's replica of its mechanism
-# (kernels.replicas.torch_varlen: TAIL rows of out, dq, dk, dv never written) stands in for it, as
+# (varlen_workbench.kernels.replicas.torch_varlen: TAIL rows of out, dq, dk, dv never written) stands in for it, as
 # on the page; on a GPU the same tests run the page's texts against torch's own varlen_attn.
 
 
 def _native_cuda() -> bool:
-    import kernels
+    from varlen_workbench.kernels._compat import default_device
+    from varlen_workbench.kernels.runtime import interpreted
 
-    return kernels.default_device().type == "cuda" and not kernels.interpreted("cuda")
+    return default_device().type == "cuda" and not interpreted("cuda")
 
 
 @contextlib.contextmanager
@@ -363,7 +364,7 @@ def _varlen_attn_replica():
         yield True
         return
 
-    from kernels.replicas.torch_varlen import replica_varlen_attn
+    from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn
 
     saved = varlen.varlen_attn
     varlen.varlen_attn = replica_varlen_attn  # type: ignore[assignment]
@@ -377,13 +378,13 @@ def _token_budget_lm(batch: Any) -> tuple[Any, Any]:
     """The page's tiny packed LM as a varlen_attn user with a padded token budget runs it (real
     boundaries only), and `batch` where the model is: on a GPU torch's own varlen_attn in bf16 on
     CUDA, elsewhere the replica in fp32 on the CPU."""
-    from postmortems import torch_varlen_176793 as pm
+    from varlen_workbench.postmortems import torch_varlen_176793 as pm
 
     if not _native_cuda():
         return pm.TinyLM(pm.TRAIN_CONFIG, pm.token_budget_attention), batch
     from torch.nn.attention.varlen import varlen_attn
 
-    from workbench.audit import adapt
+    from varlen_workbench.workbench.audit import adapt
 
     varlen = adapt(varlen_attn, "torch-varlen", device="cuda")
 
@@ -398,7 +399,7 @@ def _token_budget_lm(batch: Any) -> tuple[Any, Any]:
 def battery_nonfinite_grads_with_nan_memory(check: Callable) -> None:
     """`check(model, step)` names parameters exactly when the run is hit: every one of a tiny packed
     LM whose buffer has TAIL rows, none without TAIL rows (the same model and attention)."""
-    from postmortems import torch_varlen_176793 as pm
+    from varlen_workbench.postmortems import torch_varlen_176793 as pm
 
     for pad, hit in ((3, True), (0, False)):
         model, batch = _token_budget_lm(pm.budget_batches(pad=pad, steps=1)[0][0])
@@ -415,7 +416,9 @@ def _battery_varlen_workaround(workaround: Callable, fill: str, out_padding: str
     """Under NaN-poisoned memory, padding rows of q, k, v holding `fill`, a loss that ignores the
     padding: REAL rows within the bound of the fp64 answer, padding rows of dq, dk, dv exactly 0, and
     of out `out_padding` ("zero", or "finite" where the page says the rows hold an attention of their own)."""
-    from workbench import Case, pack, poisoned_memory, reference_attention
+    from varlen_workbench.workbench.layout import Case, pack
+    from varlen_workbench.workbench.poison import poisoned_memory
+    from varlen_workbench.workbench.reference import reference_attention
 
     for name, (lengths, tail) in VARLEN_LAYOUTS.items():
         case = Case(seqlens_q=lengths, tail_q=tail, tail_k=tail, heads=2, head_dim=head_dim, dtype="float16", fill=fill)
@@ -462,7 +465,7 @@ def _fa4_or_replica():
     replica. Yields whether it is FA4 itself."""
     import types
 
-    from workbench.upstream import _standing_in
+    from varlen_workbench.workbench.upstream import _standing_in
 
     try:
         import flash_attn.cute  # noqa: F401
@@ -471,7 +474,7 @@ def _fa4_or_replica():
     else:
         yield True
         return
-    from postmortems.fa4_unwritten_padding import replica_flash_attn_varlen_func
+    from varlen_workbench.postmortems.fa4_unwritten_padding import replica_flash_attn_varlen_func
 
     package, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
     cute.flash_attn_varlen_func = replica_flash_attn_varlen_func
@@ -483,7 +486,7 @@ def _fa4_or_replica():
 def battery_fa4_unwritten_tail_rows(check: Callable) -> None:
     """`check(q, k, v, cu_q, cu_k, max_q, max_k)` counts non-finite values in every TAIL row of
     out, dq, dk, dv when the buffer has TAIL rows, and none without; deterministic mode left off."""
-    from workbench import Case, Fill, pack
+    from varlen_workbench.workbench.layout import Case, Fill, pack
 
     for tail, hit in ((3, True), (0, False)):
         case = Case((5, 0, 9), tail_q=tail, tail_k=tail, heads=2, head_dim=FA4_DIM, dtype="float16", fill=Fill.GARBAGE)
@@ -527,7 +530,7 @@ def test_the_fa4_batteries_fail_a_bare_call_and_a_blind_check():
 @contextlib.contextmanager
 def _fsa_interpreted():
     """`flash_sparse_attn` importable and runnable here: the library itself, under the interpreter."""
-    from postmortems.fsa_varlen_descriptors import load
+    from varlen_workbench.postmortems.fsa_varlen_descriptors import load
 
     load("cpu")
     yield True
@@ -536,7 +539,7 @@ def _fsa_interpreted():
 @functools.cache
 def _fsa_bare_call(case) -> Any:
     """The library as is on `case`, under the interpreter in NaN-poisoned memory: what it builds and leaves."""
-    from postmortems.fsa_varlen_descriptors import BARE, FUNCTIONS, run
+    from varlen_workbench.postmortems.fsa_varlen_descriptors import BARE, FUNCTIONS, run
 
     return run(FUNCTIONS[0], BARE, case, poisoned=True)
 
@@ -546,8 +549,8 @@ def battery_fsa_varlen_faults(check: Callable) -> None:
     backward builds misaligned, the sequences whose forward builds descriptors of extent 0, and the rows
     past cu_seqlens_q[-1] it leaves unwritten in out and dq, as the interpreter records them; the
     library hits exactly the layouts declared affected."""
-    from postmortems.fsa_varlen_descriptors import WHO
-    from workbench import pack
+    from varlen_workbench.postmortems.fsa_varlen_descriptors import WHO
+    from varlen_workbench.workbench.layout import pack
 
     for layout in WHO.layouts:
         case, batch = layout.inputs, pack(layout.inputs)
@@ -575,9 +578,9 @@ def battery_fsa_varlen_aligned(workaround: Callable) -> None:
     unwritten); with return_lse, lse back on the caller's rows, -inf on those the call does not see."""
     import flash_sparse_attn
 
-    from postmortems.fsa_varlen_descriptors import FUNCTIONS, WHO, measure
-    from postmortems.fsa_varlen_descriptors.study import Call
-    from workbench import Region, pack
+    from varlen_workbench.postmortems.fsa_varlen_descriptors import FUNCTIONS, WHO, measure
+    from varlen_workbench.postmortems.fsa_varlen_descriptors.study import Call
+    from varlen_workbench.workbench.layout import Region, pack
 
     for function in FUNCTIONS:
         attn = getattr(flash_sparse_attn, function)
@@ -658,8 +661,8 @@ def _repro_battery(report: Any, shown: Callable[[], None] | None = None) -> Call
 
 
 def _report_batteries() -> dict[tuple[str, str], Callable[[Any], None]]:
-    from postmortems import flash_dmattn_flex_mask, fsa_varlen_descriptors, sdpa_cudnn_masked_rows
-    from workbench.audit.reports import NESTED_NO_REAL_QUERY
+    from varlen_workbench.postmortems import flash_dmattn_flex_mask, fsa_varlen_descriptors, sdpa_cudnn_masked_rows
+    from varlen_workbench.workbench.audit.reports import NESTED_NO_REAL_QUERY
 
     tail_rows, misaligned_lse = fsa_varlen_descriptors.REPORTS
     pages = {
@@ -678,7 +681,7 @@ def battery_load_with_varlen_contract(load_with_varlen_contract: Callable) -> No
     """real-client's one-line swap: a tiny Llama saved to a folder and loaded through the block runs our
     kernel as its attention, and one step on a packed batch with TAIL rows gives finite gradients."""
     transformers = pytest.importorskip("transformers")
-    from workbench import realclient as rc
+    from varlen_workbench.workbench import realclient as rc
 
     config = transformers.LlamaConfig(
         vocab_size=64,
@@ -849,7 +852,9 @@ def test_gpu_page_blocks_ran_as_shown_on_a_gpu(published_site):
     (not a replica) natively on a GPU, and passed its battery: GPU_BLOCKS_RECORD names each run
     block by the sha256 of its text, so a block edited since (or a new one) fails here until
     GPU_BLOCKS_COMMAND runs again, and a missing record fails too (never a skip)."""
-    record = read_record(GPU_BLOCKS_RECORD, how=f"{GPU_BLOCKS_COMMAND} (the site built with `workbench build --no-execute`)")
+    record = read_record(
+        GPU_BLOCKS_RECORD, how=f"{GPU_BLOCKS_COMMAND} (the site built with `varlen-workbench build --no-execute`)"
+    )
     assert record["provenance"]["mode"] == "native", f"{GPU_BLOCKS_RECORD.name}: not a native GPU run"
     runs = {(run["page"], run["block"], run["sha256"]): run for run in record["blocks"]}
     shown = [(page, name, block) for page, name, block in _blocks(published_site) if page in GPU_PAGES]

@@ -1,7 +1,7 @@
-"""The training-step benchmark (workbench.stepbench) on the CPU: the batches it builds, what
+"""The training-step benchmark (varlen_workbench.workbench.stepbench) on the CPU: the batches it builds, what
 transformers hands the swap from them, the CPU smoke run (ours through the Triton interpreter
 against padded SDPA, within a bound of a float64 step), and its record as the performance page
-reads it (workbench.bench_report.train_step_*)."""
+reads it (varlen_workbench.workbench.bench_report.train_step_*)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from kernels import hf
-from workbench import bench_report as br
-from workbench import realclient
-from workbench import stepbench as sb
-from workbench.records import write_record
-from workbench.tinylm import dense_attention
+from varlen_workbench.kernels import hf
+from varlen_workbench.workbench import bench_report as br
+from varlen_workbench.workbench import realclient
+from varlen_workbench.workbench import stepbench as sb
+from varlen_workbench.workbench.records import write_record
+from varlen_workbench.workbench.tinylm import dense_attention
 
 SHAPE = sb.SHAPES["cpu"]
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""workbench.strategies: every layout drawn is valid, shrinking keeps it valid, every feature is drawn."""
+"""varlen_workbench.workbench.strategies: every layout drawn is valid, shrinking keeps it valid, every feature is drawn."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis.database import InMemoryExampleDatabase
 
-from workbench import Case, Fill, pack
-from workbench.strategies import LAYOUT_FEATURES, LayoutSpace, layouts
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.strategies import LAYOUT_FEATURES, LayoutSpace, layouts
 
 SPACE = LayoutSpace(max_batch=3, longest=6, extra_padding=2, tail=2, heads=(1, 2, 4), dtypes=("float32", "bfloat16"), aligns=(4,))
 

@@ -5,8 +5,10 @@ import os
 import pytest
 from sweep_points import crash, divide
 
-from workbench import Case, pack, probe, reference_attention
-from workbench.sweeps import sweep
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.sweeps import sweep
 
 
 def test_a_failing_point_is_a_record_not_a_crash():

@@ -1,4 +1,4 @@
-"""The host-sync counter (workbench.syncs): which runtime calls are waits, whose code issued them,
+"""The host-sync counter (varlen_workbench.workbench.syncs): which runtime calls are waits, whose code issued them,
 how one op's calls make one sync; on synthetic profiler events shaped as a CUDA trace is, on the
 CPU profiler for real, and on CUDA for the waits torch makes."""
 
@@ -11,9 +11,19 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from workbench import syncs
-from workbench.provenance import REPO
-from workbench.syncs import ASYNC_COPY, BLOCKING_COPY, UNMATCHED_COPY, WINDOW, count_syncs, owner, runtime_calls, tally, wait_kind
+from varlen_workbench.workbench import syncs
+from varlen_workbench.workbench.provenance import REPO
+from varlen_workbench.workbench.syncs import (
+    ASYNC_COPY,
+    BLOCKING_COPY,
+    UNMATCHED_COPY,
+    WINDOW,
+    count_syncs,
+    owner,
+    runtime_calls,
+    tally,
+    wait_kind,
+)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +62,10 @@ SITE = "/usr/lib/python3.12/site-packages"
         ([f"{SITE}/torch/nn/modules/module.py(1): _call_impl", f"{SITE}/transformers/modeling_utils.py(1): f"], "transformers"),
         (["functools.py(1): wrapper", "contextlib.py(81): inner", "transformers/utils/generic.py(1): w"], "transformers"),
         (["<frozen importlib._bootstrap>(1): _find", "kernels/varlen/fa4.py(1): load"], "ours"),
+        # Installed from the wheel, ours by its import name; Hugging Face's `kernels` is not ours.
+        ([f"{SITE}/varlen_workbench/kernels/hf.py(95): packed_layout"], "ours"),
+        ([f"{SITE}/kernels/_internals/layer/layer.py(1): forward", "kernels/_internals/load.py(1): f"], "other"),
+        ([f"{SITE}/varlen_workbench/workbench/syncs.py(250): count_syncs"], "other"),
         # A library called from our wrapper issued it: the library's, not ours.
         ([f"{SITE}/flash_attn/cute/interface.py(300): _flash_attn_fwd", "kernels/varlen/fa4.py(200): forward"], "other"),
         # The harness names nobody: a sync under it with no other frame is no one's in particular.

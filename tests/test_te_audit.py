@@ -1,4 +1,4 @@
-"""TransformerEngine's DotProductAttention as rows of the audit matrix (workbench.audit.adapters.te), on the CPU.
+"""TransformerEngine's DotProductAttention as rows of the audit matrix (varlen_workbench.workbench.audit.adapters.te), on the CPU.
 
 TE runs on the GPU machine only. Here its stand-in (tests/data/fake_te: DotProductAttention's
 constructor and forward keywords, computed by the oracle from what it was built with) takes its
@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from workbench.audit import adapt
-from workbench.audit.adapters import MATRIX, te
-from workbench.audit.isolate import Spec
-from workbench.audit.matrix import ROW_PACKAGE, implementation
-from workbench.layout import Case, pack
-from workbench.probes import probe
-from workbench.provenance import REPO
+from varlen_workbench.workbench.audit import adapt
+from varlen_workbench.workbench.audit.adapters import MATRIX, te
+from varlen_workbench.workbench.audit.isolate import Spec
+from varlen_workbench.workbench.audit.matrix import ROW_PACKAGE, implementation
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.provenance import REPO
 
 FAKE_TE = REPO / "tests" / "data" / "fake_te"
 
@@ -93,8 +93,8 @@ def test_te_rows_run_on_cuda_only_and_say_so_elsewhere():
 
 def test_the_matrix_rows_name_importable_targets_through_the_te_adapter():
     rows = {row: (target, adapter) for row, target, adapter in MATRIX}
-    assert rows["te"] == ("workbench.audit.adapters.te:te_dot_product_attention", "te-thd")
-    assert rows["te-fp8"] == ("workbench.audit.adapters.te:te_dot_product_attention_fp8", "te-thd")
+    assert rows["te"] == ("varlen_workbench.workbench.audit.adapters.te:te_dot_product_attention", "te-thd")
+    assert rows["te-fp8"] == ("varlen_workbench.workbench.audit.adapters.te:te_dot_product_attention_fp8", "te-thd")
     for row in ("te", "te-fp8"):
         impl = adapt(rows[row][0], rows[row][1], "cuda")
         spec = Spec.of(impl)  # what a child process rebuilds the row from

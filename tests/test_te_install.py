@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from workbench.provenance import REPO
+from varlen_workbench.workbench.provenance import REPO
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import sys
 import pytest
 import torch
 
-from postmortems.te_thd_2892 import te_probes
-from postmortems.te_thd_2892.upstream import REPORT_CASE
-from workbench.layout import Case
-from workbench.provenance import GPU_DATA, REPO
-from workbench.records import read_record
+from varlen_workbench.postmortems.te_thd_2892 import te_probes
+from varlen_workbench.postmortems.te_thd_2892.upstream import REPORT_CASE
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.provenance import GPU_DATA, REPO
+from varlen_workbench.workbench.records import read_record
 
 FAKE_TE = str(REPO / "tests" / "data" / "fake_te")
 
@@ -116,7 +116,7 @@ def test_the_gemm_table_shows_per_tensor_scales_taking_padding_in(script, monkey
     monkeypatch.setenv("PYTHONPATH", FAKE_TE)
     small = "Case(seqlens_q=(20, 13), padded_q=(32, 16), heads=2, head_dim=64, dtype='bfloat16')"
     code = (
-        "import json\nfrom workbench.layout import Case\nfrom postmortems.te_thd_2892.te_probes import fp8_linear_table\n"
+        "import json\nfrom varlen_workbench.workbench.layout import Case\nfrom varlen_workbench.postmortems.te_thd_2892.te_probes import fp8_linear_table\n"
         f"print({script.RESULT!r} + json.dumps(fp8_linear_table('cpu', {small})))\n"
     )
     run = script.child(code, 120)

@@ -17,12 +17,12 @@ import sys
 import pytest
 import torch
 
-from postmortems.te_thd_2892 import claims, on_te, seqpar_te
-from postmortems.te_thd_2892.upstream import REPORT_CASE, TeCase
-from workbench.layout import Case
-from workbench.postmortem import NotRecorded
-from workbench.provenance import REPO
-from workbench.records import read_record
+from varlen_workbench.postmortems.te_thd_2892 import claims, on_te, seqpar_te
+from varlen_workbench.postmortems.te_thd_2892.upstream import REPORT_CASE, TeCase
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.postmortem import NotRecorded
+from varlen_workbench.workbench.provenance import REPO
+from varlen_workbench.workbench.records import read_record
 
 FAKE_TE = {"PYTHONPATH": str(REPO / "tests" / "data" / "fake_te")}
 # 24 real tokens in 40 rows: 20 rows a rank, the second rank's shard starting inside a sequence.

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from workbench import Case, Fill, pack, probe
-from workbench.layout import cumulative
-from workbench.tinylm import (
+from varlen_workbench.workbench.layout import Case, Fill, cumulative, pack
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.tinylm import (
     IGNORE,
     PAD_TOKEN,
     LMConfig,

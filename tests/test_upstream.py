@@ -1,4 +1,4 @@
-"""workbench.upstream: stubs for missing imports, installed files run unmodified."""
+"""varlen_workbench.workbench.upstream: stubs for missing imports, installed files run unmodified."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from workbench import upstream
+from varlen_workbench.workbench import upstream
 
 
 @pytest.fixture

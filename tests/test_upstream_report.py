@@ -1,11 +1,16 @@
-"""Ready-to-file upstream reports (workbench.upstream_report): what a maintainer gets, and the rules a
+"""Ready-to-file upstream reports (varlen_workbench.workbench.upstream_report): what a maintainer gets, and the rules a
 report keeps. Each repro runs, as its page shows it, in the paste-block battery (tests/test_snippets.py)."""
 
 import pytest
 
-from postmortems import fa4_unwritten_padding, flash_dmattn_flex_mask, fsa_varlen_descriptors, sdpa_cudnn_masked_rows
-from workbench.audit.reports import REPORTS as AUDIT_REPORTS
-from workbench.upstream_report import REPRO_LINES, Source, UpstreamReport
+from varlen_workbench.postmortems import (
+    fa4_unwritten_padding,
+    flash_dmattn_flex_mask,
+    fsa_varlen_descriptors,
+    sdpa_cudnn_masked_rows,
+)
+from varlen_workbench.workbench.audit.reports import REPORTS as AUDIT_REPORTS
+from varlen_workbench.workbench.upstream_report import REPRO_LINES, Source, UpstreamReport
 
 EVERY = (
     fa4_unwritten_padding.REPORT,

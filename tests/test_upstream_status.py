@@ -1,7 +1,7 @@
-"""One source for upstream status: data/upstream-status.toml, read by workbench.upstream_status.
+"""One source for upstream status: data/upstream-status.toml, read by varlen_workbench.workbench.upstream_status.
 
 Every post-mortem has an entry, dated; "fixed" is said only where the fixed release ran here;
-the header, the index, the matrix's "known / new?" and `workbench list` all say what the file says."""
+the header, the index, the matrix's "known / new?" and `varlen-workbench list` all say what the file says."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import re
 import pytest
 from markupsafe import escape
 
-from workbench.provenance import REPO
-from workbench.registry import Registry
-from workbench.upstream_status import STATUS_FILE, UpstreamStatus, finding_status, parse, statuses
+from varlen_workbench.workbench.provenance import REPO
+from varlen_workbench.workbench.registry import Registry
+from varlen_workbench.workbench.upstream_status import STATUS_FILE, UpstreamStatus, finding_status, parse, statuses
 
 
 def _entry(**fields):

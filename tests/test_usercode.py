@@ -1,5 +1,5 @@
 """An error inside the user's own module is reported as itself: its type, its message and the line
-of the user's code that raised it, for `workbench audit MODULE:FUNCTION`, `--import` and a
+of the user's code that raised it, for `varlen-workbench audit MODULE:FUNCTION`, `--import` and a
 post-mortem's package; "cannot import module" only for a module that does not exist."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from conftest import FAST_FIX, scaffold_variant
 
-from workbench import cli
-from workbench.usercode import UserModuleError, import_user_module, where_raised
+from varlen_workbench.workbench import cli
+from varlen_workbench.workbench.usercode import UserModuleError, import_user_module, where_raised
 
 
 @pytest.fixture
 def modules(tmp_path, monkeypatch):
-    """A directory on sys.path, the working directory (as a user's package is to `workbench audit`)."""
+    """A directory on sys.path, the working directory (as a user's package is to `varlen-workbench audit`)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -31,7 +31,7 @@ def test_audit_reports_the_exception_raised_inside_the_users_module(modules, cap
     assert cli.main(["audit", "wb_user_nameerror:attn", "--budget", "0"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert (
-        "workbench audit: target 'wb_user_nameerror:attn': cannot load 'wb_user_nameerror': importing 'wb_user_nameerror' "
+        "varlen-workbench audit: target 'wb_user_nameerror:attn': cannot load 'wb_user_nameerror': importing 'wb_user_nameerror' "
         "raised NameError: name 'HEAD_DIM' is not defined (at wb_user_nameerror.py, line 3)"
     ) in err, err
     assert "cannot import module" not in err
@@ -52,11 +52,16 @@ def test_a_missing_dependency_inside_the_module_is_its_error_not_the_modules_abs
 
 
 def test_import_flag_reports_the_exception_too(modules, capsys):
-    modules("wb_user_adapters", "from workbench.audit import register_adapter\n\nregister_adapter('x')(undefined)\n")
-    assert cli.main(["audit", "workbench:reference_attention", "--import", "wb_user_adapters"]) == cli.EXIT_USAGE
+    modules(
+        "wb_user_adapters", "from varlen_workbench.workbench.audit import register_adapter\n\nregister_adapter('x')(undefined)\n"
+    )
+    assert (
+        cli.main(["audit", "varlen_workbench.workbench.reference:reference_attention", "--import", "wb_user_adapters"])
+        == cli.EXIT_USAGE
+    )
     err = capsys.readouterr().err
     assert (
-        "workbench audit: --import wb_user_adapters: importing 'wb_user_adapters' raised NameError: name 'undefined' is not "
+        "varlen-workbench audit: --import wb_user_adapters: importing 'wb_user_adapters' raised NameError: name 'undefined' is not "
         "defined (at wb_user_adapters.py, line 3)"
     ) in err, err
 
@@ -76,5 +81,7 @@ def test_repro_reports_the_exception_inside_a_postmortem_package(project, capsys
     line = len(study.read_text().splitlines())
     assert cli.main(["repro", "broken-study"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
-    assert f"workbench repro: post-mortem 'broken-study' does not import: importing '{project.package}.broken_study' " in err
+    assert (
+        f"varlen-workbench repro: post-mortem 'broken-study' does not import: importing '{project.package}.broken_study' " in err
+    )
     assert f"raised NameError: name 'CASSES' is not defined (at {study}, line {line}, reached from " in err, err

@@ -1,7 +1,7 @@
-"""`python -m workbench ...` is the `workbench` command."""
+"""`python -m varlen_workbench.workbench ...` is the `workbench` command."""
 
 import sys
 
-from workbench.cli import main
+from varlen_workbench.workbench.cli import main
 
 sys.exit(main())

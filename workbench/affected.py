@@ -9,7 +9,7 @@ A post-mortem's cases.py declares
     )
 
 and its notebook renders the section "Who is affected" with `Markdown(pm.WHO.markdown())`. Each
-layout carries the concrete batch it stands for (`inputs`): a packed `workbench.Case`, or a padded
+layout carries the concrete batch it stands for (`inputs`): a packed `varlen_workbench.workbench.layout.Case`, or a padded
 `MaskedBatch` for the APIs that take a mask. The paste-block battery (tests/test_snippets.py) runs
 every check and every workaround of the page on every layout declared here: a check must flag each
 affected layout and no other, and a workaround must keep REAL rows within the page's bound on each,
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from workbench.layout import DTYPE_NAMES, Case
+from varlen_workbench.workbench.layout import DTYPE_NAMES, Case
 
 MASK_SHAPES = ("(B, H, S, S)", "(B, 1, S, S)", "(B, 1, 1, S)", "none")
 # How a mask says "attend": bool True; flash-dmattn's float mask > 0; SDPA's additive float mask 0 (-inf masks).

@@ -12,10 +12,10 @@ counts only real work, per document: 4*h*d*sum(s_i^2) FLOPs forward, halved when
 (exact visible pairs under a sliding window), and 3.5x that for forward+backward. Ratios are
 peer time / our time measured in the same run, so a noisy machine shifts both alike.
 
-CUDA only; `python -m workbench.bench --record FILE` or `workbench bench`. The committed
+CUDA only; `python -m varlen_workbench.workbench.bench --record FILE` or `varlen-workbench bench`. The committed
 records (data/gpu/bench-*.json) are read back on any machine by
-`workbench.records.load_records("bench-*.json", how=RECORD_COMMAND)`, and judged, tabled and
-plotted by `workbench.bench_report` (the performance notebook).
+`varlen_workbench.workbench.records.load_records("bench-*.json", how=RECORD_COMMAND)`, and judged, tabled and
+plotted by `varlen_workbench.workbench.bench_report` (the performance notebook).
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.layout import Case, pack, thd_to_bshd
-from workbench.records import write_record
-from workbench.timing import MIN_ITERS, time_call
-from workbench.workloads import Workload, workloads
+from varlen_workbench.workbench.layout import Case, pack, thd_to_bshd
+from varlen_workbench.workbench.records import write_record
+from varlen_workbench.workbench.timing import MIN_ITERS, time_call
+from varlen_workbench.workbench.workloads import Workload, workloads
 
-RECORD_COMMAND = "python -m workbench.bench --record data/gpu/bench-<gpu>.json"
+RECORD_COMMAND = "python -m varlen_workbench.workbench.bench --record data/gpu/bench-<gpu>.json"
 
 
 def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tuple[int, int] = (-1, -1)) -> None:
     """Runs forward+backward of a small batch of `case`'s kernel class with candidate `index`
     of every kernel pinned: Triton compiles, and caches on disk, what the tuner will time."""
-    from kernels import varlen_attention
-    from kernels.varlen.launch import NATIVE_TILES, TUNER, candidate_tiles
+    from varlen_workbench.kernels.varlen import varlen_attention
+    from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, TUNER, candidate_tiles
 
     dtype = case.torch_dtype
     tiles = {k: candidate_tiles(k, case.head_dim, dtype, torch.device(device)) for k in NATIVE_TILES}
@@ -60,7 +60,7 @@ def precompile(chosen: list[Workload], jobs: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from kernels.varlen.launch import NATIVE_TILES
+    from varlen_workbench.kernels.varlen.launch import NATIVE_TILES
 
     classes = {(w.case.head_dim, w.case.heads, w.case.kv_heads, w.case.dtype, w.case.causal, w.window): w for w in chosen}
     most = max(len(t) for by_bytes in NATIVE_TILES.values() for t in by_bytes.values())
@@ -78,7 +78,7 @@ def precompile(chosen: list[Workload], jobs: int) -> None:
 
 
 def _ours(batch, window):
-    from kernels import varlen_attention
+    from varlen_workbench.kernels.varlen import varlen_attention
 
     step = batch.step_metadata(validate=False)
     return lambda: batch.call_on(varlen_attention, step, window_size=window, backend="triton")
@@ -86,7 +86,7 @@ def _ours(batch, window):
 
 def _ours_validated(batch, window):
     """validate=True on the metadata every call reuses (as the layers of one step do)."""
-    from kernels import varlen_attention
+    from varlen_workbench.kernels.varlen import varlen_attention
 
     if batch.case.seqlens_q[0] != 2048:
         return None  # judged on the 8x2048 workloads only
@@ -97,7 +97,7 @@ def _ours_validated(batch, window):
 def _ours_validated_fresh(batch, window):
     """validate=True on new metadata each call (as each new batch brings): the device check of the
     boundaries runs every call (kernels/varlen/device_check.py), its verdict read in the backward."""
-    from kernels import VarlenMetadata, varlen_attention
+    from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
 
     if batch.case.seqlens_q[0] != 2048:
         return None  # judged on the 8x2048 workloads only
@@ -120,8 +120,8 @@ def _ours_fa4(batch, window):
     """FlashAttention-4 behind our contract wrapper (`backend="fa4"`, validate=True on the
     metadata every call reuses), where FA4 is installed and can run the call: padded workloads
     included (views that end at the last real row for TAIL rows, zeroed copies for GAP rows)."""
-    from kernels import varlen_attention
-    from kernels.varlen.fa4 import unsupported
+    from varlen_workbench.kernels.varlen import varlen_attention
+    from varlen_workbench.kernels.varlen.fa4 import unsupported
 
     boundaries = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded)
     if unsupported(batch.q, batch.k, batch.v, boundaries, return_lse=False, validate=True):
@@ -149,7 +149,7 @@ class Graphed:
     set to None so that the captured step allocates them from the graph's pool."""
 
     def __init__(self, batch, window):
-        from kernels import varlen_attention
+        from varlen_workbench.kernels.varlen import varlen_attention
 
         batch = batch.fresh()
         step = batch.step_metadata(validate=False)  # built before the capture, as its work lists are
@@ -430,7 +430,7 @@ def run_benchmark(
         raise ValueError(f"impls {sorted(unknown)} are not benchmarked; choose from {list(IMPLEMENTATIONS)}")
     chosen = select_workloads(quick, shapes)
     if not torch.cuda.is_available():
-        raise RuntimeError("workbench bench needs CUDA: it times kernels with CUDA events. Run it on a GPU machine.")
+        raise RuntimeError("varlen-workbench bench needs CUDA: it times kernels with CUDA events. Run it on a GPU machine.")
     names = list(impls or IMPLEMENTATIONS)
     rows: list[Row] = []
     # Two passes: every implementation on every workload, then the CUDA graph captures, so that
@@ -481,7 +481,7 @@ def set_peer_ratios(results: dict[str, Row]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workbench bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="varlen-workbench bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one configuration of each kind")
     parser.add_argument(
         "--iters", type=int, default=MIN_ITERS, help=f"timed calls per measurement (median; at least {MIN_ITERS})"
@@ -496,22 +496,27 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="processes that compile our candidate tiles before timing (0: compile while tuning)",
     )
-    from workbench.bench_report import format_table, format_targets, targets, to_record  # the runner needs no plots
+    from varlen_workbench.workbench.bench_report import (  # the runner needs no plots
+        format_table,
+        format_targets,
+        targets,
+        to_record,
+    )
 
     args = parser.parse_args(argv)
     if args.iters < MIN_ITERS:
         parser.error(f"--iters {args.iters}: time at least {MIN_ITERS} calls per measurement (--iters {MIN_ITERS})")
     if not torch.cuda.is_available():
-        # One line and the usage status, as `workbench repro --device cuda` gives: no traceback.
+        # One line and the usage status, as `varlen-workbench repro --device cuda` gives: no traceback.
         print(
-            f"workbench bench: torch {torch.__version__} sees no CUDA device; the benchmark times kernels with "
+            f"varlen-workbench bench: torch {torch.__version__} sees no CUDA device; the benchmark times kernels with "
             "CUDA events, so run it on a GPU machine (committed records: data/gpu/bench-*.json).",
             file=sys.stderr,
         )
         return 2
-    from kernels.varlen.launch import TUNER
+    from varlen_workbench.kernels.varlen.launch import TUNER
 
-    command = shlex.join(["python", "-m", "workbench.bench", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "varlen_workbench.workbench.bench", *(argv if argv is not None else sys.argv[1:])])
 
     def write(rows: list[Row]) -> None:
         if args.record:

@@ -1,7 +1,7 @@
 """What a benchmark run means: the contract's cost, the performance targets, kernel and host
 times, the tables, and the records read back, merged and plotted (the performance notebook).
 
-`workbench.bench` runs the benchmark and writes its record; this module only reads rows and
+`varlen_workbench.workbench.bench` runs the benchmark and writes its record; this module only reads rows and
 records, so a CPU machine renders the committed GPU records with it.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.bench import GUARDED_FA4, Row, Timing, ratio, set_peer_ratios
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
-from workbench.stepbench import BARE_FA4, DEFAULT, PADDED_SDPA, PHASES, VARLEN_ATTN
-from workbench.stepbench import RECORD_COMMAND as STEP_RECORD_COMMAND
-from workbench.syncs import OWNERS
-from workbench.workloads import workloads
+from varlen_workbench.workbench.bench import GUARDED_FA4, Row, Timing, ratio, set_peer_ratios
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
+from varlen_workbench.workbench.stepbench import BARE_FA4, DEFAULT, PADDED_SDPA, PHASES, VARLEN_ATTN
+from varlen_workbench.workbench.stepbench import RECORD_COMMAND as STEP_RECORD_COMMAND
+from varlen_workbench.workbench.syncs import OWNERS
+from varlen_workbench.workbench.workloads import workloads
 
 
 def _our_rows(rows: list[Row]) -> dict[str, Row]:
@@ -304,7 +304,7 @@ def kernel_times(record: dict) -> dict[str, dict[str, float]]:
     work lists, the padding fills, the delta pass, autograd's .grad accumulation and the host
     dispatch where it cannot keep ahead of the GPU (short documents). A shape class is timed on
     the first call that reaches it, so a later workload of the same class is left out."""
-    from kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
+    from varlen_workbench.kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
 
     # Records from before sliding windows lack the field: their classes had none; nor had they a
     # head dim of v's own.
@@ -463,9 +463,9 @@ def ms_with_fastest(median: float | None, fastest: float | None) -> str:
 
 
 def timings_table(rows: list[Row]):
-    """One line per (workload, implementation) measured: a `workbench.postmortem.Table` (text in a
+    """One line per (workload, implementation) measured: a `varlen_workbench.workbench.postmortem.Table` (text in a
     terminal, an HTML table folded past its first rows on the site)."""
-    from workbench.postmortem import table
+    from varlen_workbench.workbench.postmortem import table
 
     cells = []
     for r in rows:
@@ -490,7 +490,7 @@ def timings_table(rows: list[Row]):
 
 
 def format_table(rows: list[Row]) -> str:
-    """What `workbench bench` prints: the timings, the padding contract's cost, the ratios."""
+    """What `varlen-workbench bench` prints: the timings, the padding contract's cost, the ratios."""
     lines = [str(timings_table(rows))]
     for name, cost in contract_costs(rows).items():
         lines.append(f"cost of the padding contract ({name} vs unpadded): {cost * 100:+.1f}% forward+backward time")
@@ -565,9 +565,9 @@ def speed_table(peer: str, records: list[dict] | None = None):
     """Our kernel's forward+backward time beside `peer`'s, per workload both ran in the committed
     benchmark (every data/gpu/bench-*.json, merged): the median with the fastest call in brackets,
     and the speed-up (> 1: ours is faster) on the medians and on the fastest calls."""
-    from workbench.bench import RECORD_COMMAND
-    from workbench.postmortem import table
-    from workbench.records import load_records
+    from varlen_workbench.workbench.bench import RECORD_COMMAND
+    from varlen_workbench.workbench.postmortem import table
+    from varlen_workbench.workbench.records import load_records
 
     record = merge_records(records or load_records("bench-*.json", how=RECORD_COMMAND))
     rows = rows_from_record(record)
@@ -594,7 +594,9 @@ def merge_records(records: list[dict]) -> dict:
     """One record from several runs of disjoint workloads (e.g. `--shapes` subsets): their rows
     and tiles in order; provenance fields that differ are joined with " | ", in the same order."""
     if not records:
-        raise ValueError("merge_records needs at least one record; load them with workbench.records.load_records('bench-*.json')")
+        raise ValueError(
+            "merge_records needs at least one record; load them with varlen_workbench.workbench.records.load_records('bench-*.json')"
+        )
     seen = [r["workload"] for rec in records for r in {x["workload"]: x for x in rec["rows"]}.values()]
     twice = sorted({w for w in seen if seen.count(w) > 1})
     if twice:
@@ -613,7 +615,7 @@ def merge_records(records: list[dict]) -> dict:
 
 
 def records_table(record: dict) -> str:
-    """The table `workbench bench` printed for this record, rebuilt from its rows."""
+    """The table `varlen-workbench bench` printed for this record, rebuilt from its rows."""
     return format_table(rows_from_record(record))
 
 
@@ -690,14 +692,14 @@ def plot_ratios(record: dict, axes=None):
     return axes
 
 
-# -- the training step (workbench.stepbench) ---------------------------------------------------
+# -- the training step (varlen_workbench.workbench.stepbench) ---------------------------------------------------
 
 # Issue 34's targets for the whole step: the peer's step time over the default's (> 1: the default is faster).
 TRAIN_STEP_TARGETS = {BARE_FA4: 0.97, VARLEN_ATTN: 1.0, PADDED_SDPA: 1.5}
 
 
 def load_train_step(path: Path = GPU_DATA / "train-step-h200.json") -> dict[str, Any]:
-    """The committed training-step record (`python -m workbench.stepbench --record ...`)."""
+    """The committed training-step record (`python -m varlen_workbench.workbench.stepbench --record ...`)."""
     return read_record(path, how=STEP_RECORD_COMMAND)
 
 
@@ -766,7 +768,7 @@ def _by_phase(syncs: dict[str, Any] | None, owner: str | None = None) -> str:
 def batch_syncs_table(record: dict[str, Any]):
     """Per batch kind, the host syncs of one step through our swap (the default backend): all,
     by owner, and ours and transformers' per phase."""
-    from workbench.postmortem import table
+    from varlen_workbench.workbench.postmortem import table
 
     cells = []
     for kind, syncs in record.get("batch_syncs", {}).items():
@@ -785,7 +787,7 @@ def train_step_table(record: dict[str, Any]):
     """One line per implementation: its step time (median, fastest in brackets), the default's
     speed-up over it, its host syncs per step by owner and by phase, peak memory, loss, and a
     note: why it was skipped, its error, or what it is."""
-    from workbench.postmortem import table
+    from varlen_workbench.workbench.postmortem import table
 
     ratios = train_step_ratios(record["rows"])
     cells = []
@@ -839,7 +841,7 @@ def sync_examples(record: dict[str, Any], frames: int = 8) -> str:
 
 
 def format_train_step(record: dict[str, Any]) -> str:
-    """What `python -m workbench.stepbench` prints: the table, the targets side by side on the
+    """What `python -m varlen_workbench.workbench.stepbench` prints: the table, the targets side by side on the
     medians and the fastest steps, the targets not judged and why, one example stack per owner."""
     medians, fastest = train_step_targets(record)
     timed = train_step_ratios(record["rows"])

@@ -1,17 +1,17 @@
 """The `workbench` command line.
 
-    workbench info                      versions, device, interpreter mode
-    workbench list                      post-mortems with status and last built verdict
-    workbench repro ID [--device D] [--record FILE]
+    varlen-workbench info                      versions, device, interpreter mode
+    varlen-workbench list                      post-mortems with status and last built verdict
+    varlen-workbench repro ID [--device D] [--record FILE]
                                         run a post-mortem's claims without Jupyter
-    workbench build [--no-execute]      build the static site into site/_build
-    workbench new ID "TITLE"            scaffold postmortems/<module>/ + notebooks/ID.ipynb
-    workbench execute NAME...           re-execute notebooks in place, to commit their outputs
-    workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
-    workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--head-dim D] [--budget N] [--campaign] [--notebook PATH]
+    varlen-workbench build [--no-execute]      build the static site into site/_build
+    varlen-workbench new ID "TITLE"            scaffold postmortems/<module>/ + notebooks/ID.ipynb
+    varlen-workbench execute NAME...           re-execute notebooks in place, to commit their outputs
+    varlen-workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
+    varlen-workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--head-dim D] [--budget N] [--campaign] [--notebook PATH]
                     [--record FILE]
                                         check any varlen attention against the padding contract
-    workbench bench [--quick] [--shapes T..] [--record FILE]
+    varlen-workbench bench [--quick] [--shapes T..] [--record FILE]
                                         time our kernel against torch's attention choices (CUDA)
 
 Exit status: 0 success, 1 a claim does not hold or the build failed, 2 bad usage or input.
@@ -31,15 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from workbench.adapter_example import REGISTER_EXAMPLE
-from workbench.tables import fixed_width
+from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
+from varlen_workbench.workbench.tables import fixed_width
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 def _info(args: argparse.Namespace) -> int:
     """Prints the platform the workbench runs on: what every recorded result is stamped with."""
-    from workbench.provenance import provenance
+    from varlen_workbench.workbench.provenance import provenance
 
     for key, value in provenance().items():
         print(f"{key:>12}: {value}")
@@ -72,11 +72,11 @@ def _title_from_source(path: Path) -> str | None:
 
 def _list(args: argparse.Namespace) -> int:
     """The verdict column is the one recorded by the last site build (running every post-mortem
-    would take minutes); `workbench repro ID` checks one now. Modules are read, not imported,
+    would take minutes); `varlen-workbench repro ID` checks one now. Modules are read, not imported,
     and the upstream status comes from data/upstream-status.toml, so the listing is immediate;
     `repro` imports and validates one."""
-    from workbench.registry import Registry, module_name, read_manifest
-    from workbench.upstream_status import statuses
+    from varlen_workbench.workbench.registry import Registry, module_name, read_manifest
+    from varlen_workbench.workbench.upstream_status import statuses
 
     registry = Registry()
     site = Path(args.site) if args.site else registry.root / "site" / "_build"
@@ -92,7 +92,7 @@ def _list(args: argparse.Namespace) -> int:
             status = upstream[postmortem_id]
         rows.append((postmortem_id, status.label, built.get(postmortem_id, "not built"), title))
     if len(rows) == 1:
-        print(f'no post-mortems in {registry.package_dir}; `workbench new ID "TITLE"` starts one.')
+        print(f'no post-mortems in {registry.package_dir}; `varlen-workbench new ID "TITLE"` starts one.')
         return 0
     print(_listing(rows, None if args.wide else shutil.get_terminal_size().columns))
     return 0
@@ -142,7 +142,7 @@ def _id_problem(command: str, postmortem_id: str, known: list[str] | None = None
     suggestion = re.sub(r"[^a-z0-9]+", "-", postmortem_id.lower()).strip("-")
     kind = "a module name; ids use '-' where module names use '_'" if "_" in postmortem_id else "not an id"
     problem = (
-        f"workbench {command}: {postmortem_id!r} is {kind}. An id is lowercase letters, digits and '-', "
+        f"varlen-workbench {command}: {postmortem_id!r} is {kind}. An id is lowercase letters, digits and '-', "
         "starting with a letter (it names the notebook and the page)"
     )
     if ID_RULE.fullmatch(suggestion) and (known is None or suggestion in known):
@@ -154,7 +154,7 @@ class _Progress:
     """What `repro` is doing, on stderr while the post-mortem runs: each layout it packs (the
     registered CASES by number), each claim it checks, and, after `quiet` seconds without news, a
     line saying which of them is still running and for how long. Lines are cut to the terminal's
-    `width`. Needs nothing of the post-mortem module: it observes `workbench.pack`."""
+    `width`. Needs nothing of the post-mortem module: it observes `varlen_workbench.workbench.layout.pack`."""
 
     def __init__(self, cases: list, quiet: float = 5.0, width: int | None = None) -> None:
         import threading
@@ -198,7 +198,7 @@ class _Progress:
     def __enter__(self) -> _Progress:
         import contextlib
 
-        from workbench.layout import observing_packs
+        from varlen_workbench.workbench.layout import observing_packs
 
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(observing_packs(self.packed))
@@ -236,17 +236,18 @@ def claim_lines(verdicts: list, width: int) -> tuple[list[str], bool]:
 def _repro(args: argparse.Namespace) -> int:
     problem = _id_problem("repro", args.id)
     if problem:
-        from workbench.registry import Registry
+        from varlen_workbench.workbench.registry import Registry
 
         print(_id_problem("repro", args.id, Registry().ids()), file=sys.stderr)
         return EXIT_USAGE
     import torch
 
-    from kernels import DEVICE, interpreted
+    from varlen_workbench.kernels._compat import DEVICE
+    from varlen_workbench.kernels.runtime import interpreted
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
-            f"workbench repro: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
+            f"varlen-workbench repro: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -255,10 +256,10 @@ def _repro(args: argparse.Namespace) -> int:
         # its upstream imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         record = ["--record", args.record] if args.record else []
-        return subprocess.call([sys.executable, "-m", "workbench.cli", "repro", args.id, *record], env=env)
-    from workbench.postmortem import overall_verdict
-    from workbench.records import write_record
-    from workbench.registry import Registry
+        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli", "repro", args.id, *record], env=env)
+    from varlen_workbench.workbench.postmortem import overall_verdict
+    from varlen_workbench.workbench.records import write_record
+    from varlen_workbench.workbench.registry import Registry
 
     started = time.perf_counter()
     pm = Registry().get(args.id)
@@ -296,7 +297,7 @@ def _repro(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from workbench.site import build
+    from varlen_workbench.workbench.site import build
 
     build(out=Path(args.out) if args.out else None, execute_notebooks=not args.no_execute, jobs=args.jobs)
     return 0
@@ -307,30 +308,30 @@ def _new(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return EXIT_USAGE
-    from workbench.execute import execute_in_place
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.execute import execute_in_place
+    from varlen_workbench.workbench.registry import Registry
 
     registry = Registry()
     package_path, notebook_path = registry.scaffold(args.id, args.title)
     print(f"wrote {package_path}/\nwrote {notebook_path}\nexecuting it (it is committed with its outputs)...", flush=True)
     execute_in_place(notebook_path, registry.root)
     print(
-        f"done. Next: edit {package_path.name}/ (META and CASES in cases.py, reproduce in study.py, claims.py), then `workbench lab` to write the "
-        f"notebook; `workbench repro {args.id}` checks the claims, `make test` runs nbval over the notebook."
+        f"done. Next: edit {package_path.name}/ (META and CASES in cases.py, reproduce in study.py, claims.py), then `varlen-workbench lab` to write the "
+        f"notebook; `varlen-workbench repro {args.id}` checks the claims, `make test` runs nbval over the notebook."
     )
     return 0
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from workbench.execute import execute_in_place
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.execute import execute_in_place
+    from varlen_workbench.workbench.registry import Registry
 
     registry = Registry()
     for name in args.notebooks:
         path = Path(name) if name.endswith(".ipynb") else registry.notebooks_dir / f"{name}.ipynb"
         if not path.exists():
             print(
-                f"workbench execute: {path} does not exist; give a notebook path or a name under {registry.notebooks_dir}.",
+                f"varlen-workbench execute: {path} does not exist; give a notebook path or a name under {registry.notebooks_dir}.",
                 file=sys.stderr,
             )
             return EXIT_USAGE
@@ -344,9 +345,9 @@ Opens JupyterLab on notebooks/, with this Python (so the workbench and the post-
 import). Other arguments go to `jupyter lab`, e.g. --no-browser --port 8899. Run as root (as
 in most containers), it adds --allow-root, which JupyterLab otherwise demands.
 
-Lab is where you write a notebook; `workbench execute ID` is what you commit. A notebook
+Lab is where you write a notebook; `varlen-workbench execute ID` is what you commit. A notebook
 run in Lab carries live explorer widgets, their state and your session's execution counts:
-after editing, run `workbench execute ID` (explorers static, cells in order) before `git add`.
+after editing, run `varlen-workbench execute ID` (explorers static, cells in order) before `git add`.
 `make test` fails on a committed notebook that was saved from a Lab run, and says so.
 """
 
@@ -369,7 +370,7 @@ in the report, with the reason. Anything else takes an adapter; registering one:
 
 
 def _lab(args: argparse.Namespace) -> int:
-    from workbench.registry import Registry
+    from varlen_workbench.workbench.registry import Registry
 
     notebooks = Registry().notebooks_dir
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args.jupyter_args
@@ -381,7 +382,7 @@ def _lab(args: argparse.Namespace) -> int:
         *(["--allow-root"] if as_root else []),
         *args.jupyter_args,
     ]
-    print(f"JupyterLab on {notebooks}. Before committing a notebook you ran here: workbench execute ID", file=sys.stderr)
+    print(f"JupyterLab on {notebooks}. Before committing a notebook you ran here: varlen-workbench execute ID", file=sys.stderr)
     return run_forwarding_signals(command)
 
 
@@ -409,7 +410,7 @@ def _dies_with_parent() -> Callable[[], None] | None:
 
 def run_forwarding_signals(command: list[str]) -> int:
     """Runs `command` and returns its exit status; SIGTERM, SIGINT and SIGHUP sent to this process
-    are passed on to it, so that stopping `workbench lab` by its PID or Ctrl-C stops JupyterLab
+    are passed on to it, so that stopping `varlen-workbench lab` by its PID or Ctrl-C stops JupyterLab
     too (it then shuts its kernels down itself) instead of leaving it running as an orphan. On
     Linux the child also gets SIGTERM when this process dies unannounced (kill -9)."""
     child = subprocess.Popen(command, preexec_fn=_dies_with_parent())
@@ -423,20 +424,20 @@ def run_forwarding_signals(command: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from workbench.bench import main as bench_main
+    from varlen_workbench.workbench.bench import main as bench_main
 
     return bench_main(args.bench_args)
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from workbench.audit import run_command
+    from varlen_workbench.workbench.audit import run_command
 
     return run_command(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="workbench",
+        prog="varlen-workbench",
         description="Post-mortem workbench for silent numerical bugs in packed (varlen/THD) attention.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -450,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(func=_list)
 
     repro = commands.add_parser("repro", help="run a post-mortem's reproduction and claims without Jupyter")
-    repro.add_argument("id", help="post-mortem id, e.g. torch-varlen-176793 (see `workbench list`)")
+    repro.add_argument("id", help="post-mortem id, e.g. torch-varlen-176793 (see `varlen-workbench list`)")
     repro.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
     repro.add_argument("--record", metavar="FILE", help="write verdicts and results with provenance as JSON")
     repro.set_defaults(func=_repro)
@@ -475,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)",
         description=LAB_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="workbench lab [-h] [JUPYTER_LAB_ARGUMENT ...]",
+        usage="varlen-workbench lab [-h] [JUPYTER_LAB_ARGUMENT ...]",
     )
     lab.set_defaults(func=_lab)
 
@@ -485,7 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=AUDIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    audit.add_argument("target", help="MODULE:FUNCTION, e.g. kernels:varlen_attention or torch.nn.attention.varlen:varlen_attn")
+    audit.add_argument(
+        "target",
+        help="MODULE:FUNCTION, e.g. varlen_workbench.kernels.varlen:varlen_attention or torch.nn.attention.varlen:varlen_attn",
+    )
     audit.add_argument(
         "--adapter",
         help="how to call it (default: read off a varlen function's parameter names, or guessed): "
@@ -553,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.errors import BuildError, RegistryError
+    from varlen_workbench.workbench.errors import BuildError, RegistryError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -566,10 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except RegistryError as exc:
-        print(f"workbench {args.command}: {exc}", file=sys.stderr)
+        print(f"varlen-workbench {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BuildError as exc:
-        print(f"workbench {args.command}: {exc}", file=sys.stderr)
+        print(f"varlen-workbench {args.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -14,7 +14,7 @@ after its chunks; they are never sent.
 Communication: one all-gather of this rank's K and V chunks (stacked, TAIL rows excluded) per
 forward; its backward is one all-reduce of the gathered K/V gradient, of which each rank keeps
 its own slice (a reduce-scatter written as an all-reduce, which gloo supports too). Then, for each
-source rank's K/V, `kernels.varlen_attention(return_lse=True)` computes a partial result for the
+source rank's K/V, `varlen_workbench.kernels.varlen.varlen_attention(return_lse=True)` computes a partial result for the
 local queries (the block structure of a zig-zag ring: causal on the diagonal, else the source's
 first chunk for all local queries, or all of the source for the local second chunk), and the
 partials merge by log-sum-exp. Rows that see no key in a block get lse = -inf there; the merge
@@ -36,10 +36,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernels import varlen_attention
-from workbench.layout import PackedBatch, cumulative
-from workbench.poison import poisoned_memory
-from workbench.seqpar import TIMEOUT_S, _all_gather, _backend, _free_port, _spawn, process_group
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.layout import PackedBatch, cumulative
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.seqpar import TIMEOUT_S, _all_gather, _backend, _free_port, _spawn, process_group
 
 
 class LayoutError(ValueError):

@@ -2,9 +2,9 @@
 
 `execute` runs one notebook with nbclient in its own directory (explorers static, so that a
 page and a committed notebook carry every frame); `execute_all` runs many in parallel, one kernel
-per notebook; `execute_in_place` saves one with its outputs (`workbench new`, `workbench
-execute`, the audit's notebook). A failure raises `workbench.errors.BuildError` naming the
-notebook, the cell and the error. Rendering the executed notebooks is `workbench.site`'s job.
+per notebook; `execute_in_place` saves one with its outputs (`varlen-workbench new`, `workbench
+execute`, the audit's notebook). A failure raises `varlen_workbench.workbench.errors.BuildError` naming the
+notebook, the cell and the error. Rendering the executed notebooks is `varlen_workbench.workbench.site`'s job.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import nbformat
 
-from workbench.errors import BuildError
+from varlen_workbench.workbench.errors import BuildError
 
 CELL_TIMEOUT_S = 900
 
@@ -48,7 +48,7 @@ def describe_error(path: Path, index: int, cell, output) -> str:
 # The profile drops that one record, and keeps the user's own ~/.ipython (startup scripts,
 # history) out of published runs.
 KERNEL_PROFILE = """\
-# Written by workbench.execute.kernel_env for the kernels that execute notebooks; edit it there.
+# Written by varlen_workbench.workbench.execute.kernel_env for the kernels that execute notebooks; edit it there.
 import logging
 
 
@@ -78,7 +78,7 @@ def _kernel_ipython_dir() -> Path:
 
 def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
     """A kernel's environment: ours, with the project root first on the import path, and with
-    `static`, explorers in their static form (precomputed frames, see workbench.explorer)."""
+    `static`, explorers in their static form (precomputed frames, see varlen_workbench.workbench.explorer)."""
     # Absolute: the kernel runs in the notebook's directory, where a relative root means nothing.
     paths = [str(Path(root).resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "IPYTHONDIR": str(_kernel_ipython_dir())}
@@ -119,7 +119,7 @@ def execute(path: Path, root: Path) -> Any:
 
 
 def execute_in_place(path: Path, root: Path) -> None:
-    """Executes a notebook and saves it with its outputs (how `workbench new` commits one)."""
+    """Executes a notebook and saves it with its outputs (how `varlen-workbench new` commits one)."""
     nbformat.write(execute(path, root), path)
 
 

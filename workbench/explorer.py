@@ -33,7 +33,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from workbench.plots import render_png
+from varlen_workbench.workbench.plots import render_png
 
 MODES = ("auto", "live", "static")
 MAX_FRAMES = 64  # the static page carries every frame: keep axes small
@@ -68,7 +68,7 @@ class Explorer:
             if not isinstance(fig, Figure):
                 raise TypeError(
                     f"explore: fn({', '.join(f'{k}={v!r}' for k, v in point.items())}) returned "
-                    f"{type(fig).__name__}; it must return a matplotlib Figure (e.g. a workbench.plots function's result)."
+                    f"{type(fig).__name__}; it must return a matplotlib Figure (e.g. a varlen_workbench.workbench.plots function's result)."
                 )
             self._frames[index] = render_png(fig, dpi=90)
         return self._frames[index]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
 
 HOPPER_COMMAND = "python -m benchmarks.hopper_forward --record data/gpu/hopper-forward-<gpu>.json"
 CURRENT = "current"  # the forward as shipped, its tile tuned
@@ -108,9 +108,9 @@ def tile_warps(tile: str) -> int:
 
 def switch_table(rows: list[SwitchRow]):
     """One line per (workload, variant): median (fastest) forward and forward+backward ms, and the
-    speed-ups over the shipped kernel and over FA4 (a `workbench.postmortem.Table`)."""
-    from workbench.bench_report import ms_with_fastest
-    from workbench.postmortem import table
+    speed-ups over the shipped kernel and over FA4 (a `varlen_workbench.workbench.postmortem.Table`)."""
+    from varlen_workbench.workbench.bench_report import ms_with_fastest
+    from varlen_workbench.workbench.postmortem import table
 
     def times(values: dict[str, float], workload: str) -> str:
         return f"{values[workload]:.2f}x" if workload in values else "-"

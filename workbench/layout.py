@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernels._compat import default_device
-from kernels.contract import check_window_size
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.contract import check_window_size
 
 if TYPE_CHECKING:
-    from kernels import VarlenMetadata
+    from varlen_workbench.kernels.varlen import VarlenMetadata
 
 
 class Region(enum.IntEnum):
@@ -85,7 +85,7 @@ class Case:
     `head_dim` is q's and k's; `head_dim_v` v's (and the output's), None meaning the same
     (DeepSeek-style attention has 192 and 128).
     `window` is FlashAttention's `window_size=(left, right)`, -1 = unbounded (`(-1, -1)`: no
-    window); `causal=True` bounds its right side at 0, as in `kernels.varlen_attention`.
+    window); `causal=True` bounds its right side at 0, as in `varlen_workbench.kernels.varlen.varlen_attention`.
     """
 
     seqlens_q: tuple[int, ...]
@@ -298,8 +298,8 @@ class PackedBatch:
         return impl(*self.args(), **{**self.kwargs(), **overrides})
 
     def step_metadata(self, validate: bool = True) -> VarlenMetadata:
-        """The batch's `kernels.VarlenMetadata`, as a training step builds it once for every layer."""
-        from kernels import VarlenMetadata
+        """The batch's `varlen_workbench.kernels.varlen.VarlenMetadata`, as a training step builds it once for every layer."""
+        from varlen_workbench.kernels.varlen import VarlenMetadata
 
         padded = {"cu_seqlens_q_padded": self.cu_seqlens_q_padded, "cu_seqlens_k_padded": self.cu_seqlens_k_padded}
         rows = {"total_q": self.q.shape[0], "total_k": self.k.shape[0]}
@@ -365,7 +365,7 @@ _PACK_OBSERVERS: list[Callable[[Case], None]] = []
 @contextlib.contextmanager
 def observing_packs(observer: Callable[[Case], None]) -> Iterator[None]:
     """Within the block, `observer(case)` is called each time `pack` builds a batch: how
-    `workbench repro` shows which layout a post-mortem is working on."""
+    `varlen-workbench repro` shows which layout a post-mortem is working on."""
     _PACK_OBSERVERS.append(observer)
     try:
         yield

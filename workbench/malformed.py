@@ -5,7 +5,7 @@ real boundaries [0, 3, 5, 9], padded [0, 4, 8, 13], 15 rows (so 2 TAIL rows; `ta
 exactly as many rows as the layout covers, which the audit's campaign uses so that an
 implementation's TAIL-row bug cannot pose as a malformed-input finding). Two consumers
 share it: `tests/test_contract.py` checks that our validation raises `exception` with a message
-matching `message`, and `workbench audit`'s bad-input campaign feeds every case to any
+matching `message`, and `varlen-workbench audit`'s bad-input campaign feeds every case to any
 implementation and classifies what it does (clear error / crash / silent result / silent NaN).
 
 A case's changes are a function of the base call, so the same case can be built for an
@@ -381,7 +381,7 @@ CATALOGUE: tuple[Malformed, ...] = (
         SCALE,
         stands_for=lambda b: dict(scale=0.5),
     ),
-    # window_size (kernels.contract.check_window_size): the right kind of thing is a pair of ints >= -1.
+    # window_size (varlen_workbench.kernels.contract.check_window_size): the right kind of thing is a pair of ints >= -1.
     Malformed(
         "window-not-pair",
         ("window_size",),

@@ -29,10 +29,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.rcsetup import cycler
 
-from workbench.bounds import FACTORS
-from workbench.health import GradientHealth, State
-from workbench.layout import Case, PackedBatch, Region, pack
-from workbench.reference import reference_attention
+from varlen_workbench.workbench.bounds import FACTORS
+from varlen_workbench.workbench.health import GradientHealth, State
+from varlen_workbench.workbench.layout import Case, PackedBatch, Region, pack
+from varlen_workbench.workbench.reference import reference_attention
 
 INK = "#1f2328"
 FACE = "white"
@@ -264,7 +264,7 @@ def plot_nan_map(
 
 def plot_errors(records: Sequence[Any], *, title: str | None = None) -> Figure:
     """Error of each record on REAL rows against the fp64 oracle, per tensor, in units of PyTorch's own error
-    (floored at the rounding no fp32-accumulating kernel avoids: `workbench.bounds`).
+    (floored at the rounding no fp32-accumulating kernel avoids: `varlen_workbench.workbench.bounds`).
 
     A bar at or below the dashed line (the FlashAttention-style factor: 2 for out, 3 for
     gradients) passes. A NaN error is drawn as a hatched red bar reaching the top.

@@ -4,13 +4,13 @@ A post-mortem module defines
 
 * `META = Meta(...)`: the single source of the page header, the upstream-status timeline and
   the site's index row; beside it `STATUS = finding_status(META.id, __file__)`, its entry of
-  data/upstream-status.toml (`workbench.upstream_status`), where upstream stands;
-* `CASES`: the `workbench.Case`s it studies;
+  data/upstream-status.toml (`varlen_workbench.workbench.upstream_status`), where upstream stands;
+* `CASES`: the `varlen_workbench.workbench.layout.Case`s it studies;
 * `reproduce(device=None) -> Results`: runs the study and returns a `Results` dataclass;
 * `claims = Claims()`: checkable statements about those results, each registered with the
   evidence that produced it, `@claims("statement", evidence=REPLICA)`, as a function
   `results -> (holds: bool, evidence: str)`;
-* optionally `gpu_probes(device) -> dict`: extra measurements `workbench repro --record` adds to
+* optionally `gpu_probes(device) -> dict`: extra measurements `varlen-workbench repro --record` adds to
   a GPU record (what only a GPU run of the upstream code can show).
 
 and shows its findings with the same few tools: `table()` for every table, `figure()` for every
@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.records import jsonable, load_records
-from workbench.tables import fixed_width
-from workbench.upstream_status import UpstreamStatus
+from varlen_workbench.workbench.records import jsonable, load_records
+from varlen_workbench.workbench.tables import fixed_width
+from varlen_workbench.workbench.upstream_status import UpstreamStatus
 
 CATEGORIES = ("training bug", "tooling bug")
 # The reader block: the first sections of every post-mortem notebook, in this order, before any
-# mechanism or code of ours. `workbench new` scaffolds them and the registry checks them.
+# mechanism or code of ours. `varlen-workbench new` scaffolds them and the registry checks them.
 READER_SECTIONS = ("TL;DR", "Who is affected", "Check your run", "Workarounds", "Upstream status")
 METADATA_KEY = "workbench"  # output metadata of the claims cell: the verdicts, for the site
 
@@ -150,7 +150,7 @@ class Link:
 class Meta:
     """A post-mortem's identity card: the page header, the upstream timeline, the index row.
 
-    Upstream's status lives apart, in data/upstream-status.toml (`workbench.upstream_status`: the
+    Upstream's status lives apart, in data/upstream-status.toml (`varlen_workbench.workbench.upstream_status`: the
     module's `STATUS`), and is kept apart from ours (`our_verdict`): "open upstream" and "the
     report's claim is wrong" are different facts.
     """
@@ -262,7 +262,7 @@ class Meta:
 @dataclass
 class Results:
     """Base of a post-mortem's results: a dataclass of everything `reproduce()` measured.
-    `summary()` is what `workbench repro --record` writes (tensors small enough as values)."""
+    `summary()` is what `varlen-workbench repro --record` writes (tensors small enough as values)."""
 
     def summary(self) -> dict[str, Any]:
         return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
@@ -322,14 +322,14 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str = 
 def figure(nrows: int = 1, ncols: int = 1, *, width: float = 7.0, height: float = 2.6, **kwargs: Any):
     """The one figure of a post-mortem: `(fig, axes)`, axes a 2-D array, in the house style
     (white face, constrained layout, no pyplot state). A cell ending with `fig` shows it."""
-    from workbench.plots import figure as _plots_figure
+    from varlen_workbench.workbench.plots import figure as _plots_figure
 
     return _plots_figure(nrows, ncols, width=width, height=height, **kwargs)
 
 
 def gpu_records(meta: Meta) -> list[dict[str, Any]]:
     """What GPU machines recorded for this post-mortem: every `data/gpu/<id>-*.json` written by
-    `workbench repro ID --device cuda --record data/gpu/ID-<gpu>.json`, oldest file name first,
+    `varlen-workbench repro ID --device cuda --record data/gpu/ID-<gpu>.json`, oldest file name first,
     each with `provenance` (GPU, versions, commit, date, command). [] when none was recorded."""
     return load_records(f"{meta.id}-*.json")
 
@@ -340,7 +340,7 @@ def recorded_probes(record: dict[str, Any] | None, meta: Meta) -> dict[str, Any]
     RECORDED with that command as its evidence (rather than vanishing from the page)."""
     if record is None:
         raise NotRecorded(
-            f"no GPU record of {meta.id}: record one with `workbench repro {meta.id} --device cuda "
+            f"no GPU record of {meta.id}: record one with `varlen-workbench repro {meta.id} --device cuda "
             f"--record data/gpu/{meta.id}-<gpu>.json`"
         )
     return record["probes"]
@@ -432,7 +432,7 @@ class Claims:
             raise ValueError(f"claims {self.headline!r} and {statement!r} are both the headline; keep one.")
         if not isinstance(evidence, Evidence):
             raise TypeError(
-                f"claim {statement!r}: evidence must be a workbench.postmortem.Evidence (UPSTREAM_GPU, UPSTREAM_CPU, "
+                f"claim {statement!r}: evidence must be a varlen_workbench.workbench.postmortem.Evidence (UPSTREAM_GPU, UPSTREAM_CPU, "
                 f"REPLICA, TOY, OURS or source_at('owner/repo@commit')), got {evidence!r}."
             )
 
@@ -462,7 +462,7 @@ class Claims:
 
     def check(self, results: Any, starting: Callable[[int, str], None] | None = None) -> list[ClaimVerdict]:
         """Evaluates every claim; a check that raises is a claim that does not hold. `starting(i,
-        statement)` hears of each claim before it is checked (`workbench repro`'s progress)."""
+        statement)` hears of each claim before it is checked (`varlen-workbench repro`'s progress)."""
         verdicts = []
         for i, (statement, level, check) in enumerate(self._checks):
             if starting:

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from workbench.bounds import ErrorCheck, error_check
-from workbench.layout import PackedBatch, Region
-from workbench.poison import poisoned_memory
-from workbench.reference import reference_attention
+from varlen_workbench.workbench.bounds import ErrorCheck, error_check
+from varlen_workbench.workbench.layout import PackedBatch, Region
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.reference import reference_attention
 
 TENSORS = ("out", "dq", "dk", "dv")
 # Keyword arguments that change the attention computed, so the oracle must see them too.
@@ -83,7 +83,7 @@ class ProbeRecord:
     """Everything one forward+backward of one implementation on one batch showed."""
 
     impl: str
-    case: Any  # workbench.Case
+    case: Any  # varlen_workbench.workbench.layout.Case
     device: str
     poisoned: bool
     tensors: dict[str, torch.Tensor] = field(repr=False)  # out, dq, dk, dv on CPU

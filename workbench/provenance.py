@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import triton
 
-from kernels._compat import DEVICE
-from kernels.runtime import interpreted
+from varlen_workbench.kernels._compat import DEVICE
+from varlen_workbench.kernels.runtime import interpreted
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_DATA = REPO / "data" / "gpu"  # results recorded on GPU machines, each with its provenance

@@ -7,16 +7,16 @@ first token. Behind the documents sit TAIL rows, the spare capacity of a fixed-s
 (labels -100, position_ids 0, 1, ... as a padding segment, outside `cu_seq_lens`), as a
 training loop with static shapes (CUDA graphs, `torch.compile`) has.
 
-Every backend runs through transformers' `AttentionInterface`: ours through `kernels.hf`, torch's
+Every backend runs through transformers' `AttentionInterface`: ours through `varlen_workbench.kernels.hf`, torch's
 `varlen_attn` and FlashAttention-4 through the same adapter, SDPA (per backend) and FlexAttention
 through transformers' own "sdpa" and "flex_attention" implementations. The same weights, in bf16,
-take one step, once with memory as it comes and once under `workbench.poison.poisoned_memory()`
+take one step, once with memory as it comes and once under `varlen_workbench.workbench.poison.poisoned_memory()`
 (every fresh buffer NaN); the deterministic mode that poisoning needs makes torch refuse cuDNN SDPA,
 so that run says so. The reference is the step in float32 with attention done per document by
 SDPA; the bar is the same per-document SDPA in bf16: a backend's gradient error should be at most
 `BAR_FACTOR` times the bar's.
 
-    python -m workbench.realclient --size h200 --record data/gpu/real-client-h200.json
+    python -m varlen_workbench.workbench.realclient --size h200 --record data/gpu/real-client-h200.json
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels.hf import NAME as HF_NAME
-from workbench.bounds import FACTORS
-from workbench.poison import poisoned_memory
-from workbench.records import write_record
+from varlen_workbench.kernels.hf import NAME as HF_NAME
+from varlen_workbench.workbench.bounds import FACTORS
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.records import write_record
 
 BAR_FACTOR = FACTORS["dq"]  # FlashAttention's test bound for gradients: 3x PyTorch's own error in the dtype
 MEMORIES = ("as is", "poisoned")
-RECORD = "real-client-h200.json"  # under workbench.provenance.GPU_DATA
+RECORD = "real-client-h200.json"  # under varlen_workbench.workbench.provenance.GPU_DATA
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def torch_varlen() -> Callable:
     repeated where this torch's has no GQA (2.11: enable_gqa came in 2.12)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    from workbench.audit import adapt
+    from varlen_workbench.workbench.audit import adapt
 
     adapted = adapt(varlen_attn, "torch-varlen", device="cuda")
     return _repeat_kv(adapted) if "gqa" in adapted.lacks else adapted
@@ -213,7 +213,7 @@ class Backend:
 
     name: str
     implementation: str  # the attn_implementation string
-    varlen: Callable[[], Callable] | None = None  # registered under `implementation` through kernels.hf
+    varlen: Callable[[], Callable] | None = None  # registered under `implementation` through varlen_workbench.kernels.hf
     sdpa: str | None = None  # the only SDPBackend allowed during the step
     cuda_only: str = ""  # why it cannot run on a CPU ("" if it can)
     dtype: torch.dtype = torch.bfloat16
@@ -232,7 +232,7 @@ class Backend:
 
     def register(self) -> None:
         if self.varlen is not None:
-            from kernels import hf
+            from varlen_workbench.kernels import hf
 
             hf.register(self.implementation, self.varlen())
 
@@ -245,7 +245,7 @@ class Backend:
 
 
 def _ours() -> Callable:
-    from kernels import varlen_attention
+    from varlen_workbench.kernels.varlen import varlen_attention
 
     return varlen_attention
 
@@ -254,9 +254,12 @@ REFERENCE = Backend(
     "per-document SDPA, float32 (reference)", "realclient_per_document", lambda: per_document_sdpa, dtype=torch.float32
 )
 BAR = Backend("per-document SDPA, bf16 (the bar)", "realclient_per_document", lambda: per_document_sdpa)
+OURS = Backend("ours (varlen_workbench.kernels.hf)", HF_NAME, _ours)
+# Backend names as older records have them: ours ran as the top-level package `kernels` until 2026-12.
+RECORDED_NAMES = {"ours (kernels.hf)": OURS.name}
 BACKENDS = (
     BAR,
-    Backend("ours (kernels.hf)", HF_NAME, _ours),
+    OURS,
     Backend(
         "torch varlen_attn",
         "realclienttorch_varlen",
@@ -348,7 +351,7 @@ class Report:
     reference_loss: float
     reference_norms: list[float]
     runs: list[Run]
-    provenance: dict[str, str] = field(default_factory=dict)  # a recorded run's (workbench.records)
+    provenance: dict[str, str] = field(default_factory=dict)  # a recorded run's (varlen_workbench.workbench.records)
 
     @property
     def bar(self) -> float:
@@ -397,7 +400,7 @@ class Report:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Report:
         size = Size(**{**record["size"], "documents": tuple(record["size"]["documents"])})
-        runs = [Run(**r) for r in record["runs"]]
+        runs = [Run(**{**r, "backend": RECORDED_NAMES.get(r["backend"], r["backend"])}) for r in record["runs"]]
         fields = (record["device"], record["transformers"], record["reference_loss"], record["reference_norms"])
         return cls(size, *fields, runs, record.get("provenance", {}))
 
@@ -426,7 +429,7 @@ def check(
     """Runs the step for every backend (and the bar) and memory mode; see the module docstring."""
     import transformers
 
-    from kernels import default_device
+    from varlen_workbench.kernels._compat import default_device
 
     size = SIZES[size] if isinstance(size, str) else size
     device = torch.device(device) if device is not None else default_device()
@@ -499,7 +502,7 @@ def load_h200() -> Report | None:
     and batch (`real-client-h200-<name>.json`, e.g. with FlashAttention-4 installed) fills in the rows
     the full run could not run ("n/a"). Its provenance is kept beside the first one's, under
     `provenance["added"]`, so that a page names both."""
-    from workbench.records import load_records
+    from varlen_workbench.workbench.records import load_records
 
     records = load_records(RECORD.replace(".json", "*.json"))
     if not records:
@@ -533,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     report = check(args.size, args.device, chosen, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.table())
     if args.record:
-        command = shlex.join(["python", "-m", "workbench.realclient", *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(["python", "-m", "varlen_workbench.workbench.realclient", *(sys.argv[1:] if argv is None else argv)])
         write_record(args.record, report.to_record(), command=command)
         print(f"wrote {args.record}")
     return 0

@@ -1,8 +1,8 @@
 """Records: results written as JSON with their provenance, and read back on any machine.
 
-One format for every record the workbench writes (`workbench repro --record`, `workbench audit
---record`, `workbench bench --record`): a JSON object whose `provenance` block says where and
-with what it was produced (`workbench.provenance.provenance()` plus the command that ran). GPU
+One format for every record the workbench writes (`varlen-workbench repro --record`, `varlen-workbench audit
+--record`, `varlen-workbench bench --record`): a JSON object whose `provenance` block says where and
+with what it was produced (`varlen_workbench.workbench.provenance.provenance()` plus the command that ran). GPU
 records live under `data/gpu/` (`GPU_DATA`) so that CPU-only CI and the site render them
 honestly, stamped with the machine that made them.
 
@@ -20,7 +20,7 @@ The API, the only code that reads or writes a record file:
   file-name order, each with its `file` name added (none: `[]`, or the error naming `how`).
 
 A post-mortem's GPU records are `load_records(f"{META.id}-*.json")`
-(`workbench.postmortem.gpu_records`); a claim about them compares with what they hold, read
+(`varlen_workbench.workbench.postmortem.gpu_records`); a claim about them compares with what they hold, read
 through this API, never with a number typed from them.
 """
 
@@ -34,15 +34,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workbench.provenance import GPU_DATA, provenance
+from varlen_workbench.workbench.provenance import GPU_DATA, provenance
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command that is running, shell-quoted, as a record names it (`workbench ...`)."""
+    """The command that is running, shell-quoted, as a record names it (`varlen-workbench ...`)."""
     argv = list(sys.argv if argv is None else argv)
     program = Path(argv[0]).name if argv else "python"
     if program in ("__main__.py", "cli.py"):
-        program = "workbench"
+        program = "varlen-workbench"
     return shlex.join([program, *argv[1:]])
 
 
@@ -56,7 +56,7 @@ def jsonable(value: Any) -> Any:
     tensors their values, anything else its repr (so that writing a record never fails)."""
     import torch
 
-    from workbench.layout import Case
+    from varlen_workbench.workbench.layout import Case
 
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -118,5 +118,7 @@ def read_record(path: str | Path, *, how: str | None = None) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); re-record it or remove it.") from None
     if not isinstance(record, dict) or "provenance" not in record:
-        raise ValueError(f"{path} has no provenance block; records are written by workbench.records.write_record.")
+        raise ValueError(
+            f"{path} has no provenance block; records are written by varlen_workbench.workbench.records.write_record."
+        )
     return record

@@ -1,19 +1,19 @@
 """The oracle: varlen attention per sequence in float64, with the kernel's exact contract.
 
-Same signature and semantics as `kernels.varlen_attention`. Padding rows never enter the
+Same signature and semantics as `varlen_workbench.kernels.varlen.varlen_attention`. Padding rows never enter the
 computation (real rows are gathered by index), so padding inputs holding NaN cannot leak,
 and autograd gives exactly 0 on padding rows of dq, dk, dv.
 
 `compute_dtype` other than float64 gives "PyTorch's own attention in that dtype": the
-baseline of FlashAttention-style relative error bounds (see `workbench.bounds`).
+baseline of FlashAttention-style relative error bounds (see `varlen_workbench.workbench.bounds`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.contract import check_causal, check_varlen_inputs, check_window_size
-from workbench.layout import real_rows
+from varlen_workbench.kernels.contract import check_causal, check_varlen_inputs, check_window_size
+from varlen_workbench.workbench.layout import real_rows
 
 
 def visible_keys(len_q: int, len_k: int, window: tuple[int, int], device=None) -> torch.Tensor:
@@ -71,7 +71,7 @@ def reference_attention(
 
     Returns out (T_q, H, D_v) in `compute_dtype` (v's head dim), padding rows exactly 0; with `return_lse`,
     also lse (H, T_q) in `compute_dtype`, -inf on padding rows and on rows with no visible key.
-    `causal` and `window_size` as in `kernels.varlen_attention` (causal bounds the right at 0).
+    `causal` and `window_size` as in `varlen_workbench.kernels.varlen.varlen_attention` (causal bounds the right at 0).
     """
     left, right = check_window_size(window_size)
     window = (left, 0 if check_causal(causal) else right)

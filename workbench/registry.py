@@ -25,7 +25,7 @@ Notebook conventions, checked by `check_notebook` so that a broken convention fa
   verdicts themselves are read back from that output's metadata (`recorded_verdicts`), never
   parsed from the printed text.
 
-`Registry.scaffold` renders `workbench/templates/` through `workbench.scaffold`, which never
+`Registry.scaffold` renders `workbench/templates/` through `varlen_workbench.workbench.scaffold`, which never
 imports this module (no import cycle).
 """
 
@@ -46,12 +46,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from workbench.errors import RegistryError
-from workbench.scaffold import render_notebook, render_package
-from workbench.upstream_status import STATUS_FILE, scaffold_entry, statuses
-from workbench.usercode import UserModuleError, import_user_module
+from varlen_workbench.workbench.errors import RegistryError
+from varlen_workbench.workbench.scaffold import render_notebook, render_package
+from varlen_workbench.workbench.upstream_status import STATUS_FILE, scaffold_entry, statuses
+from varlen_workbench.workbench.usercode import UserModuleError, import_user_module
 
-PACKAGE = "postmortems"
+PACKAGE = "varlen_workbench.postmortems"
 HEADER_TAG = "wb-header"
 CHECK_OUTPUT_MARKERS = ("# NBVAL_CHECK_OUTPUT", "nbval-check-output")
 
@@ -80,7 +80,7 @@ class PostMortem:
     notebook: Path
 
     @property
-    def meta(self):  # workbench.postmortem.Meta
+    def meta(self):  # varlen_workbench.workbench.postmortem.Meta
         return self.module.META
 
     @property
@@ -92,11 +92,11 @@ class PostMortem:
         return self.module.__name__.rpartition(".")[2]
 
     @property
-    def claims(self):  # workbench.postmortem.Claims
+    def claims(self):  # varlen_workbench.workbench.postmortem.Claims
         return self.module.claims
 
     @property
-    def status(self):  # workbench.upstream_status.UpstreamStatus: where upstream stands
+    def status(self):  # varlen_workbench.workbench.upstream_status.UpstreamStatus: where upstream stands
         return self.module.STATUS
 
     @property
@@ -125,14 +125,14 @@ def impact_fields(impact: str) -> list[str]:
 def validate_module(module: ModuleType) -> None:
     """Raises `RegistryError` naming the module, the attribute and the fix when a post-mortem
     module lacks META, STATUS, CASES, reproduce(device=...) or claims."""
-    from workbench.layout import Case
-    from workbench.postmortem import Claims, Meta
-    from workbench.upstream_status import UpstreamStatus
+    from varlen_workbench.workbench.layout import Case
+    from varlen_workbench.workbench.postmortem import Claims, Meta
+    from varlen_workbench.workbench.upstream_status import UpstreamStatus
 
     where = f"post-mortem module {module.__name__} ({getattr(module, '__file__', '?')})"
     meta = getattr(module, "META", None)
     if not isinstance(meta, Meta):
-        raise RegistryError(f"{where}: META must be a workbench.postmortem.Meta, got {type(meta).__name__}.")
+        raise RegistryError(f"{where}: META must be a varlen_workbench.workbench.postmortem.Meta, got {type(meta).__name__}.")
     short = module.__name__.rpartition(".")[2]
     if module_name(meta.id) != short:
         raise RegistryError(
@@ -143,7 +143,7 @@ def validate_module(module: ModuleType) -> None:
     if not isinstance(status, UpstreamStatus):
         raise RegistryError(
             f"{where}: STATUS must be its entry of data/upstream-status.toml: "
-            "STATUS = workbench.upstream_status.finding_status(META.id, __file__) in cases.py, exported."
+            "STATUS = varlen_workbench.workbench.upstream_status.finding_status(META.id, __file__) in cases.py, exported."
         )
     try:
         meta.check_status(status)
@@ -151,13 +151,17 @@ def validate_module(module: ModuleType) -> None:
         raise RegistryError(f"{where}: {exc}") from None
     cases = getattr(module, "CASES", None)
     if not isinstance(cases, Sequence) or not cases or not all(isinstance(c, Case) for c in cases):
-        raise RegistryError(f"{where}: CASES must be a non-empty tuple of workbench.Case (the cases the post-mortem studies).")
+        raise RegistryError(
+            f"{where}: CASES must be a non-empty tuple of varlen_workbench.workbench.layout.Case (the cases the post-mortem studies)."
+        )
     reproduce = getattr(module, "reproduce", None)
     if not callable(reproduce) or "device" not in inspect.signature(reproduce).parameters:
         raise RegistryError(f"{where}: define reproduce(device=None) returning the results its claims check.")
     claims = getattr(module, "claims", None)
     if not isinstance(claims, Claims) or not len(claims):
-        raise RegistryError(f"{where}: claims must be a workbench.postmortem.Claims with at least one registered claim.")
+        raise RegistryError(
+            f"{where}: claims must be a varlen_workbench.workbench.postmortem.Claims with at least one registered claim."
+        )
     if not claims.headline:
         raise RegistryError(
             f"{where}: mark the claim that shows the bug itself with @claims(..., headline=True): its evidence level is "
@@ -181,7 +185,7 @@ def _code_cells(nb) -> list[tuple[int, Any]]:
 def check_notebook(pm: PostMortem, nb=None) -> None:
     """Raises `RegistryError` naming the notebook and the fix when it breaks the conventions."""
     if not pm.notebook.exists():
-        raise RegistryError(f"post-mortem {pm.id!r} has no notebook: expected {pm.notebook} (`workbench new` writes one).")
+        raise RegistryError(f"post-mortem {pm.id!r} has no notebook: expected {pm.notebook} (`varlen-workbench new` writes one).")
     if nb is None:
         import nbformat  # here, not at the top: the CLI's torch-only commands import this module
 
@@ -223,14 +227,14 @@ def recorded_verdicts(pm: PostMortem, nb) -> list:
     A claim the module registers but the output lacks, or an output without verdicts (a
     notebook executed before the claims cell ran), is a `RegistryError`.
     """
-    from workbench.postmortem import METADATA_KEY, ClaimVerdict
+    from varlen_workbench.workbench.postmortem import METADATA_KEY, ClaimVerdict
 
     index, cell = _code_cells(nb)[-1]
     shown = [o.get("metadata", {}).get(METADATA_KEY, {}).get("claims") for o in cell.get("outputs", [])]
     carried = next((c for c in shown if c), None)
     if carried is None:
         raise RegistryError(
-            f"{pm.notebook}: cell {index} shows no claim verdicts; execute the notebook (`workbench execute {pm.id}`)."
+            f"{pm.notebook}: cell {index} shows no claim verdicts; execute the notebook (`varlen-workbench execute {pm.id}`)."
         )
     by_claim = {d["claim"]: ClaimVerdict.from_dict(d) for d in carried}
     missing = [s for s in pm.claims.statements if s not in by_claim]
@@ -244,7 +248,7 @@ def recorded_verdicts(pm: PostMortem, nb) -> list:
 def reader_block_problems(nb) -> list[str]:
     """What the notebook's reader block lacks: its first level-2 headings must be
     `READER_SECTIONS`, in order, with no code cell of ours before them but the header."""
-    from workbench.postmortem import READER_SECTIONS
+    from varlen_workbench.workbench.postmortem import READER_SECTIONS
 
     headings = [
         line[3:].strip()
@@ -275,9 +279,12 @@ class Registry:
     @property
     def package_dir(self) -> Path:
         module = importlib.import_module(self.package)
-        if module.__file__ is None:
-            raise RegistryError(f"package {self.package!r} has no __init__.py; post-mortems live in a regular package.")
-        return Path(module.__file__).parent
+        # One folder: a regular package's, or the one postmortems/ that varlen_workbench.postmortems maps
+        # to (an editable install adds its finder's placeholder entry to a namespace's path).
+        folders = [entry for entry in getattr(module, "__path__", []) if Path(entry).is_dir()]
+        if len(folders) != 1:
+            raise RegistryError(f"package {self.package!r} must be one folder of post-mortems; it is {folders or 'a module'}.")
+        return Path(folders[0])
 
     @property
     def root(self) -> Path:
@@ -313,14 +320,14 @@ class Registry:
         missing = [pm.notebook for pm in by_notebook.values() if not pm.notebook.exists()]
         if missing:
             raise RegistryError(
-                f"post-mortem notebooks are missing: {', '.join(map(str, missing))} (`workbench new` writes one)."
+                f"post-mortem notebooks are missing: {', '.join(map(str, missing))} (`varlen-workbench new` writes one)."
             )
         return [(path, by_notebook.get(path)) for path in sorted(self.notebooks_dir.glob("*.ipynb"))]
 
     def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:
         """Writes the package postmortems/<module>/ and notebooks/<id>.ipynb from the templates.
 
-        Returns both paths; the notebook is not executed yet (see `workbench.execute.execute_in_place`).
+        Returns both paths; the notebook is not executed yet (see `varlen_workbench.workbench.execute.execute_in_place`).
         """
         name = module_name(postmortem_id)
         package_path = self.package_dir / name

@@ -1,6 +1,6 @@
-"""Renders the templates `workbench new` starts a post-mortem from (workbench/templates/).
+"""Renders the templates `varlen-workbench new` starts a post-mortem from (workbench/templates/).
 
-Pure text and nbformat: the caller (`workbench.registry.Registry.scaffold`) maps the id to its
+Pure text and nbformat: the caller (`varlen_workbench.workbench.registry.Registry.scaffold`) maps the id to its
 module name, so this module never imports the registry (no registry <-> scaffold cycle).
 """
 

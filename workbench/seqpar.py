@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kernels import default_device
-from workbench.tinylm import Block, attention_metadata, rope_positions
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.workbench.tinylm import Block, attention_metadata, rope_positions
 
 # Which boundary vector the gathered size is read from.
 BOUNDARIES = {"padded": "cu_seqlens_padded", "real": "cu_seqlens"}
@@ -236,7 +236,7 @@ def run_sequence_parallel(
     """Runs `block` on the packed batch `x` (rows = the padded layout) sequence-parallel over
     `world_size` processes once per (size_from, validate) in `runs`, and in one process.
 
-    `device` is where the layer computes (default: `workbench.default_device()`); ranks talk
+    `device` is where the layer computes (default: `varlen_workbench.kernels._compat.default_device()`); ranks talk
     over NCCL with one GPU each when there are `world_size` GPUs, over gloo on CPU otherwise.
     """
     device = torch.device(device) if device is not None else default_device()

@@ -1,6 +1,6 @@
 """The static post-mortem site: execute every notebook, render it, index it, swap it in.
 
-`build()` executes each notebook under notebooks/ afresh (`workbench.execute`: in parallel, one
+`build()` executes each notebook under notebooks/ afresh (`varlen_workbench.workbench.execute`: in parallel, one
 kernel per notebook, on the default device: the Triton interpreter without a GPU), renders it
 with nbconvert and the templates under site/templates/, and writes site/_build/:
 
@@ -13,11 +13,11 @@ with nbconvert and the templates under site/templates/, and writes site/_build/:
   first sentences of its introduction;
 * `index.html`: a "start here" paragraph, then every post-mortem with its impact line, category
   (training or tooling bug), upstream status, our verdict, claims and evidence level, filterable
-  by tag; `manifest.json`: the same rows for `workbench list`;
+  by tag; `manifest.json`: the same rows for `varlen-workbench list`;
 * `static/`: the site's CSS and JavaScript and JupyterLab's notebook CSS (`lab.css`), written once
   and linked from every page rather than inlined into each.
 
-Claim verdicts come from the claims cell's output metadata (`workbench.registry.recorded_verdicts`),
+Claim verdicts come from the claims cell's output metadata (`varlen_workbench.workbench.registry.recorded_verdicts`),
 never from printed text; a post-mortem page must show the reader block and an evidence level for
 every claim (`page_problems`).
 
@@ -45,12 +45,12 @@ from typing import Any
 
 import nbformat
 
-from workbench.errors import BuildError
-from workbench.execute import describe_error, execute_all, first_error
-from workbench.pasteblocks import TAG as _TAG
-from workbench.postmortem import READER_SECTIONS, Evidence
-from workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
-from workbench.scaffold import ALT_KEY
+from varlen_workbench.workbench.errors import BuildError
+from varlen_workbench.workbench.execute import describe_error, execute_all, first_error
+from varlen_workbench.workbench.pasteblocks import TAG as _TAG
+from varlen_workbench.workbench.postmortem import READER_SECTIONS, Evidence
+from varlen_workbench.workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
+from varlen_workbench.workbench.scaffold import ALT_KEY
 
 SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -88,7 +88,7 @@ class Page:
     description: str = ""
 
     def row(self) -> dict[str, Any]:
-        from workbench.postmortem import overall_verdict
+        from varlen_workbench.workbench.postmortem import overall_verdict
 
         if self.postmortem is None:
             raise ValueError(f"{self.file} is a plain notebook: it has no index row.")
@@ -328,9 +328,9 @@ def _jinja(site_dir: Path):
 
 
 def render_use(provenance: dict[str, str], site_dir: Path) -> str:
-    """The "Use the fixed kernel" page: every fact from `workbench.usage`, read now."""
-    from kernels.hf import NAME
-    from workbench import usage
+    """The "Use the fixed kernel" page: every fact from `varlen_workbench.workbench.usage`, read now."""
+    from varlen_workbench.kernels.hf import NAME
+    from varlen_workbench.workbench import usage
 
     dist = usage.distribution()
     return (
@@ -341,8 +341,10 @@ def render_use(provenance: dict[str, str], site_dir: Path) -> str:
             extras=usage.user_extras(dist),
             range=usage.supported(),
             hf_name=NAME,
+            import_name=usage.IMPORT_NAME,
             hf_distribution=usage.HF_DISTRIBUTION,
-            clash=usage.name_clash(),
+            transformers=usage.transformers_range(),
+            beside=usage.beside_hub_kernels(),
             provenance=provenance,
         )
     )
@@ -384,8 +386,8 @@ def build(
     log: Callable[[str], None] = _print,
 ) -> list[Page]:
     """Builds the site into `out` (default site/_build); see the module docstring."""
-    from workbench.postmortem import claims_table
-    from workbench.provenance import provenance
+    from varlen_workbench.workbench.postmortem import claims_table
+    from varlen_workbench.workbench.provenance import provenance
 
     registry = registry or Registry()
     site_dir = SITE
@@ -393,7 +395,7 @@ def build(
     started = time.perf_counter()
     notebooks = registry.notebooks()
     if not notebooks:
-        raise BuildError(f"no notebooks under {registry.notebooks_dir}; `workbench new <id> <title>` starts one.")
+        raise BuildError(f"no notebooks under {registry.notebooks_dir}; `varlen-workbench new <id> <title>` starts one.")
     for path, pm in notebooks:
         if pm is not None:
             check_notebook(pm)

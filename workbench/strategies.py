@@ -1,6 +1,6 @@
 """One definition of packed layouts, drawn by Hypothesis in the tests and by the audit's fuzzer.
 
-A `LayoutSpace` bounds the layouts (`workbench.Case`): how many sequences, how long, how much
+A `LayoutSpace` bounds the layouts (`varlen_workbench.workbench.layout.Case`): how many sequences, how long, how much
 padding and TAIL, which heads, head dims, dtypes and fills, which features are left out. One
 function builds a layout from a source of choices; there are two sources:
 
@@ -30,12 +30,12 @@ from typing import Any, Protocol, TypeVar
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from workbench.layout import DTYPE_NAMES, Case, Fill
+from varlen_workbench.workbench.layout import DTYPE_NAMES, Case, Fill
 
 T = TypeVar("T")
 
 # The features a layout can have beyond plain back-to-back sequences; the names are the audit
-# adapters' (workbench.audit.adapters.FEATURES), so `without=impl.lacks` leaves out what an
+# adapters' (varlen_workbench.workbench.audit.adapters.FEATURES), so `without=impl.lacks` leaves out what an
 # implementation cannot express (names that are not layout features, e.g. "scale", are ignored).
 LAYOUT_FEATURES = ("padded", "tail", "gqa", "causal", "unequal", "window")
 

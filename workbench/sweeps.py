@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from workbench.layout import Case
+from varlen_workbench.workbench.layout import Case
 
 STATUS_COLUMNS = ("ok", "error_type", "error", "seconds")
 _CASE_FIELDS = frozenset(f.name for f in dataclasses.fields(Case))
@@ -129,7 +129,7 @@ def _check_axes(axes: Mapping[str, Any], base: Case | None) -> dict[str, list[An
             raise ValueError(f"axis {name!r} is empty; give at least one value.")
         checked[name] = list(values)
     if base is not None and not isinstance(base, Case):
-        raise TypeError(f"base must be a workbench.Case or None, got {type(base).__name__}.")
+        raise TypeError(f"base must be a varlen_workbench.workbench.layout.Case or None, got {type(base).__name__}.")
     return checked
 
 

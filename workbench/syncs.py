@@ -37,13 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from workbench.provenance import REPO
+from varlen_workbench.workbench.provenance import REPO
 
 OWNERS = ("ours", "transformers", "other")
-OUR_PACKAGES = ("kernels", "workbench")
+# Our code: the repository's folders (a frame's file must exist there: Hugging Face's `kernels`,
+# installed, prints as kernels/... too), or installed from a wheel under the import name.
+OUR_FOLDERS = ("kernels", "workbench")
+NAMESPACE = "varlen_workbench"
 # Frames of the measurement itself: they call the code under test and issue nothing of their own.
 HARNESS = ("workbench/syncs.py", "workbench/stepbench.py")
-WINDOW = "workbench.syncs: counted"  # the profiler range around the callable; calls outside it are not counted
+WINDOW = "varlen_workbench.workbench.syncs: counted"  # the profiler range around the callable; calls outside it are not counted
 UNPHASED = "outside the named phases"
 
 # Runtime calls that block the host until the GPU catches up. The profiler (kineto) keeps every
@@ -115,12 +118,15 @@ def frame_owner(frame: str, repo: Path = REPO) -> str | None:
     if path is None or path.startswith("<"):  # a builtin, or frozen importlib
         return None
     relative = _relative(path, repo)
+    installed = bool(relative.parts) and relative.parts[0] == NAMESPACE
+    if installed:
+        relative = PurePosixPath(*relative.parts[1:])
     if str(relative) in HARNESS or not relative.parts:
         return None
     top = relative.parts[0]
     if top == "torch" or top.removesuffix(".py") in sys.stdlib_module_names:
         return None
-    if top in OUR_PACKAGES:
+    if installed or (top in OUR_FOLDERS and (repo / relative).is_file()):
         return "ours"
     if top == "transformers":
         return "transformers"

@@ -1,5 +1,5 @@
 """Fixed-width text tables, the one format of every table the workbench prints (verdicts,
-audits, `workbench list`): deterministic, so nbval compares them exactly."""
+audits, `varlen-workbench list`): deterministic, so nbval compares them exactly."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from workbench.layout import cumulative
+from varlen_workbench.workbench.layout import cumulative
 
 IGNORE = -100  # targets that carry no loss (padding, each sequence's last token)
 PAD_TOKEN = 0

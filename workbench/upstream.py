@@ -10,7 +10,7 @@ stripped (`python -O`, for upstream `assert q.is_cuda` lines under the Triton in
 `run_file` executes that file unmodified as a module of its own, with optional stand-ins in
 `sys.modules` for the duration of its imports only.
 
-    from workbench.upstream import import_module, run_file
+    from varlen_workbench.workbench.upstream import import_module, run_file
     fsa = import_module("flash_sparse_attn", stub={"triton_kernels": "flash_sparse_attn"})
     triton = run_file(installed_file("flash-dmattn", "flash_dmattn/flash_dmattn_triton.py"), optimize=1)
 """
@@ -41,7 +41,7 @@ class MissingName:
     def __init__(self, *args, **kwargs):
         raise ImportError(
             f"{self.package} is not installed; a stub stands in for it so that {self.used_by} imports "
-            f"(workbench.upstream), and this name needs the real package"
+            f"(varlen_workbench.workbench.upstream), and this name needs the real package"
         )
 
     def __class_getitem__(cls, item):
@@ -61,7 +61,7 @@ class StubFinder:
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
     def create_module(self, spec):
-        module = types.ModuleType(spec.name, f"stub for the missing {self.package} (workbench.upstream)")
+        module = types.ModuleType(spec.name, f"stub for the missing {self.package} (varlen_workbench.workbench.upstream)")
         module.__path__ = []
         missing = self.missing
 
@@ -104,12 +104,12 @@ def import_module(
     """Imports `name` as installed, after stubbing each missing package of `stub` (package -> who imports it).
 
     Its Triton kernels are decorated for Triton's CPU interpreter when `for_interpreter` (default:
-    where the default device's kernels are interpreted, `kernels.interpreted(default_device())`),
+    where the default device's kernels are interpreted, `varlen_workbench.kernels.runtime.interpreted(default_device())`),
     else for compilation: `triton.jit` decides when it decorates, so a module's first import
     fixes it for the process. A missing `name` itself is a ModuleNotFoundError saying how to
     install it (`install`: the pip command; default `pip install <top-level name>`)."""
-    from kernels import default_device, interpreted
-    from kernels.runtime import decorating_for_interpreter
+    from varlen_workbench.kernels._compat import default_device
+    from varlen_workbench.kernels.runtime import decorating_for_interpreter, interpreted
 
     for package, used_by in (stub or {}).items():
         stub_missing(package, used_by)

@@ -1,8 +1,8 @@
 """Where each finding stands upstream: one data file, `data/upstream-status.toml`, and its reader.
 
 Every statement of a finding's upstream status renders from that file: the page header and its
-"Upstream status" section (`workbench.postmortem.Meta.header_markdown` / `upstream_markdown`), the
-index row, `workbench list`, the audit matrix's "known / new?" (`workbench.audit.judgements`) and the
+"Upstream status" section (`varlen_workbench.workbench.postmortem.Meta.header_markdown` / `upstream_markdown`), the
+index row, `varlen-workbench list`, the audit matrix's "known / new?" (`varlen_workbench.workbench.audit.judgements`) and the
 GPU audits page. A post-mortem's `cases.py` reads its entry next to META:
 
     STATUS = finding_status(META.id, __file__)
@@ -10,7 +10,7 @@ GPU audits page. A post-mortem's `cases.py` reads its entry next to META:
 "Fixed" is said only where the fixed release ran here (`fix shipped`, with the record that shows it);
 a fix merged upstream and not run here says so ("fix merged in torch 2.12.0, not run here").
 
-This module reads TOML only (no torch): `workbench list` answers without importing a post-mortem.
+This module reads TOML only (no torch): `varlen-workbench list` answers without importing a post-mortem.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def parse(data: dict, source: str = str(STATUS_FILE)) -> dict[str, UpstreamStatu
 
 @cache
 def _read(path: Path, stamp: tuple[int, int]) -> dict[str, UpstreamStatus]:
-    """The parsed file; `stamp` (mtime, size) makes an edited file read again (`workbench new` appends to it)."""
+    """The parsed file; `stamp` (mtime, size) makes an edited file read again (`varlen-workbench new` appends to it)."""
     with open(path, "rb") as handle:
         return parse(tomllib.load(handle), str(path))
 
@@ -149,7 +149,7 @@ def finding_status(finding: str, module_file: str | Path) -> UpstreamStatus:
 
 
 def scaffold_entry(finding: str, today: str) -> str:
-    """The entry `workbench new` appends for a new post-mortem: nobody searched the trackers yet."""
+    """The entry `varlen-workbench new` appends for a new post-mortem: nobody searched the trackers yet."""
     return (
         f'\n[{finding}]\nstatus = "not checked"\nchecked = "{today}"\n'
         'note = "Not searched yet: search the upstream trackers and history, then set status, reference and note."\n'

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.layout import Case, Fill
+from varlen_workbench.workbench.layout import Case, Fill
 
 
 def visible_pairs(len_q: int, len_k: int, window: tuple[int, int]) -> int:

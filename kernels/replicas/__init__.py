@@ -3,5 +3,5 @@
 One module per upstream bug; add a line below for yours.
 """
 
-from kernels.replicas.dmattn import triton_dmattn_func  # noqa: F401  (HKUSTDial/flash-sparse-attention#121)
-from kernels.replicas.torch_varlen import replica_varlen_attn  # noqa: F401  (pytorch/pytorch#176793)
+from varlen_workbench.kernels.replicas.dmattn import triton_dmattn_func  # noqa: F401  (HKUSTDial/flash-sparse-attention#121)
+from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn  # noqa: F401  (pytorch/pytorch#176793)

@@ -41,9 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contract import check_scale
-from kernels.interpreter import dot_upcast_needed
-from kernels.runtime import jit
+from varlen_workbench.kernels.contract import check_scale
+from varlen_workbench.kernels.interpreter import dot_upcast_needed
+from varlen_workbench.kernels.runtime import jit
 
 FLASH_DMATTN_DTYPES = (torch.float16, torch.bfloat16)  # upstream asserts "Only support fp16 and bf16"
 BLOCK_SIZES = (16, 32, 64, 128)
@@ -59,7 +59,7 @@ def _finite_or_zero(x):
 @jit
 def _dot(a, b, UPCAST: tl.constexpr):
     # The Triton interpreter multiplies the raw bits of bf16 operands (triton-lang/triton#11584):
-    # there only (UPCAST comes from kernels.interpreter.dot_upcast_needed), operands already
+    # there only (UPCAST comes from varlen_workbench.kernels.interpreter.dot_upcast_needed), operands already
     # rounded to the input dtype are upcast to fp32. Native code never takes this branch.
     if UPCAST:
         a = a.to(tl.float32)

@@ -6,7 +6,7 @@ and launch a grid of (query blocks of max_seqlen, batch, heads): every program f
 sequence through `cu_seqlens` and writes only rows inside it. Rows at or beyond
 `cu_seqlens[-1]` (TAIL rows, legal memory of a padded token budget) are visited by nobody and
 return whatever the allocator left there: zeros in a fresh process, stale activations in
-training, NaN under `workbench.poisoned_memory()`.
+training, NaN under `varlen_workbench.workbench.poison.poisoned_memory()`.
 
 These kernels keep exactly that mechanism — same allocation, same grid, same "only covered rows"
 stores — with a small FlashAttention-2 forward and a three-kernel backward (delta, dk/dv, dq)
@@ -14,7 +14,7 @@ of our own. Real rows are computed correctly: the bug is what is *not* written.
 
 `replica_varlen_attn` has torch 2.10's call shape (`is_causal` positional), plus 2.11's keywords
 `scale`, `window_size` and `return_aux` and 2.12's `enable_gqa`, so the workbench's "torch-varlen"
-adapter (`workbench.audit.adapt`) and a reader's call drive the replica and torch's own function
+adapter (`varlen_workbench.workbench.audit.adapt`) and a reader's call drive the replica and torch's own function
 alike. `seqused_q`/`seqused_k` (FlashAttention's: sequence i uses the first seqused[i] rows of its
 slot) let it stand in for FlashAttention-4's varlen call too, whose unwritten GAP rows are the rows
 of a slot past seqused.
@@ -29,9 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contract import check_window_size
-from kernels.interpreter import dot_upcast_needed
-from kernels.runtime import jit
+from varlen_workbench.kernels.contract import check_window_size
+from varlen_workbench.kernels.interpreter import dot_upcast_needed
+from varlen_workbench.kernels.runtime import jit
 
 BLOCK_M = 64  # query rows per program
 BLOCK_N = 64  # key rows per inner step

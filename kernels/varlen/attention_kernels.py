@@ -28,7 +28,7 @@ BLOCK_DV lanes, the next powers of two (at least 16, the smallest K of `tl.dot`)
 head dim load 0, so they add exactly 0 to every score, dot product and rowsum, and are never
 stored. At a power-of-two head dim the lane masks are all true and cost nothing: at 64 and 128
 (bf16, sm_90) every candidate tile compiles to the registers, spills and shared memory it had
-without them (`python -m kernels.varlen.tiles`).
+without them (`python -m varlen_workbench.kernels.varlen.tiles`).
 
 Scores live in base 2: `qk_scale = scale * log2(e)` so that `exp2` (one instruction) replaces
 `exp`; lse is stored in natural log.
@@ -36,7 +36,7 @@ Scores live in base 2: `qk_scale = scale * log2(e)` so that `exp2` (one instruct
 
 import triton.language as tl
 
-from kernels.runtime import jit
+from varlen_workbench.kernels.runtime import jit
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -248,7 +248,7 @@ def _dot(a, b, DOT_UPCAST: tl.constexpr, acc=None):
     # Under the Triton interpreter, tl.dot on bfloat16 multiplies the raw bit patterns
     # (triton-lang/triton#11584). There, and only there, bf16 operands are upcast to fp32:
     # exact, since every bf16 is an fp32, so the result is the native bf16 dot up to summation
-    # order. DOT_UPCAST is a constexpr from kernels.interpreter.dot_upcast_needed, False
+    # order. DOT_UPCAST is a constexpr from varlen_workbench.kernels.interpreter.dot_upcast_needed, False
     # natively, so the branch is compiled out and bf16 goes to the tensor cores as it is.
     if DOT_UPCAST:
         a = a.to(tl.float32)

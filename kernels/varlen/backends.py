@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from kernels.varlen.metadata import VarlenMetadata
+    from varlen_workbench.kernels.varlen.metadata import VarlenMetadata
 
 BACKENDS = ("auto", "triton", "fa4")
 

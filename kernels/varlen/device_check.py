@@ -1,6 +1,6 @@
 """`validate=True` on the device: the metadata's value checks run as a kernel, not on the host.
 
-The host check (`kernels.contract.check_cu_seqlens`) needs the boundary values on the host: a
+The host check (`varlen_workbench.kernels.contract.check_cu_seqlens`) needs the boundary values on the host: a
 device->host copy that first waits for all the work queued before it, and leaves the GPU idle
 while the host then checks and launches. Here one small kernel checks the values where they
 live and writes a *safe copy* of them: the boundaries themselves when they pass, all zeros
@@ -10,7 +10,7 @@ values as they were, for the error message, beside its verdict the safe copy's l
 (`SafeLayout`) that the FA4 path needs, read in the same device->host copy, and the safe copy's
 work lists, which the Triton path would otherwise launch a kernel to make. The kernels are
 launched on the safe copy. Reading the verdict waits for the check, and so for all the work
-queued before it: `kernels.varlen.metadata.VarlenMetadata` decides when it is read.
+queued before it: `varlen_workbench.kernels.varlen.metadata.VarlenMetadata` decides when it is read.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from kernels.contract import check_cu_seqlens
-from kernels.runtime import jit
-from kernels.varlen.attention_kernels import write_block_starts
-from kernels.varlen.launch import BLOCK_SIZES, SMALLEST_BLOCK_LOG2, work_lists_shape
+from varlen_workbench.kernels.contract import check_cu_seqlens
+from varlen_workbench.kernels.runtime import jit
+from varlen_workbench.kernels.varlen.attention_kernels import write_block_starts
+from varlen_workbench.kernels.varlen.launch import BLOCK_SIZES, SMALLEST_BLOCK_LOG2, work_lists_shape
 
 CHUNK = 1024  # boundaries per step of the check's loops
 
@@ -218,7 +218,7 @@ class DeviceCheck:
                 raise
             raise type(error)(f"{when}{error}") from None
         raise AssertionError(
-            "the device check of the metadata failed where the host check passes: a bug of kernels.varlen.device_check"
+            "the device check of the metadata failed where the host check passes: a bug of varlen_workbench.kernels.varlen.device_check"
         )
 
 

@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kernels._compat import device_capability
-from kernels.runtime import interpreted
-from kernels.varlen.launch import Padding, fill_padding_rows
+from varlen_workbench.kernels._compat import device_capability
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen.launch import Padding, fill_padding_rows
 
 if TYPE_CHECKING:
-    from kernels.varlen.metadata import VarlenMetadata
+    from varlen_workbench.kernels.varlen.metadata import VarlenMetadata
 
 FA4_DTYPES = (torch.float16, torch.bfloat16)
 FA4_ARCHS = (9, 10)  # compute capability majors: Hopper (sm90), Blackwell (sm100)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from kernels.runtime import interpreted
+from varlen_workbench.kernels.runtime import interpreted
 
 if TYPE_CHECKING:
-    from kernels.varlen.launch import Tile
+    from varlen_workbench.kernels.varlen.launch import Tile
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ForwardConfig:
     - `warp_specialize`: `tl.range(..., warp_specialize=True)` on the key loops. Triton 3.6
       compiles it for sm_90 (its Hopper pipeline runs `add_hopper_warpspec`,
       triton/backends/nvidia/compiler.py:274), but compiled for sm_90 on the CPU
-      (`kernels.varlen.tiles.compile_tile`, 128x64 w8 s3, d128 bf16) the loop gets no partitions:
+      (`varlen_workbench.kernels.varlen.tiles.compile_tile`, 128x64 w8 s3, d128 bf16) the loop gets no partitions:
       no `ttg.warp_specialize` op, no `setmaxnreg`, the registers and shared memory of the
       default, with or without descriptors; at 4 warps the pass fails (`warp_specialize_fails`),
       so those tiles are dropped or refused. The interpreter ignores it.

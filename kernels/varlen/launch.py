@@ -33,17 +33,17 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
-from kernels._compat import device_capability
-from kernels.interpreter import dot_upcast_needed
-from kernels.runtime import interpreted
-from kernels.varlen.attention_kernels import (
+from varlen_workbench.kernels._compat import device_capability
+from varlen_workbench.kernels.interpreter import dot_upcast_needed
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen.attention_kernels import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
     attention_forward_kernel,
     block_starts_kernel,
     fill_padding_rows_kernel,
 )
-from kernels.varlen.hopper import (
+from varlen_workbench.kernels.varlen.hopper import (
     DEFAULT_FORWARD,
     active_forward_config,
     check_descriptor_alignment,
@@ -73,7 +73,7 @@ INTERPRETER_TILE = Tile(64, 64, num_warps=4, num_stages=1)
 # Native candidates per kernel, by the bytes of one row of lanes (`lanes`: a head dim padded to a
 # power of two, the wider of q/k's and v's, x itemsize); the first of each is the pick where
 # timing is impossible (CUDA graph capture, sync debug mode). Chosen by compiling for sm_90
-# (`python -m kernels.varlen.tiles`): all fit Hopper's 227 KB of shared memory and, in bf16 and
+# (`python -m varlen_workbench.kernels.varlen.tiles`): all fit Hopper's 227 KB of shared memory and, in bf16 and
 # fp16 at head dims 64 and 128, none spills without a window's left bound; with one (sliding),
 # at 128, forward 128x128 spills 88 bytes and dK/dV 32x64 w4 16 bytes (the tuner takes no
 # spilling candidate where one does not spill, timed or not). A padded head dim compiles like

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from kernels.contract import check_cu_seqlens, check_cu_seqlens_tensors, check_max_seqlen
-from kernels.runtime import interpreted
-from kernels.varlen.device_check import DeviceCheck, SafeLayout, check_on_device
+from varlen_workbench.kernels.contract import check_cu_seqlens, check_cu_seqlens_tensors, check_max_seqlen
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen.device_check import DeviceCheck, SafeLayout, check_on_device
 
 Boundaries = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 Given = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # the padded ones optional
@@ -113,7 +113,8 @@ class VarlenMetadata:
     Example::
 
         >>> import torch
-        >>> from kernels import VarlenMetadata, default_device, varlen_attention
+        >>> from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
+        >>> from varlen_workbench.kernels._compat import default_device
         >>> cu = torch.tensor([0, 5, 8], dtype=torch.int32)  # host memory, as a collator makes it
         >>> metadata = VarlenMetadata(cu, cu, 5, 5, total_q=8, total_k=8, device=default_device())
         >>> q, k, v = (torch.randn(8, 2, 16, device=default_device()) for _ in range(3))
@@ -149,7 +150,7 @@ class VarlenMetadata:
             raise TypeError(f"validate must be a bool, got {type(validate).__name__} {validate!r}; pass True or False.")
         self.validate = validate
         self.given: Given = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
-        self.device = _indexed(torch.device(device)) if device is not None else cu_seqlens_q.device
+        self.device = _kernel_device(device) if device is not None else cu_seqlens_q.device
         self.total_q: int | None = None
         self.total_k: int | None = None
         # set by _bind: what the kernels run on, and what is known of the batch
@@ -337,9 +338,19 @@ _REPORTED = "a VarlenMetadata whose boundaries are malformed (its check ran on t
 _BACKWARD = "the backward of a varlen_attention call whose metadata is malformed (its check ran on the device, read here): "
 
 
-def _indexed(device: torch.device) -> torch.device:
-    """`device` with its index: "cuda" is the current CUDA device, where `.to("cuda")` puts tensors
-    (q says "cuda:0", and the two must compare equal)."""
+def _kernel_device(device: torch.device | str) -> torch.device:
+    """`device=` as the kernels run there, with its index: "cuda" is the current CUDA device, where
+    `.to("cuda")` puts tensors (q says "cuda:0", and the two must compare equal). CUDA where torch
+    has none is refused here, with what to pass, rather than by torch's own assertion."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device ({exc}); pass 'cuda' or 'cpu'.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r}, but torch {torch.__version__} sees no CUDA device here; pass device='cpu' (the "
+            "kernels then run through Triton's interpreter) or device=q.device."
+        )
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device

@@ -1,6 +1,6 @@
 """`varlen_attention`: the public entry point, a `torch.library` custom op with autograd.
 
-Forward and backward are two custom ops (`kernels::varlen_attention_fwd` / `_bwd`), so
+Forward and backward are two custom ops (`varlen_workbench::varlen_attention_fwd` / `_bwd`), so
 autograd, `torch.compile` (fake tensors give the output shapes without running Triton) and
 dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
 
@@ -16,13 +16,13 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._compat import check_kernel_device
-from kernels.contract import check_causal, check_scale, check_varlen_tensors, check_window_size
-from kernels.varlen.backends import BACKENDS, fa4_is_faster
-from kernels.varlen.fa4 import fa4_attention, unsupported
-from kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
-from kernels.varlen.metadata import VarlenMetadata, capturing, implicit
-from kernels.varlen.metadata import eager as _eager
+from varlen_workbench.kernels._compat import check_kernel_device
+from varlen_workbench.kernels.contract import check_causal, check_scale, check_varlen_tensors, check_window_size
+from varlen_workbench.kernels.varlen.backends import BACKENDS, fa4_is_faster
+from varlen_workbench.kernels.varlen.fa4 import fa4_attention, unsupported
+from varlen_workbench.kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
+from varlen_workbench.kernels.varlen.metadata import VarlenMetadata, capturing, implicit
+from varlen_workbench.kernels.varlen.metadata import eager as _eager
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # q/k and v each: every multiple of 8 up to 256, as FlashAttention-2/3 (the kernels pad the lanes
@@ -30,7 +30,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = range(8, 257, 8)
 
 
-@torch.library.custom_op("kernels::varlen_attention_fwd", mutates_args=())
+@torch.library.custom_op("varlen_workbench::varlen_attention_fwd", mutates_args=())
 def _forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -66,7 +66,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_s
     return q.new_empty((total_q, heads, v.shape[2])), q.new_empty((heads, total_q), dtype=torch.float32), work
 
 
-@torch.library.custom_op("kernels::varlen_attention_bwd", mutates_args=())
+@torch.library.custom_op("varlen_workbench::varlen_attention_bwd", mutates_args=())
 def _backward_op(
     d_out: torch.Tensor,
     d_lse: torch.Tensor | None,
@@ -239,7 +239,7 @@ def _metadata_of(
         return implicit(cu_q, cu_k, *limits, cu_q_padded, cu_k_padded, q.shape[0], k.shape[0], validate, q.device)
     if not isinstance(metadata, VarlenMetadata):
         raise TypeError(
-            f"metadata must be a kernels.VarlenMetadata, got {type(metadata).__name__}; build one per step with "
+            f"metadata must be a varlen_workbench.kernels.varlen.VarlenMetadata, got {type(metadata).__name__}; build one per step with "
             "VarlenMetadata(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)."
         )
     given = [n for n, b in zip(_BOUNDARY_NAMES, (*boundaries, *limits)) if b is not None]
@@ -284,7 +284,7 @@ def varlen_attention(
     a real row.
 
     The batch is described either positionally, as FlashAttention's varlen functions take it,
-    or by ``metadata``, a `kernels.VarlenMetadata` built once per step and passed to every
+    or by ``metadata``, a `varlen_workbench.kernels.varlen.VarlenMetadata` built once per step and passed to every
     layer: checked once, then no host sync, no validation and no allocation for it per call
     (the object for training loops, kernels/varlen/metadata.py).
 
@@ -314,7 +314,7 @@ def varlen_attention(
             it was built, and says when its verdict is read.
         backend: which kernel computes the call. "auto" (the default): the faster of the two
             that keep the contract for this call, by the rule docs/contract.md (Backends)
-            derives from the benchmark record (`kernels.varlen.backends`); on a machine without
+            derives from the benchmark record (`varlen_workbench.kernels.varlen.backends`); on a machine without
             FlashAttention-4, the Triton kernel. "triton": ours. "fa4": FlashAttention-4 (the
             optional extra ``fa4``) with the contract kept by a thin wrapper
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason. FA4
@@ -337,7 +337,8 @@ def varlen_attention(
     Example::
 
         >>> import torch
-        >>> from kernels import default_device, varlen_attention
+        >>> from varlen_workbench.kernels._compat import default_device
+        >>> from varlen_workbench.kernels.varlen import varlen_attention
         >>> device = default_device()
         >>> lengths = torch.tensor([5, 3])
         >>> cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(device)
@@ -415,7 +416,7 @@ def varlen_attn(
     """torch's `torch.nn.attention.varlen.varlen_attn` (2.11 to 2.13), same signature and return
     convention, on the fixed kernel: the fix is one import away::
 
-        from kernels import varlen_attn  # instead of: from torch.nn.attention.varlen import varlen_attn
+        from varlen_workbench.kernels.varlen import varlen_attn  # instead of: from torch.nn.attention.varlen import varlen_attn
 
     Returns out (T_q, H, D), or (out, lse) with lse (H, T_q) float32 when `return_aux.lse`
     (torch's own AuxRequest works too). `window_size=(-1, 0)` is causal. Unlike torch's, rows

@@ -2,7 +2,7 @@
 shared memory. This is how `launch.NATIVE_TILES` was chosen: a tile that spills or overflows
 shared memory is slow or fails, and compiling tells so for free, before any GPU time is spent.
 
-    python -m kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--head-dim-v 128] [--dtype bfloat16]
+    python -m varlen_workbench.kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--head-dim-v 128] [--dtype bfloat16]
 
 prints one JSON row per (kernel, head_dim, mask, tile), the mask being none, causal or
 sliding (a left and a right bound); `--head-dim-v` gives v another head dim than q and k
@@ -21,10 +21,10 @@ import tempfile
 
 import torch
 
-from kernels.interpreter import _run_module
-from kernels.runtime import triton_library_interpreted
-from kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
-from kernels.varlen.launch import Tile, lanes, native_tiles
+from varlen_workbench.kernels.interpreter import _run_module
+from varlen_workbench.kernels.runtime import triton_library_interpreted
+from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
+from varlen_workbench.kernels.varlen.launch import Tile, lanes, native_tiles
 
 HOPPER = 90
 SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -76,7 +76,7 @@ def compile_tile(
     from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as triton_compile
 
-    from kernels.varlen import attention_kernels as tk
+    from varlen_workbench.kernels.varlen import attention_kernels as tk
 
     fn = {
         "forward": tk.attention_forward_kernel,
@@ -161,7 +161,7 @@ def resource_table(
             *kernels,
             *(["--head-dim-v", str(head_dim_v)] if head_dim_v is not None else []),
         ]
-        return _run_module("kernels.varlen.tiles", args, timeout=1800)  # not __name__: "__main__" under -m
+        return _run_module("varlen_workbench.kernels.varlen.tiles", args, timeout=1800)  # not __name__: "__main__" under -m
     rows = []
     for kernel in kernels:
         for head_dim in head_dims:
@@ -172,7 +172,7 @@ def resource_table(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kernels.varlen.tiles", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m varlen_workbench.kernels.varlen.tiles", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=HOPPER)
     parser.add_argument("--dtype", default="bfloat16", choices=[str(t).removeprefix("torch.") for t in _TRITON_TYPES])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], help="q's and k's head dims")

@@ -14,11 +14,11 @@ workaround on the CPU with the replica of the same mechanism (kernels/replicas/t
     report.py   the report to file upstream, its repro run by the paste-block battery
 """
 
-from postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, STATUS, TAIL, TAIL_NAN, WHO
-from postmortems.fa4_unwritten_padding.claims import claims
-from postmortems.fa4_unwritten_padding.figures import audit_table, layer_norm_table, probe_table
-from postmortems.fa4_unwritten_padding.report import REPORT
-from postmortems.fa4_unwritten_padding.study import (
+from varlen_workbench.postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, STATUS, TAIL, TAIL_NAN, WHO
+from varlen_workbench.postmortems.fa4_unwritten_padding.claims import claims
+from varlen_workbench.postmortems.fa4_unwritten_padding.figures import audit_table, layer_norm_table, probe_table
+from varlen_workbench.postmortems.fa4_unwritten_padding.report import REPORT
+from varlen_workbench.postmortems.fa4_unwritten_padding.study import (
     Fa4PaddingResults,
     real_rows,
     replica_flash_attn_varlen_func,

@@ -6,11 +6,18 @@ import inspect
 import math
 import re
 
-from kernels.replicas import torch_varlen
-from postmortems.fa4_unwritten_padding.cases import CHECKS, FA4_SOURCE, PASSING, TAIL, TAIL_NAN, UPSTREAM_ALLOCATIONS
-from postmortems.fa4_unwritten_padding.figures import recorded_checks
-from postmortems.fa4_unwritten_padding.study import Fa4PaddingResults
-from workbench.postmortem import REPLICA, UPSTREAM_GPU, Claims, source_at
+from varlen_workbench.kernels.replicas import torch_varlen
+from varlen_workbench.postmortems.fa4_unwritten_padding.cases import (
+    CHECKS,
+    FA4_SOURCE,
+    PASSING,
+    TAIL,
+    TAIL_NAN,
+    UPSTREAM_ALLOCATIONS,
+)
+from varlen_workbench.postmortems.fa4_unwritten_padding.figures import recorded_checks
+from varlen_workbench.postmortems.fa4_unwritten_padding.study import Fa4PaddingResults
+from varlen_workbench.workbench.postmortem import REPLICA, UPSTREAM_GPU, Claims, source_at
 
 claims = Claims()
 

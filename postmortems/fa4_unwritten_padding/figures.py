@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from postmortems.fa4_unwritten_padding.cases import CHECKS, PASSING
-from postmortems.fa4_unwritten_padding.study import Fa4PaddingResults
-from workbench.postmortem import table
+from varlen_workbench.postmortems.fa4_unwritten_padding.cases import CHECKS, PASSING
+from varlen_workbench.postmortems.fa4_unwritten_padding.study import Fa4PaddingResults
+from varlen_workbench.workbench.postmortem import table
 
 
 def recorded_checks(results: Fa4PaddingResults) -> dict[str, dict]:

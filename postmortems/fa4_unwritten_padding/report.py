@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from postmortems.fa4_unwritten_padding.cases import AUDIT, FA4_SOURCE, REAL_CLIENT
-from workbench.upstream_report import Source, UpstreamReport
+from varlen_workbench.postmortems.fa4_unwritten_padding.cases import AUDIT, FA4_SOURCE, REAL_CLIENT
+from varlen_workbench.workbench.upstream_report import Source, UpstreamReport
 
 _INTERFACE = f"https://github.com/{FA4_SOURCE.replace('@', '/blob/')}/flash_attn/cute/interface.py"
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from kernels.replicas.torch_varlen import replica_varlen_attn
-from postmortems.fa4_unwritten_padding.cases import AUDIT, CASES, REAL_CLIENT, TAIL, TAIL_NAN
-from workbench import Case, pack, probe
-from workbench.postmortem import Results
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn
+from varlen_workbench.postmortems.fa4_unwritten_padding.cases import AUDIT, CASES, REAL_CLIENT, TAIL, TAIL_NAN
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.postmortem import Results
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
 
 
 def replica_flash_attn_varlen_func(

@@ -9,13 +9,13 @@ gradient 0), on CPU in fp16 (the interpreter's bf16 `tl.dot` is broken) and, thr
 on a GPU in bf16. It shows which of the report's claims hold on the released code, the NaN it does
 have (a query row with no visible key in key block 0), two workarounds and a tiny model's training.
 
-The replica (`kernels.replicas.dmattn`) is kept for what upstream cannot show: the proposed patch
+The replica (`varlen_workbench.kernels.replicas.dmattn`) is kept for what upstream cannot show: the proposed patch
 applied, and a guard for rows with no visible key.
 
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
 
-from postmortems.flash_dmattn_121.cases import (
+from varlen_workbench.postmortems.flash_dmattn_121.cases import (
     CASES,
     GPU_SEEDS,
     GRADS,
@@ -32,8 +32,8 @@ from postmortems.flash_dmattn_121.cases import (
     MaskCase,
     shown_name,
 )
-from postmortems.flash_dmattn_121.claims import claims, patch_error_ratios
-from postmortems.flash_dmattn_121.figures import (
+from varlen_workbench.postmortems.flash_dmattn_121.claims import claims, patch_error_ratios
+from varlen_workbench.postmortems.flash_dmattn_121.figures import (
     coverage_table,
     gpu_table,
     nan_do_table,
@@ -46,8 +46,8 @@ from postmortems.flash_dmattn_121.figures import (
     upstream_table,
     worst_ratio,
 )
-from postmortems.flash_dmattn_121.gpu import gpu_probes
-from postmortems.flash_dmattn_121.study import (
+from varlen_workbench.postmortems.flash_dmattn_121.gpu import gpu_probes
+from varlen_workbench.postmortems.flash_dmattn_121.study import (
     Coverage,
     Results,
     dense_reference,
@@ -67,7 +67,7 @@ from postmortems.flash_dmattn_121.study import (
     upstream_cases,
     upstream_run,
 )
-from postmortems.flash_dmattn_121.upstream import (
+from varlen_workbench.postmortems.flash_dmattn_121.upstream import (
     SUCCESSOR_VERSION,
     UPSTREAM_VERSION,
     import_successor,

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import default_device
-from workbench import Case, Fill
-from workbench.affected import Affected, Layout, MaskedBatch
-from workbench.postmortem import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.workbench.affected import Affected, Layout, MaskedBatch
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.postmortem import (
     Link,
     Meta,
 )
-from workbench.upstream_status import finding_status
+from varlen_workbench.workbench.upstream_status import finding_status
 
 META = Meta(
     id="flash-dmattn-121",
@@ -255,7 +255,7 @@ COVERAGE_CASES = (
 )
 
 # The replica runs the mechanism with and without the PR's masking; bf16 as the original report (on CPU its dots
-# are upcast, see kernels.interpreter). Its block skipping (`any_active`) is not in 1.2.2, which visits
+# are upcast, see varlen_workbench.kernels.interpreter). Its block skipping (`any_active`) is not in 1.2.2, which visits
 # every block; on these cases both turn the same rows NaN.
 REPLICA_CASES = (
     SEED,

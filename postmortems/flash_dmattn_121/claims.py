@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from postmortems.flash_dmattn_121.cases import (
+from varlen_workbench.postmortems.flash_dmattn_121.cases import (
     GPU_SEEDS,
     META,
     PADDED_PATTERNS,
@@ -16,7 +16,7 @@ from postmortems.flash_dmattn_121.cases import (
     UPSTREAM_TENSORS,
     recorded,
 )
-from postmortems.flash_dmattn_121.study import (
+from varlen_workbench.postmortems.flash_dmattn_121.study import (
     Results,
     UpstreamRun,
     observed_upstream_nan_grad_items,
@@ -24,7 +24,7 @@ from postmortems.flash_dmattn_121.study import (
     predict_upstream_nan_grad_items,
     predict_upstream_nan_rows,
 )
-from workbench.postmortem import (
+from varlen_workbench.workbench.postmortem import (
     OURS,
     REPLICA,
     TOY,

@@ -8,7 +8,7 @@ import matplotlib
 import matplotlib.colors
 import torch
 
-from postmortems.flash_dmattn_121.cases import (
+from varlen_workbench.postmortems.flash_dmattn_121.cases import (
     GRADS,
     REPLICA_CASES,
     SEED,
@@ -23,7 +23,7 @@ from postmortems.flash_dmattn_121.cases import (
     recorded,
     shown_name,
 )
-from postmortems.flash_dmattn_121.study import (
+from varlen_workbench.postmortems.flash_dmattn_121.study import (
     UPSTREAM_BLOCK_N,
     Results,
     UpstreamRun,
@@ -31,9 +31,9 @@ from postmortems.flash_dmattn_121.study import (
     oracle,
     train_health,
 )
-from postmortems.flash_dmattn_121.upstream import SUCCESSOR_VERSION
-from workbench.plots import plot_health  # importing plots also lets a cell ending with a Figure show it
-from workbench.postmortem import (
+from varlen_workbench.postmortems.flash_dmattn_121.upstream import SUCCESSOR_VERSION
+from varlen_workbench.workbench.plots import plot_health  # importing plots also lets a cell ending with a Figure show it
+from varlen_workbench.workbench.postmortem import (
     figure,
     table,
 )

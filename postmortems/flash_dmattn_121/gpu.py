@@ -1,5 +1,5 @@
 """What only a GPU run shows: 1.2.2's Triton kernel natively in bf16, the successor, and the speed beside ours
-(`gpu_probes`, recorded by `workbench repro flash-dmattn-121 --device cuda --record ...`)."""
+(`gpu_probes`, recorded by `varlen-workbench repro flash-dmattn-121 --device cuda --record ...`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,24 @@ from dataclasses import replace
 
 import torch
 
-from kernels import varlen_attention
-from postmortems.flash_dmattn_121.cases import GPU_SEEDS, SEED, UPSTREAM_CASES, UPSTREAM_TENSORS, MaskCase
-from postmortems.flash_dmattn_121.study import oracle, tensor_check, upstream_call_errors, upstream_cases, upstream_run
-from postmortems.flash_dmattn_121.upstream import SUCCESSOR_PACKAGE, import_successor, upstream_triton_func, upstream_version
-from workbench.bounds import FACTORS
-from workbench.timing import time_call
-from workbench.upstream import stubbed
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.flash_dmattn_121.cases import GPU_SEEDS, SEED, UPSTREAM_CASES, UPSTREAM_TENSORS, MaskCase
+from varlen_workbench.postmortems.flash_dmattn_121.study import (
+    oracle,
+    tensor_check,
+    upstream_call_errors,
+    upstream_cases,
+    upstream_run,
+)
+from varlen_workbench.postmortems.flash_dmattn_121.upstream import (
+    SUCCESSOR_PACKAGE,
+    import_successor,
+    upstream_triton_func,
+    upstream_version,
+)
+from varlen_workbench.workbench.bounds import FACTORS
+from varlen_workbench.workbench.timing import time_call
+from varlen_workbench.workbench.upstream import stubbed
 
 TIMING_SEQLENS = (1024, 896, 768, 640)  # a right-padded batch of 4 (the workaround layout), 8 heads of 64, causal
 
@@ -122,14 +133,14 @@ def _seed_runs(device) -> dict:
 
 
 def gpu_probes(device) -> dict:
-    """What `workbench repro flash-dmattn-121 --device cuda --record ...` adds to the GPU record:
+    """What `varlen-workbench repro flash-dmattn-121 --device cuda --record ...` adds to the GPU record:
     flash-dmattn 1.2.2's own Triton kernel run natively in bf16 (the original report's dtype): the report's
     snippet, every upstream case, the original report's configuration over GPU_SEEDS with and without NaN-filled
     fresh memory, the successor package, and 1.2.2's speed beside our kernel, in that order (a
     probe that fails is recorded as failed, and the next one runs)."""
     device = torch.device(device)
     if device.type != "cuda":
-        raise ValueError(f"gpu_probes(device={device}): run it on CUDA (workbench repro ... --device cuda).")
+        raise ValueError(f"gpu_probes(device={device}): run it on CUDA (varlen-workbench repro ... --device cuda).")
     start = time.monotonic()
     found: dict = {"upstream_version": upstream_version(), "dtype": "bfloat16"}
     steps = (

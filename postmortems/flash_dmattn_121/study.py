@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from kernels import default_device, varlen_attention
-from kernels.replicas.dmattn import isfinite_exists, launch_patch_as_written, triton_dmattn_func
-from postmortems.flash_dmattn_121.cases import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.replicas.dmattn import isfinite_exists, launch_patch_as_written, triton_dmattn_func
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.flash_dmattn_121.cases import (
     COVERAGE_CASES,
     GRADS,
     META,
@@ -39,13 +40,15 @@ from postmortems.flash_dmattn_121.cases import (
     VARIANTS,
     MaskCase,
 )
-from postmortems.flash_dmattn_121.upstream import upstream_dtype, upstream_triton_func, upstream_version
-from workbench import pack, poisoned_memory, probe
-from workbench.bounds import ErrorCheck, error_check
-from workbench.health import GradientHealth
-from workbench.postmortem import Results as PostmortemResults
-from workbench.postmortem import latest_gpu_record
-from workbench.sweeps import SweepResult, sweep
+from varlen_workbench.postmortems.flash_dmattn_121.upstream import upstream_dtype, upstream_triton_func, upstream_version
+from varlen_workbench.workbench.bounds import ErrorCheck, error_check
+from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.layout import pack
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.postmortem import Results as PostmortemResults
+from varlen_workbench.workbench.postmortem import latest_gpu_record
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.sweeps import SweepResult, sweep
 
 
 def dense_reference(
@@ -351,7 +354,7 @@ def sweep_point(density: float, seqlen: int, device=None) -> dict:
 
 
 def upstream_sweep(device=None, densities=SWEEP_DENSITIES, seqlens=SWEEP_SEQLENS) -> SweepResult:
-    """`sweep_point` over densities x lengths (workbench.sweep(): a failing point is a record, not a crash)."""
+    """`sweep_point` over densities x lengths (varlen_workbench.workbench.sweeps.sweep(): a failing point is a record, not a crash)."""
     return sweep(functools.partial(sweep_point, device=device), density=list(densities), seqlen=list(seqlens), progress=False)
 
 

@@ -9,9 +9,9 @@ import importlib.util
 
 import torch
 
-from kernels import default_device, interpreted
-from kernels.runtime import decorating_for_interpreter
-from workbench.upstream import import_module, installed_file, run_file
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.runtime import decorating_for_interpreter, interpreted
+from varlen_workbench.workbench.upstream import import_module, installed_file, run_file
 
 UPSTREAM_PACKAGE = "flash-dmattn"
 
@@ -84,6 +84,6 @@ def upstream_triton_func(device=None):
 def import_successor():
     """flash-sparse-attn as installed. 2.0.6 imports `triton_kernels` (Triton's own kernel library,
     not on the registry and not a declared dependency) for its projection kernels only: where it is
-    missing a stub stands in (`workbench.upstream`), so that the dense attention path imports; a
+    missing a stub stands in (`varlen_workbench.workbench.upstream`), so that the dense attention path imports; a
     stubbed name raises if ever used."""
     return import_module("flash_sparse_attn", stub={"triton_kernels": SUCCESSOR_PACKAGE})

@@ -16,15 +16,21 @@ where transformers is missing, `compile_friendly_flex_attention` (transformers'
 `create_block_mask(_compile=True)`) runs under `torch.compiler.set_stance("force_eager")`, i.e.
 torch's eager FlexAttention, because inductor would build C++ for minutes. FlexAttention has no
 backward on CPU (torch raises), so CPU evidence is the forward; the H200 records add the audit's
-gradients and the study re-run there (compiled, forward), and `gpu_probes`, which `workbench repro
+gradients and the study re-run there (compiled, forward), and `gpu_probes`, which `varlen-workbench repro
 --record` calls, measures the workarounds' gradients on a GPU.
 
 `reproduce()` returns a `Results`; `claims` checks it; the notebook shows it.
 """
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META, STATUS, WHO
-from postmortems.flash_dmattn_flex_mask.claims import _gpu_as_is, _gpu_bitwise, _gpu_forward, _gpu_workarounds, claims
-from postmortems.flash_dmattn_flex_mask.figures import (
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import AUDITED, CASES, GPU_COMMAND, IMPLS, META, STATUS, WHO
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.claims import (
+    _gpu_as_is,
+    _gpu_bitwise,
+    _gpu_forward,
+    _gpu_workarounds,
+    claims,
+)
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.figures import (
     audit_table,
     cases_table,
     mask_effect_table,
@@ -32,10 +38,10 @@ from postmortems.flash_dmattn_flex_mask.figures import (
     weights_figure,
     workaround_table,
 )
-from postmortems.flash_dmattn_flex_mask.gpu import gpu_probes, probe_all
-from postmortems.flash_dmattn_flex_mask.report import REPORT
-from postmortems.flash_dmattn_flex_mask.study import impact_figures, reproduce, study_batch
-from postmortems.flash_dmattn_flex_mask.upstream import (
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.gpu import gpu_probes, probe_all
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.report import REPORT
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.study import impact_figures, reproduce, study_batch
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.upstream import (
     listing,
     source_facts,
     transformers_version,
@@ -43,7 +49,7 @@ from postmortems.flash_dmattn_flex_mask.upstream import (
     upstream_module,
     upstream_path,
 )
-from workbench.postmortem import table
+from varlen_workbench.workbench.postmortem import table
 
 __all__ = [
     "AUDITED",

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from workbench import Case
-from workbench.affected import Affected, Layout, MaskedBatch
-from workbench.postmortem import (
+from varlen_workbench.workbench.affected import Affected, Layout, MaskedBatch
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.postmortem import (
     Link,
     Meta,
 )
-from workbench.upstream_status import finding_status
+from varlen_workbench.workbench.upstream_status import finding_status
 
 META = Meta(
     id="flash-dmattn-flex-mask",
@@ -96,7 +96,7 @@ AUDIT_RECORD = "audit-dmattn-flex.json"
 
 GPU_RECORD = f"data/gpu/{META.id}-h200.json"
 
-GPU_COMMAND = f"workbench repro {META.id} --device cuda --record {GPU_RECORD}"
+GPU_COMMAND = f"varlen-workbench repro {META.id} --device cuda --record {GPU_RECORD}"
 
 # check of the audit -> (the first case it failed on, keyword arguments of the call)
 AUDITED: dict[str, tuple[Case, dict[str, Any]]] = {

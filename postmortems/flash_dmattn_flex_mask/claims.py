@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_COMMAND, IMPLS, META, STUDY
-from postmortems.flash_dmattn_flex_mask.study import PADDING_SET, Results, _predicted_rows, gpu_error_range
-from postmortems.flash_dmattn_flex_mask.upstream import SOURCE
-from workbench.postmortem import (
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_COMMAND, IMPLS, META, STUDY
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.study import PADDING_SET, Results, _predicted_rows, gpu_error_range
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.upstream import SOURCE
+from varlen_workbench.workbench.postmortem import (
     OURS,
     UPSTREAM_CPU,
     UPSTREAM_GPU,
@@ -18,8 +18,8 @@ from workbench.postmortem import (
     NotRecorded,
     recorded_probes,
 )
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
 
 claims = Claims()
 
@@ -246,7 +246,7 @@ def _ours(r: Results):
 
 def _probes(r: Results) -> dict[str, Any]:
     """gpu_probes' measurements in the latest GPU record; a record without them (one made when
-    `workbench repro` found no gpu_probes to call) leaves these claims NOT RECORDED, with the command."""
+    `varlen-workbench repro` found no gpu_probes to call) leaves these claims NOT RECORDED, with the command."""
     probes = recorded_probes(r.gpu, META)
     if not probes:
         raise NotRecorded(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from postmortems.flash_dmattn_flex_mask.cases import _RATIO, AUDITED, IMPLS, STUDY
-from postmortems.flash_dmattn_flex_mask.study import Results, _short
-from workbench import Case
-from workbench.postmortem import (
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import _RATIO, AUDITED, IMPLS, STUDY
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.study import Results, _short
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.postmortem import (
     figure,
     table,
 )

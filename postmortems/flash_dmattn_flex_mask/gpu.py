@@ -1,5 +1,5 @@
 """What only a GPU run shows: every implementation compiled, over seeds and dtypes (`gpu_probes`, recorded by
-`workbench repro flash-dmattn-flex-mask --device cuda --record ...`)."""
+`varlen-workbench repro flash-dmattn-flex-mask --device cuda --record ...`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ from typing import Any
 
 import torch
 
-from postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_SEEDS, IMPLS
-from postmortems.flash_dmattn_flex_mask.study import as_thd, causal_default, flex_with_mask, mask_as_bias, mask_effect
-from postmortems.flash_dmattn_flex_mask.upstream import compile_room, upstream_function, upstream_module
-from workbench import pack, probe
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import AUDITED, GPU_SEEDS, IMPLS
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.study import (
+    as_thd,
+    causal_default,
+    flex_with_mask,
+    mask_as_bias,
+    mask_effect,
+)
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.upstream import compile_room, upstream_function, upstream_module
+from varlen_workbench.workbench.layout import pack
+from varlen_workbench.workbench.probes import probe
 
 
 def _probe_all(device, budget_s, backward, dtypes, seeds) -> dict[str, Any]:
@@ -69,7 +76,7 @@ def probe_all(
 
 
 def gpu_probes(device, budget_s: float = 200.0) -> dict[str, Any]:
-    """What `workbench repro flash-dmattn-flex-mask --device cuda --record FILE` adds: upstream's own
+    """What `varlen-workbench repro flash-dmattn-flex-mask --device cuda --record FILE` adds: upstream's own
     compiled FlexAttention path on the GPU, forward and backward, fp16 and bf16, as is and with the two
     workarounds, over `GPU_SEEDS` seeds of every audited case; and the mask bit test there.
     Imports torch, triton and the upstream wheels only (plus transformers if installed). A probe that

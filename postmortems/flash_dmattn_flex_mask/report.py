@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from postmortems.flash_dmattn_flex_mask.cases import GPU_RECORD
-from postmortems.flash_dmattn_flex_mask.upstream import SOURCE, SUCCESSOR_VERSION, UPSTREAM_FILE, UPSTREAM_VERSION
-from workbench.upstream_report import Source, UpstreamReport
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import GPU_RECORD
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.upstream import (
+    SOURCE,
+    SUCCESSOR_VERSION,
+    UPSTREAM_FILE,
+    UPSTREAM_VERSION,
+)
+from varlen_workbench.workbench.upstream_report import Source, UpstreamReport
 
 _AT = SOURCE.at  # SmallDoges/flash-dmattn@<tag v1.2.2>
 _FILE = f"https://github.com/{_AT.replace('@', '/blob/')}/{UPSTREAM_FILE}"

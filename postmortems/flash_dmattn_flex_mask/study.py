@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from kernels import default_device, varlen_attention
-from postmortems.flash_dmattn_flex_mask.cases import _RATIO, AUDIT_RECORD, AUDITED, IMPLS, META, STUDY
-from postmortems.flash_dmattn_flex_mask.upstream import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import _RATIO, AUDIT_RECORD, AUDITED, IMPLS, META, STUDY
+from varlen_workbench.postmortems.flash_dmattn_flex_mask.upstream import (
     SUCCESSOR_PACKAGE,
     UPSTREAM_PACKAGE,
     compile_room,
@@ -23,12 +24,14 @@ from postmortems.flash_dmattn_flex_mask.upstream import (
     upstream_function,
     upstream_module,
 )
-from workbench import Case, pack, probe, reference_attention
-from workbench.audit.adapters import ADAPTERS, bshd_mask
-from workbench.postmortem import Results as PostmortemResults
-from workbench.postmortem import latest_gpu_record
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.workbench.audit.adapters import ADAPTERS, bshd_mask
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.postmortem import Results as PostmortemResults
+from varlen_workbench.workbench.postmortem import latest_gpu_record
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def _bshd(case: Case, device) -> dict[str, torch.Tensor]:
@@ -280,7 +283,7 @@ def run_case(check: str, impl: Callable, name: str, device, backward: bool, *, t
 
 
 def audit_record() -> dict[str, Any]:
-    """data/gpu/audit-dmattn-flex.json: `workbench audit ... --device cuda` on the H200 (scripts/gpu_audit_matrix.py)."""
+    """data/gpu/audit-dmattn-flex.json: `varlen-workbench audit ... --device cuda` on the H200 (scripts/gpu_audit_matrix.py)."""
     path = GPU_DATA / AUDIT_RECORD
     return {**read_record(path, how="python scripts/gpu_audit_matrix.py --rows dmattn-flex"), "file": path.name}
 

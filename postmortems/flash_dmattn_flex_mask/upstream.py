@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from kernels import default_device
-from workbench.postmortem import source_at
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.workbench.postmortem import source_at
 
 UPSTREAM_PACKAGE, UPSTREAM_VERSION = "flash-dmattn", "1.2.2"
 

@@ -16,9 +16,20 @@ shows the workarounds with the library's own functions:
     report.py    the reports to file upstream, their repros run by the paste-block battery
 """
 
-from postmortems.fsa_varlen_descriptors.cases import AUDIT, CASES, CAUSAL, EMPTY, FUNCTIONS, META, NO_KEY, NO_QUERY, STATUS, WHO
-from postmortems.fsa_varlen_descriptors.claims import claims
-from postmortems.fsa_varlen_descriptors.figures import (
+from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import (
+    AUDIT,
+    CASES,
+    CAUSAL,
+    EMPTY,
+    FUNCTIONS,
+    META,
+    NO_KEY,
+    NO_QUERY,
+    STATUS,
+    WHO,
+)
+from varlen_workbench.postmortems.fsa_varlen_descriptors.claims import claims
+from varlen_workbench.postmortems.fsa_varlen_descriptors.figures import (
     audit_table,
     calls_table,
     descriptor_table,
@@ -26,8 +37,8 @@ from postmortems.fsa_varlen_descriptors.figures import (
     sanitizer_table,
     tail_table,
 )
-from postmortems.fsa_varlen_descriptors.report import REPORTS
-from postmortems.fsa_varlen_descriptors.study import (
+from varlen_workbench.postmortems.fsa_varlen_descriptors.report import REPORTS
+from varlen_workbench.postmortems.fsa_varlen_descriptors.study import (
     ALIGNED,
     BARE,
     NO_EMPTY,
@@ -41,7 +52,7 @@ from postmortems.fsa_varlen_descriptors.study import (
     reproduce,
     run,
 )
-from postmortems.fsa_varlen_descriptors.upstream import load, recorded_descriptors
+from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import load, recorded_descriptors
 
 __all__ = [
     "ALIGNED",

@@ -2,7 +2,7 @@
 
 The H200 matrix ran each check of the `fsa-varlen` rows in a fresh process (a fault loses the CUDA
 context), so each cell records the error of that check's first call. `first_call` builds the check's
-context as `workbench audit --device cuda` does (its native layouts, float16, head dim 64) and stops
+context as `varlen-workbench audit --device cuda` does (its native layouts, float16, head dim 64) and stops
 at its first probe, returning the layout and keywords of that call without running the library.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.audit import adapt
-from workbench.audit.adapters import fsa as fsa_adapters
-from workbench.audit.checks import CHECKS, Context
+from varlen_workbench.workbench.audit import adapt
+from varlen_workbench.workbench.audit.adapters import fsa as fsa_adapters
+from varlen_workbench.workbench.audit.checks import CHECKS, Context
 
 ADAPTER_FUNCTIONS = {"flash_dense_attn_varlen_func": "fsa_dense_varlen", "flash_sparse_attn_varlen_func": "fsa_sparse_varlen"}
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from postmortems.fsa_varlen_descriptors.cases import (
+from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import (
     AUDIT,
     BACKWARD_SOURCE,
     CASES,
@@ -27,7 +27,7 @@ from postmortems.fsa_varlen_descriptors.cases import (
     TAIL_ALLOCATIONS,
     TAIL_CASES,
 )
-from postmortems.fsa_varlen_descriptors.study import (
+from varlen_workbench.postmortems.fsa_varlen_descriptors.study import (
     ALIGNED,
     BARE,
     NO_EMPTY,
@@ -37,9 +37,9 @@ from postmortems.fsa_varlen_descriptors.study import (
     preprocess_source,
     varlen_allocations,
 )
-from postmortems.fsa_varlen_descriptors.upstream import TILE_M
-from workbench import Region, pack
-from workbench.postmortem import UPSTREAM_CPU, UPSTREAM_GPU, Claims, source_at
+from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import TILE_M
+from varlen_workbench.workbench.layout import Region, pack
+from varlen_workbench.workbench.postmortem import UPSTREAM_CPU, UPSTREAM_GPU, Claims, source_at
 
 claims = Claims()
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from postmortems.fsa_varlen_descriptors.cases import CASES, FUNCTIONS, ROWS, TAIL_CASES
-from postmortems.fsa_varlen_descriptors.study import FsaDescriptorResults
-from workbench.postmortem import table
+from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import CASES, FUNCTIONS, ROWS, TAIL_CASES
+from varlen_workbench.postmortems.fsa_varlen_descriptors.study import FsaDescriptorResults
+from varlen_workbench.workbench.postmortem import table
 
 GRADS = ("out", "dq", "dk", "dv")
 

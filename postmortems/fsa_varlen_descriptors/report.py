@@ -3,7 +3,7 @@ misaligned lse descriptor of the backward."""
 
 from __future__ import annotations
 
-from postmortems.fsa_varlen_descriptors.cases import (
+from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import (
     AUDITS,
     BACKWARD_SOURCE,
     FORWARD_SOURCE,
@@ -12,8 +12,8 @@ from postmortems.fsa_varlen_descriptors.cases import (
     PREPROCESS_FILE,
     ROWS,
 )
-from postmortems.fsa_varlen_descriptors.upstream import VERSION
-from workbench.upstream_report import Source, UpstreamReport
+from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import VERSION
+from varlen_workbench.workbench.upstream_report import Source, UpstreamReport
 
 _TRACKER = "https://github.com/HKUSTDial/flash-sparse-attention/issues/new"
 _WHEEL = f"flash-sparse-attn {VERSION} wheel"

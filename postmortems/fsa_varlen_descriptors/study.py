@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from postmortems.fsa_varlen_descriptors.audit import first_call
-from postmortems.fsa_varlen_descriptors.cases import (
+from varlen_workbench.postmortems.fsa_varlen_descriptors.audit import first_call
+from varlen_workbench.postmortems.fsa_varlen_descriptors.cases import (
     AUDITS,
     CASES,
     EMPTY_CHECK,
@@ -40,12 +40,13 @@ from postmortems.fsa_varlen_descriptors.cases import (
     WITH_EMPTY,
     WORKAROUND_H200,
 )
-from postmortems.fsa_varlen_descriptors.upstream import load, recorded_descriptors, summarize_descriptors
-from workbench import Case, pack, probe
-from workbench.postmortem import Results
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
-from workbench.upstream import installed_file
+from varlen_workbench.postmortems.fsa_varlen_descriptors.upstream import load, recorded_descriptors, summarize_descriptors
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.postmortem import Results
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
+from varlen_workbench.workbench.upstream import installed_file
 
 _BASE = re.compile(r"(\w+_base) = seqlen_info\.offset_batch_Q\((?:[^()]|\([^()]*\))*?USE_PADDED=(True|False)", re.S)
 
@@ -174,7 +175,7 @@ class Call:
 
 def measure(called: Callable, case: Case, name: str, poisoned: bool = False) -> tuple[Any, list[dict]]:
     """`called` (fsa's varlen signature) forward and backward on `case` under the interpreter: its
-    probe against the float64 oracle (`poisoned`: fresh memory NaN, `workbench.poisoned_memory`),
+    probe against the float64 oracle (`poisoned`: fresh memory NaN, `varlen_workbench.workbench.poison.poisoned_memory`),
     and its descriptors summarized."""
     load("cpu")
     # numpy's warnings for the -inf lse of rows without a key, which the kernels handle: not news

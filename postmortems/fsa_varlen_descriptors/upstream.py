@@ -12,10 +12,10 @@ To run the library under the interpreter at all, `load("cpu")` stands in, in thi
 what needs CUDA (the SM count, the launch-config cache: 64 x 64 tiles, the library's own
 is_autotune=False default; its compiled-kernel cache), lets Triton 3.6's interpreter see methods of
 `@aggregate` classes, and gives it the descriptor atomic add it lacks; its kernels are decorated
-for the interpreter (`kernels.runtime.decorating_for_interpreter`: every launch then runs inside
+for the interpreter (`varlen_workbench.kernels.runtime.decorating_for_interpreter`: every launch then runs inside
 `interpreting()`, with the loop-bound fix for numpy >= 2.4). The library's files are not changed.
 flash_sparse_attn imports OpenAI's triton_kernels for its projection kernels only: a stub stands in
-for it where it is missing (`workbench.upstream`).
+for it where it is missing (`varlen_workbench.workbench.upstream`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import sys
 from collections.abc import Iterator
 from types import FrameType, ModuleType
 
-from kernels.runtime import decorating_for_interpreter
-from workbench.upstream import import_module
+from varlen_workbench.kernels.runtime import decorating_for_interpreter
+from varlen_workbench.workbench.upstream import import_module
 
 VERSION = "2.0.6"
 H200_SMS = 132
@@ -39,7 +39,7 @@ _PREPARED: list[bool] = []
 
 
 def import_fsa() -> ModuleType:
-    """flash_sparse_attn as installed, through `workbench.upstream` (a stub for a missing triton_kernels)."""
+    """flash_sparse_attn as installed, through `varlen_workbench.workbench.upstream` (a stub for a missing triton_kernels)."""
     return import_module(
         "flash_sparse_attn",
         stub={"triton_kernels": "flash_sparse_attn"},

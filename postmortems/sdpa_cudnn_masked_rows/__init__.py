@@ -5,7 +5,7 @@ boolean `attn_mask`, `scaled_dot_product_attention` under the cuDNN backend give
 whose mask row is all False (a key sequence of length 0; causal bottom-right with len_q > len_k)
 a finite, non-zero output, and gradients flow from that row into keys it must not see; the math
 and memory-efficient backends give 0 there. On that H200, SDPA runs cuDNN for masked calls when no
-backend is asked for (data/gpu/sdpa-default-backend-h200.json, `workbench.sdpa_dispatch`).
+backend is asked for (data/gpu/sdpa-default-backend-h200.json, `varlen_workbench.workbench.sdpa_dispatch`).
 
 * the cuDNN behaviour is shown from the committed H200 records, with their provenance;
 * the mechanism is studied on the CPU with a replica: the math backend given the *additive* mask
@@ -16,15 +16,30 @@ backend is asked for (data/gpu/sdpa-default-backend-h200.json, `workbench.sdpa_d
 * `gpu_probes(device)` (torch only) records on a GPU what the CPU cannot show: which backend SDPA
   picks, the cuDNN output of fully masked rows against unmasked attention and under float masks of
   -65504 and -inf, gradients, repeat-run determinism, and the workarounds' times, with
-  `workbench repro sdpa-cudnn-masked-rows --device cuda --record data/gpu/sdpa-cudnn-masked-rows-h200.json`.
+  `varlen-workbench repro sdpa-cudnn-masked-rows --device cuda --record data/gpu/sdpa-cudnn-masked-rows-h200.json`.
 """
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CUDNN_FILL, FULLY, META, STATUS, TENSORS, UNEQUAL, WHO
-from postmortems.sdpa_cudnn_masked_rows.claims import claims
-from postmortems.sdpa_cudnn_masked_rows.figures import error_table, gpu_table, mask_figure, row_error_figure, workaround_table
-from postmortems.sdpa_cudnn_masked_rows.gpu import gpu_probes, probe_points
-from postmortems.sdpa_cudnn_masked_rows.report import REPORT
-from postmortems.sdpa_cudnn_masked_rows.study import (
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import (
+    CASES,
+    CUDNN_FILL,
+    FULLY,
+    META,
+    STATUS,
+    TENSORS,
+    UNEQUAL,
+    WHO,
+)
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.claims import claims
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.figures import (
+    error_table,
+    gpu_table,
+    mask_figure,
+    row_error_figure,
+    workaround_table,
+)
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.gpu import gpu_probes, probe_points
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.report import REPORT
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.study import (
     audit_record,
     cudnn_mask_replica,
     keyless_rows,
@@ -32,7 +47,7 @@ from postmortems.sdpa_cudnn_masked_rows.study import (
     recorded_check,
     reproduce,
 )
-from workbench.postmortem import table
+from varlen_workbench.workbench.postmortem import table
 
 __all__ = [
     "CASES",

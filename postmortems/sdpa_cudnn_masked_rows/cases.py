@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from workbench import Case, Fill
-from workbench.affected import Affected, Layout, MaskedBatch
-from workbench.postmortem import (
+from varlen_workbench.workbench.affected import Affected, Layout, MaskedBatch
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.postmortem import (
     Link,
     Meta,
 )
-from workbench.upstream_status import finding_status
+from varlen_workbench.workbench.upstream_status import finding_status
 
 PT = "https://github.com/pytorch/pytorch"
 

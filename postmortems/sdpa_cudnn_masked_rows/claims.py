@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, CHECK_OF, FULLY, META, RECORD_TOLERANCE, TENSORS
-from postmortems.sdpa_cudnn_masked_rows.study import (
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import CASES, CHECK_OF, FULLY, META, RECORD_TOLERANCE, TENSORS
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.study import (
     MaskedRowsResults,
     keyless_rows,
     keyless_rows_beside_keys,
     keys_of_keyless_sequences,
 )
-from workbench import Case
-from workbench.postmortem import (
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.postmortem import (
     OURS,
     REPLICA,
     UPSTREAM_CPU,

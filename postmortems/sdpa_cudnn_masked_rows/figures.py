@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CASES, FULLY, TENSORS
-from postmortems.sdpa_cudnn_masked_rows.study import MaskedRowsResults, padded_inputs
-from workbench import Case
-from workbench.postmortem import (
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import CASES, FULLY, TENSORS
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.study import MaskedRowsResults, padded_inputs
+from varlen_workbench.workbench.layout import Case
+from varlen_workbench.workbench.postmortem import (
     figure,
     table,
 )

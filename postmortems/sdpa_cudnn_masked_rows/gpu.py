@@ -1,5 +1,5 @@
 """What only a GPU run shows: the backend SDPA picks and what each backend returns on keyless rows, and the
-workarounds' times (`gpu_probes`, recorded by `workbench repro sdpa-cudnn-masked-rows --device cuda --record ...`)."""
+workarounds' times (`gpu_probes`, recorded by `varlen-workbench repro sdpa-cudnn-masked-rows --device cuda --record ...`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CUDNN_FILL, GPU_LAYOUTS
-from postmortems.sdpa_cudnn_masked_rows.study import _fp64_math
-from workbench.timing import time_call
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import CUDNN_FILL, GPU_LAYOUTS
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.study import _fp64_math
+from varlen_workbench.workbench.timing import time_call
 
 
 def workaround_timing(dev: torch.device, batch: int = 8, seq: int = 2048, heads: int = 16, dim: int = 64) -> dict:
-    """Forward+backward milliseconds (`workbench.timing.time_call`'s median of 20 after 5 warm-up runs, bf16, a padding mask with
+    """Forward+backward milliseconds (`varlen_workbench.workbench.timing.time_call`'s median of 20 after 5 warm-up runs, bf16, a padding mask with
     lengths seq, seq/2, ...): SDPA unpinned, unpinned + workaround (a), pinned to each backend (b)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

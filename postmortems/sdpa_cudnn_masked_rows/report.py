@@ -4,8 +4,8 @@ repro and the question a maintainer can answer (does the fix give these rows 0?)
 
 from __future__ import annotations
 
-from postmortems.sdpa_cudnn_masked_rows.cases import CUDNN_FILL, META, PT
-from workbench.upstream_report import Source, UpstreamReport
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import CUDNN_FILL, META, PT
+from varlen_workbench.workbench.upstream_report import Source, UpstreamReport
 
 REPRO = """
 # cuDNN SDPA: a query row that a sliding-window boolean mask leaves without a key is not 0

@@ -10,20 +10,28 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels import varlen_attention
-from postmortems.sdpa_cudnn_masked_rows.cases import _ERROR, CASES, CHECK_OF, CUDNN_FILL, FULLY, META, POISONED, TENSORS
-from workbench import Case, pack, probe
-from workbench.audit import adapt
-from workbench.audit.adapters import bshd_mask
-from workbench.layout import thd_to_bshd
-from workbench.postmortem import (
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import (
+    _ERROR,
+    CASES,
+    CHECK_OF,
+    CUDNN_FILL,
+    FULLY,
+    META,
+    POISONED,
+    TENSORS,
+)
+from varlen_workbench.workbench.audit import adapt
+from varlen_workbench.workbench.audit.adapters import bshd_mask
+from varlen_workbench.workbench.layout import Case, pack, thd_to_bshd
+from varlen_workbench.workbench.postmortem import (
     Results,
     latest_gpu_record,
 )
-from workbench.probes import ProbeRecord, grad_output
-from workbench.provenance import GPU_DATA
-from workbench.records import load_records, read_record
-from workbench.reference import reference_attention, visible_keys
+from varlen_workbench.workbench.probes import ProbeRecord, grad_output, probe
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import load_records, read_record
+from varlen_workbench.workbench.reference import reference_attention, visible_keys
 
 
 def cudnn_mask_replica(query, key, value, attn_mask=None, scale=None, enable_gqa=False):
@@ -173,8 +181,8 @@ def sliding_window_rows(device=None) -> dict[str, Any]:
 
 def default_backend_records() -> list[dict[str, Any]]:
     """data/gpu/sdpa-default-backend-*.json: which backend SDPA ran, by the profiler's aten ops, for
-    ordinary masked calls made with no `sdpa_kernel` context (`workbench.sdpa_dispatch`)."""
-    how = "python -m workbench.sdpa_dispatch --record data/gpu/sdpa-default-backend-<gpu>.json"
+    ordinary masked calls made with no `sdpa_kernel` context (`varlen_workbench.workbench.sdpa_dispatch`)."""
+    how = "python -m varlen_workbench.workbench.sdpa_dispatch --record data/gpu/sdpa-default-backend-<gpu>.json"
     return load_records("sdpa-default-backend-*.json", how=how)
 
 

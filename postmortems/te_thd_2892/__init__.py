@@ -8,9 +8,9 @@ TE's attention: scripts/te_thd_training.py; `te_probes`: TE's audit FAILs taken 
 Linear, scripts/te_probes.py). `on_te` reads those records for the page. Every claim says what
 produced its evidence: TE itself on the GPU (the records), a reading of TE's source at a named
 commit, our replica of a mechanism (the contract as one masked matmul,
-`workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model (`workbench.tinylm`),
-or our own kernel (`kernels.varlen_attention`, also under our context-parallel attention,
-`workbench.context_parallel`).
+`varlen_workbench.workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model (`varlen_workbench.workbench.tinylm`),
+or our own kernel (`varlen_workbench.kernels.varlen.varlen_attention`, also under our context-parallel attention,
+`varlen_workbench.workbench.context_parallel`).
 
 The study, one function per part:
 
@@ -25,7 +25,7 @@ The study, one function per part:
    the workaround of zeroing them;
 5. `auto_detect_table`: TE's `pad_between_seqs` auto-detect, transcribed from two commits;
 6. appendix: `rope_study`, `seqpar_study` (a sizing lesson), the 2 x cp_size padding rule of
-   context parallelism (`workbench.audit.context_parallel.padding_rule_study`, `cp_rule_table`),
+   context parallelism (`varlen_workbench.workbench.audit.context_parallel.padding_rule_study`, `cp_rule_table`),
    `te_recipe` (TE's THD padding test on our kernel), `cast_study` (the Triton interpreter's e4m3 cast);
 7. `upstream`, `te_probes`, `seqpar_te` (GPU only, not imported here): TE itself on the report's
    script and the cases it meant, its audit FAILs and its FP8 Linear, its sequence-parallel block on
@@ -34,8 +34,8 @@ The study, one function per part:
 `reproduce()` runs them all and returns `TeResults`; `claims` checks them.
 """
 
-from postmortems.te_thd_2892 import on_te
-from postmortems.te_thd_2892.cases import (
+from varlen_workbench.postmortems.te_thd_2892 import on_te
+from varlen_workbench.postmortems.te_thd_2892.cases import (
     CASES,
     FP8_CASE,
     HEALTH_FRACTIONS,
@@ -48,8 +48,8 @@ from postmortems.te_thd_2892.cases import (
     TRAINING_RUNS,
     padding_case,
 )
-from postmortems.te_thd_2892.claims import claims
-from postmortems.te_thd_2892.figures import (
+from varlen_workbench.postmortems.te_thd_2892.claims import claims
+from varlen_workbench.postmortems.te_thd_2892.figures import (
     auto_detect_table,
     cast_table,
     cp_rule_table,
@@ -66,7 +66,7 @@ from postmortems.te_thd_2892.figures import (
     training_table,
     workaround_table,
 )
-from postmortems.te_thd_2892.mechanism import (
+from varlen_workbench.postmortems.te_thd_2892.mechanism import (
     _quantized,
     auto_detect,
     cast_study,
@@ -81,8 +81,8 @@ from postmortems.te_thd_2892.mechanism import (
     workaround_error,
     workaround_sweep,
 )
-from postmortems.te_thd_2892.study import TeResults, fp8_zero_padding_scales_equal, reproduce
-from postmortems.te_thd_2892.training import (
+from varlen_workbench.postmortems.te_thd_2892.study import TeResults, fp8_zero_padding_scales_equal, reproduce
+from varlen_workbench.postmortems.te_thd_2892.training import (
     bidirectional_seeds,
     boundary_runs,
     health_runs,
@@ -92,8 +92,8 @@ from postmortems.te_thd_2892.training import (
     train_three_ways,
     zero_tail,
 )
-from workbench.layout import Case, Fill, pack
-from workbench.postmortem import table
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.postmortem import table
 
 __all__ = [
     "on_te",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from workbench.layout import Case, Fill
-from workbench.postmortem import (
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.postmortem import (
     Link,
     Meta,
 )
-from workbench.upstream_status import finding_status
+from varlen_workbench.workbench.upstream_status import finding_status
 
 ISSUE = "https://github.com/NVIDIA/TransformerEngine/issues/2892"
 

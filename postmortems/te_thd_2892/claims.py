@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import math
 
-from postmortems.te_thd_2892 import on_te
-from postmortems.te_thd_2892.cases import HEALTH_FRACTIONS, HEALTH_STEPS, TE_MAIN, TE_V2_12, TRAINING_RUNS, WORKAROUND_FRACTION
-from postmortems.te_thd_2892.study import TeResults
-from postmortems.te_thd_2892.training import qkv_norm_ratio
-from workbench.postmortem import (
+from varlen_workbench.postmortems.te_thd_2892 import on_te
+from varlen_workbench.postmortems.te_thd_2892.cases import (
+    HEALTH_FRACTIONS,
+    HEALTH_STEPS,
+    TE_MAIN,
+    TE_V2_12,
+    TRAINING_RUNS,
+    WORKAROUND_FRACTION,
+)
+from varlen_workbench.postmortems.te_thd_2892.study import TeResults
+from varlen_workbench.postmortems.te_thd_2892.training import qkv_norm_ratio
+from varlen_workbench.workbench.postmortem import (
     OURS,
     REPLICA,
     TOY,
@@ -16,8 +23,8 @@ from workbench.postmortem import (
     Claims,
     source_at,
 )
-from workbench.provenance import GPU_DATA
-from workbench.records import read_record
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import read_record
 
 claims = Claims()
 
@@ -171,7 +178,7 @@ def _te_training(r: TeResults):
     evidence=UPSTREAM_GPU,
 )
 def _te_fp8_linear(r: TeResults):
-    from postmortems.te_thd_2892.te_probes import scale_damage
+    from varlen_workbench.postmortems.te_thd_2892.te_probes import scale_damage
 
     rows = on_te.gemm_rows()
     damage = scale_damage(rows)

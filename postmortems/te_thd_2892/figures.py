@@ -7,7 +7,7 @@ import math
 import matplotlib
 import torch
 
-from postmortems.te_thd_2892.cases import (
+from varlen_workbench.postmortems.te_thd_2892.cases import (
     ALIGN,
     BIDIRECTIONAL_STEPS,
     CAST_VALUES,
@@ -15,16 +15,16 @@ from postmortems.te_thd_2892.cases import (
     TE_DOCSTRING,
     WORKAROUND_FRACTION,
 )
-from postmortems.te_thd_2892.study import TeResults
-from postmortems.te_thd_2892.training import health_runs, qkv_norm_ratio
-from workbench.bounds import ErrorCheck
-from workbench.layout import Case, Region, pack
-from workbench.plots import INK, REGION_COLORS, SERIES, STYLE, attention_mask, plot_health
-from workbench.postmortem import (
+from varlen_workbench.postmortems.te_thd_2892.study import TeResults
+from varlen_workbench.postmortems.te_thd_2892.training import health_runs, qkv_norm_ratio
+from varlen_workbench.workbench.bounds import ErrorCheck
+from varlen_workbench.workbench.layout import Case, Region, pack
+from varlen_workbench.workbench.plots import INK, REGION_COLORS, SERIES, STYLE, attention_mask, plot_health
+from varlen_workbench.workbench.postmortem import (
     figure,
     table,
 )
-from workbench.seqpar import BOUNDARIES
+from varlen_workbench.workbench.seqpar import BOUNDARIES
 
 
 def plot_gradient_health(fraction: float):
@@ -44,7 +44,7 @@ def plot_gradient_health(fraction: float):
 
 
 def _ratio(check: ErrorCheck) -> str:
-    # Of the bound, not "x PyTorch": in float32 the bound's fp32 floor can be the larger (workbench.bounds).
+    # Of the bound, not "x PyTorch": in float32 the bound's fp32 floor can be the larger (varlen_workbench.workbench.bounds).
     return f"{check.error:.3g} ({check.error / check.bound:.3g} of the bound)" if check.error == check.error else "NaN"
 
 

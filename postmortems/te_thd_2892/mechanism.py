@@ -7,9 +7,18 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import default_device, interpreted, varlen_attention
-from kernels.fp8 import FP8, FP8_MAX, plain_cast_e4m3, quantize_fp8_blockwise, quantize_reference, varlen_attention_fp8
-from postmortems.te_thd_2892.cases import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.fp8 import (
+    FP8,
+    FP8_MAX,
+    plain_cast_e4m3,
+    quantize_fp8_blockwise,
+    quantize_reference,
+    varlen_attention_fp8,
+)
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.te_thd_2892.cases import (
     ALIGN,
     CAST_VALUES,
     FP8_CASE,
@@ -22,12 +31,12 @@ from postmortems.te_thd_2892.cases import (
     padding_case,
     te_case,
 )
-from workbench.bounds import ErrorCheck, error_check
-from workbench.layout import Case, Region, cumulative, pack, unpad_thd
-from workbench.probes import ProbeRecord, grad_output, probe
-from workbench.reference import reference_attention
-from workbench.seqpar import SeqParStudy, run_sequence_parallel
-from workbench.tinylm import (
+from varlen_workbench.workbench.bounds import ErrorCheck, error_check
+from varlen_workbench.workbench.layout import Case, Region, cumulative, pack, unpad_thd
+from varlen_workbench.workbench.probes import ProbeRecord, grad_output, probe
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.seqpar import SeqParStudy, run_sequence_parallel
+from varlen_workbench.workbench.tinylm import (
     LMConfig,
     SyntheticTask,
     TinyLM,
@@ -225,7 +234,7 @@ def fp8_error(case: Case, scales_from: str, device=None) -> ErrorCheck:
 
     The bound follows FlashAttention's rule with FP8 as the precision: at most 2x the error of
     PyTorch doing the same FP8 computation (torch's own e4m3 cast with per-(block, head) scales
-    from real rows, then exact attention), floored like every bound here (`workbench.bounds`: at
+    from real rows, then exact attention), floored like every bound here (`varlen_workbench.workbench.bounds`: at
     least one ulp of the output dtype). e4m3 keeps 3 mantissa bits (2^-4 relative rounding),
     so that baseline is large: the bound is about what FP8 costs, not about the kernel.
     """
@@ -275,7 +284,7 @@ def cast_study(device=None) -> dict:
 
 def seqpar_study(device=None, world_size: int = 2) -> SeqParStudy:
     """One layer of the tiny LM run sequence-parallel on `world_size` processes with our own
-    all-gather (`workbench.seqpar`), sized from padded boundaries, from real ones (our check),
+    all-gather (`varlen_workbench.workbench.seqpar`), sized from padded boundaries, from real ones (our check),
     and from real ones unchecked (what torch.distributed itself says)."""
     model = TinyLM(LMConfig(seed=1))
     batch = SyntheticTask(seed=2).batch(SEQPAR_SEQLENS, align=ALIGN)

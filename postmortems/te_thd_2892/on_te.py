@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.postmortem import NotRecorded, table
-from workbench.records import load_records
+from varlen_workbench.workbench.postmortem import NotRecorded, table
+from varlen_workbench.workbench.records import load_records
 
 COMMANDS = {
     "cases": "python3 scripts/te_thd_cases.py --record $OUT/te-thd-2892-cases-<gpu>.json",
@@ -216,8 +216,8 @@ def seqpar_verdict() -> tuple[bool, str]:
     """SEQPAR_CLAIM checked on the newest two-GPU record: made on CUDA, every configuration of
     seqpar_te.SP_CASES run, every child exited 0, each rank's gather of the padded rows, attention
     and the row-parallel Linear given them, every judged tensor within its bound."""
-    from postmortems.te_thd_2892.seqpar_te import SP_CASES, TP
-    from postmortems.te_thd_2892.upstream import REPORT_CASE
+    from varlen_workbench.postmortems.te_thd_2892.seqpar_te import SP_CASES, TP
+    from varlen_workbench.postmortems.te_thd_2892.upstream import REPORT_CASE
 
     record = te_record("seqpar")
     runs = record["runs"]
@@ -266,7 +266,7 @@ def seqpar_table():
 
 def records_table():
     """Every GPU record of this page: what made it, on which GPU, when, at which commit."""
-    from workbench.audit.matrix import RECORD_COMMAND
+    from varlen_workbench.workbench.audit.matrix import RECORD_COMMAND
 
     rows = []
     for pattern in (
@@ -289,8 +289,8 @@ def plot_te_training():
     kept apart: causal and bidirectional, through TE's attention and through the replica."""
     import matplotlib
 
-    from workbench.plots import INK, SERIES, STYLE
-    from workbench.postmortem import figure
+    from varlen_workbench.workbench.plots import INK, SERIES, STYLE
+    from varlen_workbench.workbench.postmortem import figure
 
     record = te_record("training")
     runs = {(r["attention"], r["objective"], r["boundaries"]): r["losses"] for r in record["runs"] if "losses" in r}

@@ -21,7 +21,7 @@ the column-parallel qkv by out_features (laid out [q k v] per head, so a rank's 
 q, k and v), the row-parallel proj by in_features. Hooks record the rows each layer saw: the
 column-parallel Linear's output (its gathered rows), attention's and the row-parallel Linear's
 input. The ranks' output, input gradient and weight gradients, reassembled, are judged against the
-block in fp64 with the FlashAttention-style bound (`workbench.bounds.error_check`), the same block
+block in fp64 with the FlashAttention-style bound (`varlen_workbench.workbench.bounds.error_check`), the same block
 on one process (tp_size 1, the whole weights) giving the baseline error: REAL rows for the output
 and the input gradient, every entry of the weight gradients (padding rows are zero in x and in
 dY, a loss over REAL tokens).
@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from postmortems.te_thd_2892.te_probes import GEMM_STEPS, packed_activations
-from postmortems.te_thd_2892.upstream import (
+from varlen_workbench.postmortems.te_thd_2892.te_probes import GEMM_STEPS, packed_activations
+from varlen_workbench.postmortems.te_thd_2892.upstream import (
     RECIPES,
     REPORT_CASE,
     RESULT,
@@ -62,10 +62,10 @@ from postmortems.te_thd_2892.upstream import (
     printed,
     raised,
 )
-from workbench.bounds import error_check
-from workbench.layout import Case, pack
-from workbench.reference import reference_attention
-from workbench.seqpar import _free_port, shard
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.layout import Case, pack
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.seqpar import _free_port, shard
 
 TP = 2
 SP_BOUNDARIES = ("different", "equal")
@@ -224,8 +224,8 @@ def run_block(workdir: Path, who: str, device: str) -> dict[str, Any]:
     group), its tensors saved to workdir/<who>.pt; returns the rows it saw, versions, any error."""
     import torch.distributed as dist
 
-    from workbench.audit.adapters.te import _recipes, _te
-    from workbench.seqpar import process_group
+    from varlen_workbench.workbench.audit.adapters.te import _recipes, _te
+    from varlen_workbench.workbench.seqpar import process_group
 
     job = torch.load(workdir / "job.pt", weights_only=False)
     seen: dict[str, list[int]] = {name: [] for name in OBSERVED}
@@ -264,7 +264,7 @@ def child(workdir: str, who: str, device: str) -> None:
 
 
 def _child(workdir: Path, who: str, device: str, timeout: float, env: dict[str, str] | None) -> dict[str, Any]:
-    code = "import sys\nfrom postmortems.te_thd_2892.seqpar_te import child\nchild(*sys.argv[1:])\n"
+    code = "import sys\nfrom varlen_workbench.postmortems.te_thd_2892.seqpar_te import child\nchild(*sys.argv[1:])\n"
     rc, out, err, seconds = _run(
         [sys.executable, "-c", code, str(workdir), who, device], child_env({**MULTICAST_OFF, **(env or {})}), timeout
     )

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import varlen_attention
-from postmortems.te_thd_2892.cases import CASES, FP8_CASE, HEALTH_FRACTIONS, RECIPE_SEQLENS
-from postmortems.te_thd_2892.mechanism import (
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.te_thd_2892.cases import CASES, FP8_CASE, HEALTH_FRACTIONS, RECIPE_SEQLENS
+from varlen_workbench.postmortems.te_thd_2892.mechanism import (
     RecipeResult,
     RopeStudy,
     _quantized,
@@ -24,15 +24,15 @@ from postmortems.te_thd_2892.mechanism import (
     workaround_error,
     workaround_sweep,
 )
-from postmortems.te_thd_2892.training import SeedRun, bidirectional_seeds, health_runs, train_three_ways
-from workbench.audit.context_parallel import PaddingRuleStudy, padding_rule_study
-from workbench.bounds import ErrorCheck
-from workbench.health import GradientHealth
-from workbench.layout import Case, Fill, pack
-from workbench.postmortem import Results
-from workbench.probes import ProbeRecord
-from workbench.seqpar import SeqParStudy
-from workbench.tinylm import (
+from varlen_workbench.postmortems.te_thd_2892.training import SeedRun, bidirectional_seeds, health_runs, train_three_ways
+from varlen_workbench.workbench.audit.context_parallel import PaddingRuleStudy, padding_rule_study
+from varlen_workbench.workbench.bounds import ErrorCheck
+from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.postmortem import Results
+from varlen_workbench.workbench.probes import ProbeRecord
+from varlen_workbench.workbench.seqpar import SeqParStudy
+from varlen_workbench.workbench.tinylm import (
     TrainingRun,
     dense_attention,
 )

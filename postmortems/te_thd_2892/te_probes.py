@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from postmortems.te_thd_2892.upstream import RECIPES, REPORT_CASE, Recipe
-from workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.postmortems.te_thd_2892.upstream import RECIPES, REPORT_CASE, Recipe
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
 
 # The audit row te's fuzzer, 2026-12-07 on the H200 (data/gpu/audit-te.json): its smallest failing layout.
 FUZZ_SMALLEST = Case(seqlens_q=(0, 1), seqlens_k=(1, 0), kv_heads=1, head_dim=64, dtype="bfloat16", fill=Fill.ZEROS)
@@ -46,9 +46,9 @@ ZERO_KEY_VARIANTS: dict[str, Case] = {
 def run_variant(case: Case, device: str = "cuda") -> dict[str, Any]:
     """`case` through TE's DotProductAttention as the audit row `te` calls it, under NaN-poisoned
     memory: the audit's findings and the non-finite counts of each tensor by region."""
-    from workbench.audit import adapt, layout_findings
-    from workbench.audit.adapters.te import te_dot_product_attention
-    from workbench.probes import probe
+    from varlen_workbench.workbench.audit import adapt, layout_findings
+    from varlen_workbench.workbench.audit.adapters.te import te_dot_product_attention
+    from varlen_workbench.workbench.probes import probe
 
     impl = adapt(te_dot_product_attention, "te-thd", device)
     record = probe(impl, pack(case, impl.device), poisoned=True, backward=impl.backward, **impl.case_kwargs(case))
@@ -89,7 +89,7 @@ def fp8_linear_padding(recipe: Recipe, fill: str, device: str = "cuda", case: Ca
     rows under `recipe`, padding rows as `fill` says; dY is zero on padding rows, as a loss over
     REAL tokens sends it. Returns the REAL rows' relative error of y and of dW against fp64, after
     `GEMM_STEPS` steps on the same batch (the last one measured)."""
-    from workbench.audit.adapters.te import _recipes, _te
+    from varlen_workbench.workbench.audit.adapters.te import _recipes, _te
 
     te = _te()
     hidden = case.heads * case.head_dim
@@ -177,12 +177,12 @@ INITCHECK_LAYOUTS: dict[str, Case] = {
 
 def forward_backward(case: Case, device: str = "cuda") -> str:
     """`case` forward and backward through the `te` row, no oracle (the program compute-sanitizer
-    watches); its last line is the one `workbench.audit.sanitizer.parse` reads as completed."""
+    watches); its last line is the one `varlen_workbench.workbench.audit.sanitizer.parse` reads as completed."""
     import time
 
-    from workbench.audit import adapt
-    from workbench.audit.adapters.te import te_dot_product_attention
-    from workbench.probes import probe
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.audit.adapters.te import te_dot_product_attention
+    from varlen_workbench.workbench.probes import probe
 
     impl = adapt(te_dot_product_attention, "te-thd", device)
     start = time.perf_counter()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from postmortems.te_thd_2892.cases import (
+from varlen_workbench.postmortems.te_thd_2892.cases import (
     ALIGN,
     BIDIRECTIONAL_SEEDS,
     BIDIRECTIONAL_STEPS,
@@ -21,10 +21,10 @@ from postmortems.te_thd_2892.cases import (
     TRAIN_STEPS,
     TRAINING_RUNS,
 )
-from workbench.health import GradientHealth
-from workbench.layout import cumulative
-from workbench.poison import poisoned_memory
-from workbench.tinylm import (
+from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.layout import cumulative
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.tinylm import (
     IGNORE,
     PAD_TOKEN,
     LMConfig,

@@ -11,11 +11,11 @@ run settle that on TE as installed:
 - `te_cases()`: the cases the report meant, on its shapes (`REPORT_CASE`: 4 sequences padded for
   FP8 alignment, 32 heads of 48, causal, BF16 inputs, normal values in every row as its script
   draws them, `report_batch`), through TE's DotProductAttention called as the audit matrix calls
-  it (`workbench.audit.adapters.te`), under each recipe of `RECIPES`, with the boundaries
+  it (`varlen_workbench.workbench.audit.adapters.te`), under each recipe of `RECIPES`, with the boundaries
   `different` (real cu_seqlens, padded cu_seqlens_padded), `equal` (cu_seqlens =
   cu_seqlens_padded, one tensor passed twice: VERL's workaround) and `equal-copies` (the same
   values in two tensors: TE#3487 reports that TE's object-identity auto-detect of
-  pad_between_seqs then counts them as padded). `run_case` measures each with `workbench.probes.probe`
+  pad_between_seqs then counts them as padded). `run_case` measures each with `varlen_workbench.workbench.probes.probe`
   against the fp64 oracle: out, dq, dk, dv on REAL rows within the FlashAttention-style bound,
   what padding rows hold, non-finite counts; and TE's own output shape. Equal boundaries are
   judged three ways: by the real boundaries (`contract`), the same with dO zero on padding rows
@@ -46,10 +46,10 @@ from typing import Any
 
 import torch
 
-from postmortems.te_thd_2892.cases import TE
-from postmortems.te_thd_2892.mechanism import identical_boundaries
-from workbench.layout import Case, Fill, Region, pack
-from workbench.probes import TENSORS, ProbeRecord, grad_output, probe
+from varlen_workbench.postmortems.te_thd_2892.cases import TE
+from varlen_workbench.postmortems.te_thd_2892.mechanism import identical_boundaries
+from varlen_workbench.workbench.layout import Case, Fill, Region, pack
+from varlen_workbench.workbench.probes import TENSORS, ProbeRecord, grad_output, probe
 
 REPORT = f"{TE}/issues/2892"
 
@@ -313,8 +313,8 @@ def run_case(te_case: TeCase, device: str) -> dict[str, Any]:
     boundaries, on the workaround's own batch, where every row is a token)."""
     import importlib.metadata
 
-    from workbench.audit import adapt
-    from workbench.audit.adapters.te import _recipes, _te, te_dot_product_attention, with_recipe
+    from varlen_workbench.workbench.audit import adapt
+    from varlen_workbench.workbench.audit.adapters.te import _recipes, _te, te_dot_product_attention, with_recipe
 
     result: dict[str, Any] = {"case": te_case.name, "recipe": te_case.recipe.describe(), "boundaries": te_case.boundaries}
     result["versions"] = {n: importlib.metadata.version(n) for n in ("transformer-engine", "torch")}
@@ -440,16 +440,14 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> tuple[int |
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with `extra`, TE's debug log on, the repository first on PYTHONPATH."""
-    env = {**os.environ, **DEBUG_ENV, **(extra or {})}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return env
+    """This process's environment with `extra` and TE's debug log on (the child imports
+    varlen_workbench as installed, as this process does)."""
+    return {**os.environ, **DEBUG_ENV, **(extra or {})}
 
 
 def spawn(te_case: TeCase, device: str = "cuda", timeout: float = 300, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`te_case` in a child process: its result, how it ended, and TE's backend log."""
-    code = "import sys\nfrom postmortems.te_thd_2892.upstream import child\nchild(sys.argv[1], sys.argv[2])\n"
+    code = "import sys\nfrom varlen_workbench.postmortems.te_thd_2892.upstream import child\nchild(sys.argv[1], sys.argv[2])\n"
     rc, out, err, seconds = _run([sys.executable, "-c", code, te_case.to_json(), device], child_env(env), timeout)
     result = printed(out) or {"case": te_case.name, **raised(err)}
     return {

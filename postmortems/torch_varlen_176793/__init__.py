@@ -3,26 +3,26 @@
 The bug: `varlen_attn` (FlashAttention-2 underneath) allocates its output and gradients with
 `empty_like` and writes only rows covered by `cu_seqlens`; TAIL rows (a padded token budget,
 legal memory) return whatever the allocator left. We study it through a Triton replica of that
-mechanism (`kernels.replicas.torch_varlen`) on any machine, and through torch's own
-`varlen_attn` on a GPU: `gpu_probes(device)` is what `workbench repro torch-varlen-176793
+mechanism (`varlen_workbench.kernels.replicas.torch_varlen`) on any machine, and through torch's own
+`varlen_attn` on a GPU: `gpu_probes(device)` is what `varlen-workbench repro torch-varlen-176793
 --device cuda --record data/gpu/torch-varlen-176793-h200.json` adds to the record.
 
 `reproduce()` returns `Results`; `claims` checks them. The notebook shows only what is here.
 """
 
-from kernels.replicas.torch_varlen import replica_varlen_attn
-from postmortems.torch_varlen_176793.cases import CASES, META, STATUS, STUDY, WHO
-from postmortems.torch_varlen_176793.claims import claims, register_gpu_claims
-from postmortems.torch_varlen_176793.figures import capture_table, gpu_points_table, gpu_workaround_table
-from postmortems.torch_varlen_176793.gpu import gpu_probes, upstream_probes
-from postmortems.torch_varlen_176793.mechanism import (
+from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn
+from varlen_workbench.postmortems.torch_varlen_176793.cases import CASES, META, STATUS, STUDY, WHO
+from varlen_workbench.postmortems.torch_varlen_176793.claims import claims, register_gpu_claims
+from varlen_workbench.postmortems.torch_varlen_176793.figures import capture_table, gpu_points_table, gpu_workaround_table
+from varlen_workbench.postmortems.torch_varlen_176793.gpu import gpu_probes, upstream_probes
+from varlen_workbench.postmortems.torch_varlen_176793.mechanism import (
     _masked_grad_out,
     corrected_repro,
     nan_map,
     seed_input_problems,
     tail_rows_report,
 )
-from postmortems.torch_varlen_176793.study import (
+from varlen_workbench.postmortems.torch_varlen_176793.study import (
     TRAIN_CONFIG,
     budget_batches,
     gradient_norm_explorer,
@@ -30,8 +30,8 @@ from postmortems.torch_varlen_176793.study import (
     token_budget_attention,
     workaround_evidence,
 )
-from postmortems.torch_varlen_176793.upstream import upstream_code
-from postmortems.torch_varlen_176793.workarounds import (
+from varlen_workbench.postmortems.torch_varlen_176793.upstream import upstream_code
+from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     _subjects,
     _zero_rows_from,
     as_dummy_sequence,
@@ -42,8 +42,8 @@ from postmortems.torch_varlen_176793.workarounds import (
     qkv_damage,
     workarounds,
 )
-from workbench.postmortem import table
-from workbench.tinylm import TinyLM
+from varlen_workbench.workbench.postmortem import table
+from varlen_workbench.workbench.tinylm import TinyLM
 
 __all__ = [
     "CASES",

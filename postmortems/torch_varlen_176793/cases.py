@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from workbench import Case, Fill
-from workbench.affected import Affected, Layout
-from workbench.postmortem import (
+from varlen_workbench.workbench.affected import Affected, Layout
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.postmortem import (
     Link,
     Meta,
     source_at,
 )
-from workbench.upstream_status import finding_status
+from varlen_workbench.workbench.upstream_status import finding_status
 
 META = Meta(
     id="torch-varlen-176793",

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from postmortems.torch_varlen_176793.cases import GPU_PADS, GPU_TRAILING, GRADS, META, STUDY, VARLEN_PY
-from postmortems.torch_varlen_176793.study import QKV, TorchVarlenResults, norm_inflation
-from postmortems.torch_varlen_176793.upstream import upstream_code
-from workbench.postmortem import (
+from varlen_workbench.postmortems.torch_varlen_176793.cases import GPU_PADS, GPU_TRAILING, GRADS, META, STUDY, VARLEN_PY
+from varlen_workbench.postmortems.torch_varlen_176793.study import QKV, TorchVarlenResults, norm_inflation
+from varlen_workbench.postmortems.torch_varlen_176793.upstream import upstream_code
+from varlen_workbench.workbench.postmortem import (
     OURS,
     REPLICA,
     TOY,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from postmortems.torch_varlen_176793.cases import GRADS
-from workbench.postmortem import table
+from varlen_workbench.postmortems.torch_varlen_176793.cases import GRADS
+from varlen_workbench.workbench.postmortem import table
 
 
 def workaround_table(points: list[dict[str, Any]]):

@@ -1,4 +1,4 @@
-"""What only a GPU run shows: torch's own varlen_attn natively (`gpu_probes`, recorded by `workbench repro
+"""What only a GPU run shows: torch's own varlen_attn natively (`gpu_probes`, recorded by `varlen-workbench repro
 torch-varlen-176793 --device cuda --record ...`), and the workarounds' times."""
 
 from __future__ import annotations
@@ -11,9 +11,15 @@ from typing import Any
 
 import torch
 
-from kernels import varlen_attention
-from postmortems.torch_varlen_176793.cases import GPU_CASE, GPU_PADS, GPU_PREFILL_MB, GPU_TIMING_CASE, GPU_TRAILING
-from postmortems.torch_varlen_176793.mechanism import (
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.torch_varlen_176793.cases import (
+    GPU_CASE,
+    GPU_PADS,
+    GPU_PREFILL_MB,
+    GPU_TIMING_CASE,
+    GPU_TRAILING,
+)
+from varlen_workbench.postmortems.torch_varlen_176793.mechanism import (
     _first_line,
     _masked_grad_out,
     _max_abs,
@@ -21,8 +27,8 @@ from postmortems.torch_varlen_176793.mechanism import (
     replica,
     seed_repro_on_cuda,
 )
-from postmortems.torch_varlen_176793.upstream import _varlen_attn, torch_style, upstream_signature
-from postmortems.torch_varlen_176793.workarounds import (
+from varlen_workbench.postmortems.torch_varlen_176793.upstream import _varlen_attn, torch_style, upstream_signature
+from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     _subjects,
     compile_fullgraph,
     cuda_graph_capture,
@@ -30,8 +36,10 @@ from postmortems.torch_varlen_176793.workarounds import (
     workaround_checks,
     workarounds,
 )
-from workbench import Case, Region, pack, poisoned_memory, probe
-from workbench.timing import time_call
+from varlen_workbench.workbench.layout import Case, Region, pack
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.timing import time_call
 
 
 def _probe_data(record) -> dict[str, Any]:
@@ -98,7 +106,7 @@ def probe_points(
 
 def time_workarounds(varlen_fn: Callable, case: Case, device=None) -> list[dict[str, Any]]:
     """Forward + backward time per call of each workaround on `case` (loss mask on TAIL rows),
-    host syncs included (`workbench.timing.time_call`: median ms, the fastest call and the number
+    host syncs included (`varlen_workbench.workbench.timing.time_call`: median ms, the fastest call and the number
     of timed calls), and its ratio to `varlen_fn` as is."""
     batch = pack(case, device)
     d_out = _masked_grad_out(batch)
@@ -185,7 +193,7 @@ def upstream_probes(
 
 
 def gpu_probes(device) -> dict[str, Any]:
-    """The hook `workbench repro torch-varlen-176793 --device cuda --record FILE` calls: torch's
+    """The hook `varlen-workbench repro torch-varlen-176793 --device cuda --record FILE` calls: torch's
     own varlen_attn on the GPU (the original report's code verbatim, its padding rows with and without
     poisoning, the QKV damage, the workarounds and their cost, compile and CUDA-graph capture)."""
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():

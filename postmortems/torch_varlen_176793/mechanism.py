@@ -10,14 +10,17 @@ from typing import Any
 
 import torch
 
-from kernels import default_device, varlen_attention
-from kernels.contract import check_varlen_tensors
-from kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
-from postmortems.torch_varlen_176793.cases import LAYOUTS, PADS, SEED_SEQLENS, STUDY
-from postmortems.torch_varlen_176793.upstream import _varlen_attn, torch_style
-from workbench import Case, Region, cumulative, pack, probe, reference_attention
-from workbench.postmortem import table
-from workbench.sweeps import SweepResult, sweep
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.contract import check_varlen_tensors
+from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.torch_varlen_176793.cases import LAYOUTS, PADS, SEED_SEQLENS, STUDY
+from varlen_workbench.postmortems.torch_varlen_176793.upstream import _varlen_attn, torch_style
+from varlen_workbench.workbench.layout import Case, Region, cumulative, pack
+from varlen_workbench.workbench.postmortem import table
+from varlen_workbench.workbench.probes import probe
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.sweeps import SweepResult, sweep
 
 replica = torch_style(replica_varlen_attn, "replica")
 
@@ -120,7 +123,7 @@ def tail_rows_report(out: torch.Tensor, grads: dict[str, torch.Tensor], cu_seq_q
 
 def _masked_grad_out(batch) -> torch.Tensor:
     """dO of the probe's seed with TAIL rows 0: what a loss that ignores padding rows sends back."""
-    from workbench.probes import grad_output
+    from varlen_workbench.workbench.probes import grad_output
 
     d_out = grad_output(batch).clone()
     d_out[batch.regions_q != Region.REAL] = 0
@@ -175,7 +178,7 @@ def record_at(result: SweepResult, impl: str, seqlens_q: tuple[int, ...] = STUDY
 
 def nan_map(result: SweepResult):
     """Non-finite elements in out, dq, dk, dv over trailing pad x sequence lengths, per implementation."""
-    from workbench.plots import plot_nan_map
+    from varlen_workbench.workbench.plots import plot_nan_map
 
     return plot_nan_map(result, rows="seqlens_q", cols="tail_q", facet="impl", title="non-finite elements, poisoned memory")
 

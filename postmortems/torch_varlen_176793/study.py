@@ -8,21 +8,27 @@ from typing import Any
 
 import torch
 
-from kernels import default_device, varlen_attention
-from kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
-from postmortems.torch_varlen_176793.cases import META, STUDY
-from postmortems.torch_varlen_176793.mechanism import corrected_repro, record_at, run_sweep, seed_input_problems
-from postmortems.torch_varlen_176793.workarounds import CheckAssessment, assess_proposed_check, qkv_damage, workaround_checks
-from workbench import poisoned_memory
-from workbench.health import GradientHealth
-from workbench.nantrace import trace_nans
-from workbench.postmortem import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.torch_varlen_176793.cases import META, STUDY
+from varlen_workbench.postmortems.torch_varlen_176793.mechanism import corrected_repro, record_at, run_sweep, seed_input_problems
+from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
+    CheckAssessment,
+    assess_proposed_check,
+    qkv_damage,
+    workaround_checks,
+)
+from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.nantrace import trace_nans
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.postmortem import (
     Results,
     latest_gpu_record,
     table,
 )
-from workbench.sweeps import SweepResult
-from workbench.tinylm import LMConfig, SyntheticTask, TinyLM, train
+from varlen_workbench.workbench.sweeps import SweepResult
+from varlen_workbench.workbench.tinylm import LMConfig, SyntheticTask, TinyLM, train
 
 # Three sequences packed back to back in a buffer with trailing rows: a static token budget.
 TRAIN_SEQLENS = ((12, 7, 10), (9, 14, 6))
@@ -65,7 +71,7 @@ class TrainingStudy:
 
 def training(steps: int = 2) -> TrainingStudy:
     """The tiny packed LM trained with the replica and with the fixed kernel, memory poisoned
-    (NaN). CPU only: `workbench.tinylm` builds its model and batches on the CPU."""
+    (NaN). CPU only: `varlen_workbench.workbench.tinylm` builds its model and batches on the CPU."""
     batches, eval_batch = budget_batches(pad=3, steps=steps)
     runs, monitors = {}, {}
     with poisoned_memory():
@@ -117,8 +123,8 @@ NORM_PARAMS = ("blocks.0.qkv.weight", "blocks.0.proj.weight", "blocks.0.mlp.0.we
 
 def gradient_norm_explorer(studies: dict[int, dict[str, GradientHealth]]):
     """A slider over trailing rows: per-parameter gradient norms over training, replica beside fixed."""
-    from workbench.explorer import explore
-    from workbench.plots import plot_health
+    from varlen_workbench.workbench.explorer import explore
+    from varlen_workbench.workbench.plots import plot_health
 
     def frame(trailing_rows: int):
         title = f"{trailing_rows} trailing rows, stale finite memory"

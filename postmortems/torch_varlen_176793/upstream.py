@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.audit import adapt
+from varlen_workbench.workbench.audit import adapt
 
 
 def torch_style(varlen_fn: Callable, name: str) -> Callable:
@@ -30,7 +30,7 @@ def upstream() -> Callable:
         raise RuntimeError(
             "torch.nn.attention.varlen.varlen_attn runs on CUDA only (FlashAttention-2, fp16/bf16, "
             "Ampere or newer); on this machine study the replica, and read the recorded GPU runs "
-            "with workbench.postmortem.latest_gpu_record(META)."
+            "with varlen_workbench.workbench.postmortem.latest_gpu_record(META)."
         )
     return torch_style(_varlen_attn(), "varlen_attn")
 

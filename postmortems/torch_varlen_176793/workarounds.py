@@ -11,12 +11,20 @@ from typing import Any
 
 import torch
 
-from kernels import default_device, varlen_attention
-from kernels.replicas.torch_varlen import replica_varlen_attn
-from postmortems.torch_varlen_176793.cases import STUDY
-from postmortems.torch_varlen_176793.mechanism import _allocator, _first_line, _masked_grad_out, _max_abs, _outcome
-from postmortems.torch_varlen_176793.upstream import torch_style
-from workbench import Case, cumulative, pack, probe
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.torch_varlen_176793.cases import STUDY
+from varlen_workbench.postmortems.torch_varlen_176793.mechanism import (
+    _allocator,
+    _first_line,
+    _masked_grad_out,
+    _max_abs,
+    _outcome,
+)
+from varlen_workbench.postmortems.torch_varlen_176793.upstream import torch_style
+from varlen_workbench.workbench.layout import Case, cumulative, pack
+from varlen_workbench.workbench.probes import probe
 
 
 def as_dummy_sequence(varlen_fn: Callable) -> Callable:

@@ -15,7 +15,7 @@ for the notebook are built here from those results with `table()` and `figure()`
 go through `listing(name)`, so a test can check that a committed notebook shows the current code.
 """
 
-from postmortems.triton_interpreter_bf16_dot.cases import (
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import (
     CASES,
     FIXED,
     META,
@@ -25,8 +25,8 @@ from postmortems.triton_interpreter_bf16_dot.cases import (
     STATUS,
     WORKAROUND,
 )
-from postmortems.triton_interpreter_bf16_dot.claims import claims
-from postmortems.triton_interpreter_bf16_dot.figures import (
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.claims import claims
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.figures import (
     attention_table,
     compiled_table,
     cost_table,
@@ -35,7 +35,7 @@ from postmortems.triton_interpreter_bf16_dot.figures import (
     plot_dot_errors,
     workaround_table,
 )
-from postmortems.triton_interpreter_bf16_dot.study import _recorded, impact_figures, listing, reproduce
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.study import _recorded, impact_figures, listing, reproduce
 
 __all__ = [
     "CASES",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kernels.interpreter import DOT_DTYPES
-from workbench import Case, Fill
-from workbench.postmortem import (
+from varlen_workbench.kernels.interpreter import DOT_DTYPES
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.postmortem import (
     Link,
     Meta,
 )
-from workbench.upstream_status import finding_status
+from varlen_workbench.workbench.upstream_status import finding_status
 
 TRITON = "https://github.com/triton-lang/triton"
 
@@ -94,5 +94,5 @@ FIXED = "fixed kernel"
 TIMING_REPEATS = 2
 
 RECORD_COMMAND = (
-    "workbench repro triton-interpreter-bf16-dot --device cuda --record data/gpu/triton-interpreter-bf16-dot-<gpu>.json"
+    "varlen-workbench repro triton-interpreter-bf16-dot --device cuda --record data/gpu/triton-interpreter-bf16-dot-<gpu>.json"
 )

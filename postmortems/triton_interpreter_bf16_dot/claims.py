@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from postmortems.triton_interpreter_bf16_dot.cases import FIXED, META, REPRODUCTION, SOURCE_READ, WORKAROUND
-from postmortems.triton_interpreter_bf16_dot.study import _decade, _row
-from workbench.postmortem import (
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import FIXED, META, REPRODUCTION, SOURCE_READ, WORKAROUND
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.study import _decade, _row
+from varlen_workbench.workbench.postmortem import (
     OURS,
     UPSTREAM_CPU,
     UPSTREAM_GPU,
@@ -70,7 +70,7 @@ def _native_is_right(results):
     if not runs:
         return (
             False,
-            f"no native run: record one with `workbench repro {META.id} --device cuda --record data/gpu/{META.id}-<gpu>.json`",
+            f"no native run: record one with `varlen-workbench repro {META.id} --device cuda --record data/gpu/{META.id}-<gpu>.json`",
         )
     right = [
         p for p, native in runs if native["detector"]["checks"]["bfloat16"]["correct"] and not native["detector"]["interpreted"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from postmortems.triton_interpreter_bf16_dot.cases import FIXED, REPRODUCTION, WORKAROUND
-from postmortems.triton_interpreter_bf16_dot.study import StudyResults, _recorded, _row, _runs
-from workbench.postmortem import (
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import FIXED, REPRODUCTION, WORKAROUND
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.study import StudyResults, _recorded, _row, _runs
+from varlen_workbench.workbench.postmortem import (
     figure,
     table,
 )
@@ -110,7 +110,7 @@ def gpu_table(results: StudyResults):
 
 def plot_dot_errors(results: StudyResults):
     """Bars, log scale: relative error of one 16x16 tl.dot per dtype and mode, with the tolerance."""
-    from kernels.interpreter import RELATIVE_TOLERANCE
+    from varlen_workbench.kernels.interpreter import RELATIVE_TOLERANCE
 
     runs = _runs(results)
     if results.native is None and results.gpu:  # a CPU machine: the newest GPU record shows the native side

@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
-from kernels import default_device, interpreted, varlen_attention
-from kernels.interpreter import native_dots, report, single_block_attention
-from postmortems.triton_interpreter_bf16_dot.cases import (
+from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.interpreter import native_dots, report, single_block_attention
+from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import (
     BF16,
     CASES,
     FIXED,
@@ -25,12 +27,13 @@ from postmortems.triton_interpreter_bf16_dot.cases import (
     TIMING_REPEATS,
     WORKAROUND,
 )
-from workbench import pack, probe
-from workbench.postmortem import (
+from varlen_workbench.workbench.layout import pack
+from varlen_workbench.workbench.postmortem import (
     Results,
     gpu_records,
     latest_gpu_record,
 )
+from varlen_workbench.workbench.probes import probe
 
 
 def _attention_row(impl: str, record) -> dict[str, Any]:
@@ -138,7 +141,7 @@ def reproduce(device: str | torch.device | None = None) -> StudyResults:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"reproduce(device={str(device)!r}) but torch {torch.__version__} sees no CUDA device: run "
-            f"`workbench repro {META.id} --device cuda` on a GPU machine, or pass device='cpu' (the interpreter's study)."
+            f"`varlen-workbench repro {META.id} --device cuda` on a GPU machine, or pass device='cpu' (the interpreter's study)."
         )
     return StudyResults(
         interpreter=study("cpu"),
@@ -165,13 +168,13 @@ def _interpreter_dot_source() -> str:
 
 
 def _workaround_source() -> str:
-    from kernels.varlen import attention_kernels
+    from varlen_workbench.kernels.varlen import attention_kernels
 
     return inspect.getsource(getattr(attention_kernels._dot, "fn", attention_kernels._dot))
 
 
 def _upcast_decision_source() -> str:
-    from kernels.varlen import launch
+    from varlen_workbench.kernels.varlen import launch
 
     deciders = [inspect.getsource(f) for name, f in vars(launch).items() if "upcast" in name.lower() and inspect.isfunction(f)]
     passes = [line.strip() for line in inspect.getsource(launch).splitlines() if "DOT_UPCAST=" in line]

@@ -2,7 +2,7 @@
 // * index: the tag filter. A button shows only the rows carrying its tag; the choice lives in
 //   the URL fragment (#tag=...) so that a tag link on a post-mortem page lands filtered.
 // * post-mortem pages: "show all code" opens or folds every code input (each is a <details>);
-//   a long table's "N more rows" button unfolds its hidden rows (workbench.postmortem.Table).
+//   a long table's "N more rows" button unfolds its hidden rows (varlen_workbench.workbench.postmortem.Table).
 (function () {
   "use strict";
   var all = function (selector) { return Array.prototype.slice.call(document.querySelectorAll(selector)); };

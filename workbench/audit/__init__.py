@@ -1,25 +1,25 @@
-"""`workbench audit`: check any varlen attention against the padding contract.
+"""`varlen-workbench audit`: check any varlen attention against the padding contract.
 
-    from workbench.audit import audit
+    from varlen_workbench.workbench.audit import audit
     report = audit(my_varlen_attention)           # or "module:function"; adapter guessed
     print(report)                                 # fuzzer summary, reproductions, verdict table last
 
-`audit` wraps the function in an adapter (`workbench.audit.adapters`: a varlen function's call is
+`audit` wraps the function in an adapter (`varlen_workbench.workbench.audit.adapters`: a varlen function's call is
 read off its parameter names; FlexAttention, SDPA, flash-dmattn, TE-style and padded-batch
 callables have their own; or register yours with `register_adapter`), checks it against the
-function's signature, runs every check of `workbench.audit.checks` (pass / FAIL with evidence /
+function's signature, runs every check of `varlen_workbench.workbench.audit.checks` (pass / FAIL with evidence /
 n/a with the reason), and
-grades input validation apart (`workbench.audit.campaign`: validates / partly validates / no
+grades input validation apart (`varlen_workbench.workbench.audit.campaign`: validates / partly validates / no
 validation; a grade never fails the audit, since an attention that computes every valid layout
 right is correct even if it checks nothing), then fuzzes `budget` random layouts
-(`workbench.audit.fuzz`) and shrinks the first failure of each check to a minimal layout printed
+(`varlen_workbench.workbench.audit.fuzz`) and shrinks the first failure of each check to a minimal layout printed
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
-Command line: `workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
+Command line: `varlen-workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
 [--dtype D] [--head-dim D | D_QK,D_V] [--checks A,B] [--skip A,B] [--campaign] [--notebook PATH]
 [--record FILE]`: the verdict
 table prints last; `--campaign` lists the malformed calls behind the input-validation grade (the
-record keeps them either way). `workbench.audit.records` reads a recorded run back and prints it
+record keeps them either way). `varlen_workbench.workbench.audit.records` reads a recorded run back and prints it
 as the command did.
 """
 
@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.contract import describe_head_dims
-from workbench.audit.adapters import (
+from varlen_workbench.kernels.contract import describe_head_dims
+from varlen_workbench.workbench.audit.adapters import (
     ADAPTERS,
     FEATURES,
     REGISTER_EXAMPLE,
@@ -44,7 +44,7 @@ from workbench.audit.adapters import (
     load,
     register_adapter,
 )
-from workbench.audit.checks import (
+from varlen_workbench.workbench.audit.checks import (
     CHECKS,
     CheckResult,
     Context,
@@ -54,10 +54,10 @@ from workbench.audit.checks import (
     run_isolated,
     single_threaded,
 )
-from workbench.audit.fuzz import PROFILES, FuzzResult, case_source, default_profile, fuzz
-from workbench.audit.isolate import Spec, Worker, sticky
-from workbench.audit.records import format_campaign, format_verdicts
-from workbench.audit.spelling import command_line, option
+from varlen_workbench.workbench.audit.fuzz import PROFILES, FuzzResult, case_source, default_profile, fuzz
+from varlen_workbench.workbench.audit.isolate import Spec, Worker, sticky
+from varlen_workbench.workbench.audit.records import format_campaign, format_verdicts
+from varlen_workbench.workbench.audit.spelling import command_line, option
 
 DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
 
@@ -144,7 +144,7 @@ class AuditReport:
         return self.render()
 
     def to_dict(self) -> dict[str, Any]:
-        from workbench.provenance import provenance
+        from varlen_workbench.workbench.provenance import provenance
 
         return {
             "target": self.target,
@@ -166,8 +166,8 @@ class AuditReport:
         }
 
     def write_notebook(self, path, *, execute: bool = True, root=None):
-        """A post-mortem notebook of this audit at `path`, executed (workbench.audit.notebook)."""
-        from workbench.audit.notebook import write_notebook
+        """A post-mortem notebook of this audit at `path`, executed (varlen_workbench.workbench.audit.notebook)."""
+        from varlen_workbench.workbench.audit.notebook import write_notebook
 
         return write_notebook(self, path, execute=execute, root=root)
 
@@ -271,10 +271,10 @@ def audit(
     function every other check (`Check.suits`); one asked for by name that does not suit is n/a.
 
     `budget=None` takes DEFAULT_BUDGET for the device; `time_limit` (seconds) caps the fuzzer's
-    search, `workers` runs it in that many processes (see `workbench.audit.fuzz.fuzz`).
+    search, `workers` runs it in that many processes (see `varlen_workbench.workbench.audit.fuzz.fuzz`).
     `isolate` (default: on CUDA) runs every check and fuzz batch in a child process that a CUDA
     error, a crash or `check_timeout` seconds replace with a fresh one, so that one fault costs
-    one cell (`workbench.audit.isolate`); the target must then be importable. `checkpoint` hears
+    one cell (`varlen_workbench.workbench.audit.isolate`); the target must then be importable. `checkpoint` hears
     of the report so far (`partial` says what is still to run) after each check and as the fuzzer
     goes, so that a run killed before its end leaves what it finished (`--record` writes each).
     """
@@ -403,7 +403,7 @@ def _argv(args) -> list[str]:
 
 
 def run_command(args) -> int:
-    """`workbench audit` (see workbench.cli): exit 0 all applicable checks hold, 1 something
+    """`varlen-workbench audit` (see varlen_workbench.workbench.cli): exit 0 all applicable checks hold, 1 something
     fails, 2 bad usage (or nothing could run here, e.g. CUDA-only code on a CPU)."""
     import os
     import subprocess
@@ -411,13 +411,13 @@ def run_command(args) -> int:
 
     import torch
 
-    from kernels import DEVICE
-    from workbench.records import write_json
-    from workbench.usercode import UserModuleError, import_user_module
+    from varlen_workbench.kernels._compat import DEVICE
+    from varlen_workbench.workbench.records import write_json
+    from varlen_workbench.workbench.usercode import UserModuleError, import_user_module
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
-            f"workbench audit: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
+            f"varlen-workbench audit: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
             file=sys.stderr,
         )
         return 2
@@ -425,7 +425,7 @@ def run_command(args) -> int:
         # The default device (WORKBENCH_DEVICE) is read once, at import, and the audit's helpers and upstream
         # imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
-        return subprocess.call([sys.executable, "-m", "workbench.cli", "audit", *_argv(args)], env=env)
+        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli", "audit", *_argv(args)], env=env)
 
     def write(report: AuditReport) -> None:
         """The record at --record, whole or not at all: a run killed mid-write keeps the last one."""
@@ -460,19 +460,19 @@ def run_command(args) -> int:
                 checkpoint=write if args.record else None,
             )
     except (ValueError, ImportError) as exc:
-        print(f"workbench audit: {exc}", file=sys.stderr)
+        print(f"varlen-workbench audit: {exc}", file=sys.stderr)
         return 2
     print(report.render(campaign=args.campaign))
     if args.record:
         write(report)
         print(f"recorded to {args.record}")
     if args.notebook:
-        from workbench.errors import BuildError
+        from varlen_workbench.workbench.errors import BuildError
 
         try:
             print(f"wrote {report.write_notebook(args.notebook)} (executed)")
         except (ValueError, BuildError) as exc:
-            print(f"workbench audit: notebook not written: {exc}", file=sys.stderr)
+            print(f"varlen-workbench audit: notebook not written: {exc}", file=sys.stderr)
             return 1
     if not report.ran:
         return 2

@@ -1,4 +1,4 @@
-"""The bad-input campaign: every malformed call of `workbench.malformed`, fed to one implementation.
+"""The bad-input campaign: every malformed call of `varlen_workbench.workbench.malformed`, fed to one implementation.
 
 It grades *input validation*, apart from correctness: an attention that computes every valid
 layout right but checks nothing gets a low validation grade, never a FAIL of the audit. Each
@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
-from workbench.layout import DTYPE_NAMES
-from workbench.malformed import CATALOGUE, HEAD_DIM, HEADS, Malformed, base_args, split_call
-from workbench.poison import poisoned_memory
+from varlen_workbench.workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
+from varlen_workbench.workbench.layout import DTYPE_NAMES
+from varlen_workbench.workbench.malformed import CATALOGUE, HEAD_DIM, HEADS, Malformed, base_args, split_call
+from varlen_workbench.workbench.poison import poisoned_memory
 
 
 class Outcome(str, enum.Enum):
@@ -115,8 +115,8 @@ def _as_reference(call: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 def compare_with_oracle(out: torch.Tensor, call: dict[str, Any]) -> tuple[bool, str]:
     """(output within the bound of the fp64 oracle on REAL rows, evidence)."""
-    from workbench.bounds import error_check
-    from workbench.reference import reference_attention
+    from varlen_workbench.workbench.bounds import error_check
+    from varlen_workbench.workbench.reference import reference_attention
 
     ref = _as_reference(call, out.device)
     q, k, v = (ref[n].detach().cpu() for n in ("q", "k", "v"))

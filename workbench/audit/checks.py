@@ -1,6 +1,6 @@
 """The audit's checks: named probes of the padding contract, each with a verdict.
 
-A check builds a few `workbench.Case`s, probes the adapted implementation on them and returns a
+A check builds a few `varlen_workbench.workbench.layout.Case`s, probes the adapted implementation on them and returns a
 `CheckResult`: pass, FAIL with evidence (the case and what went wrong), or n/a with the
 adapter's reason when the implementation cannot express what the check needs.
 
@@ -21,15 +21,15 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
-from workbench.audit.adapters.context_parallel import CP_SIZE
-from workbench.audit.campaign import run_campaign, summarize
-from workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
-from workbench.bounds import error_check
-from workbench.layout import Case, Fill, PackedBatch, Region, pack, real_rows
-from workbench.poison import poisoned_memory
-from workbench.probes import TENSORS, ProbeRecord, probe
-from workbench.reference import reference_attention
+from varlen_workbench.workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
+from varlen_workbench.workbench.audit.adapters.context_parallel import CP_SIZE
+from varlen_workbench.workbench.audit.campaign import run_campaign, summarize
+from varlen_workbench.workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.layout import Case, Fill, PackedBatch, Region, pack, real_rows
+from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.probes import TENSORS, ProbeRecord, probe
+from varlen_workbench.workbench.reference import reference_attention
 
 
 class Verdict(str, enum.Enum):
@@ -218,7 +218,7 @@ class Check:
     doc: str
     run: Callable[[Context], CheckResult]
     # ISO date the check joined the audit ("": from the start): a recorded run older than that
-    # could not run it, so its record is not missing it (`workbench.audit.matrix.left_out`)
+    # could not run it, so its record is not missing it (`varlen_workbench.workbench.audit.matrix.left_out`)
     added: str = ""
 
     @property
@@ -416,7 +416,7 @@ def _gqa(ctx: Context) -> CheckResult:
 def _sliding_window(ctx: Context) -> CheckResult:
     """Every row class under FlashAttention windows, bottom-right aligned, in poisoned memory.
 
-    Why it was added (issue 17): `kernels.varlen_attention` gained `window_size`, and torch's
+    Why it was added (issue 17): `varlen_workbench.kernels.varlen.varlen_attention` gained `window_size`, and torch's
     varlen_attn (2.11+) and FlashAttention take one too, but every other check calls without a
     window, so an implementation that dropped a window's left bound, aligned it top-left or let
     a row whose window holds no key come back NaN passed the whole audit. The windows cover
@@ -580,14 +580,14 @@ def _context_parallel(ctx: Context) -> CheckResult:
     dtype and head dim, against the single-device oracle."""
     # Imported here: it builds on this module, and it runs as a script (python -m), which an
     # import when the audit package loads would run a second time.
-    from workbench.audit.context_parallel import context_parallel_check
+    from varlen_workbench.workbench.audit.context_parallel import context_parallel_check
 
     return context_parallel_check(ctx.impl.fn, cp_size=CP_SIZE, dtype=ctx.dtype, head_dim=ctx.head_dim)
 
 
 @check(
     "input-validation",
-    "graded, not pass/FAIL: each malformed call of workbench.malformed gets a clear error naming the argument, "
+    "graded, not pass/FAIL: each malformed call of varlen_workbench.workbench.malformed gets a clear error naming the argument, "
     "or (a list for a tensor, a negative scale) the fp64 oracle's answer",
     needs=("metadata",),
 )
@@ -597,7 +597,7 @@ def _input_validation(ctx: Context) -> CheckResult:
     return CheckResult("", Verdict.NA if grade is None else GRADE_VERDICTS[grade], evidence, rows=tuple(rows))
 
 
-# -- a check in a child process (workbench.audit.isolate) ----------------------------------
+# -- a check in a child process (varlen_workbench.workbench.audit.isolate) ----------------------------------
 
 
 def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int, head_dim_v: int | None) -> tuple[CheckResult, bool]:

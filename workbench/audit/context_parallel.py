@@ -1,29 +1,29 @@
 """The audit's `context-parallel` check: the padding contract on every rank of a context-parallel run.
 
 A context-parallel (CP) attention holds a zig-zag shard of every sequence on each rank
-(`workbench.context_parallel`). The check runs one on `cp_size` spawned processes (gloo and the
+(`varlen_workbench.workbench.context_parallel`). The check runs one on `cp_size` spawned processes (gloo and the
 Triton interpreter on CPU, NCCL on GPUs) under NaN-poisoned memory, forward and backward, and
 compares each rank's shard of out, dq, dk, dv with the same shard of the single-device fp64
-oracle (`workbench.reference`): REAL rows within FlashAttention's bound (`workbench.bounds`,
+oracle (`varlen_workbench.workbench.reference`): REAL rows within FlashAttention's bound (`varlen_workbench.workbench.bounds`,
 against PyTorch in the case's dtype), GAP and TAIL rows exactly 0, the rows the 2 x cp_size
 padding rule adds included. Layouts are the audit's (`Case`), fixed ones and fuzzed ones
-(`workbench.strategies`), laid out for CP by `cp_case`.
+(`varlen_workbench.workbench.strategies`), laid out for CP by `cp_case`.
 
     result = context_parallel_check()                  # our implementation, 2 ranks: a CheckResult
     study = padding_rule_study()                        # the 2 x cp_size rule kept and broken
 
-The check is registered with the audit's (`workbench.audit.checks.CHECKS`, which imports this
-module when the check runs): `workbench audit
+The check is registered with the audit's (`varlen_workbench.workbench.audit.checks.CHECKS`, which imports this
+module when the check runs): `varlen-workbench audit
 mypkg.attn:my_cp_attention` runs it on a function with `context_parallel_attention`'s call (the
 `context-parallel` adapter recognises one by its cu_seqlens, cu_seqlens_padded and group
 parameters), and it is n/a for any single-process attention.
 
-`python -m workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and the
-study and writes a record (`workbench.records`). It spawns its ranks itself (not under torchrun):
+`python -m varlen_workbench.workbench.audit.context_parallel --cp-size 2 --record FILE` runs the check and the
+study and writes a record (`varlen_workbench.workbench.records`). It spawns its ranks itself (not under torchrun):
 NCCL with one GPU each where there are that many GPUs (NVLink multicast off unless
 NCCL_NVLS_ENABLE says otherwise), gloo on a CPU-only machine; on two H200s, `GPU_COMMAND`:
 
-    python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/context-parallel-h200x2.json
+    python -m varlen_workbench.workbench.audit.context_parallel --cp-size 2 --record data/gpu/context-parallel-h200x2.json
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-from workbench.audit.checks import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
-from workbench.bounds import error_check
-from workbench.context_parallel import (
+from varlen_workbench.workbench.audit.checks import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
+from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.context_parallel import (
     LayoutError,
     RankResult,
     check_cp_layout,
@@ -51,16 +51,16 @@ from workbench.context_parallel import (
     run_context_parallel,
     shard_thd,
 )
-from workbench.layout import Case, Fill, PackedBatch, Region, pack
-from workbench.probes import grad_output
-from workbench.records import write_record
-from workbench.reference import reference_attention
-from workbench.strategies import LayoutSpace
+from varlen_workbench.workbench.layout import Case, Fill, PackedBatch, Region, pack
+from varlen_workbench.workbench.probes import grad_output
+from varlen_workbench.workbench.records import write_record
+from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.strategies import LayoutSpace
 
 NAME = CONTEXT_PARALLEL
-# The run on two GPUs over NCCL, recorded under data/gpu/ (workbench.records) by:
+# The run on two GPUs over NCCL, recorded under data/gpu/ (varlen_workbench.workbench.records) by:
 GPU_RECORD = "context-parallel-h200x2.json"
-GPU_COMMAND = f"python -m workbench.audit.context_parallel --cp-size 2 --record data/gpu/{GPU_RECORD}"
+GPU_COMMAND = f"python -m varlen_workbench.workbench.audit.context_parallel --cp-size 2 --record data/gpu/{GPU_RECORD}"
 TENSORS = ("out", "dq", "dk", "dv")
 # What CP self-attention cannot take from a fuzzed layout: q and k share one layout, no windows.
 FUZZ_SPACE = LayoutSpace(max_batch=3, longest=10, without=frozenset({"unequal", "window"}))
@@ -250,7 +250,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     """Why the command cannot run as asked on this machine, or None."""
     if "LOCAL_RANK" in os.environ:  # set by torchrun in every process it starts
         return (
-            "run it as `python -m workbench.audit.context_parallel`, not under torchrun: it spawns its --cp-size "
+            "run it as `python -m varlen_workbench.workbench.audit.context_parallel`, not under torchrun: it spawns its --cp-size "
             "ranks itself (NCCL, one GPU each, when there are that many GPUs; gloo on a CPU-only machine)"
         )
     if args.cp_size < 2:
@@ -267,7 +267,9 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.audit.context_parallel", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m varlen_workbench.workbench.audit.context_parallel", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--cp-size", type=int, default=2, help="ranks (NCCL when this many GPUs exist, gloo on CPU otherwise)")
     parser.add_argument("--fuzzed", type=int, default=8, help="fuzzed layouts on top of the fixed ones")
     parser.add_argument("--seed", type=int, default=0)
@@ -282,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result.name}: {result.verdict.value} ({result.seconds:.1f} s): {result.evidence}")
     print(f"padding rule (2 x cp_size): kept -> {len(study.kept_findings)} findings; broken -> {study.refusal.split(':')[0]}")
     if args.record:
-        command = shlex.join(["python", "-m", "workbench.audit.context_parallel", *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(
+            ["python", "-m", "varlen_workbench.workbench.audit.context_parallel", *(sys.argv[1:] if argv is None else argv)]
+        )
         write_record(args.record, {"check": result.to_dict(), "padding_rule": study.summary()}, command=command)
     return 0 if result.verdict is Verdict.PASS and study.rule_needed else 1
 

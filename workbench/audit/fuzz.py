@@ -1,6 +1,6 @@
 """The layout fuzzer: seeded random `Case`s, and the smallest failing one, shrunk greedily.
 
-Each layout (a `workbench.Case` from the shared `workbench.strategies.LayoutSpace`: lengths
+Each layout (a `varlen_workbench.workbench.layout.Case` from the shared `varlen_workbench.workbench.strategies.LayoutSpace`: lengths
 including 0 and 1, GAP rows, TAIL rows, GQA, causal, a window where the implementation takes one, the
 padding's fill, dtype) is probed once under NaN-poisoned memory and judged by
 `layout_findings` (REAL rows within the bound, GAP and TAIL rows exactly 0); an exception on a
@@ -8,7 +8,7 @@ valid layout is a finding too. The first failure of each check is shrunk: drop s
 shorten them, remove padding, heads, causality, the window... keeping a change only if the case gets
 smaller and still fails the same check, then drops every sequence the failure does not need.
 The result is printed as a plain-torch snippet pasteable into an upstream issue
-(`workbench.audit.snippets`), with a workbench replay beside it.
+(`varlen_workbench.workbench.audit.snippets`), with a workbench replay beside it.
 
 Two profiles: `tiny` for the Triton interpreter (a few dozen rows: CI runs hundreds of layouts)
 and `native` for GPUs (up to a few thousand rows, block-edge lengths, head dims 32-128).
@@ -24,14 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
-from workbench.audit.checks import Finding, layout_findings, single_threaded
-from workbench.audit.isolate import Crash, Spec, Worker, cuda_error, sticky
-from workbench.audit.snippets import torch_snippet
-from workbench.audit.spelling import option
-from workbench.layout import Case, Fill, pack
-from workbench.probes import ProbeRecord, probe
-from workbench.strategies import LayoutSpace
+from varlen_workbench.workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
+from varlen_workbench.workbench.audit.checks import Finding, layout_findings, single_threaded
+from varlen_workbench.workbench.audit.isolate import Crash, Spec, Worker, cuda_error, sticky
+from varlen_workbench.workbench.audit.snippets import torch_snippet
+from varlen_workbench.workbench.audit.spelling import option
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.probes import ProbeRecord, probe
+from varlen_workbench.workbench.strategies import LayoutSpace
 
 RAISES = "raises-on-valid-layout"
 SHRINK_SECONDS = 60  # with a time limit: how long shrinking may run after the search stops
@@ -58,7 +58,7 @@ class Profile:
     head_dims_v: tuple[int, ...] = ()  # v's head dims (empty: v has q and k's)
 
     def at_head_dim(self, head_dim: int, head_dim_v: int | None = None) -> Profile:
-        """This profile's layouts at one head dim (`workbench audit --head-dim`), v's apart if given."""
+        """This profile's layouts at one head dim (`varlen-workbench audit --head-dim`), v's apart if given."""
         label = f"{head_dim}" + ("" if head_dim_v is None else f"/{head_dim_v}")
         return replace(
             self,
@@ -307,7 +307,7 @@ class FuzzFailure:
     case: Case  # shrunk
     original: Case  # as first drawn
     shrink_probes: int
-    snippet: str  # plain torch where the adapter spells out its call (workbench.audit.snippets), else the replay
+    snippet: str  # plain torch where the adapter spells out its call (varlen_workbench.workbench.audit.snippets), else the replay
     replay: str = ""  # the same case replayed through the workbench
 
     def to_dict(self) -> dict[str, Any]:
@@ -498,7 +498,7 @@ def fuzz(
     left no time is kept as drawn). `workers` > 1 probes in that many child processes
     (natively: Python and Triton compilation are the bottleneck, not the GPU); `isolate`
     probes in child processes even with one worker, so that a layout that faults the device
-    or kills the process costs that layout alone (`workbench.audit.isolate`): the search
+    or kills the process costs that layout alone (`varlen_workbench.workbench.audit.isolate`): the search
     resumes in a fresh child. Either needs an importable target ("module:function").
     `progress` (with child processes) hears of the search so far every PROGRESS_SECONDS, and
     once more when it ends: a `FuzzResult` with `partial` set and its failures as drawn, so
@@ -589,6 +589,15 @@ def case_source(case: Case) -> str:
     return f"Case({', '.join(parts)})"
 
 
+# What a replay snippet imports (varlen_workbench.workbench.audit.records.shown_snippet reads older
+# records' snippets with these).
+SNIPPET_IMPORTS = (
+    "from varlen_workbench.workbench.layout import Case, Fill, pack",
+    "from varlen_workbench.workbench.probes import probe",
+    "from varlen_workbench.workbench.audit import adapt, layout_findings",
+)
+
+
 def snippet(impl: Adapted, case: Case, finding: Finding) -> str:
     """A ready-to-run reproduction: build the case, probe the implementation, print what broke."""
     if impl.target:
@@ -598,8 +607,7 @@ def snippet(impl: Adapted, case: Case, finding: Finding) -> str:
     return "\n".join(
         [
             f"# {finding.check}: {finding.evidence}",
-            "from workbench import Case, Fill, pack, probe",
-            "from workbench.audit import adapt, layout_findings",
+            *SNIPPET_IMPORTS,
             "",
             load,
             f"case = {case_source(case)}",

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.audit.campaign import CUDA_ERRORS, CUDA_FAULTS
-from workbench.audit.spelling import option
+from varlen_workbench.workbench.audit.campaign import CUDA_ERRORS, CUDA_FAULTS
+from varlen_workbench.workbench.audit.spelling import option
 
-PRELOAD = ["workbench.audit"]  # what the fork server imports once, before any child forks
+PRELOAD = ["varlen_workbench.workbench.audit"]  # what the fork server imports once, before any child forks
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Spec:
     @classmethod
     def of(cls, impl) -> Spec:
         """The spec of `impl`, or ValueError saying why a child process cannot rebuild it."""
-        from workbench.audit.adapters import ADAPTERS
+        from varlen_workbench.workbench.audit.adapters import ADAPTERS
 
         if impl.target is None:
             raise ValueError(
@@ -118,7 +118,7 @@ def _serve(conn, spec: Spec) -> None:
 
     import torch
 
-    from workbench.audit import adapt
+    from varlen_workbench.workbench.audit import adapt
 
     torch.set_num_threads(1)  # the audit's tensors are tiny; see checks.single_threaded
     try:

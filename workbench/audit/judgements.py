@@ -20,9 +20,9 @@ from typing import Any
 
 import tomllib
 
-from workbench.audit.matrix import fails
-from workbench.provenance import REPO
-from workbench.upstream_status import UpstreamStatus, statuses
+from varlen_workbench.workbench.audit.matrix import fails
+from varlen_workbench.workbench.provenance import REPO
+from varlen_workbench.workbench.upstream_status import UpstreamStatus, statuses
 
 JUDGEMENTS_FILE = REPO / "data" / "audit" / "judgements.toml"
 KINDS = ("upstream", "documented", "wrapper")

@@ -1,11 +1,11 @@
 """The audit matrix: every path's recorded audit as one grid (rows: implementations, columns: checks).
 
-`load_matrix()` reads data/gpu/audit-<row>.json for each row of `workbench.audit.adapters.MATRIX`
-(written by scripts/gpu_audit_matrix.py) through `workbench.records`, with the row's
-compute-sanitizer runs (`workbench.audit.sanitizer`); `grid()` gives the verdict of every cell,
+`load_matrix()` reads data/gpu/audit-<row>.json for each row of `varlen_workbench.workbench.audit.adapters.MATRIX`
+(written by scripts/gpu_audit_matrix.py) through `varlen_workbench.workbench.records`, with the row's
+compute-sanitizer runs (`varlen_workbench.workbench.audit.sanitizer`); `grid()` gives the verdict of every cell,
 `fails()` every FAIL with its evidence, `wrappers()` how each adapter builds its call. What each
-FAIL means is `workbench.audit.judgements` (data), and the table, text grid and picture are
-`workbench.audit.render`.
+FAIL means is `varlen_workbench.workbench.audit.judgements` (data), and the table, text grid and picture are
+`varlen_workbench.workbench.audit.render`.
 
 The notebook notebooks/audit-matrix.ipynb is a thin page over these functions.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.audit.adapters import ADAPTERS, MATRIX
-from workbench.audit.checks import CHECKS, TIMED_OUT
-from workbench.audit.fuzz import SHRINK_SECONDS
-from workbench.audit.sanitizer import load_sanitizer, row_summary
-from workbench.provenance import GPU_DATA
-from workbench.records import load_records
+from varlen_workbench.workbench.audit.adapters import ADAPTERS, MATRIX
+from varlen_workbench.workbench.audit.checks import CHECKS, TIMED_OUT
+from varlen_workbench.workbench.audit.fuzz import SHRINK_SECONDS
+from varlen_workbench.workbench.audit.sanitizer import load_sanitizer, row_summary
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import load_records
 
 # The package whose version names each row (torch's own paths: torch).
 ROW_PACKAGE = {

@@ -1,13 +1,13 @@
-"""`workbench audit --notebook PATH`: a post-mortem notebook started from an audit.
+"""`varlen-workbench audit --notebook PATH`: a post-mortem notebook started from an audit.
 
 The notebook is thin, like every notebook of the workbench: it re-runs the audit's checks,
 reproduces each failing case (the failing checks' cases and the fuzzer's smallest layouts)
-with a per-token norm plot, and ends with a claims cell (`workbench.postmortem.Claims`) whose
+with a per-token norm plot, and ends with a claims cell (`varlen_workbench.workbench.postmortem.Claims`) whose
 verdict table nbval compares exactly: "check X: FAIL", "case N still fails tail-rows". When the
 implementation is fixed the claims stop holding and CI says so: update the notebook then.
 
-Cells are written in the percent format of `workbench new`'s template and parsed by
-`workbench.scaffold.parse_cells`; the notebook is executed in place, as `workbench new` does.
+Cells are written in the percent format of `varlen-workbench new`'s template and parsed by
+`varlen_workbench.workbench.scaffold.parse_cells`; the notebook is executed in place, as `varlen-workbench new` does.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import nbformat
 
-from workbench.audit.checks import Finding
-from workbench.audit.fuzz import case_source
-from workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, Claims, Evidence
-from workbench.scaffold import parse_cells
+from varlen_workbench.workbench.audit.checks import Finding
+from varlen_workbench.workbench.audit.fuzz import case_source
+from varlen_workbench.workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, Claims, Evidence
+from varlen_workbench.workbench.scaffold import parse_cells
 
 # Failing checks whose failing case a probe of out and the gradients replays (not: determinism,
 # input-validation, lse).
@@ -109,17 +109,18 @@ def notebook_source(report, *, today: str | None = None) -> str:
         _markdown(f"""
 # Audit of `{report.target}`
 
-Written by `workbench audit --notebook` on {today}: the implementation behind adapter `{report.adapter}`,
+Written by `varlen-workbench audit --notebook` on {today}: the implementation behind adapter `{report.adapter}`,
 on {report.device}, checked against the padding contract (docs/contract.md). {verdict}
 
 The sections below re-run the audit and reproduce every failing case; the claims at the end are
 re-checked whenever this notebook runs (nbval in CI), so it stays true or fails loudly.
 """),
         _code(f"""
-from workbench import Case, Fill, plot_token_norms
-from workbench.audit import adapt, audit
-from workbench.audit.fuzz import probe_layout
-from workbench.audit.notebook import audit_claims, evidence_of
+from varlen_workbench.workbench.layout import Case, Fill
+from varlen_workbench.workbench.plots import plot_token_norms
+from varlen_workbench.workbench.audit import adapt, audit
+from varlen_workbench.workbench.audit.fuzz import probe_layout
+from varlen_workbench.workbench.audit.notebook import audit_claims, evidence_of
 
 impl = adapt({report.target!r}, adapter={report.adapter!r}, device={report.device!r})
 report = audit(impl, dtype={report.dtype!r}, budget=0, checks={checks!r})
@@ -130,8 +131,8 @@ found = {{}}
     if any(r.rows for r in report.results):
         cells += [
             _markdown(
-                "## Input validation\n\nEvery malformed call of `workbench.malformed`, and what the implementation did with "
-                "it (graded apart from correctness: `workbench.audit.campaign` defines clear error, vague error and crash)."
+                "## Input validation\n\nEvery malformed call of `varlen_workbench.workbench.malformed`, and what the implementation did with "
+                "it (graded apart from correctness: `varlen_workbench.workbench.audit.campaign` defines clear error, vague error and crash)."
             ),
             _code("print(report.campaign_table())"),
         ]
@@ -172,7 +173,7 @@ verdicts = claims.report({{"report": report, "reproductions": found}})
 def write_notebook(report, path: str | Path, *, execute: bool = True, root: str | Path | None = None) -> Path:
     """Writes the notebook of `report` to `path` (refusing to overwrite) and executes it in
     place, with `root` (default: the working directory) first on the kernel's import path."""
-    from workbench.execute import execute_in_place
+    from varlen_workbench.workbench.execute import execute_in_place
 
     path = Path(path)
     if path.suffix != ".ipynb":
@@ -183,7 +184,7 @@ def write_notebook(report, path: str | Path, *, execute: bool = True, root: str 
     nb.cells = parse_cells(notebook_source(report))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    for i, cell in enumerate(nb.cells):  # deterministic ids, as `workbench new` writes them
+    for i, cell in enumerate(nb.cells):  # deterministic ids, as `varlen-workbench new` writes them
         cell.id = f"cell-{i}"
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)

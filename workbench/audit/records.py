@@ -1,8 +1,8 @@
-"""Audits recorded on a GPU (`workbench audit ... --record FILE`), read back on any machine.
+"""Audits recorded on a GPU (`varlen-workbench audit ... --record FILE`), read back on any machine.
 
 A record is `AuditReport.to_dict()` as JSON: the verdict of every check, the fuzzer's run with
 its shrunk failures, and the provenance of the machine that ran it. The tables here are the
-ones `workbench audit` printed: `AuditReport` formats its live results through the same
+ones `varlen-workbench audit` printed: `AuditReport` formats its live results through the same
 `format_verdicts` and `format_campaign`, so a record reads on the site as the run read in the
 terminal.
 """
@@ -13,20 +13,43 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.audit.fuzz import FuzzResult
-from workbench.provenance import GPU_DATA
-from workbench.records import load_records
-from workbench.tables import fixed_width
+from varlen_workbench.workbench.audit.fuzz import SNIPPET_IMPORTS, FuzzResult
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import load_records
+from varlen_workbench.workbench.tables import fixed_width
 
 CAMPAIGN_CHECKS = ("input-validation", "bad-input")  # its name, and its name in records before it was graded
-RECORD_COMMAND = "workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json"
+RECORD_COMMAND = "varlen-workbench audit MODULE:FUNCTION --device cuda --record data/gpu/audit-<name>.json"
+
+
+# Snippets recorded before the packages moved under `varlen_workbench` import the old top-level
+# names, which are other distributions' now (Hugging Face's `kernels`, PyPI's `workbench`). The
+# record keeps what ran; shown, a snippet gets the current names, so that it still runs.
+_RENAMED_IN_SNIPPETS = (
+    (
+        "from workbench import Case, Fill, pack, probe\nfrom workbench.audit import adapt, layout_findings\n",
+        "\n".join(SNIPPET_IMPORTS) + "\n",
+    ),
+    ("from workbench.", "from varlen_workbench.workbench."),
+    ("from kernels import ", "from varlen_workbench.kernels.varlen import "),
+    ('adapt("kernels:', 'adapt("varlen_workbench.kernels.varlen:'),
+    ('adapt("workbench.', 'adapt("varlen_workbench.workbench.'),
+)
+
+
+def shown_snippet(failure: dict[str, Any]) -> str:
+    """A recorded fuzz failure's snippet as it runs today (see `_RENAMED_IN_SNIPPETS`)."""
+    text = failure["snippet"]
+    for old, new in _RENAMED_IN_SNIPPETS:
+        text = text.replace(old, new)
+    return text
 
 
 def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
     """Every audit record under `directory` (audit-*.json), in file-name order, each with its file name.
 
     Only audits that ran: the sanitizer's record (audit-sanitizer.json) and the note a path that
-    could not run leaves (`"ran": false`) are the audit matrix's business (workbench.audit.matrix)."""
+    could not run leaves (`"ran": false`) are the audit matrix's business (varlen_workbench.workbench.audit.matrix)."""
     records = [r for r in load_records("audit-*.json", directory) if "checks" in r and r.get("ran", True) is not False]
     if not records:
         raise FileNotFoundError(f"no audit-*.json under {directory}; record one on a GPU machine with `{RECORD_COMMAND}`")

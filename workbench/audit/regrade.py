@@ -2,11 +2,11 @@
 
 Records are kept as recorded (data/gpu/*.json), but the rules that graded them changed:
 
-- The bad-input campaign once ran on a layout with TAIL rows (`workbench.malformed.base_args`
+- The bad-input campaign once ran on a layout with TAIL rows (`varlen_workbench.workbench.malformed.base_args`
   with `tail=True`), so an implementation that leaves TAIL rows unwritten returned "silent NaN"
   on malformed calls for that reason alone; and it called any exception other than ValueError /
   TypeError a crash. `regrade_campaign` re-classifies each recorded exception message with the
-  one rule of today (`workbench.audit.campaign.classify_exception`), and names the "silent NaN"
+  one rule of today (`varlen_workbench.workbench.audit.campaign.classify_exception`), and names the "silent NaN"
   whose count is exactly the layout's TAIL values, or (on a valid call) every value.
 - Checks once built their cases with TAIL rows and judged TAIL rows in them, so a TAIL-row bug
   failed checks about something else (empty-sequences, say). Today each check judges its own
@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from workbench.audit.campaign import classify_exception
-from workbench.audit.records import CAMPAIGN_CHECKS
-from workbench.malformed import CATALOGUE, HEAD_DIM, HEADS, REAL, ROWS
+from varlen_workbench.workbench.audit.campaign import classify_exception
+from varlen_workbench.workbench.audit.records import CAMPAIGN_CHECKS
+from varlen_workbench.workbench.malformed import CATALOGUE, HEAD_DIM, HEADS, REAL, ROWS
 
 TAIL_BUG = "TAIL bug (the NaN are exactly the TAIL rows)"
 EVERY_ROW_NAN = "silent wrong result (a valid call; every row NaN, REAL rows included)"

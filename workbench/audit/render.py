@@ -1,15 +1,16 @@
 """The audit matrix drawn: the HTML table (evidence a click away), the fixed-width text grid
-nbval compares, and the heat map, over `workbench.audit.matrix`'s records with the links of
-`workbench.audit.judgements`."""
+nbval compares, and the heat map, over `varlen_workbench.workbench.audit.matrix`'s records with the links of
+`varlen_workbench.workbench.audit.judgements`."""
 
 from __future__ import annotations
 
 import html
 from typing import Any
 
-from workbench.audit.judgements import known_links, postmortem_links
-from workbench.audit.matrix import cell, columns, grid, implementation, ran
-from workbench.audit.sanitizer import row_summary
+from varlen_workbench.workbench.audit.judgements import known_links, postmortem_links
+from varlen_workbench.workbench.audit.matrix import cell, columns, grid, implementation, ran
+from varlen_workbench.workbench.audit.records import shown_snippet
+from varlen_workbench.workbench.audit.sanitizer import row_summary
 
 GRADES = ("validates", "partly validates", "no validation")
 # Verdict -> heat-map colour, in the legend's order.
@@ -27,7 +28,7 @@ COLOURS = {
 
 
 def _layout_text(case: dict[str, Any]) -> str:
-    from workbench.layout import Case
+    from varlen_workbench.workbench.layout import Case
 
     return Case(**case).label()
 
@@ -53,7 +54,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
                         f"<code>{html.escape(_layout_text(failure['case']))}</code> "
                         f"({failure['shrink_probes']} shrink probes)</p>"
                         # folded: a cell holds one snippet per failing check, each dozens of lines
-                        + _details("plain-torch snippet", f"<pre>{html.escape(failure['snippet'])}</pre>")
+                        + _details("plain-torch snippet", f"<pre>{html.escape(shown_snippet(failure))}</pre>")
                     )
             if column == "input-validation" and ran(record):
                 rows: list = next((c["rows"] for c in record["checks"] if c["name"] in ("input-validation", "bad-input")), [])
@@ -78,7 +79,7 @@ def text_grid(records: list[dict[str, Any]]) -> str:
     columns numbered, with their names in a key above, and verdicts of at most four letters."""
     import textwrap
 
-    from workbench.tables import fixed_width
+    from varlen_workbench.workbench.tables import fixed_width
 
     cols = columns(records)
     short = {"validates": "val", "partly validates": "part", "no validation": "none", "not run": "-"}
@@ -104,7 +105,7 @@ def heatmap(records: list[dict[str, Any]]):
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
-    from workbench.plots import figure
+    from varlen_workbench.workbench.plots import figure
 
     g = grid(records)
     rows = [r["row"] for r in records]

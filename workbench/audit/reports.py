@@ -3,7 +3,7 @@ page renders each under "Report it upstream", and the paste-block battery runs i
 
 from __future__ import annotations
 
-from workbench.upstream_report import Source, UpstreamReport
+from varlen_workbench.workbench.upstream_report import Source, UpstreamReport
 
 NESTED_REPRO = """
 # SDPA on jagged nested tensors raises when every query sequence is empty

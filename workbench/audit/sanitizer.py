@@ -16,7 +16,7 @@ displayed (e errors, w warnings)" gives e), the kind of each printed report, and
 reported frame (the device function and offset, or the host API call), plus whether the
 watched program completed its forward + backward: a program that failed to import its package,
 or was refused, reports "0 errors" about nothing. `data/gpu/sanitizer-<row>.json` holds a row's
-runs; `load_sanitizer()` reads them through `workbench.records`, and `status()` says in one line
+runs; `load_sanitizer()` reads them through `varlen_workbench.workbench.records`, and `status()` says in one line
 what a run shows.
 """
 
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.provenance import GPU_DATA
-from workbench.records import load_records
+from varlen_workbench.workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.records import load_records
 
 TOOLS = ("initcheck", "memcheck", "racecheck")
 # scripts/audit_sanitize.py's last line when the program ran through, and its line for each part
@@ -183,7 +183,7 @@ def row_summary(runs: dict[str, dict[str, Any]]) -> tuple[str, str, int | None]:
 
 def table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
     """One line per (row, tool): what compute-sanitizer reported, or why the run does not count."""
-    from workbench.tables import fixed_width
+    from varlen_workbench.workbench.tables import fixed_width
 
     return fixed_width(
         [("row", "tool", "result"), *((row, tool, status(run)[1]) for row, runs in rows.items() for tool, run in runs.items())]

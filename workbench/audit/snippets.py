@@ -8,14 +8,14 @@ computes the fp64 answer sequence by sequence, and prints the damaged rows of ou
 (REAL rows off the fp64 answer, padding rows not exactly 0). Fresh buffers are NaN-filled with
 torch's own switch (`torch.utils.deterministic.fill_uninitialized_memory`), so rows a kernel
 never writes show up as NaN. Adapters without a spelled-out call get None: the workbench
-replay (`workbench.audit.fuzz.snippet`) stands alone then.
+replay (`varlen_workbench.workbench.audit.fuzz.snippet`) stands alone then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.layout import Case, Fill, pack
 
 _FILL_SOURCE = {
     Fill.ZEROS: "0.0",
@@ -141,9 +141,9 @@ def whose(impl) -> str:
 
     module = (impl.target or "").partition(":")[0]
     top = module.partition(".")[0]
-    if top == "kernels":
+    if module.startswith("varlen_workbench.kernels."):
         return "our kernel's call"
-    if module.startswith("workbench.audit.adapters."):  # fsa_dense_varlen, cudnn_ragged_attention
+    if module.startswith("varlen_workbench.workbench.audit.adapters."):  # fsa_dense_varlen, cudnn_ragged_attention
         return "the upstream call, through our thin wrapper"
     return "the upstream call" if top in packages_distributions() else "your function's call"
 

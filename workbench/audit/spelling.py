@@ -1,9 +1,9 @@
 """How the audit's messages name its options: `--adapter NAME` on the command line, `adapter=` in Python.
 
 An error or n/a reason that tells the user what to pass is written once, with `option(...)`;
-`workbench audit` spells it for the command line while it runs (`command_line()`), every other
-caller (`workbench.audit.audit(fn, ...)`, `adapt`, `fuzz`) gets Python's keywords. A keyword's
-flag is the keyword with '-' for '_' (`time_limit`: `--time-limit`), as `workbench.cli` declares them.
+`varlen-workbench audit` spells it for the command line while it runs (`command_line()`), every other
+caller (`varlen_workbench.workbench.audit.audit(fn, ...)`, `adapt`, `fuzz`) gets Python's keywords. A keyword's
+flag is the keyword with '-' for '_' (`time_limit`: `--time-limit`), as `varlen_workbench.workbench.cli` declares them.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workbench.audit.judgements import judgements
-from workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, left_out, ran
-from workbench.audit.sanitizer import NOT_APPLICABLE, status
-from workbench.provenance import GPU_DATA
+from varlen_workbench.workbench.audit.judgements import judgements
+from varlen_workbench.workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, left_out, ran
+from varlen_workbench.workbench.audit.sanitizer import NOT_APPLICABLE, status
+from varlen_workbench.workbench.provenance import GPU_DATA
 
 # How a FAIL counts: an upstream bug whatever the padding holds ("broken", also where no judgement
 # says otherwise), one that needs non-finite values planted in the padding, behaviour upstream
@@ -84,8 +84,8 @@ LOUD = ("bad-input", "fuzz:raises-on-valid-layout")
 def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
     """Markdown: the same three lines for standalone audits ({label: record with its matrix `row`},
     judged as the matrix's cells are): a FAIL whose every failing value lies in TAIL rows counts as
-    the TAIL mechanism (`workbench.audit.regrade.tail_only`), whatever check found it."""
-    from workbench.audit.regrade import tail_only
+    the TAIL mechanism (`varlen_workbench.workbench.audit.regrade.tail_only`), whatever check found it."""
+    from varlen_workbench.workbench.audit.regrade import tail_only
 
     broken: list[str] = []
     clean: list[str] = []
@@ -171,7 +171,7 @@ def fuzz_line(record: dict[str, Any]) -> str:
 
 
 def incomplete(records: list[dict[str, Any]], directory: Path = GPU_DATA) -> dict[str, list[str]]:
-    """{row: [why, ...]} for each row whose record is not whole (`workbench.audit.matrix.complete`)
+    """{row: [why, ...]} for each row whose record is not whole (`varlen_workbench.workbench.audit.matrix.complete`)
     or whose compute-sanitizer runs do not all count: a latest run killed at its deadline, the
     cells left "not run" grouped by their reason (context lost at a check, fuzzing not asked), a
     fuzzer short of its budget, and each sanitizer tool that did not run through (or has no record).

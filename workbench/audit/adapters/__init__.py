@@ -1,6 +1,6 @@
 """Adapters: any varlen attention behind the padding contract's signature.
 
-The audit drives every implementation through one call shape, `kernels.varlen_attention`'s:
+The audit drives every implementation through one call shape, `varlen_workbench.kernels.varlen.varlen_attention`'s:
 
     impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
          cu_seqlens_q_padded=None, cu_seqlens_k_padded=None, causal=False, scale=None)
@@ -19,14 +19,14 @@ A varlen function (THD tensors and cu_seqlens) needs no adapter of its own: its 
 its parameter names (`varlen`: cu_seqlens_q or cu_q, max_seqlen_q or max_q, softmax_scale or
 scale, causal or is_causal, window_size, *_padded, seqused_*). Which adapter `detect` picks:
 
-    ours            kernels.varlen_attention (its declared dtypes and head dims)
-    ours-fa4        kernels.varlen_attention_fa4, the guarded FlashAttention-4 path (CUDA only; fp16/bf16, d64/d128)
+    ours            varlen_workbench.kernels.varlen.varlen_attention (its declared dtypes and head dims)
+    ours-fa4        varlen_workbench.kernels.varlen.varlen_attention_fa4, the guarded FlashAttention-4 path (CUDA only; fp16/bf16, d64/d128)
     torch-varlen    torch.nn.attention.varlen.varlen_attn (CUDA only; 2.10's is_causal, 2.11's window_size)
     flash-attn      FlashAttention 2/3's flash_attn_varlen_func (CUDA only)
     fa4             FlashAttention-4's flash_attn.cute.flash_attn_varlen_func (CUDA only; seqused_* for GAP rows)
     fsa-varlen      flash-sparse-attn's varlen functions (`fsa`: fsa_dense_varlen, fsa_sparse_varlen)
     cudnn-ragged    cuDNN's ragged SDPA through our thin function (`cudnn_ragged`)
-    contract        any other varlen function: a user's own, workbench.reference_attention...
+    contract        any other varlen function: a user's own, varlen_workbench.workbench.reference.reference_attention...
     te-thd          TransformerEngine-style THD: qkv_format="thd", cu_seqlens_q/kv(_padded) (`te`; TE's own
                     DotProductAttention, built per call: te_dot_product_attention, te_dot_product_attention_fp8)
     flex-document   FlexAttention with a document mask (`flex`)
@@ -47,8 +47,8 @@ window, lse, backward, one-process (a context-parallel attention), context-paral
 from __future__ import annotations
 
 # Registration order is detection order: the library adapters before `contract`, which takes any varlen function.
-from workbench.audit.adapters import context_parallel, flex, nested, te, varlen  # noqa: F401
-from workbench.audit.adapters.base import (
+from varlen_workbench.workbench.audit.adapters import context_parallel, flex, nested, te, varlen  # noqa: F401
+from varlen_workbench.workbench.audit.adapters.base import (
     ADAPTERS,
     FEATURES,
     REGISTER_EXAMPLE,
@@ -61,13 +61,13 @@ from workbench.audit.adapters.base import (
     load,
     register_adapter,
 )
-from workbench.audit.adapters.fsa import fsa_dense_varlen, fsa_sparse_varlen
-from workbench.audit.adapters.padded import SDPA_BACKENDS, bshd_mask
+from varlen_workbench.workbench.audit.adapters.fsa import fsa_dense_varlen, fsa_sparse_varlen
+from varlen_workbench.workbench.audit.adapters.padded import SDPA_BACKENDS, bshd_mask
 
 # The audit matrix: (row name, target, adapter), every path above plus ours and torch's.
 MATRIX = (
-    ("ours", "kernels:varlen_attention", "ours"),
-    ("ours-fa4", "kernels:varlen_attention_fa4", "ours-fa4"),
+    ("ours", "varlen_workbench.kernels.varlen:varlen_attention", "ours"),
+    ("ours-fa4", "varlen_workbench.kernels.varlen:varlen_attention_fa4", "ours-fa4"),
     ("torch-varlen", "torch.nn.attention.varlen:varlen_attn", "torch-varlen"),
     ("flex-document", "torch.nn.attention.flex_attention:flex_attention", "flex-document"),
     *((name, "torch.nn.functional:scaled_dot_product_attention", name) for name in SDPA_BACKENDS),
@@ -75,12 +75,12 @@ MATRIX = (
     ("dmattn-triton", "flash_dmattn.flash_dmattn_triton:triton_dmattn_func", "dmattn"),
     ("dmattn-triton-nobias", "flash_dmattn.flash_dmattn_triton:triton_dmattn_func", "dmattn-nobias"),
     ("dmattn-flex", "flash_dmattn.flash_dmattn_flex:flex_dmattn_func", "dmattn"),
-    ("fsa-dense-varlen", "workbench.audit.adapters.fsa:fsa_dense_varlen", "fsa-varlen"),
-    ("fsa-sparse-varlen", "workbench.audit.adapters.fsa:fsa_sparse_varlen", "fsa-varlen"),
+    ("fsa-dense-varlen", "varlen_workbench.workbench.audit.adapters.fsa:fsa_dense_varlen", "fsa-varlen"),
+    ("fsa-sparse-varlen", "varlen_workbench.workbench.audit.adapters.fsa:fsa_sparse_varlen", "fsa-varlen"),
     ("fa4", "flash_attn.cute:flash_attn_varlen_func", "fa4"),
-    ("cudnn-ragged", "workbench.audit.adapters.cudnn_ragged:cudnn_ragged_attention", "cudnn-ragged"),
-    ("te", "workbench.audit.adapters.te:te_dot_product_attention", "te-thd"),
-    ("te-fp8", "workbench.audit.adapters.te:te_dot_product_attention_fp8", "te-thd"),
+    ("cudnn-ragged", "varlen_workbench.workbench.audit.adapters.cudnn_ragged:cudnn_ragged_attention", "cudnn-ragged"),
+    ("te", "varlen_workbench.workbench.audit.adapters.te:te_dot_product_attention", "te-thd"),
+    ("te-fp8", "varlen_workbench.workbench.audit.adapters.te:te_dot_product_attention_fp8", "te-thd"),
 )
 
 __all__ = [

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from workbench.adapter_example import REGISTER_EXAMPLE
-from workbench.audit.spelling import option
-from workbench.layout import Fill
-from workbench.usercode import UserModuleError, import_user_module, not_found
+from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
+from varlen_workbench.workbench.audit.spelling import option
+from varlen_workbench.workbench.layout import Fill
+from varlen_workbench.workbench.usercode import UserModuleError, import_user_module, not_found
 
 FEATURES = {
     "run": "the function runs on this device",
@@ -183,7 +183,9 @@ def load(target: str) -> Callable:
     """Imports "module:attr[.attr...]" (e.g. "torch.nn.attention.varlen:varlen_attn")."""
     module_name, colon, attrs = target.partition(":")
     if not colon or not module_name or not attrs:
-        raise ValueError(f"target {target!r} must look like module:function, e.g. kernels:varlen_attention.")
+        raise ValueError(
+            f"target {target!r} must look like module:function, e.g. varlen_workbench.kernels.varlen:varlen_attention."
+        )
     try:
         obj: Any = import_user_module(module_name)
     except UserModuleError as exc:  # not found, or its own code raised: the message says which, and where
@@ -214,7 +216,7 @@ def detect(fn: Callable) -> Adapter:
     for adapter in ADAPTERS.values():
         if adapter.detect is not None and adapter.detect(fn, names):
             return adapter
-    from workbench.audit.adapters.varlen import infer
+    from varlen_workbench.workbench.audit.adapters.varlen import infer
 
     try:
         infer(fn)
@@ -230,7 +232,7 @@ def detect(fn: Callable) -> Adapter:
 
 def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torch.device | str | None = None) -> Adapted:
     """`fn` (a callable or "module:function") behind the contract's signature on `device`."""
-    from kernels import default_device
+    from varlen_workbench.kernels._compat import default_device
 
     target = fn if isinstance(fn, str) else _target_of(fn)
     if isinstance(fn, str):
@@ -264,7 +266,7 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
     if "one-process" not in lacks:  # it computes in one process: the context-parallel check is not for it
         lacks["context-parallel"] = (
             f"{name} is a single-process attention; the context-parallel check audits a context-parallel one "
-            "(the call of workbench.context_parallel:context_parallel_attention)"
+            "(the call of varlen_workbench.workbench.context_parallel:context_parallel_attention)"
         )
     return Adapted(fn, chosen, device, impl, name, target, lacks, aliases)
 
@@ -314,7 +316,7 @@ def _target_of(fn: Callable) -> str | None:
 
 @dataclass(frozen=True)
 class ContractCall:
-    """One call in the contract's shape (`kernels.varlen_attention`'s), its arguments by name: what
+    """One call in the contract's shape (`varlen_workbench.kernels.varlen.varlen_attention`'s), its arguments by name: what
     the body of a `contract_shaped` wrapper receives. The first seven are positional."""
 
     q: Any

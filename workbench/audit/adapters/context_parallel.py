@@ -1,13 +1,13 @@
-"""Context-parallel attentions: `workbench.context_parallel.context_parallel_attention`'s call.
+"""Context-parallel attentions: `varlen_workbench.workbench.context_parallel.context_parallel_attention`'s call.
 
     impl(q_local, k_local, v_local, cu_seqlens, cu_seqlens_padded, *, causal=False, validate=True)
 
 on every rank of a process group, with that rank's zig-zag shard of q, k, v (`shard_thd`) and the
 global boundaries. Such a function does not compute in one process, so every single-process check
 and the fuzzer are n/a for it ("one-process"); the `context-parallel` check spawns the ranks
-itself (`workbench.audit.context_parallel`), fuzzed layouts included.
+itself (`varlen_workbench.workbench.audit.context_parallel`), fuzzed layouts included.
 
-    workbench audit workbench.context_parallel:context_parallel_attention
+    varlen-workbench audit varlen_workbench.workbench.context_parallel:context_parallel_attention
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.audit.adapters.base import AdapterRefused, _target_of, register_adapter
-from workbench.context_parallel import cp_backend
+from varlen_workbench.workbench.audit.adapters.base import AdapterRefused, _target_of, register_adapter
+from varlen_workbench.workbench.context_parallel import cp_backend
 
 CP_SIZE = 2  # the ranks the audit's context-parallel check runs
 ONE_PROCESS = "a context-parallel attention: it runs on the ranks of a process group, which the context-parallel check spawns"

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from workbench.upstream import import_module
+from varlen_workbench.workbench.upstream import import_module
 
 INSTALL = "pip install --no-deps nvidia-cudnn-frontend==1.32.0"
 

@@ -3,7 +3,7 @@
 flex-document   torch.nn.attention.flex_attention:flex_attention, a (1, H, T, D) sequence with
                 a document mask built from cu_seqlens, compiled on CUDA, shape-bucketed
 
-workbench audit torch.nn.attention.flex_attention:flex_attention --device cuda
+varlen-workbench audit torch.nn.attention.flex_attention:flex_attention --device cuda
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.audit.adapters.base import ContractCall, contract_shaped, first, register_adapter
-from workbench.audit.spelling import option
+from varlen_workbench.workbench.audit.adapters.base import ContractCall, contract_shaped, first, register_adapter
+from varlen_workbench.workbench.audit.spelling import option
 
 _COMPILED: dict[Callable, Callable] = {}
 

@@ -1,15 +1,15 @@
-"""flash-sparse-attn's Triton varlen functions, importable by name for `workbench audit`.
+"""flash-sparse-attn's Triton varlen functions, importable by name for `varlen-workbench audit`.
 
-    workbench audit workbench.audit.adapters.fsa:fsa_dense_varlen --device cuda
+    varlen-workbench audit varlen_workbench.workbench.audit.adapters.fsa:fsa_dense_varlen --device cuda
 
 Each forwards to the library's function of the same signature, imported with the stub for its
-undeclared triton_kernels import (workbench.upstream); the `fsa-varlen` adapter calls them by
+undeclared triton_kernels import (varlen_workbench.workbench.upstream); the `fsa-varlen` adapter calls them by
 parameter name.
 """
 
 from __future__ import annotations
 
-from workbench.upstream import import_module
+from varlen_workbench.workbench.upstream import import_module
 
 
 def _fsa_module():
@@ -17,7 +17,7 @@ def _fsa_module():
 
     flash_sparse_attn 2.0.x imports `triton_kernels.matmul_ogs` at package import for its gated
     projection kernels; triton_kernels ships inside Triton's source tree, not on PyPI. The varlen
-    attention functions never use it, so when it is missing a stub stands in (workbench.upstream)."""
+    attention functions never use it, so when it is missing a stub stands in (varlen_workbench.workbench.upstream)."""
     return import_module("flash_sparse_attn", stub={"triton_kernels": "flash_sparse_attn"})
 
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.audit.adapters.base import AdapterRefused, ContractCall, contract_shaped, register_adapter
-from workbench.audit.adapters.padded import GATHERED
-from workbench.layout import pad_thd
+from varlen_workbench.workbench.audit.adapters.base import AdapterRefused, ContractCall, contract_shaped, register_adapter
+from varlen_workbench.workbench.audit.adapters.padded import GATHERED
+from varlen_workbench.workbench.layout import pad_thd
 
 
 def _nested_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
@@ -36,7 +36,7 @@ def _sdpa_nested(fn: Callable) -> Callable:
     output's values are scattered back to THD (padding rows 0)."""
 
     def body(c: ContractCall):
-        from workbench.layout import real_rows
+        from varlen_workbench.workbench.layout import real_rows
 
         # One offsets tensor per distinct boundary vector: NJTs sharing it share their ragged
         # dimension, as a user's q, k, v from one packed batch do (separate offsets would be

@@ -12,7 +12,7 @@ to the longest real sequence with the case's fill) and one mask rule (`bshd_mask
     dmattn-nobias   flash_dmattn.flash_dmattn_flex:flex_dmattn_func (B, S, H, D) with attn_mask
                     (and an explicit zero attn_bias, or None)
 
-    workbench audit torch.nn.functional:scaled_dot_product_attention --adapter sdpa-efficient --device cuda
+    varlen-workbench audit torch.nn.functional:scaled_dot_product_attention --adapter sdpa-efficient --device cuda
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters.base import (
+from varlen_workbench.workbench.audit.adapters.base import (
     AdapterRefused,
     ContractCall,
     contract_shaped,
@@ -31,7 +31,7 @@ from workbench.audit.adapters.base import (
     params,
     register_adapter,
 )
-from workbench.layout import Fill, bshd_to_thd, pad_thd, thd_to_bshd
+from varlen_workbench.workbench.layout import Fill, bshd_to_thd, pad_thd, thd_to_bshd
 
 GATHERED = (
     "the adapter builds a padded (batch, seq) batch from the real rows and scatters the output back, "

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from workbench.audit.adapters.base import (
+from varlen_workbench.workbench.audit.adapters.base import (
     AdapterRefused,
     ContractCall,
     contract_shaped,
@@ -39,7 +39,7 @@ from workbench.audit.adapters.base import (
     params,
     register_adapter,
 )
-from workbench.upstream import import_module
+from varlen_workbench.workbench.upstream import import_module
 
 TE_INSTALL = "TransformerEngine 2.20 with its PyTorch extension: scripts/te_pack.sh here, scripts/te_install.py on the GPU"
 

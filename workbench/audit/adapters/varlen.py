@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from kernels.varlen.op import HEAD_DIMS
-from workbench.audit.adapters.base import (
+from varlen_workbench.kernels.varlen.op import HEAD_DIMS
+from varlen_workbench.workbench.audit.adapters.base import (
     AdapterRefused,
     ContractCall,
     NoOutput,
@@ -56,7 +56,7 @@ from workbench.audit.adapters.base import (
     heads_differ,
     register_adapter,
 )
-from workbench.audit.spelling import option
+from varlen_workbench.workbench.audit.spelling import option
 
 ROLES: dict[str, tuple[str, ...]] = {
     "cu_seqlens_q": ("cu_seqlens_q", "cu_q", "cu_seq_q"),
@@ -80,7 +80,7 @@ SHARED: dict[str, tuple[str, str]] = {
 }
 REQUIRED = ("cu_seqlens_q", "cu_seqlens_k")
 # A function with **kwargs gets these under the contract's own names when it names no parameter
-# for them (a wrapper forwarding them, e.g. to workbench.reference_attention). Windows stay
+# for them (a wrapper forwarding them, e.g. to varlen_workbench.workbench.reference.reference_attention). Windows stay
 # opt-in: a **kwargs pass-through may hand window_size to a function that has none.
 _FORWARDED = ("cu_seqlens_q_padded", "cu_seqlens_k_padded", "causal", "scale")
 _POSITIONAL = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
@@ -306,7 +306,7 @@ def infer(fn: Callable) -> VarlenSignature:
 
 def _signature(fn: Callable, adapter: str) -> VarlenSignature:
     """infer(fn), its failure a usage error that says what to do."""
-    from workbench.audit.adapters.base import ADAPTERS, REGISTER_EXAMPLE
+    from varlen_workbench.workbench.audit.adapters.base import ADAPTERS, REGISTER_EXAMPLE
 
     try:
         return infer(fn)
@@ -396,9 +396,9 @@ def register_varlen(
 
 
 def _is_ours(fn: Callable) -> bool:
-    import kernels
+    from varlen_workbench.kernels.varlen import varlen_attention
 
-    return fn is kernels.varlen_attention
+    return fn is varlen_attention
 
 
 register_varlen(
@@ -406,18 +406,18 @@ register_varlen(
     detect=_is_ours,
     dtypes=("float32", "float16", "bfloat16"),
     head_dims=tuple(HEAD_DIMS),
-    doc="kernels.varlen_attention: the contract itself, with its declared dtypes and head dims.",
+    doc="varlen_workbench.kernels.varlen.varlen_attention: the contract itself, with its declared dtypes and head dims.",
 )
 
 
 def _is_ours_fa4(fn: Callable) -> bool:
-    import kernels
+    from varlen_workbench.kernels.varlen import varlen_attention_fa4
 
-    return fn is kernels.varlen_attention_fa4
+    return fn is varlen_attention_fa4
 
 
 def _fa4_path_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
-    from kernels.varlen.fa4 import load
+    from varlen_workbench.kernels.varlen.fa4 import load
 
     lacks = cuda_only("the guarded FlashAttention-4 path (sm90/sm100)", device)
     kernels = load()
@@ -431,8 +431,8 @@ register_varlen(
     detect=_is_ours_fa4,
     lacks=_fa4_path_lacks,
     dtypes=("float16", "bfloat16"),
-    head_dims=tuple(HEAD_DIMS),  # those FA4 takes depend on the GPU (kernels.varlen.fa4.fa4_takes_head_dims)
-    doc='kernels.varlen_attention_fa4: varlen_attention(backend="fa4"), FlashAttention-4 behind our wrapper, '
+    head_dims=tuple(HEAD_DIMS),  # those FA4 takes depend on the GPU (varlen_workbench.kernels.varlen.fa4.fa4_takes_head_dims)
+    doc='varlen_workbench.kernels.varlen.varlen_attention_fa4: varlen_attention(backend="fa4"), FlashAttention-4 behind our wrapper, '
     'in the dtypes and head dims it takes (any other call runs on the Triton kernel under backend="auto").',
 )
 
@@ -485,7 +485,7 @@ register_varlen(
 
 
 def _is_fsa(fn: Callable) -> bool:
-    from workbench.audit.adapters import fsa
+    from varlen_workbench.workbench.audit.adapters import fsa
 
     return fn in (fsa.fsa_dense_varlen, fsa.fsa_sparse_varlen) or _module(fn).startswith("flash_sparse_attn")
 
@@ -502,7 +502,7 @@ register_varlen(
 
 
 def _is_cudnn_ragged(fn: Callable) -> bool:
-    from workbench.audit.adapters import cudnn_ragged
+    from varlen_workbench.workbench.audit.adapters import cudnn_ragged
 
     return fn is cudnn_ragged.cudnn_ragged_attention
 
@@ -512,7 +512,7 @@ register_varlen(
     detect=_is_cudnn_ragged,
     lacks=_cuda_library("cuDNN's fused attention (nvidia-cudnn-frontend)"),
     dtypes=("float16", "bfloat16"),
-    doc="workbench.audit.adapters.cudnn_ragged.cudnn_ragged_attention: cuDNN's SDPA graph with ragged offsets "
+    doc="varlen_workbench.workbench.audit.adapters.cudnn_ragged.cudnn_ragged_attention: cuDNN's SDPA graph with ragged offsets "
     "from cu_seqlens_*_padded and seq_len_q/kv from cu_seqlens (TransformerEngine's THD path), called by name.",
 )
 # Last: any other function whose parameters name the contract's arguments (a user's own included).
@@ -520,5 +520,5 @@ register_varlen(
     "contract",
     detect=lambda fn: True,
     doc="Any varlen function, each argument of the contract passed to the parameter of its name "
-    "(workbench.audit.adapters.varlen.infer); what it has no parameter for is a feature it lacks.",
+    "(varlen_workbench.workbench.audit.adapters.varlen.infer); what it has no parameter for is a feature it lacks.",
 )

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from transformer_engine.common.recipe import Float8BlockScaling
-from workbench import reference_attention
+from varlen_workbench.workbench.reference import reference_attention
 
 _active = []  # the recipes of the autocast contexts entered, innermost last
 _amax_groups = []  # their amax_reduction_group, alike

@@ -1,1 +1,0 @@
-"""One module per post-mortem: META, CASES, reproduce(), claims (see workbench.postmortem)."""
