@@ -122,3 +122,15 @@ def test_no_page_carries_internal_notes_or_stale_statements(published_site):
         has_records = bool(load_records(f"{page.stem}-*.json"))
         found += [f"{page.name}: {note}" for note in internal_notes(text) + stale_statements(text, has_records)]
     assert not found, "\n".join(found)
+
+
+def test_a_records_machine_paths_are_shown_as_a_reader_can_follow_them():
+    """Records keep the command and message that ran; pages show them through `portable`."""
+    from varlen_workbench.workbench.records import portable
+
+    command = "python3 scripts/te_install.py build --src /work/main/.whl/te-src --out /root/out --record /root/out/x.json"
+    assert portable(command) == "python3 scripts/te_install.py build --src .whl/te-src --out $OUT --record $OUT/x.json"
+    message = "RuntimeError: /tmp/pip-req-build-j_axianp/csrc/common.h:517 in function GetTransformerEngineDType"
+    assert portable(message) == "RuntimeError: csrc/common.h:517 in function GetTransformerEngineDType"
+    assert portable("varlen-workbench audit m:f --record data/gpu/a.json") == "varlen-workbench audit m:f --record data/gpu/a.json"
+    assert not any(rule.search(portable(command + " " + message)) for rule in INTERNAL.values())

@@ -275,13 +275,13 @@ def test_kernel_env_puts_the_root_on_the_path_absolute(tmp_path, monkeypatch):
 
 def test_the_index_gives_each_bug_the_level_its_headline_claim_shows_it_at(published_site):
     """The evidence column says how the bug itself was shown (its headline claim), not the strongest
-    level any claim reached: the interpreter's bug is shown on the CPU although a GPU control ran, and
-    TE's by our replica although cuDNN ran on the H200."""
+    level any claim reached: the interpreter's bug is shown on the CPU although a GPU control ran; TE's
+    by TE itself on the GPU, its replica's claims aside."""
     rows = {row["id"]: row for row in json.loads((published_site / "manifest.json").read_text())["postmortems"]}
     for pm in Registry().postmortems():
         assert rows[pm.id]["evidence_kind"] == pm.claims.headline_level.kind, pm.id
     assert rows["triton-interpreter-bf16-dot"]["evidence_kind"] == "upstream-cpu"
-    assert rows["te-thd-2892"]["evidence_kind"] == "replica"
+    assert rows["te-thd-2892"]["evidence_kind"] == "upstream-gpu"
 
 
 def test_a_figure_carries_its_cells_description_and_a_bare_figure_is_found():

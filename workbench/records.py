@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -44,6 +45,24 @@ def command_line(argv: list[str] | None = None) -> str:
     if program in ("__main__.py", "cli.py"):
         program = "varlen-workbench"
     return shlex.join([program, *argv[1:]])
+
+
+# Paths of the machine that made a record, which no reader's machine has: pip's temporary build
+# folder in an upstream error message (what follows it is the file's path in that source tree),
+# the folder a command wrote to (`--out`), and the checkout's root before a repository path.
+_PIP_BUILD = re.compile(r"/tmp/pip-req-build-[^/\s]+/")
+_OUT_FOLDER = re.compile(r"--out[ =](/\S+)")
+_CHECKOUT = re.compile(r"(?<![\w.$])/(?:[\w.+-]+/)+?(?=(?:\.whl|data|scripts|notebooks)/)")
+
+
+def portable(text: str) -> str:
+    """A recorded command or message as a reader's machine can follow it: pip's temporary build
+    folder dropped, `$OUT` for the output folder, repository paths relative to the checkout.
+    The record keeps what ran; pages show this."""
+    text = _PIP_BUILD.sub("", text)
+    if out := _OUT_FOLDER.search(text):
+        text = text.replace(out.group(1), "$OUT")
+    return _CHECKOUT.sub("", text)
 
 
 def provenance_block(command: str | None = None) -> dict[str, str]:

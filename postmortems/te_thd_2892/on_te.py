@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from varlen_workbench.workbench.postmortem import NotRecorded, table
-from varlen_workbench.workbench.records import load_records
+from varlen_workbench.workbench.records import load_records, portable
 
 COMMANDS = {
     "cases": "python3 scripts/te_thd_cases.py --record $OUT/te-thd-2892-cases-<gpu>.json",
@@ -280,7 +280,7 @@ def records_table():
         for record in load_records(pattern):
             p = record["provenance"]
             command = p.get("command") or f"{RECORD_COMMAND} --rows te,te-fp8"  # the matrix's records name no command
-            rows.append((record["file"], p["device"], p["date"][:16], p["commit"], command.split(" --record")[0]))
+            rows.append((record["file"], p["device"], p["date"][:16], p["commit"], portable(command.split(" --record")[0])))
     return table(("record (data/gpu/)", "GPU", "made (UTC)", "commit", "command"), rows, title="This page's GPU records")
 
 

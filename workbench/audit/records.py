@@ -15,7 +15,7 @@ from typing import Any
 
 from varlen_workbench.workbench.audit.fuzz import SNIPPET_IMPORTS, FuzzResult
 from varlen_workbench.workbench.provenance import GPU_DATA
-from varlen_workbench.workbench.records import load_records
+from varlen_workbench.workbench.records import load_records, portable
 from varlen_workbench.workbench.tables import fixed_width
 
 CAMPAIGN_CHECKS = ("input-validation", "bad-input")  # its name, and its name in records before it was graded
@@ -59,12 +59,12 @@ def load_audit_records(directory: Path = GPU_DATA) -> list[dict[str, Any]]:
 def format_verdicts(rows: Iterable[tuple[str, str, str]]) -> str:
     """Table of (check, verdict, evidence) rows under a header."""
     # Evidence on one line: a CUDA error's message spans several.
-    return fixed_width([("check", "verdict", "evidence"), *((c, v, " ".join(e.split())) for c, v, e in rows)])
+    return fixed_width([("check", "verdict", "evidence"), *((c, v, portable(" ".join(e.split()))) for c, v, e in rows)])
 
 
 def format_campaign(rows: Sequence[dict[str, str]]) -> str:
     """The bad-input campaign, one line per malformed call: id, outcome, evidence."""
-    return fixed_width(((row["id"], row["outcome"], row["evidence"]) for row in rows), header=False)
+    return fixed_width(((row["id"], row["outcome"], portable(row["evidence"])) for row in rows), header=False)
 
 
 def verdicts(record: dict[str, Any]) -> dict[str, str]:
