@@ -9,8 +9,9 @@ from typing import Any
 
 from varlen_workbench.workbench.audit.judgements import known_links, postmortem_links
 from varlen_workbench.workbench.audit.matrix import cell, columns, grid, implementation, ran
-from varlen_workbench.workbench.audit.records import shown_snippet
+from varlen_workbench.workbench.audit.records import format_campaign, shown_snippet
 from varlen_workbench.workbench.audit.sanitizer import row_summary
+from varlen_workbench.workbench.records import portable
 
 GRADES = ("validates", "partly validates", "no validation")
 # Verdict -> heat-map colour, in the legend's order.
@@ -46,7 +47,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
         cells = [f"<td><b>{html.escape(implementation(record))}</b></td>"]
         for column in shown:
             verdict, evidence = cell(record, column)
-            inner = f"<p>{html.escape(evidence)}</p>"
+            inner = f"<p>{html.escape(portable(evidence))}</p>"
             if column == "fuzzer" and ran(record) and record.get("fuzz"):
                 for failure in record["fuzz"]["failures"]:
                     inner += (
@@ -59,11 +60,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
             if column == "input-validation" and ran(record):
                 rows: list = next((c["rows"] for c in record["checks"] if c["name"] in ("input-validation", "bad-input")), [])
                 if rows:
-                    inner += (
-                        "<pre>"
-                        + html.escape("\n".join(f"{r['id']:<26} {r['outcome']:<20} {r['evidence']}" for r in rows))
-                        + "</pre>"
-                    )
+                    inner += f"<pre>{html.escape(format_campaign(rows))}</pre>"
             for url, note in known_links(record["row"], column):
                 inner += f'<p>known upstream: <a href="{html.escape(url)}">{html.escape(url)}</a> ({html.escape(note)})</p>'
             for pm_id in postmortem_links(record["row"], column):
