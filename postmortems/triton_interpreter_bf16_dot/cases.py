@@ -34,21 +34,21 @@ META = Meta(
     links=(
         Link("triton#11584", f"{TRITON}/issues/11584", date="2026-09-04", kind="issue", status="closed"),
         Link(
-            "PR #11585: convert bf16 operands of tl.dot",
+            "triton#11585: convert bf16 operands of tl.dot",
             f"{TRITON}/pull/11585",
             date="2026-09-04",
             kind="PR",
             status='closed unmerged; maintainer, 2026-09-05: "No, we just don\'t support it yet"',
         ),
         Link(
-            "PR #10945: bf16 ops in a value dtype",
+            "triton#10945: bf16 ops in a value dtype",
             f"{TRITON}/pull/10945",
             date="2026-07-18",
             kind="PR",
             status="closed unmerged (covered create_dot too)",
         ),
         Link(
-            "PR #10688: bf16 through ml_dtypes",
+            "triton#10688: bf16 through ml_dtypes",
             f"{TRITON}/pull/10688",
             date="2026-06-20",
             kind="PR",
@@ -68,7 +68,7 @@ META = Meta(
             kind="issue",
             status="closed; answered that day with the debugging guide",
         ),
-        Link("PR #3811: bf16 <-> fp32 casts in the interpreter (merged)", f"{TRITON}/pull/3811"),
+        Link("triton#3811: bf16 <-> fp32 casts in the interpreter (merged)", f"{TRITON}/pull/3811"),
         Link(
             "debugging guide: interpreter limitations", "https://triton-lang.org/main/programming-guide/chapter-3/debugging.html"
         ),
