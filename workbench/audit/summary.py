@@ -77,7 +77,8 @@ def summary(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# Checks whose FAIL is loud (an exception, or the input-validation grade), not a silent wrong value.
+# Checks whose FAIL is loud (an exception, or the input-validation grade), not a silent wrong value; any
+# other check whose evidence says the call raised (`raised`) is loud too.
 LOUD = ("bad-input", "fuzz:raises-on-valid-layout")
 
 
@@ -100,7 +101,7 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
             continue
         bad = found.get("broken", [])
         tail = [c for c in bad if tail_only(evidence[c])]
-        loud = [c for c in bad if c in LOUD]
+        loud = [c for c in bad if c in LOUD or raised(evidence[c])]
         other = [c for c in bad if c not in tail and c not in loud]
         said = []
         if tail:
@@ -110,9 +111,13 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
                 f"{_named(tail)} lies there{pages}"
             )
         if other:
-            said.append(f"silently wrong in {_named(other)}")
+            pages = "".join(f" ([{p}]({p}.html))" for p in _pages(record["row"], other))
+            said.append(f"silently wrong in {_named(other)}{pages}")
         if loud:
-            said.append(f"loud failures (an exception, or no clear error for malformed input): {_named(loud)}")
+            said.append(
+                "loud failures (an exception, or no clear error for malformed input): "
+                + ", ".join(f"{_named([c])} ({_first_line(evidence[c])})" if raised(evidence[c]) else _named([c]) for c in loud)
+            )
         if found.get("documented"):
             said.append(f"documented upstream as intended: {_named(found['documented'])}")
         broken.append(f"{label}: " + "; ".join(said))
@@ -123,6 +128,15 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
         lines.append(f"* **Not broken:** {'. '.join(clean)}.")
     lines.append(f"* **Use:** {'; '.join(use) or 'none of these'}.")
     return "\n".join(lines)
+
+
+def raised(evidence: str) -> bool:
+    """Whether a FAIL's evidence is an exception the call raised ('raised AcceleratorError: ...'), not a value."""
+    return evidence.startswith("raised ")
+
+
+def _first_line(evidence: str) -> str:
+    return evidence.split("\n", 1)[0].strip()
 
 
 def _named(checks: list[str]) -> str:
