@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from varlen_workbench.workbench.audit.judgements import judgements
+from varlen_workbench.workbench.audit.judgements import Judgement, judgements
 from varlen_workbench.workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, left_out, ran
 from varlen_workbench.workbench.audit.sanitizer import NOT_APPLICABLE, status
 from varlen_workbench.workbench.provenance import GPU_DATA
@@ -127,6 +127,56 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
     if clean:
         lines.append(f"* **Not broken:** {'. '.join(clean)}.")
     lines.append(f"* **Use:** {'; '.join(use) or 'none of these'}.")
+    return "\n".join(lines)
+
+
+def record_fails(record: dict[str, Any], row: str) -> list[tuple[str, str, Judgement | None]]:
+    """(check, evidence, its judgement or None) for every FAIL of one audit record, judged as the
+    matrix's row `row`: its checks, then the fuzzer's ('fuzz:<check>')."""
+    judged = judgements()
+    return [(check, evidence, judged.get((row, check))) for _, check, evidence in fails([{**record, "row": row}])]
+
+
+def fails_markdown(record: dict[str, Any], row: str, page: str) -> str:
+    """Markdown for a post-mortem page: how many checks of `record` fail, then one bullet per
+    mechanism with every FAIL it explains (this page's first; a FAIL nobody judged says so), then
+    the checks that pass and any other verdict. Every FAIL of the record is named, once."""
+    from varlen_workbench.workbench.audit.regrade import padding_only
+
+    found = record_fails(record, row)
+    groups: dict[str, list[tuple[str, str, Judgement | None]]] = {}
+    for check, evidence, judgement in found:
+        groups.setdefault(judgement.mechanism if judgement else "", []).append((check, evidence, judgement))
+    ours = [name for name, items in groups.items() if items[0][2] and items[0][2].postmortem == page]
+    checks = [c for c in record["checks"] if c["verdict"] in ("pass", "FAIL")]
+    failing = [c["name"] for c in checks if c["verdict"] == "FAIL"]
+    fuzz = record.get("fuzz") or {}
+    fuzzed = [c for c, _, _ in found if c.startswith("fuzz:")]
+    lines = [
+        f"{len(failing)} of {len(checks)} checks fail"
+        + (f", and the fuzzer ({fuzz.get('tried', 0):,} layouts) fails {len(fuzzed)} checks" if fuzz else "")
+        + f": {len(found)} FAILs in all, each below with the mechanism it is judged to be."
+    ]
+    for name in ours + [name for name in groups if name not in ours]:
+        items = groups[name]
+        named = _named([c for c, _, _ in items])
+        judgement = items[0][2]
+        if judgement is None:
+            lines.append(f"* **{named}**: not judged yet.")
+            continue
+        where = (
+            "only through padding rows (every failing value lies in GAP or TAIL rows)"
+            if all(padding_only(e) for _, e, _ in items)
+            else "on REAL rows"
+        )
+        when = "; only with NaN planted in the padding (zero-filled padding avoids it)" if judgement.nan_padding else ""
+        whose = "This page's mechanism." if name in ours else f"Not this page's mechanism: {judgement.text}."
+        lines.append(f"* **{named}**: {where}{when}. {whose}")
+    passing = [c["name"] for c in checks if c["verdict"] == "pass"]
+    lines.append(f"* **Pass:** {', '.join(passing) or 'none'}.")
+    other = [f"{c['name']} ({c['verdict']})" for c in record["checks"] if c["verdict"] not in ("pass", "FAIL")]
+    if other:
+        lines.append(f"* **Other verdicts:** {', '.join(other)}.")
     return "\n".join(lines)
 
 
