@@ -30,9 +30,16 @@ META = Meta(
     tags=("triton", "interpreter", "bfloat16"),
     reported="2026-09-04",
     published="2026-11-29",
-    revised="2026-12-05",
+    revised="2026-12-07",
     links=(
         Link("triton#11584", f"{TRITON}/issues/11584", date="2026-09-04", kind="issue", status="closed"),
+        Link(
+            "triton#11604: the interpreter's bf16 tl.sum silently loses NaN (integer addition of the uint16 bit patterns)",
+            f"{TRITON}/issues/11604",
+            date="2026-09-06",
+            kind="issue",
+            status="closed; its fix, PR #11605, closed without merging (tracker; triton's history not read here)",
+        ),
         Link(
             "triton#11585: convert bf16 operands of tl.dot",
             f"{TRITON}/pull/11585",
