@@ -11,6 +11,7 @@ from varlen_workbench.workbench.audit.judgements import known_links, postmortem_
 from varlen_workbench.workbench.audit.matrix import cell, columns, grid, implementation, ran
 from varlen_workbench.workbench.audit.records import shown_snippet
 from varlen_workbench.workbench.audit.sanitizer import row_summary
+from varlen_workbench.workbench.records import portable
 
 GRADES = ("validates", "partly validates", "no validation")
 # Verdict -> heat-map colour, in the legend's order.
@@ -46,7 +47,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
         cells = [f"<td><b>{html.escape(implementation(record))}</b></td>"]
         for column in shown:
             verdict, evidence = cell(record, column)
-            inner = f"<p>{html.escape(evidence)}</p>"
+            inner = f"<p>{html.escape(portable(evidence))}</p>"
             if column == "fuzzer" and ran(record) and record.get("fuzz"):
                 for failure in record["fuzz"]["failures"]:
                     inner += (
@@ -61,7 +62,7 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
                 if rows:
                     inner += (
                         "<pre>"
-                        + html.escape("\n".join(f"{r['id']:<26} {r['outcome']:<20} {r['evidence']}" for r in rows))
+                        + html.escape("\n".join(f"{r['id']:<26} {r['outcome']:<20} {portable(r['evidence'])}" for r in rows))
                         + "</pre>"
                     )
             for url, note in known_links(record["row"], column):
