@@ -65,6 +65,23 @@ def _dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr, UPCAST: tl.constexpr):
     tl.store(c_ptr + offsets, tl.dot(a, b, input_precision="ieee"))
 
 
+@jit
+def _sum_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    tl.store(out_ptr, tl.sum(tl.load(x_ptr + tl.arange(0, N)), axis=0))
+
+
+def triton_sum_with_nan(dtype: torch.dtype, device: torch.device | str | None = None) -> float:
+    """`tl.sum` of [NaN, 2, 3, ..., 16] in `dtype` on `device` (default: `default_device()`),
+    interpreted or compiled as kernels run there: NaN when the sum propagates NaN, as it must.
+    triton#11604: the interpreter sums bf16's raw uint16 bit patterns, and the NaN is lost."""
+    device = default_device() if device is None else torch.device(device)
+    x = torch.arange(1, BLOCK + 1, dtype=torch.float32)
+    x[0] = float("nan")
+    out = torch.zeros(1, dtype=dtype, device=device)
+    _sum_kernel[(1,)](x.to(dtype).to(device), out, N=BLOCK)
+    return float(out.float().cpu()[0])
+
+
 @dataclass(frozen=True)
 class DotCheck:
     """One 16x16 `tl.dot` in `dtype`, compared with the exact (float64) product of its inputs."""

@@ -159,3 +159,18 @@ def test_a_check_that_joined_the_audit_after_a_run_is_no_gap_of_it(tmp_path):
     ours["provenance"]["date"] = f"{CHECKS['lse'].added} 12:00 UTC"
     assert left_out(ours, "lse") and not complete(ours)
     assert incomplete([ours], tmp_path) == {"ours": ["lse: this check was not in the recorded run"]}
+
+
+def test_a_fail_that_raised_is_loud_not_silently_wrong():
+    """The matrix's varlen_attn audit: no-real-query raised AcceleratorError; the page once called it silently wrong."""
+    from varlen_workbench.workbench.audit.records import load_audit_records
+    from varlen_workbench.workbench.audit.summary import audits_summary
+
+    records = {record["file"]: record for record in load_audit_records()}
+    record = records["audit-torch-varlen.json"]
+    no_query = next(c for c in record["checks"] if c["name"] == "no-real-query")
+    assert no_query["verdict"] == "FAIL" and no_query["evidence"].startswith("raised AcceleratorError")
+    broken = _line(audits_summary({"torch `varlen_attn`": {**record, "row": "torch-varlen"}}), "* **Broken:**")
+    silent, _, loud = broken.partition("loud failures")
+    assert "no-real-query" not in silent and "silently wrong in fuzzer: real-accuracy" in silent
+    assert "no-real-query (raised AcceleratorError: CUDA error: invalid argument)" in loud

@@ -46,3 +46,20 @@ def test_lab_traces_are_recognised():
     assert len(lab_traces(session)) == 3
     unexecuted = {"metadata": {}, "cells": [{"cell_type": "code", "execution_count": None, "outputs": []}]}
     assert lab_traces(unexecuted) == ["no cell is executed"]
+
+
+def test_no_page_types_how_many_checks_fail_or_pass():
+    """A count of failing or passing checks is read off a record by code (the fa4 page once typed 'four
+    checks fail' beside a record with eight FAILs); prose never states one."""
+    import re
+
+    typed = re.compile(
+        r"\b(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|every|all|\d+)( of (its|the) \w+)? checks? "
+        r"(fail|pass)",
+        re.IGNORECASE,
+    )
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "markdown":
+                found = typed.search("".join(cell["source"]))
+                assert not found, f"{path.name}, cell {i}: {found[0]!r}"

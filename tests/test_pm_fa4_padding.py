@@ -84,3 +84,46 @@ def test_a_claim_is_named_by_one_unambiguous_prefix(results):
         pm.claims.verdict(results, "")
     with pytest.raises(KeyError, match="0 claims start with"):
         pm.claims.verdict(results, "no claim says this")
+
+
+def _named(check: str) -> str:
+    return check.replace("fuzz:", "fuzzer: ")
+
+
+def test_the_pages_pass_fail_sentence_lists_every_fail_of_its_record(results):
+    """The page once said 'four checks fail ... every check of REAL rows passes' while its record held
+    eight FAILs, padding-leak's 1,536 non-finite REAL values among them: the sentence is read off the
+    record, names each of its FAILs and passes, and the executed page shows that sentence."""
+    import json
+
+    from varlen_workbench.workbench.provenance import REPO
+
+    text = pm.audit_summary(results)
+    failed = results.audit["failed"]
+    assert len(failed) == 8 and {"padding-leak", "fuzz:real-accuracy"} <= set(failed)
+    for check in failed:
+        assert _named(check) in text, check
+    passing = [c["name"] for c in results.audit["checks"] if c["verdict"] == "pass"]
+    assert f"* **Pass:** {', '.join(passing)}." in text
+    real = text.split("\n")[2]
+    assert real.startswith("* **padding-leak, fuzzer: real-accuracy**: on REAL rows; only with NaN planted in the padding")
+    nb = json.loads((REPO / "notebooks" / "fa4-unwritten-padding.ipynb").read_text())
+    shown = [
+        "".join(o["data"]["text/markdown"])
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and "pm.audit_summary(results)" in "".join(c["source"])
+        for o in c["outputs"]
+        if "text/markdown" in o.get("data", {})
+    ]
+    assert shown == [text], "the executed page shows the sentence the record gives: re-execute the notebook"
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "four checks fail" not in prose and "every check of REAL rows passes" not in prose
+
+
+def test_a_new_fail_in_the_record_reaches_the_sentence_and_breaks_the_claim(results):
+    changed = copy.deepcopy(results)
+    gqa = next(c for c in changed.audit["checks"] if c["name"] == "gqa")
+    gqa.update(verdict="FAIL", evidence="q=[5, 3] H=4 D=64 bfloat16 (zeros padding): out: error 3 > bound 0.01")
+    text = pm.audit_summary(changed)
+    assert "* **gqa**: not judged yet." in text and "gqa" not in text.split("* **Pass:**")[1]
+    assert not pm.claims.verdict(changed, "On the H200").holds

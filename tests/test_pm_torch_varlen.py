@@ -222,3 +222,47 @@ def test_gpu_claims_read_a_record_of_probes(probes_json):
     assert all(v.level.kind == "upstream-gpu" for v in verdicts) and len(host_reads) == 2
     assert verdicts[0].claim.startswith("H200: the original report's code verbatim") and verdicts[0].holds
     assert [v.holds for v in verdicts if "CUDA-graph capture" in v.claim] == [True]
+
+
+def _light():
+    """What the keyword and window claims read of reproduce()'s results, without running the study."""
+    return _with_window(pm.window_finding())
+
+
+def test_our_varlen_attn_takes_the_later_keywords_and_the_page_says_what_it_does():
+    """The page once said our varlen_attn does not take enable_gqa, seqused_k, block_table, num_splits:
+    it takes all four; enable_gqa=True runs and the other three raise ValueError."""
+    found = pm.swap_in_keywords()
+    assert list(found) == list(pm.LATER_KEYWORDS)
+    assert found["enable_gqa"] == "runs, matches K/V repeated per query head"
+    assert all(found[k].startswith(f"ValueError: varlen_attn got {k}") for k in pm.LATER_KEYWORDS[1:])
+    assert pm.claims.verdict(_light(), "our drop-in").holds
+    broken = _light()
+    broken.keywords = {**broken.keywords, "num_splits": "runs, matches K/V repeated per query head"}
+    assert not pm.claims.verdict(broken, "our drop-in").holds
+    nb = json.loads((Registry().notebooks_dir / "torch-varlen-176793.ipynb").read_text())
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "which it does not take" not in prose and "`enable_gqa=True` runs grouped K/V" in prose
+
+
+def test_the_fuzzers_real_row_failure_is_read_from_the_record_and_the_reset_gives_its_error():
+    """The audit matrix's varlen_attn record: fuzzer real-accuracy on q=[73] k=[1] window (-1, 55), out error 2.73;
+    FlashAttention-2's reset of the right bound, applied to the oracle, moves the keyless rows by that much."""
+    import dataclasses
+
+    w = pm.window_finding()
+    assert w is not None and w.padding_rows == 0 and w.reset_applies and w.keyless_rows == 17
+    assert w.recorded_out_error == pytest.approx(w.reset_error, rel=0.05)
+    assert w.judgement is not None and w.judgement.mechanism == "fa2-window-bound-clamp"
+    assert any("flash-attention/issues/895" in url for url, _ in w.judgement.links)
+    assert pm.claims.verdict(_light(), "audit matrix, H200").holds
+    off = dataclasses.replace(w, evidence=w.evidence.replace("out: error 2.73", "out: error 9.5"))
+    assert not pm.claims.verdict(_with_window(off), "audit matrix, H200").holds
+    text = pm.window_finding_markdown(w)
+    assert w.evidence in text and w.case.label() in text and "issues/895" in text
+
+
+def _with_window(window):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(keywords=pm.swap_in_keywords(), window=window)

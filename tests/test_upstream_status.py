@@ -91,3 +91,19 @@ def test_the_status_renders_on_the_page_header_and_the_index(published_site):
         page = (published_site / f"{pm.id}.html").read_text()
         assert f"{badge}>{pm.status.label}</span> checked {pm.status.checked}." in page, pm.id
         assert f'{badge} title="{escape(pm.status.sentence())}">{pm.status.label}</span>' in index, pm.id
+
+
+def test_no_timeline_row_names_its_kind_twice():
+    """The timeline writes each event as '<kind> [<label>]': a label that names its kind again read
+    'PR PR #10688' and 'PR TE PR #2911' in the upstream tables."""
+    from varlen_workbench.workbench.postmortem import Link
+
+    doubled = re.compile(r"\b(PR|issue) \[(?:[\w.-]+ )?\1\b", re.IGNORECASE)
+    for pm in Registry().postmortems():
+        table = pm.meta.upstream_markdown(pm.status)
+        assert not doubled.search(table), (pm.id, doubled.search(table))
+    with pytest.raises(ValueError, match="names it again|name it as 'project#number'"):
+        Link("TE PR #2911: auto-pad", "https://github.com/NVIDIA/TransformerEngine/pull/2911", "2026-04-21", "PR")
+    with pytest.raises(ValueError, match="project#number"):
+        Link("PR #10688: bf16", "https://github.com/triton-lang/triton/pull/10688", "2026-06-20", "PR")
+    Link("TE#2911: auto-pad", "https://github.com/NVIDIA/TransformerEngine/pull/2911", "2026-04-21", "PR")

@@ -144,6 +144,11 @@ class Link:
             raise ValueError(f"Link {self.label!r}: url {self.url!r} must be an https:// address.")
         if self.date:
             _iso(self.date, f"Link {self.label!r} date")
+        if self.kind in ("PR", "issue") and re.search(rf"\b{self.kind}\b", self.name, re.IGNORECASE):
+            raise ValueError(
+                f"Link {self.label!r}: the timeline puts its kind ({self.kind!r}) before the label, so a label naming "
+                f"it again reads '{self.kind} {self.name}'; name it as 'project#number' instead."
+            )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ workaround on the CPU with the replica of the same mechanism (kernels/replicas/t
 
 from varlen_workbench.postmortems.fa4_unwritten_padding.cases import CASES, CHECKS, META, STATUS, TAIL, TAIL_NAN, WHO
 from varlen_workbench.postmortems.fa4_unwritten_padding.claims import claims
-from varlen_workbench.postmortems.fa4_unwritten_padding.figures import audit_table, layer_norm_table, probe_table
+from varlen_workbench.postmortems.fa4_unwritten_padding.figures import audit_summary, audit_table, layer_norm_table, probe_table
 from varlen_workbench.postmortems.fa4_unwritten_padding.report import REPORT
 from varlen_workbench.postmortems.fa4_unwritten_padding.study import (
     Fa4PaddingResults,
@@ -36,6 +36,7 @@ __all__ = [
     "TAIL_NAN",
     "WHO",
     "Fa4PaddingResults",
+    "audit_summary",
     "audit_table",
     "claims",
     "layer_norm_table",

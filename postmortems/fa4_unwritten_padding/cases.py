@@ -27,7 +27,7 @@ META = Meta(
     tags=("FlashAttention-4", "uninitialised memory", "TAIL rows", "GAP rows", "NaN gradients", "audit finding"),
     reported="2026-12-01",  # our audit run on the H200 (data/gpu/audit-fa4.json); no upstream report
     published="2026-12-01",
-    revised="2026-12-05",
+    revised="2026-12-07",
     links=(
         Link(
             "flash-attention#1228: padding rows past cu_seqlens[-1] uninitialised, NaN/inf forward and backward (FA2)",
@@ -66,6 +66,22 @@ META = Meta(
             "issue",
             "closed: PR #2568 (merged 2026-05-16, 8a8b2f1) writes zero for zero-length sequences in the hdim-256 kernels",
         ),
+        Link(
+            "TE#3205: TransformerEngine runs FA3/FA4 with padding between sequences; 'FA3/FA4 can leave these positions "
+            "unwritten', so TE zeroes the padding rows (GAP and TAIL) of out and of dq, dk, dv around its call when pad_between_seqs is set",
+            "https://github.com/NVIDIA/TransformerEngine/pull/3205",
+            "2026-07-13",
+            "PR",
+            "open; its commit 3bb2858 (2026-07-12) not on TransformerEngine's main at d0067d0 (2026-08-22)",
+        ),
+        Link(
+            "flash-attention#2776: [CuTe, Bwd] zero dq, dk, dv when q or k has no row at all (not for empty sequences "
+            "inside a packed batch)",
+            f"{FA}/pull/2776",
+            "2026-08-09",
+            "PR",
+            "merged per the tracker; its commits ce53288 (2026-08-09) and 6648aa4 not on main at 0251105 (2026-08-15)",
+        ),
     ),
 )
 STATUS = finding_status(META.id, __file__)  # where upstream stands: data/upstream-status.toml
@@ -78,11 +94,14 @@ TAIL_NAN = TAIL.with_(fill=Fill.NAN)
 CASES = (TAIL, TAIL_NAN)
 
 AUDIT = "audit-fa4.json"
+ROW = "fa4"  # the audit matrix's row of that record: its FAILs are judged there (data/audit/judgements.toml)
 REAL_CLIENT = "real-client-h200-fa4.json"
 # The audit checks whose FAILs are this mechanism (data/audit/judgements.toml), and the regions each names.
 CHECKS = {"tail-rows": ("TAIL",), "gap-rows": ("GAP",), "no-real-query": ("TAIL",), "sliding-window": ("GAP", "TAIL")}
-# The checks of the same record that FA4 passes: REAL rows are right, only padding rows are not.
-PASSING = ("real-accuracy", "empty-sequences", "custom-scale", "fully-masked-rows", "causal-unequal", "gqa")
+# The fuzzer's FAILs of the same mechanism, and the FAILs that reach REAL rows only through NaN planted in
+# padded K/V (0 x NaN, another mechanism): with CHECKS, every FAIL the claims say the record holds.
+FUZZ_CHECKS = ("fuzz:tail-rows", "fuzz:gap-rows")
+NAN_PADDING = ("padding-leak", "fuzz:real-accuracy")
 
 # The upstream source read: FA4's newest tag in the repository, fa4-v4.0.0.beta27. The 4.0.0b36 wheel
 # that ran on the H200 has the same four allocations (its flash_attn/cute/interface.py, lines 873 and 2594-2604).

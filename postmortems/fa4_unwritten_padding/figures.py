@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from varlen_workbench.postmortems.fa4_unwritten_padding.cases import CHECKS, PASSING
+from varlen_workbench.postmortems.fa4_unwritten_padding.cases import META, ROW
 from varlen_workbench.postmortems.fa4_unwritten_padding.study import Fa4PaddingResults
+from varlen_workbench.workbench.audit.summary import fails_markdown
 from varlen_workbench.workbench.postmortem import table
 
 
@@ -12,13 +13,17 @@ def recorded_checks(results: Fa4PaddingResults) -> dict[str, dict]:
     return {c["name"]: c for c in results.audit["checks"]}
 
 
+def audit_summary(results: Fa4PaddingResults) -> str:
+    """Markdown: every FAIL of the H200 audit record, grouped by the mechanism it is judged to be
+    (data/audit/judgements.toml, the audit matrix's row `fa4`), then the checks that pass."""
+    return fails_markdown(results.audit, ROW, META.id)
+
+
 def audit_table(results: Fa4PaddingResults):
-    """The H200 audit of FA4: this mechanism's FAILs, then the checks on REAL rows it passes."""
-    checks = recorded_checks(results)
-    return table(
-        ("check", "verdict", "evidence (H200)"),
-        [(name, checks[name]["verdict"], checks[name]["evidence"]) for name in (*CHECKS, *PASSING)],
-    )
+    """The H200 audit of FA4: every check of the record, FAILs first, then the fuzzer's failures."""
+    checks = sorted(results.audit["checks"], key=lambda c: c["verdict"] != "FAIL")
+    fuzzed = [(f"fuzzer: {f['check']}", "FAIL", f["evidence"]) for f in (results.audit.get("fuzz") or {}).get("failures", [])]
+    return table(("check", "verdict", "evidence (H200)"), [(c["name"], c["verdict"], c["evidence"]) for c in checks] + fuzzed)
 
 
 def layer_norm_table(results: Fa4PaddingResults):

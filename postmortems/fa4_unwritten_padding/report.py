@@ -71,6 +71,8 @@ REPORT = UpstreamReport(
     "today). `flash_attn_varlen_func` takes no output buffers, so a caller cannot pass zeroed ones.",
     related=(
         "flash-attention#1228 (FA2: padding rows past `cu_seqlens[-1]` uninitialised), #2324 (FA2/FA3 gradients from "
-        '`torch.empty`, closed), #2167 ("we currently don\'t store zero to the unused region for seqused_{q,k}")',
+        '`torch.empty`, closed), #2167 ("we currently don\'t store zero to the unused region for seqused_{q,k}"); '
+        "NVIDIA/TransformerEngine#3205 (open) zeroes these rows around TE's FA3/FA4 call ('FA3/FA4 can leave these "
+        "positions unwritten'); #2776 zeroes the gradients only when q or k has no row at all",
     ),
 )

@@ -31,14 +31,16 @@ META = Meta(
     tags=("attention mask", "padding", "ragged length", "NaN", "unsound fix"),
     reported="2025-08-24",
     published="2026-11-29",
-    revised="2026-12-05",
+    revised="2026-12-07",
     links=(
         Link(
             "flash-sparse-attention#121",
             "https://github.com/HKUSTDial/flash-sparse-attention/issues/121",
             date="2025-08-24",
             kind="issue",
-            status="closed; its minimal snippet calls triton_dmattn_func, the Triton backend",
+            status="closed; its repro step runs benchmarks/backward_equivalence.py --test-type cuda, which at f567c1f "
+            "calls flash_dmattn_func (the CUDA backend); the snippet of Copilot's fix, #122, calls triton_dmattn_func "
+            "(the Triton backend)",
         ),
         Link(
             "flash-sparse-attention#122 (Copilot's fix for #121, branch copilot/fix-121, commit 9969738)",

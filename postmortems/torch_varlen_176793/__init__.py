@@ -31,7 +31,9 @@ from varlen_workbench.postmortems.torch_varlen_176793.study import (
     workaround_evidence,
 )
 from varlen_workbench.postmortems.torch_varlen_176793.upstream import upstream_code
+from varlen_workbench.postmortems.torch_varlen_176793.window import window_finding, window_finding_markdown
 from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
+    LATER_KEYWORDS,
     _subjects,
     _zero_rows_from,
     as_dummy_sequence,
@@ -40,6 +42,7 @@ from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     fixed_torch_style,
     proposed_check,
     qkv_damage,
+    swap_in_keywords,
     workarounds,
 )
 from varlen_workbench.workbench.postmortem import table
@@ -47,6 +50,7 @@ from varlen_workbench.workbench.tinylm import TinyLM
 
 __all__ = [
     "CASES",
+    "LATER_KEYWORDS",
     "META",
     "STATUS",
     "STUDY",
@@ -79,7 +83,10 @@ __all__ = [
     "tail_rows_report",
     "token_budget_attention",
     "upstream_code",
+    "swap_in_keywords",
     "upstream_probes",
+    "window_finding",
+    "window_finding_markdown",
     "workaround_evidence",
     "workarounds",
 ]

@@ -28,7 +28,7 @@ META = Meta(
     # "OPEN, since 2026-03-07"; flash-attention#2324 (same mechanism, by varlen_attn's author) follows on 03-10.
     reported="2026-03-07",
     published="2026-11-29",
-    revised="2026-12-05",
+    revised="2026-12-07",
     links=(
         Link("pytorch#176793", "https://github.com/pytorch/pytorch/issues/176793", "2026-03-07", "issue", "open"),
         Link(
@@ -95,6 +95,31 @@ META = Meta(
             "PR",
             "closed",
         ),
+        Link(
+            "pytorch#191576: paged KV caches (block_table) and seqused_k in the cuDNN varlen path (closed)",
+            "https://github.com/pytorch/pytorch/pull/191576",
+        ),
+        Link(
+            "pytorch#195650: route eligible causal GQA paged-KV varlen_attn calls to cuDNN (SM100, cuDNN 9.24)",
+            "https://github.com/pytorch/pytorch/pull/195650",
+            "2026-09-02",
+            "PR",
+            "closed (tracker; pytorch's history not read here)",
+        ),
+        Link(
+            "torchtitan#4458: restore 'PyTorch's default varlen priority (cuDNN, then Flash)' around varlen calls",
+            "https://github.com/pytorch/torchtitan/pull/4458",
+            "2026-09-04",
+            "PR",
+            "open; not in torchtitan's history read here (main at b5bcd76, 2026-08-21)",
+        ),
+        Link(
+            "flash-attention#895: a window bound >= max_seqlen_k is reset to -1, which drops the offset when seq_q > seq_k",
+            "https://github.com/Dao-AILab/flash-attention/issues/895",
+            "2024-03-20",
+            "issue",
+            "open; tridao: 'Yeah i think you might be right, it's a bug.'; the reset is still in flash_api.cpp at main 0251105",
+        ),
         Link("varlen_attn API (pytorch#164502)", "https://github.com/pytorch/pytorch/pull/164502"),
         Link(
             "flash-attention#1228: the same question for flash_attn_varlen_func",
@@ -157,8 +182,9 @@ _TAIL = _LAYOUT.with_(tail_q=3, tail_k=3)
 WHO = Affected(
     scope=(
         "**torch 2.10 and later** (`varlen_attn` first ships in 2.10), CUDA only. Our evidence covers **torch 2.11** "
-        "on an H200, where `varlen_attn` runs the FlashAttention-2 kernels vendored in torch; later releases, which "
-        "may send it to another backend on sm90, were not run here.",
+        "on an H200, where `varlen_attn` runs the FlashAttention-2 kernels vendored in torch (torch 2.13.0's wheel, "
+        "read here, picks FlashAttention too). Nightly builds prefer cuDNN where it is eligible (Upstream status, "
+        "below): which kernel runs depends on your torch, cuDNN and GPU, and no build that picks cuDNN was run here.",
     ),
     layouts=(
         Layout(

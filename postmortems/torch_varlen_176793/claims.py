@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from varlen_workbench.postmortems.torch_varlen_176793.cases import GPU_PADS, GPU_TRAILING, GRADS, META, STUDY, VARLEN_PY
 from varlen_workbench.postmortems.torch_varlen_176793.study import QKV, TorchVarlenResults, norm_inflation
 from varlen_workbench.postmortems.torch_varlen_176793.upstream import upstream_code
+from varlen_workbench.postmortems.torch_varlen_176793.workarounds import LATER_KEYWORDS
 from varlen_workbench.workbench.postmortem import (
     OURS,
     REPLICA,
@@ -144,6 +146,42 @@ def _check_rejects(r: TorchVarlenResults):
     fixed_ok = fixed.padding_exactly_zero and fixed.real_within_bound
     holds = error.startswith("ValueError") and c.accepts_no_tail["ok"] and fixed_ok
     return holds, f"{STUDY.tail_q} TAIL rows: the check raises {error.split(':')[0]}; fixed kernel exact: {fixed_ok}"
+
+
+@claims(
+    "our drop-in `varlen_workbench.kernels.varlen.varlen_attn` takes every keyword torch's later releases add: "
+    "enable_gqa=True runs grouped K/V (as K/V repeated per query head); seqused_k, block_table and num_splits "
+    "raise ValueError naming what the fixed kernel does not do",
+    evidence=OURS,
+)
+def _keywords(r: TorchVarlenResults):
+    from varlen_workbench.kernels.varlen import varlen_attn
+
+    taken = set(LATER_KEYWORDS) <= set(inspect.signature(varlen_attn).parameters)
+    refused = [k for k in LATER_KEYWORDS[1:] if r.keywords.get(k, "").startswith(f"ValueError: varlen_attn got {k}")]
+    runs = r.keywords.get("enable_gqa") == "runs, matches K/V repeated per query head"
+    return taken and runs and refused == list(LATER_KEYWORDS[1:]), "; ".join(f"{k}: {v}" for k, v in r.keywords.items())
+
+
+@claims(
+    "audit matrix, H200 (torch 2.11): the fuzzer's real-accuracy FAIL of varlen_attn lies on REAL rows of a layout "
+    "with no padding, where a sequence has more queries than keys and the window's right bound is at least "
+    "max_seqlen_k; FlashAttention-2's reset of that bound to -1, applied to the fp64 oracle here, moves the output "
+    "of the rows the window leaves keyless by the recorded error (within 5%); our kernel holds the bound there",
+    evidence=UPSTREAM_GPU,
+)
+def _window_reset(r: TorchVarlenResults):
+    w = r.window
+    if w is None:
+        return False, "the audit matrix's varlen_attn record holds no fuzzer failure of real-accuracy"
+    recorded = w.recorded_out_error
+    matches = recorded is not None and abs(w.reset_error - recorded) <= 0.05 * recorded
+    judged = w.judgement is not None and w.judgement.mechanism == "fa2-window-bound-clamp"
+    holds = w.padding_rows == 0 and w.keyless_rows > 0 and w.reset_applies and matches and judged and w.ours == "within bound"
+    return holds, (
+        f"{w.case.label()}: padding rows {w.padding_rows}, keyless REAL rows {w.keyless_rows}; recorded out error "
+        f"{recorded}, the reset moves the oracle by {w.reset_error:.3g}; ours: {w.ours} ({w.provenance['date']})"
+    )
 
 
 @claims(

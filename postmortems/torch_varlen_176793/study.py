@@ -13,10 +13,12 @@ from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn, 
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.postmortems.torch_varlen_176793.cases import META, STUDY
 from varlen_workbench.postmortems.torch_varlen_176793.mechanism import corrected_repro, record_at, run_sweep, seed_input_problems
+from varlen_workbench.postmortems.torch_varlen_176793.window import WindowFinding, window_finding
 from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     CheckAssessment,
     assess_proposed_check,
     qkv_damage,
+    swap_in_keywords,
     workaround_checks,
 )
 from varlen_workbench.workbench.health import GradientHealth
@@ -145,6 +147,8 @@ class TorchVarlenResults(Results):
     norms: dict[int, dict[str, GradientHealth]] | None  # gradient_norms(); None on a GPU machine
     gpu: dict[str, Any] | None  # latest_gpu_record(META, "points"): torch's own varlen_attn on a GPU
     gpu_damage: dict[str, Any] | None = None  # latest_gpu_record(META, "damage"): the QKV damage and workaround timings
+    window: WindowFinding | None = None  # window_finding(): the fuzzer's REAL-row failure in the audit matrix's record
+    keywords: dict[str, str] = dataclasses.field(default_factory=dict)  # swap_in_keywords(): our varlen_attn's later keywords
 
     def at(self, impl: str, seqlens_q: tuple[int, ...] = STUDY.seqlens_q, tail_q: int = STUDY.tail_q):
         return record_at(self.sweep, impl, seqlens_q, tail_q)
@@ -180,6 +184,8 @@ def reproduce(device: str | torch.device | None = None) -> TorchVarlenResults:
         norms=gradient_norms() if on_cpu else None,
         gpu=latest_gpu_record(META, "points"),
         gpu_damage=latest_gpu_record(META, "damage"),
+        window=window_finding(),
+        keywords=swap_in_keywords(),
     )
 
 

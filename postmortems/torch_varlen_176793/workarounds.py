@@ -303,3 +303,36 @@ def qkv_damage(
         "weight_grad_rel_error": float((grad - correct).norm() / correct.norm()),
         "correct_tail_zero": bool((correct_dqkv[real:] == 0).all()),
     }
+
+
+# The keywords torch's varlen_attn gained after 2.11: what our drop-in does with each.
+LATER_KEYWORDS = ("enable_gqa", "seqused_k", "block_table", "num_splits")
+
+
+@functools.cache
+def swap_in_keywords() -> dict[str, str]:
+    """What `varlen_workbench.kernels.varlen.varlen_attn` does with each keyword of LATER_KEYWORDS, run
+    here on a small GQA batch (4 query heads on 2 key/value heads): 'runs, matches K/V repeated per
+    query head' (enable_gqa=True), or the exception it raises, as 'ValueError: <its message up to the first ;>'."""
+    from varlen_workbench.kernels.varlen import varlen_attn
+
+    case = Case((5, 3), heads=4, kv_heads=2, head_dim=16, dtype="float16", seed=0)
+    b = pack(case, "cpu", requires_grad=False)
+    args = (b.q, b.k, b.v, b.cu_seqlens_q, b.cu_seqlens_k, b.max_seqlen_q, b.max_seqlen_k)
+    given = {
+        "enable_gqa": True,
+        "seqused_k": b.cu_seqlens_k.diff(),
+        "block_table": torch.zeros(2, 1, dtype=torch.int32),
+        "num_splits": 1,
+    }
+    found = {}
+    for name in LATER_KEYWORDS:
+        try:
+            out = varlen_attn(*args, **{name: given[name]})
+        except Exception as exc:  # the behaviour asked about: which exception, saying what
+            found[name] = f"{type(exc).__name__}: {str(exc).split(';')[0]}"
+            continue
+        repeated = varlen_attn(b.q, *(t.repeat_interleave(2, dim=1) for t in (b.k, b.v)), *args[3:])
+        same = isinstance(out, torch.Tensor) and torch.allclose(out.float(), repeated.float(), atol=1e-3)
+        found[name] = "runs, matches K/V repeated per query head" if same else "runs, differs from K/V repeated per query head"
+    return found

@@ -30,25 +30,32 @@ META = Meta(
     tags=("triton", "interpreter", "bfloat16"),
     reported="2026-09-04",
     published="2026-11-29",
-    revised="2026-12-05",
+    revised="2026-12-07",
     links=(
         Link("triton#11584", f"{TRITON}/issues/11584", date="2026-09-04", kind="issue", status="closed"),
         Link(
-            "PR #11585: convert bf16 operands of tl.dot",
+            "triton#11604: the interpreter's bf16 tl.sum silently loses NaN (integer addition of the uint16 bit patterns)",
+            f"{TRITON}/issues/11604",
+            date="2026-09-06",
+            kind="issue",
+            status="closed; its fix, PR #11605, closed without merging (tracker; triton's history not read here)",
+        ),
+        Link(
+            "triton#11585: convert bf16 operands of tl.dot",
             f"{TRITON}/pull/11585",
             date="2026-09-04",
             kind="PR",
             status='closed unmerged; maintainer, 2026-09-05: "No, we just don\'t support it yet"',
         ),
         Link(
-            "PR #10945: bf16 ops in a value dtype",
+            "triton#10945: bf16 ops in a value dtype",
             f"{TRITON}/pull/10945",
             date="2026-07-18",
             kind="PR",
             status="closed unmerged (covered create_dot too)",
         ),
         Link(
-            "PR #10688: bf16 through ml_dtypes",
+            "triton#10688: bf16 through ml_dtypes",
             f"{TRITON}/pull/10688",
             date="2026-06-20",
             kind="PR",
@@ -68,7 +75,7 @@ META = Meta(
             kind="issue",
             status="closed; answered that day with the debugging guide",
         ),
-        Link("PR #3811: bf16 <-> fp32 casts in the interpreter (merged)", f"{TRITON}/pull/3811"),
+        Link("triton#3811: bf16 <-> fp32 casts in the interpreter (merged)", f"{TRITON}/pull/3811"),
         Link(
             "debugging guide: interpreter limitations", "https://triton-lang.org/main/programming-guide/chapter-3/debugging.html"
         ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import FIXED, META, REPRODUCTION, SOURCE_READ, WORKAROUND
 from varlen_workbench.postmortems.triton_interpreter_bf16_dot.study import _decade, _row
 from varlen_workbench.workbench.postmortem import (
@@ -31,6 +33,19 @@ def _orders_of_magnitude(results):
 def _mechanism(results):
     gap = results.interpreter["detector"]["bit_pattern_gap"]
     return gap == 0.0, f"max |tl.dot - np.matmul(bits, bits)| = {gap:g}"
+
+
+@claims(
+    "the same uint16 storage breaks the interpreter's bf16 tl.sum (triton#11604): the sum of a vector holding NaN "
+    "comes out finite, so the NaN is silently lost; in fp16 it is NaN",
+    evidence=UPSTREAM_CPU,
+)
+def _sum_loses_nan(results):
+    found = results.sum_nan or {}
+    bf16, fp16 = found.get("bfloat16"), found.get("float16", 0.0)  # None: the sum is NaN
+    said = {name: "NaN" if x is None else f"{x:g}" for name, x in (("bf16", bf16), ("fp16", fp16))}
+    holds = bf16 is not None and math.isfinite(bf16) and "float16" in found and fp16 is None
+    return holds, f"tl.sum([NaN, 2, ..., 16]): bf16 {said['bf16']}, fp16 {said['fp16']}"
 
 
 @claims(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.interpreter import native_dots, report, single_block_attention
+from varlen_workbench.kernels.interpreter import native_dots, report, single_block_attention, triton_sum_with_nan
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import (
@@ -112,6 +112,13 @@ def compiled() -> dict[str, dict[str, Any]]:
     }
 
 
+def interpreter_sum_with_nan() -> dict[str, float | None]:
+    """{dtype: tl.sum of [NaN, 2, ..., 16]} under the interpreter (CPU tensors), JSON-ready: None where the
+    sum is NaN, as it must be; the finite number it returned where the NaN was lost."""
+    sums = {str(d).removeprefix("torch."): triton_sum_with_nan(d, "cpu") for d in (torch.float16, torch.bfloat16)}
+    return {name: None if math.isnan(x) else x for name, x in sums.items()}
+
+
 def interpreter_source() -> dict[str, str]:
     """The installed interpreter's bf16 storage rule and its `create_dot`, verbatim."""
     from triton.runtime import interpreter
@@ -131,6 +138,7 @@ class StudyResults(Results):
     compiled: dict[str, dict[str, Any]]
     source: dict[str, str]
     gpu: list[dict[str, Any]]
+    sum_nan: dict[str, float | None] | None = None  # interpreter_sum_with_nan(): None where NaN propagates (triton#11604)
 
 
 def reproduce(device: str | torch.device | None = None) -> StudyResults:
@@ -149,6 +157,7 @@ def reproduce(device: str | torch.device | None = None) -> StudyResults:
         compiled=compiled(),
         source=interpreter_source(),
         gpu=gpu_records(META),
+        sum_nan=interpreter_sum_with_nan(),
     )
 
 

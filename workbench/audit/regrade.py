@@ -64,6 +64,14 @@ def tail_only(evidence: str) -> bool:
     return bool(parts) and all(_REGION_PART.match(part) and part.endswith("TAIL rows") for part in parts)
 
 
+def padding_only(evidence: str) -> bool:
+    """Whether a recorded FAIL's evidence names GAP or TAIL rows only (no REAL row, no exception)."""
+    _, case, findings = evidence.partition("padding): ")
+    findings = findings if case else evidence
+    parts = [part.strip() for part in findings.split(";") if part.strip()]
+    return bool(parts) and all((m := _REGION_PART.match(part)) is not None and m[1] != "REAL" for part in parts)
+
+
 def regrade_checks(record: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """{check: (recorded verdict, today's reading)} for each check of `record`: a FAIL of a
     check other than tail-rows whose evidence is TAIL rows alone reads TAIL_ONLY."""
@@ -78,4 +86,4 @@ def regrade_checks(record: dict[str, Any]) -> dict[str, tuple[str, str]]:
     }
 
 
-__all__ = ["EVERY_ROW_NAN", "TAIL_BUG", "TAIL_ONLY", "regrade_campaign", "regrade_checks", "tail_only"]
+__all__ = ["EVERY_ROW_NAN", "TAIL_BUG", "TAIL_ONLY", "padding_only", "regrade_campaign", "regrade_checks", "tail_only"]

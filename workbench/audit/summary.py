@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from varlen_workbench.workbench.audit.judgements import judgements
+from varlen_workbench.workbench.audit.judgements import Judgement, judgements
 from varlen_workbench.workbench.audit.matrix import CORRECTNESS, cell, fails, fuzz_budget, grid, left_out, ran
 from varlen_workbench.workbench.audit.sanitizer import NOT_APPLICABLE, status
 from varlen_workbench.workbench.provenance import GPU_DATA
@@ -77,7 +77,8 @@ def summary(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# Checks whose FAIL is loud (an exception, or the input-validation grade), not a silent wrong value.
+# Checks whose FAIL is loud (an exception, or the input-validation grade), not a silent wrong value; any
+# other check whose evidence says the call raised (`raised`) is loud too.
 LOUD = ("bad-input", "fuzz:raises-on-valid-layout")
 
 
@@ -100,7 +101,7 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
             continue
         bad = found.get("broken", [])
         tail = [c for c in bad if tail_only(evidence[c])]
-        loud = [c for c in bad if c in LOUD]
+        loud = [c for c in bad if c in LOUD or raised(evidence[c])]
         other = [c for c in bad if c not in tail and c not in loud]
         said = []
         if tail:
@@ -110,9 +111,13 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
                 f"{_named(tail)} lies there{pages}"
             )
         if other:
-            said.append(f"silently wrong in {_named(other)}")
+            pages = "".join(f" ([{p}]({p}.html))" for p in _pages(record["row"], other))
+            said.append(f"silently wrong in {_named(other)}{pages}")
         if loud:
-            said.append(f"loud failures (an exception, or no clear error for malformed input): {_named(loud)}")
+            said.append(
+                "loud failures (an exception, or no clear error for malformed input): "
+                + ", ".join(f"{_named([c])} ({_first_line(evidence[c])})" if raised(evidence[c]) else _named([c]) for c in loud)
+            )
         if found.get("documented"):
             said.append(f"documented upstream as intended: {_named(found['documented'])}")
         broken.append(f"{label}: " + "; ".join(said))
@@ -123,6 +128,65 @@ def audits_summary(subjects: dict[str, dict[str, Any]]) -> str:
         lines.append(f"* **Not broken:** {'. '.join(clean)}.")
     lines.append(f"* **Use:** {'; '.join(use) or 'none of these'}.")
     return "\n".join(lines)
+
+
+def record_fails(record: dict[str, Any], row: str) -> list[tuple[str, str, Judgement | None]]:
+    """(check, evidence, its judgement or None) for every FAIL of one audit record, judged as the
+    matrix's row `row`: its checks, then the fuzzer's ('fuzz:<check>')."""
+    judged = judgements()
+    return [(check, evidence, judged.get((row, check))) for _, check, evidence in fails([{**record, "row": row}])]
+
+
+def fails_markdown(record: dict[str, Any], row: str, page: str) -> str:
+    """Markdown for a post-mortem page: how many checks of `record` fail, then one bullet per
+    mechanism with every FAIL it explains (this page's first; a FAIL nobody judged says so), then
+    the checks that pass and any other verdict. Every FAIL of the record is named, once."""
+    from varlen_workbench.workbench.audit.regrade import padding_only
+
+    found = record_fails(record, row)
+    groups: dict[str, list[tuple[str, str, Judgement | None]]] = {}
+    for check, evidence, judgement in found:
+        groups.setdefault(judgement.mechanism if judgement else "", []).append((check, evidence, judgement))
+    ours = [name for name, items in groups.items() if items[0][2] and items[0][2].postmortem == page]
+    checks = [c for c in record["checks"] if c["verdict"] in ("pass", "FAIL")]
+    failing = [c["name"] for c in checks if c["verdict"] == "FAIL"]
+    fuzz = record.get("fuzz") or {}
+    fuzzed = [c for c, _, _ in found if c.startswith("fuzz:")]
+    lines = [
+        f"{len(failing)} of {len(checks)} checks fail"
+        + (f", and the fuzzer ({fuzz.get('tried', 0):,} layouts) fails {len(fuzzed)} checks" if fuzz else "")
+        + f": {len(found)} FAILs in all, each below with the mechanism it is judged to be."
+    ]
+    for name in ours + [name for name in groups if name not in ours]:
+        items = groups[name]
+        named = _named([c for c, _, _ in items])
+        judgement = items[0][2]
+        if judgement is None:
+            lines.append(f"* **{named}**: not judged yet.")
+            continue
+        where = (
+            "only through padding rows (every failing value lies in GAP or TAIL rows)"
+            if all(padding_only(e) for _, e, _ in items)
+            else "on REAL rows"
+        )
+        when = "; only with NaN planted in the padding (zero-filled padding avoids it)" if judgement.nan_padding else ""
+        whose = "This page's mechanism." if name in ours else f"Not this page's mechanism: {judgement.text}."
+        lines.append(f"* **{named}**: {where}{when}. {whose}")
+    passing = [c["name"] for c in checks if c["verdict"] == "pass"]
+    lines.append(f"* **Pass:** {', '.join(passing) or 'none'}.")
+    other = [f"{c['name']} ({c['verdict']})" for c in record["checks"] if c["verdict"] not in ("pass", "FAIL")]
+    if other:
+        lines.append(f"* **Other verdicts:** {', '.join(other)}.")
+    return "\n".join(lines)
+
+
+def raised(evidence: str) -> bool:
+    """Whether a FAIL's evidence is an exception the call raised ('raised AcceleratorError: ...'), not a value."""
+    return evidence.startswith("raised ")
+
+
+def _first_line(evidence: str) -> str:
+    return evidence.split("\n", 1)[0].strip()
 
 
 def _named(checks: list[str]) -> str:
