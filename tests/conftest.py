@@ -39,6 +39,24 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+
+# The suite's calls of varlen_attention mean the Triton kernel: on CPU tensors backend="auto" runs
+# the torch backend unless the interpreter is asked for, so each test asks for it (it interprets
+# nothing more on a CPU-only machine; on a CUDA machine "auto" never picks the torch backend and
+# CUDA tensors stay compiled). A test marked auto_backend sees "auto" as a user does.
+@pytest.fixture(autouse=True)
+def _triton_kernel_on_the_cpu(request):
+    import torch
+
+    from varlen_workbench.kernels.runtime import use_interpreter
+
+    if request.node.get_closest_marker("auto_backend") or torch.cuda.is_available():
+        yield
+        return
+    with use_interpreter():
+        yield
+
+
 REPO = Path(__file__).resolve().parent.parent
 PLANTED_BUG = """from varlen_workbench.workbench.reference import reference_attention
 

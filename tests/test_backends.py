@@ -109,6 +109,7 @@ def test_a_named_backend_that_cannot_take_the_call_says_why():
         batch.call(varlen.varlen_attention, backend="fa4")
 
 
+@pytest.mark.auto_backend
 def test_auto_on_the_cpu_is_the_torch_backend_unless_the_interpreter_is_asked_for():
     batch = pack(Case((3, 0, 5), seqlens_k=(4, 2, 0), padded_q=(4, 2, 7), tail_q=2, heads=4, kv_heads=2, head_dim=16))
     call = backends.Call(batch.q, batch.k, batch.v, batch.step_metadata(validate=True), False, 0.25, -1, -1, False, True)
