@@ -118,3 +118,19 @@ def test_auto_on_the_cpu_is_the_torch_backend_unless_the_interpreter_is_asked_fo
         assert backends.choose("auto", call).name == "triton"
     assert backends.choose("auto", call._replace(eager=False)).name == "triton"  # traced: the custom op
     assert torch.equal(batch.call(varlen.varlen_attention), batch.call(varlen.varlen_attention, backend="torch"))
+
+
+@pytest.mark.auto_backend
+def test_the_real_client_page_says_which_backend_ours_ran_on():
+    from varlen_workbench.workbench.realclient import ours_backend
+
+    assert ours_backend("cpu") == "torch"  # the page's default run: what a user's CPU run gets
+    with use_interpreter():
+        assert ours_backend("cpu") == "triton"
+
+
+def test_the_suite_means_the_triton_kernel_on_the_cpu():
+    """tests/conftest.py's switch: an unmarked test's "auto" on CPU tensors is the Triton kernel."""
+    from varlen_workbench.workbench.realclient import ours_backend
+
+    assert ours_backend("cpu") == ("torch" if torch.cuda.is_available() else "triton")

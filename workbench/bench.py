@@ -50,7 +50,7 @@ def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tu
     # compiled specializations are the ones the timed process loads.
     small = case.with_(seqlens_q=(200, 56), seqlens_k=None, padded_q=None, padded_k=None, align=None, tail_q=0, tail_k=0)
     with TUNER.pinned(**{k: t[min(index, len(t) - 1)] for k, t in tiles.items()}):
-        pack(small, device=device).call(varlen_attention, validate=False, window_size=window).sum().backward()
+        pack(small, device=device).call(varlen_attention, validate=False, window_size=window, backend="triton").sum().backward()
 
 
 def precompile(chosen: list[Workload], jobs: int) -> None:

@@ -18,7 +18,10 @@ from varlen_workbench.kernels.varlen.backends import names
 from varlen_workbench.kernels.varlen.metadata import VarlenMetadata
 from varlen_workbench.kernels.varlen.op import DTYPES, HEAD_DIMS, AuxRequest, pinned, varlen_attention, varlen_attn
 
-# The guarded FlashAttention-4 path as one callable: `varlen-workbench audit varlen_workbench.kernels.varlen:varlen_attention_fa4`.
+# The fixed Triton kernel whatever the device (what the post-mortems and the interpreter tests mean by "our
+# kernel"; on CPU tensors it runs through Triton's interpreter), and the guarded FlashAttention-4 path, each
+# as one callable: `varlen-workbench audit varlen_workbench.kernels.varlen:varlen_attention_fa4`.
+varlen_attention_triton = pinned("triton")
 varlen_attention_fa4 = pinned("fa4")
 
 PINNED = "varlen_attention_"
@@ -32,4 +35,13 @@ def __getattr__(name: str) -> Callable:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DTYPES", "HEAD_DIMS", "AuxRequest", "VarlenMetadata", "varlen_attention", "varlen_attention_fa4", "varlen_attn"]
+__all__ = [
+    "DTYPES",
+    "HEAD_DIMS",
+    "AuxRequest",
+    "VarlenMetadata",
+    "varlen_attention",
+    "varlen_attention_fa4",
+    "varlen_attention_triton",
+    "varlen_attn",
+]

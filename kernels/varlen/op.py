@@ -191,7 +191,11 @@ def pinned(backend: str) -> Callable:
     """`varlen_attention` with `backend` fixed, one object per name: `varlen_attention_<backend>`
     of `varlen_workbench.kernels.varlen`, the audit's `ours-<backend>` target."""
     check_backend(backend)
-    return functools.partial(varlen_attention, backend=backend)
+    call = functools.partial(varlen_attention, backend=backend)
+    # Named as it is imported, so that probes and the audit name it and find it again by "module:name".
+    call.__name__ = call.__qualname__ = f"varlen_attention_{backend}"  # type: ignore[attr-defined]
+    call.__module__ = "varlen_workbench.kernels.varlen"
+    return call
 
 
 class AuxRequest(NamedTuple):
