@@ -134,3 +134,23 @@ def test_the_suite_means_the_triton_kernel_on_the_cpu():
     from varlen_workbench.workbench.realclient import ours_backend
 
     assert ours_backend("cpu") == ("torch" if torch.cuda.is_available() else "triton")
+
+
+@pytest.mark.auto_backend
+def test_a_cpu_audit_of_ours_says_which_backend_it_audited():
+    from varlen_workbench.workbench.audit import audit
+    from varlen_workbench.workbench.audit.adapters.varlen import audited_backend
+    from varlen_workbench.workbench.audit.matrix import implementation
+
+    report = audit("varlen_workbench.kernels.varlen:varlen_attention", device="cpu", budget=0, checks=["tail-rows"])
+    assert report.passed and report.backend == "auto: torch" and report.to_dict()["backend"] == "auto: torch"
+    assert report.render().startswith(
+        "audit of varlen_workbench.kernels.varlen:varlen_attention (adapter ours, backend auto: torch, cpu,"
+    )
+    record = {**report.to_dict(), "row": "ours"}
+    assert implementation(record).endswith(", backend auto: torch)")
+    cpu = torch.device("cpu")
+    with use_interpreter():
+        assert audited_backend("ours", cpu, "float32", 32) == "auto: triton"
+    assert audited_backend("ours-triton", cpu, "float32", 32) == "triton"
+    assert audited_backend("contract", cpu, "float32", 32) == ""

@@ -256,14 +256,9 @@ def ours_backend(device: str | torch.device, dtype: torch.dtype = torch.bfloat16
     """The backend `backend="auto"` runs ours on for a causal bf16 call on `device` in this process:
     "torch" (per-document SDPA) on CPU tensors unless the Triton interpreter is asked for; on a GPU
     the Triton kernel or FlashAttention-4, by the contract's rule (docs/contract.md, Backends)."""
-    from varlen_workbench.kernels.varlen import VarlenMetadata
-    from varlen_workbench.kernels.varlen.backends import Call, choose
+    from varlen_workbench.kernels.varlen.op import auto_backend
 
-    rows, heads, head_dim = 64, 2, 16
-    q = torch.zeros(rows, heads, head_dim, device=device, dtype=dtype)
-    cu = torch.tensor([0, rows], dtype=torch.int32, device=device)
-    metadata = VarlenMetadata(cu, cu, rows, rows, total_q=rows, total_k=rows)
-    return choose("auto", Call(q, q, q, metadata, True, head_dim**-0.5, -1, 0, False, True)).name
+    return auto_backend(device, dtype, head_dim=SIZES["cpu"].head_dim)
 
 
 REFERENCE = Backend(

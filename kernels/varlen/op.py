@@ -132,10 +132,14 @@ def varlen_attention(
             False keeps only the checks that need no look at the values, for CUDA graphs and
             ``torch.compile(fullgraph=True)``. A ``metadata`` object was validated (or not) when
             it was built, and says when its verdict is read.
-        backend: which kernel computes the call. "auto" (the default): the faster of the two
-            that keep the contract for this call, by the rule docs/contract.md (Backends)
-            derives from the benchmark record (`varlen_workbench.kernels.varlen.backends`); on a machine without
-            FlashAttention-4, the Triton kernel. "triton": ours. "fa4": FlashAttention-4 (the
+        backend: which registered backend computes the call (`varlen_workbench.kernels.varlen.backends`).
+            "auto" (the default): the registry's preferred one that can take the call. On CPU
+            tensors that is "torch" (per-document SDPA keeping the contract) unless the Triton
+            interpreter is asked for (`runtime.use_interpreter()`); on a GPU the faster of the
+            Triton kernel and FA4 by the rule docs/contract.md (Backends) derives from the
+            benchmark record, the Triton kernel where FA4 is missing or cannot take the call.
+            "triton": ours (interpreted on CPU tensors). "torch": per-document SDPA, eager calls
+            only. "fa4": FlashAttention-4 (the
             optional extra ``fa4``) with the contract kept by a thin wrapper
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason. FA4
             runs a call eagerly on an sm90 or sm100 GPU, float16/bfloat16, the head dims it
@@ -184,6 +188,18 @@ def varlen_attention(
     if positional:
         metadata.check()  # a positional call raises before it returns (one wait per new metadata)
     return (out, lse) if return_lse else out
+
+
+def auto_backend(device: str | torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64, causal: bool = True) -> str:
+    """The backend `backend="auto"` runs an eager call of one 64-row sequence on, in this process:
+    "torch" on CPU tensors unless the Triton interpreter is asked for (then "triton"); on a GPU the
+    registry's preference (the Triton kernel, or FlashAttention-4 where the contract's rule says).
+    Longer GPU calls may go elsewhere by that rule; on the CPU every eager call goes here."""
+    rows = 64
+    q = torch.zeros(rows, 2, head_dim, device=device, dtype=dtype)
+    cu = torch.tensor([0, rows], dtype=torch.int32, device=device)
+    metadata = VarlenMetadata(cu, cu, rows, rows, total_q=rows, total_k=rows)
+    return choose("auto", Call(q, q, q, metadata, causal, head_dim**-0.5, -1, 0 if causal else -1, False, True)).name
 
 
 @functools.cache

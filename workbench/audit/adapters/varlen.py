@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from varlen_workbench.kernels.varlen.op import HEAD_DIMS
+from varlen_workbench.kernels.varlen.op import HEAD_DIMS, auto_backend
 from varlen_workbench.workbench.audit.adapters.base import (
     ADAPTERS,
     AdapterRefused,
@@ -446,6 +446,20 @@ def register_backend_adapters() -> list[str]:
 
 
 register_backend_adapters()
+
+
+def audited_backend(adapter: str, device: torch.device, dtype: str, head_dim: int) -> str:
+    """Which of our backends an audit through `adapter` runs: the pinned one ("triton" for
+    `ours-triton`), "auto: <pick>" for `ours` (what backend="auto" picks on `device` in this
+    process: on the CPU "torch" unless the Triton interpreter is asked for), "" for other code."""
+    if adapter.startswith("ours-"):
+        return adapter.removeprefix("ours-")
+    if adapter != "ours":
+        return ""
+    try:
+        return f"auto: {auto_backend(device, getattr(torch, dtype), head_dim)}"
+    except ValueError as exc:  # no backend takes the call here: the audit's checks will say so
+        return f"auto: none ({str(exc).splitlines()[0]})"
 
 
 def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
