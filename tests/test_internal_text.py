@@ -132,5 +132,7 @@ def test_a_records_machine_paths_are_shown_as_a_reader_can_follow_them():
     assert portable(command) == "python3 scripts/te_install.py build --src .whl/te-src --out $OUT --record $OUT/x.json"
     message = "RuntimeError: /tmp/pip-req-build-j_axianp/csrc/common.h:517 in function GetTransformerEngineDType"
     assert portable(message) == "RuntimeError: csrc/common.h:517 in function GetTransformerEngineDType"
-    assert portable("varlen-workbench audit m:f --record data/gpu/a.json") == "varlen-workbench audit m:f --record data/gpu/a.json"
+    assert (
+        portable("varlen-workbench audit m:f --record data/gpu/a.json") == "varlen-workbench audit m:f --record data/gpu/a.json"
+    )
     assert not any(rule.search(portable(command + " " + message)) for rule in INTERNAL.values())
