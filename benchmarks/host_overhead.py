@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from varlen_workbench.kernels.varlen import launch, op, varlen_attention
+from varlen_workbench.kernels.varlen import launch, varlen_attention
+from varlen_workbench.kernels.varlen.backends import triton
 from varlen_workbench.workbench.bench import select_workloads
 from varlen_workbench.workbench.layout import pack
 from varlen_workbench.workbench.timing import host_us
@@ -44,6 +45,7 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
             batch.max_seqlen_k,
             causal=causal,
             validate=False,
+            backend="triton",
         )
 
     def varlen_attn():
@@ -56,7 +58,7 @@ def layers(shape: str) -> tuple[str, dict[str, Callable[[], object]]]:
         "ours: forward+backward": lambda: ours(batch.q).backward(grad),
         "ours: forward (autograd)": lambda: ours(batch.q),
         "ours: forward (no grad)": lambda: ours(q),
-        "  custom op varlen_workbench::varlen_attention_fwd": lambda: op._forward_op(q, k, v, *cu, causal, scale),
+        "  custom op varlen_workbench::varlen_attention_fwd": lambda: triton._forward_op(q, k, v, *cu, causal, scale),
         "  launcher attention_forward (3 launches)": lambda: launch.attention_forward(q, k, v, *cu, causal, scale),
         "    one launch: work lists": lambda: launch.work_lists(batch.cu_seqlens_q, batch.cu_seqlens_k),
         "    one launch: padding fill": lambda: launch.fill_padding_rows(

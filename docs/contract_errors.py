@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parent.parent
-
 import varlen_workbench.kernels.varlen.metadata as metadata
 import varlen_workbench.kernels.varlen.op as op
+from varlen_workbench.kernels.varlen.backends import registered
 from varlen_workbench.workbench.malformed import CATALOGUE, base_args, split_call
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BEGIN, END = "<!-- error-table:begin (python docs/contract_errors.py) -->", "<!-- error-table:end -->"
 
@@ -68,11 +69,6 @@ class Launched(Exception):
     """The call passed every check and reached the kernel (which is not run here)."""
 
 
-# Where `varlen_attention` hands over to the kernels, whichever road it takes (the custom op
-# under tracing, the launchers directly in eager mode).
-LAUNCHERS = ("_forward_op", "attention_forward")
-
-
 @contextlib.contextmanager
 def checks_only() -> Iterator[None]:
     """`varlen_attention` with its checks and without its kernel: a call that passes them
@@ -82,9 +78,8 @@ def checks_only() -> Iterator[None]:
         raise Launched
 
     with contextlib.ExitStack() as stack:
-        for name in LAUNCHERS:
-            if hasattr(op, name):
-                stack.enter_context(mock.patch.object(op, name, launched))
+        for backend in registered():  # where `varlen_attention` hands the call over, whichever backend
+            stack.enter_context(mock.patch.object(backend, "run", launched))
         stack.enter_context(mock.patch.object(op, "check_kernel_device", lambda *a: None))
         # natively the boundary values are checked by a kernel after the launch; the host check
         # raises the same errors (tests/test_kernel_device_check.py) before it

@@ -523,10 +523,10 @@ def test_our_variants_run_on_the_batchs_metadata_built_once():
     """The timed calls of ours pass a VarlenMetadata built before them (a step's): the same
     outputs as the positional call, and no new metadata per call but where the variant says so."""
     from varlen_workbench.kernels.varlen import varlen_attention
-    from varlen_workbench.workbench.bench import IMPLEMENTATIONS
+    from varlen_workbench.workbench.bench import implementations
     from varlen_workbench.workbench.layout import Case, pack
 
     batch = pack(Case((37, 5), heads=2, head_dim=16, causal=True, tail_q=3, tail_k=3))
-    run = IMPLEMENTATIONS["ours"](batch, (-1, -1))
+    run = implementations()["ours"](batch, (-1, -1))
     assert torch.equal(run(), batch.call(varlen_attention, backend="triton"))
-    assert IMPLEMENTATIONS["ours validate=True"](batch, (-1, -1)) is None  # judged on 8x2048 only
+    assert implementations()["ours validate=True"](batch, (-1, -1)) is None  # judged on 8x2048 only

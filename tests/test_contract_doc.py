@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen.backends import table
 from varlen_workbench.workbench.layout import Case, Fill, Region, pack, region_labels
 from varlen_workbench.workbench.malformed import CATALOGUE, PADDED, REAL, ROWS, base_args
 from varlen_workbench.workbench.plots import attention_mask
@@ -39,6 +40,18 @@ def test_error_table_is_what_the_code_raises():
     begin, end = text.index(contract_errors.BEGIN), text.index(contract_errors.END) + len(contract_errors.END)
     assert text[begin:end] == contract_errors.table(), (
         "docs/contract.md's error table is stale: run python docs/contract_errors.py"
+    )
+
+
+def backend_table(text: str) -> str:
+    """The doc's backend table: the lines between its markers."""
+    begin = text.index("<!-- backend-table:begin")
+    return text[text.index("\n", begin) + 1 : text.index("<!-- backend-table:end -->")].rstrip("\n")
+
+
+def test_backend_table_is_the_registrys():
+    assert backend_table(doc()) == table(), (
+        "docs/contract.md's backend table is stale: paste varlen_workbench.kernels.varlen.backends.table() between its markers"
     )
 
 

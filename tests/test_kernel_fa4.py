@@ -485,7 +485,7 @@ def test_without_the_pinned_fa4_auto_runs_triton_and_fa4_is_a_clear_error(monkey
     assert torch.equal(batch.call(varlen_attention, backend="auto"), batch.call(varlen_attention, backend="triton"))
     with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: {reason}'):
         batch.call(varlen_attention, backend="fa4")
-    with pytest.raises(ValueError, match="backend = 'flash' is not one of 'auto', 'triton', 'fa4'"):
+    with pytest.raises(ValueError, match="backend = 'flash' is not one of 'auto', 'triton', 'fa4', 'torch'"):
         batch.call(varlen_attention, backend="flash")
 
 

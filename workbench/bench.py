@@ -50,7 +50,7 @@ def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tu
     # compiled specializations are the ones the timed process loads.
     small = case.with_(seqlens_q=(200, 56), seqlens_k=None, padded_q=None, padded_k=None, align=None, tail_q=0, tail_k=0)
     with TUNER.pinned(**{k: t[min(index, len(t) - 1)] for k, t in tiles.items()}):
-        pack(small, device=device).call(varlen_attention, validate=False, window_size=window).sum().backward()
+        pack(small, device=device).call(varlen_attention, validate=False, window_size=window, backend="triton").sum().backward()
 
 
 def precompile(chosen: list[Workload], jobs: int) -> None:
@@ -113,21 +113,33 @@ def _ours_validated_fresh(batch, window):
     return run
 
 
-GUARDED_FA4 = "ours backend=fa4 (FA4 + wrapper)"
+def variant(backend: str) -> str:
+    """The benchmark's name for our call pinned to `backend`: "ours" for the Triton kernel (the
+    records' name), "ours backend=<name> (<label>)" for every other registered backend."""
+    from varlen_workbench.kernels.varlen.backends import lookup
+
+    return "ours" if backend == "triton" else f"ours backend={backend} ({lookup(backend).label})"
 
 
-def _ours_fa4(batch, window):
-    """FlashAttention-4 behind our contract wrapper (`backend="fa4"`, validate=True on the
-    metadata every call reuses), where FA4 is installed and can run the call: padded workloads
-    included (views that end at the last real row for TAIL rows, zeroed copies for GAP rows)."""
-    from varlen_workbench.kernels.varlen import varlen_attention
-    from varlen_workbench.kernels.varlen.fa4 import unsupported
+def _ours_on(backend: str) -> Callable:
+    def build(batch, window):
+        """Our call on `backend`, validate=True on the metadata every call reuses, where the
+        backend takes the batch (FA4: padded workloads included, views for TAIL rows, zeroed
+        copies for GAP rows)."""
+        from varlen_workbench.kernels.varlen import varlen_attention
+        from varlen_workbench.kernels.varlen.backends import Call, lookup
 
-    boundaries = (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.cu_seqlens_q_padded, batch.cu_seqlens_k_padded)
-    if unsupported(batch.q, batch.k, batch.v, boundaries, return_lse=False, validate=True):
-        return None
-    step = batch.step_metadata(validate=True)
-    return lambda: batch.call_on(varlen_attention, step, window_size=window, backend="fa4")
+        step = batch.step_metadata(validate=True)
+        c = batch.case
+        call = Call(batch.q, batch.k, batch.v, step, c.causal, batch.q.shape[-1] ** -0.5, *window, False, True)
+        if lookup(backend).cannot_take(call):
+            return None
+        return lambda: batch.call_on(varlen_attention, step, window_size=window, backend=backend)
+
+    return build
+
+
+GUARDED_FA4 = variant("fa4")
 
 
 def grad_like(out: torch.Tensor) -> torch.Tensor:
@@ -312,19 +324,25 @@ def _fa4(batch, window):
     return lambda: flash_attn_varlen_func(q, k, v, **kwargs)[0]
 
 
-IMPLEMENTATIONS: dict[str, Callable] = {
-    "ours": _ours,
-    "FlashAttention-4 varlen": _fa4,
-    "torch varlen_attn": _torch_varlen,
-    "FlexAttention (compiled)": _flex,
-    "SDPA dense (cuDNN)": _sdpa("CUDNN_ATTENTION"),
-    "SDPA dense (flash)": _sdpa("FLASH_ATTENTION"),
-    "SDPA dense (auto)": _sdpa(None),
-    "ours validate=True": _ours_validated,
-    "ours validate=True, new metadata": _ours_validated_fresh,
-    GUARDED_FA4: _ours_fa4,
-    "ours CUDA graph": _ours_graphed,  # last: a capture is the one run that could disturb the process
-}
+def implementations() -> dict[str, Callable]:
+    """Every benchmarked implementation by name: ours on the Triton kernel in its variants, ours
+    on every other registered backend (`variant`), and the libraries'."""
+    from varlen_workbench.kernels.varlen.backends import registered
+
+    pinned = {variant(b.name): _ours_on(b.name) for b in registered() if b.name != "triton"}
+    return {
+        "ours": _ours,
+        "FlashAttention-4 varlen": _fa4,
+        "torch varlen_attn": _torch_varlen,
+        "FlexAttention (compiled)": _flex,
+        "SDPA dense (cuDNN)": _sdpa("CUDNN_ATTENTION"),
+        "SDPA dense (flash)": _sdpa("FLASH_ATTENTION"),
+        "SDPA dense (auto)": _sdpa(None),
+        "ours validate=True": _ours_validated,
+        "ours validate=True, new metadata": _ours_validated_fresh,
+        **pinned,
+        "ours CUDA graph": _ours_graphed,  # last: a capture is the one run that could disturb the process
+    }
 
 
 @dataclass
@@ -425,13 +443,14 @@ def run_benchmark(
 ) -> list[Row]:
     """Times every implementation (or `impls`) on every workload (or those whose name contains
     one of `shapes`); `progress(rows_so_far)` runs after each workload."""
-    unknown = set(impls or ()) - set(IMPLEMENTATIONS)
+    known = implementations()
+    unknown = set(impls or ()) - set(known)
     if unknown:
-        raise ValueError(f"impls {sorted(unknown)} are not benchmarked; choose from {list(IMPLEMENTATIONS)}")
+        raise ValueError(f"impls {sorted(unknown)} are not benchmarked; choose from {list(known)}")
     chosen = select_workloads(quick, shapes)
     if not torch.cuda.is_available():
         raise RuntimeError("varlen-workbench bench needs CUDA: it times kernels with CUDA events. Run it on a GPU machine.")
-    names = list(impls or IMPLEMENTATIONS)
+    names = list(impls or known)
     rows: list[Row] = []
     # Two passes: every implementation on every workload, then the CUDA graph captures, so that
     # a capture that fails cannot disturb any other measurement.
@@ -452,9 +471,9 @@ CAPTURED = ("ours CUDA graph",)  # implementations that capture CUDA graphs: tim
 def _measure_workload(workload: Workload, names: list[str], warmup: int, iters: int) -> dict[str, Row]:
     """Rows of `names` on one workload; our row gets the peers' ratios (peer time / ours)."""
     batch = pack(workload.case, device="cuda")
-    results = {}
+    known, results = implementations(), {}
     for name in names:
-        timing = measure(IMPLEMENTATIONS[name], batch, warmup, iters, workload.window)
+        timing = measure(known[name], batch, warmup, iters, workload.window)
         if timing is None:
             continue
         row = Row(workload.name, name, timing)
@@ -488,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--record", metavar="FILE", help="write the results with provenance as JSON (after each workload)")
     parser.add_argument("--shapes", nargs="+", metavar="TEXT", help="only workloads whose name contains one of these")
-    parser.add_argument("--impls", nargs="+", metavar="NAME", choices=list(IMPLEMENTATIONS), help="only these implementations")
+    parser.add_argument("--impls", nargs="+", metavar="NAME", choices=list(implementations()), help="only these implementations")
     parser.add_argument(
         "--compile-jobs",
         type=int,
@@ -526,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = select_workloads(args.quick, args.shapes)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.compile_jobs and torch.cuda.is_available() and "ours" in (args.impls or IMPLEMENTATIONS):
+    if args.compile_jobs and torch.cuda.is_available() and "ours" in (args.impls or implementations()):
         precompile(chosen, args.compile_jobs)
     rows = run_benchmark(quick=args.quick, iters=args.iters, impls=args.impls, shapes=args.shapes, progress=write)
     print(format_table(rows))

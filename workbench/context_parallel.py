@@ -268,7 +268,7 @@ def context_parallel_attention(
 
 
 def _block(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded, causal: bool, scale: float | None):
-    """One partial: our kernel on local queries against one source's keys, with lse."""
+    """One partial: our Triton kernel (pinned, whatever the device) on local queries against one source's keys, with lse."""
     longest_q, longest_k = int(cu_q.diff().max()), int(cu_k.diff().max())
     return varlen_attention(
         q,
@@ -283,6 +283,7 @@ def _block(q, k, v, cu_q, cu_k, cu_q_padded, cu_k_padded, causal: bool, scale: f
         causal=causal,
         scale=scale,
         return_lse=True,
+        backend="triton",
     )
 
 

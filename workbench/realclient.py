@@ -61,7 +61,8 @@ class Size:
 
 
 SIZES = {
-    # Under a minute on a CPU through the Triton interpreter (whose cost grows with heads and documents).
+    # Seconds on a CPU: ours there is the torch backend ("auto"), or, interpreter asked for, the Triton kernel
+    # (under a minute; the interpreter's cost grows with heads and documents).
     "cpu": Size(layers=4, hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=64, vocab=64, documents=(7, 12, 5), tail=4),
     # 4 layers shaped like Llama-3.2-1B's (hidden 2048, GQA 32/8, head dim 64, MLP 8192), a 32k
     # vocabulary, 7,728 tokens of long-tailed documents (as a pretraining mix packs them) and 256 TAIL rows.
@@ -245,9 +246,19 @@ class Backend:
 
 
 def _ours() -> Callable:
+    """Ours as a user has it: the swap's default, `backend="auto"` (no backend pinned)."""
     from varlen_workbench.kernels.varlen import varlen_attention
 
     return varlen_attention
+
+
+def ours_backend(device: str | torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The backend `backend="auto"` runs ours on for a causal bf16 call on `device` in this process:
+    "torch" (per-document SDPA) on CPU tensors unless the Triton interpreter is asked for; on a GPU
+    the Triton kernel or FlashAttention-4, by the contract's rule (docs/contract.md, Backends)."""
+    from varlen_workbench.kernels.varlen.op import auto_backend
+
+    return auto_backend(device, dtype, head_dim=SIZES["cpu"].head_dim)
 
 
 REFERENCE = Backend(

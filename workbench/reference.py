@@ -13,21 +13,8 @@ from __future__ import annotations
 import torch
 
 from varlen_workbench.kernels.contract import check_causal, check_varlen_inputs, check_window_size
+from varlen_workbench.kernels.varlen.backends.torch import visible_keys
 from varlen_workbench.workbench.layout import real_rows
-
-
-def visible_keys(len_q: int, len_k: int, window: tuple[int, int], device=None) -> torch.Tensor:
-    """(len_q, len_k) bool: query i sees key j iff i + off - left <= j <= i + off + right,
-    off = len_k - len_q (bottom-right aligned, FlashAttention >= 2.1), -1 = unbounded side."""
-    left, right = window
-    rows = torch.arange(len_q, device=device)[:, None] + (len_k - len_q)
-    cols = torch.arange(len_k, device=device)[None, :]
-    visible = torch.ones(len_q, len_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        visible &= cols <= rows + right
-    if left >= 0:
-        visible &= cols >= rows - left
-    return visible
 
 
 def _attend(

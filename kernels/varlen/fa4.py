@@ -111,11 +111,12 @@ def load() -> Kernels | str:
     return Kernels(_flash_attn_fwd, _flash_attn_bwd)
 
 
-def platform_reason(q: torch.Tensor) -> str | None:
-    """Why FA4 cannot run on q's device (None: it can)."""
-    if interpreted(q.device):
-        return f"FA4 runs natively on CUDA only, q is on {q.device} (the Triton interpreter)"
-    return _device_reason(q.device)
+def platform_reason(where: torch.Tensor | torch.device) -> str | None:
+    """Why FA4 cannot run on q's device (`where`: q or its device; None: it can)."""
+    device = where.device if isinstance(where, torch.Tensor) else where
+    if interpreted(device):
+        return f"FA4 runs natively on CUDA only, q is on {device} (the Triton interpreter)"
+    return _device_reason(device)
 
 
 @functools.cache

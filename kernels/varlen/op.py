@@ -1,26 +1,18 @@
-"""`varlen_attention`: the public entry point, a `torch.library` custom op with autograd.
-
-Forward and backward are two custom ops (`varlen_workbench::varlen_attention_fwd` / `_bwd`), so
-autograd, `torch.compile` (fake tensors give the output shapes without running Triton) and
-dispatch modes (which see one op per call) all treat the kernel as one opaque operation.
-
-Plain eager calls (nothing compiling, no dispatch mode active) take a shorter road to the same
-launchers: one `torch.autograd.Function`, without the custom ops' dispatch and their autograd
-wrapper, which cost about as much host time as the kernel launches themselves. Both roads
-compute bitwise the same (tested).
+"""`varlen_attention`: the public entry point. It checks the call, builds or takes the batch's
+`VarlenMetadata`, and hands the call to a backend of the registry (kernels/varlen/backends/):
+the named one, or under "auto" the preferred one that can take it.
 """
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from varlen_workbench.kernels._compat import check_kernel_device
 from varlen_workbench.kernels.contract import check_causal, check_scale, check_varlen_tensors, check_window_size
-from varlen_workbench.kernels.varlen.backends import BACKENDS, fa4_is_faster
-from varlen_workbench.kernels.varlen.fa4 import fa4_attention, unsupported
-from varlen_workbench.kernels.varlen.launch import attention_backward, attention_forward, work_lists_shape
+from varlen_workbench.kernels.varlen.backends import Call, check_backend, choose
 from varlen_workbench.kernels.varlen.metadata import VarlenMetadata, capturing, implicit
 from varlen_workbench.kernels.varlen.metadata import eager as _eager
 
@@ -28,157 +20,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # q/k and v each: every multiple of 8 up to 256, as FlashAttention-2/3 (the kernels pad the lanes
 # to a power of two and mask them, kernels/varlen/attention_kernels.py).
 HEAD_DIMS = range(8, 257, 8)
-
-
-@torch.library.custom_op("varlen_workbench::varlen_attention_fwd", mutates_args=())
-def _forward_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    cu_seqlens_q_padded: torch.Tensor,
-    cu_seqlens_k_padded: torch.Tensor,
-    causal: bool,
-    scale: float,
-    window_left: int = -1,
-    window_right: int = -1,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_forward(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        cu_seqlens_q_padded,
-        cu_seqlens_k_padded,
-        causal,
-        scale,
-        window_left,
-        window_right,
-    )
-
-
-@_forward_op.register_fake
-def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded, *mask_and_scale):
-    total_q, heads, _ = q.shape
-    work = q.new_empty(work_lists_shape(cu_seqlens_q.shape[0] - 1), dtype=torch.int32)
-    return q.new_empty((total_q, heads, v.shape[2])), q.new_empty((heads, total_q), dtype=torch.float32), work
-
-
-@torch.library.custom_op("varlen_workbench::varlen_attention_bwd", mutates_args=())
-def _backward_op(
-    d_out: torch.Tensor,
-    d_lse: torch.Tensor | None,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    work: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    cu_seqlens_q_padded: torch.Tensor,
-    cu_seqlens_k_padded: torch.Tensor,
-    causal: bool,
-    scale: float,
-    window_left: int = -1,
-    window_right: int = -1,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(
-        d_out,
-        d_lse,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        work,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        cu_seqlens_q_padded,
-        cu_seqlens_k_padded,
-        causal,
-        scale,
-        window_left,
-        window_right,
-    )
-
-
-@_backward_op.register_fake
-def _backward_fake(d_out, d_lse, q, k, v, *rest):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, *cu_seqlens, causal, scale, window_left, window_right = inputs
-    out, lse, work = output
-    ctx.mark_non_differentiable(work)
-    # An unused output's gradient stays None: no zeros to allocate, and lse's is skipped in-kernel.
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, out, lse, work, *cu_seqlens)
-    ctx.mask = (causal, scale, window_left, window_right)
-
-
-def _backward(ctx, d_out, d_lse, _d_work):
-    # d_lse is None unless the caller used lse (return_lse=True); it enters as dS += P * d_lse.
-    q, k, v, out, lse, work, *cu_seqlens = ctx.saved_tensors
-    if d_out is None:  # only lse was used
-        d_out = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(d_out, d_lse, q, k, v, out, lse, work, *cu_seqlens, *ctx.mask)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
-
-
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _VarlenAttention(torch.autograd.Function):
-    """The eager road: the launchers behind one autograd node (see the module docstring)."""
-
-    @staticmethod
-    def forward(ctx, metadata: VarlenMetadata, q, k, v, *mask):
-        boundaries = metadata.boundaries
-        fill = metadata.padding_to_fill()
-        out, lse, work = attention_forward(q, k, v, *boundaries, *mask, fill=fill, work=metadata.work, failed=metadata.verdict)
-        metadata.work = work  # made once per batch: the later layers of the step launch nothing for it
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.batch = mask, metadata
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, d_out, d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        metadata: VarlenMetadata = ctx.batch
-        if d_out is None:  # only lse was used
-            d_out = torch.zeros_like(out)
-        dq, dk, dv = attention_backward(
-            d_out,
-            d_lse,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            metadata.work,
-            *metadata.boundaries,
-            *ctx.mask,
-            fill=metadata.padding_to_fill(),
-            failed=metadata.verdict,
-        )
-        # The device check, if nothing read it yet: read after the launches (the GPU keeps
-        # working), before any gradient leaves.
-        metadata.read_in_backward()
-        return None, dq, dk, dv, *([None] * len(ctx.mask))
-
-
-def check_backend(backend: object) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(
-            f'backend = {backend!r} is not one of {", ".join(map(repr, BACKENDS))}; pass "auto" (the faster kernel that '
-            'keeps the contract for this call, docs/contract.md, Backends), "triton" or "fa4".'
-        )
-    return str(backend)
 
 
 def _one_scale(scale: float | None, softmax_scale: float | None) -> float | None:
@@ -191,27 +32,6 @@ def _one_scale(scale: float | None, softmax_scale: float | None) -> float | None
             "FlashAttention's name for scale): pass one of them."
         )
     return softmax_scale
-
-
-def _runs_on_fa4(backend: str, eager: bool, q, k, v, metadata: VarlenMetadata, return_lse: bool) -> bool:
-    """Whether FA4 computes the call: "fa4" refuses, with the reason, a call FA4 cannot run;
-    "auto" takes it where it can run the call and the record says it is the faster
-    (`backends.fa4_is_faster`)."""
-    if backend == "triton":
-        return False
-    reason = (
-        "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
-        if not eager
-        else unsupported(q, k, v, metadata.boundaries, return_lse=return_lse, validate=metadata.validate)
-    )
-    if reason and backend == "fa4":
-        raise ValueError(f'backend="fa4" cannot run this call: {reason}. Pass backend="auto" to run it on the Triton kernel.')
-    if reason:
-        return False
-    if backend == "fa4":
-        return True
-    metadata.check()  # FA4 needs the layout, read with the verdict (one wait per batch)
-    return fa4_is_faster(q, k, metadata)
 
 
 def _metadata_of(
@@ -312,10 +132,14 @@ def varlen_attention(
             False keeps only the checks that need no look at the values, for CUDA graphs and
             ``torch.compile(fullgraph=True)``. A ``metadata`` object was validated (or not) when
             it was built, and says when its verdict is read.
-        backend: which kernel computes the call. "auto" (the default): the faster of the two
-            that keep the contract for this call, by the rule docs/contract.md (Backends)
-            derives from the benchmark record (`varlen_workbench.kernels.varlen.backends`); on a machine without
-            FlashAttention-4, the Triton kernel. "triton": ours. "fa4": FlashAttention-4 (the
+        backend: which registered backend computes the call (`varlen_workbench.kernels.varlen.backends`).
+            "auto" (the default): the registry's preferred one that can take the call. On CPU
+            tensors that is "torch" (per-document SDPA keeping the contract) unless the Triton
+            interpreter is asked for (`runtime.use_interpreter()`); on a GPU the faster of the
+            Triton kernel and FA4 by the rule docs/contract.md (Backends) derives from the
+            benchmark record, the Triton kernel where FA4 is missing or cannot take the call.
+            "triton": ours (interpreted on CPU tensors). "torch": per-document SDPA, eager calls
+            only. "fa4": FlashAttention-4 (the
             optional extra ``fa4``) with the contract kept by a thin wrapper
             (kernels/varlen/fa4.py); a call it cannot express is refused with the reason. FA4
             runs a call eagerly on an sm90 or sm100 GPU, float16/bfloat16, the head dims it
@@ -359,17 +183,35 @@ def varlen_attention(
     if not positional:
         metadata.raise_if_reported()  # a malformed batch the device has reported: raised, no wait
     mask = (causal, check_scale(scale, q.shape[-1]), left, right)
-    eager = _eager()  # asked once: it reads torch.compile's state and the dispatch mode stack
-    if _runs_on_fa4(backend, eager, q, k, v, metadata, return_lse):
-        metadata.check()  # FA4 never runs on a malformed batch
-        out, lse = fa4_attention(q, k, v, metadata, *mask, return_lse)
-    elif eager:
-        out, lse = _VarlenAttention.apply(metadata, q, k, v, *mask)
-    else:
-        out, lse, _ = _forward_op(q, k, v, *metadata.boundaries, *mask)
+    call = Call(q, k, v, metadata, *mask, return_lse, _eager())  # eager asked once: it reads compile and mode state
+    out, lse = choose(backend, call).run(call)
     if positional:
         metadata.check()  # a positional call raises before it returns (one wait per new metadata)
     return (out, lse) if return_lse else out
+
+
+def auto_backend(device: str | torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64, causal: bool = True) -> str:
+    """The backend `backend="auto"` runs an eager call of one 64-row sequence on, in this process:
+    "torch" on CPU tensors unless the Triton interpreter is asked for (then "triton"); on a GPU the
+    registry's preference (the Triton kernel, or FlashAttention-4 where the contract's rule says).
+    Longer GPU calls may go elsewhere by that rule; on the CPU every eager call goes here."""
+    rows = 64
+    q = torch.zeros(rows, 2, head_dim, device=device, dtype=dtype)
+    cu = torch.tensor([0, rows], dtype=torch.int32, device=device)
+    metadata = VarlenMetadata(cu, cu, rows, rows, total_q=rows, total_k=rows)
+    return choose("auto", Call(q, q, q, metadata, causal, head_dim**-0.5, -1, 0 if causal else -1, False, True)).name
+
+
+@functools.cache
+def pinned(backend: str) -> Callable:
+    """`varlen_attention` with `backend` fixed, one object per name: `varlen_attention_<backend>`
+    of `varlen_workbench.kernels.varlen`, the audit's `ours-<backend>` target."""
+    check_backend(backend)
+    call = functools.partial(varlen_attention, backend=backend)
+    # Named as it is imported, so that probes and the audit name it and find it again by "module:name".
+    call.__name__ = call.__qualname__ = f"varlen_attention_{backend}"  # type: ignore[attr-defined]
+    call.__module__ = "varlen_workbench.kernels.varlen"
+    return call
 
 
 class AuxRequest(NamedTuple):

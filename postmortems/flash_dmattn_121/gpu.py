@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.flash_dmattn_121.cases import GPU_SEEDS, SEED, UPSTREAM_CASES, UPSTREAM_TENSORS, MaskCase
 from varlen_workbench.postmortems.flash_dmattn_121.study import (
     oracle,
@@ -70,7 +70,7 @@ def speed_vs_upstream(device) -> dict:
     def ours_step():
         for t in packed:
             t.grad = None
-        varlen_attention(*packed, cu, cu, n, n, causal=True).backward(packed_d_out)
+        varlen_attention_triton(*packed, cu, cu, n, n, causal=True).backward(packed_d_out)
 
     upstream_ms, ours_ms = (time_call(step, device=device).median_ms for step in (upstream_step, ours_step))
     return {

@@ -15,7 +15,7 @@ import torch
 
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.replicas.dmattn import isfinite_exists, launch_patch_as_written, triton_dmattn_func
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.flash_dmattn_121.cases import (
     COVERAGE_CASES,
     GRADS,
@@ -404,7 +404,7 @@ def packed_equivalent(case: MaskCase = PADDED, device=None):
 def ours_on_packed(device=None):
     """The left-padded batch packed, through our varlen_attention (probe: exact-zero padding, real rows vs the oracle)."""
     batch, d_out = packed_equivalent(PADDED, device)
-    return probe(varlen_attention, batch, name="varlen_attention", grad_out=d_out)
+    return probe(varlen_attention_triton, batch, name="varlen_attention", grad_out=d_out)
 
 
 class TinyAttentionLM(torch.nn.Module):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.flash_dmattn_flex_mask.cases import _RATIO, AUDIT_RECORD, AUDITED, IMPLS, META, STUDY
 from varlen_workbench.postmortems.flash_dmattn_flex_mask.upstream import (
     SUCCESSOR_PACKAGE,
@@ -368,7 +368,7 @@ def _reproduce(device: torch.device) -> Results:
         for check in AUDITED:
             runs[name][check] = run_case(check, impl, name, device, backward)
     runs[IMPLS[3]]["real-accuracy"] = run_case(
-        "real-accuracy", varlen_attention, IMPLS[3], device, backward=True, through_adapter=False
+        "real-accuracy", varlen_attention_triton, IMPLS[3], device, backward=True, through_adapter=False
     )
 
     successor = upstream_function(device, SUCCESSOR_PACKAGE)

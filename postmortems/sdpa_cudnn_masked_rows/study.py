@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.sdpa_cudnn_masked_rows.cases import (
     _ERROR,
     CASES,
@@ -259,7 +259,7 @@ def study(case: Case, device=None) -> dict[str, Any]:
             t: [int(i) for i in (_row_error(record.tensors[t], ref[t]) > record.errors[t].bound).nonzero().flatten()]
             for t in TENSORS
         }
-    ours = probe(varlen_attention, pack(case, device), name="(d) our kernel", poisoned=POISONED[case])
+    ours = probe(varlen_attention_triton, pack(case, device), name="(d) our kernel", poisoned=POISONED[case])
     probes["(d) our kernel"] = ours
     per_row["(d) our kernel"] = _row_error(ours.tensors["out"], ref["out"]).tolist()
     damaged["(d) our kernel"] = {

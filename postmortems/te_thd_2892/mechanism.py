@@ -17,7 +17,7 @@ from varlen_workbench.kernels.fp8 import (
     varlen_attention_fp8,
 )
 from varlen_workbench.kernels.runtime import interpreted
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.te_thd_2892.cases import (
     ALIGN,
     CAST_VALUES,
@@ -46,7 +46,7 @@ from varlen_workbench.workbench.tinylm import (
 )
 
 
-def layout_contract(case: Case = TE_DOCSTRING, impl=varlen_attention, device=None) -> ProbeRecord:
+def layout_contract(case: Case = TE_DOCSTRING, impl=varlen_attention_triton, device=None) -> ProbeRecord:
     """The fixed kernel on a padded layout, forward and backward, NaN in every padding row and
     NaN-poisoned memory: the probe records shape, padding rows and REAL-row error vs the oracle."""
     return probe(impl, pack(case, device), name=getattr(impl, "__name__", "impl"), poisoned=True)
@@ -162,7 +162,7 @@ def identical_boundaries(impl, separate: bool = False):
     return workaround
 
 
-def workaround_error(case: Case, impl=varlen_attention, device=None) -> ErrorCheck:
+def workaround_error(case: Case, impl=varlen_attention_triton, device=None) -> ErrorCheck:
     """REAL-row output error of the workaround against the fp64 oracle of the correct contract."""
     batch = pack(case, device, requires_grad=False)
     real = batch.regions_q == Region.REAL

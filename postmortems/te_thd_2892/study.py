@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.te_thd_2892.cases import CASES, FP8_CASE, HEALTH_FRACTIONS, RECIPE_SEQLENS
 from varlen_workbench.postmortems.te_thd_2892.mechanism import (
     RecipeResult,
@@ -75,8 +75,10 @@ def reproduce(device=None) -> TeResults:
         fp8 = fp8_study(device=device)
     return TeResults(
         layout=layout_contract(device=device),
-        recipe=te_recipe(varlen_attention, RECIPE_SEQLENS, device=device),
-        workaround_kernel={causal: workaround_error(CASES[1 + causal], varlen_attention, device) for causal in (False, True)},
+        recipe=te_recipe(varlen_attention_triton, RECIPE_SEQLENS, device=device),
+        workaround_kernel={
+            causal: workaround_error(CASES[1 + causal], varlen_attention_triton, device) for causal in (False, True)
+        },
         contract={causal: contract_error(CASES[1 + causal]) for causal in (False, True)},
         workaround_sweep=workaround_sweep(dense_attention),
         training=train_three_ways(),

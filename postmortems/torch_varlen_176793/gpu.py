@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.torch_varlen_176793.cases import (
     GPU_CASE,
     GPU_PADS,
@@ -170,7 +170,7 @@ def upstream_probes(
     shape = dict(seqlens=case.seqlens_q, heads=case.heads, head_dim=case.head_dim, dtype=case.torch_dtype, device=device)
     data: dict[str, Any] = {"signature": f"{getattr(varlen_fn, '__name__', 'fn')}{inspect.signature(varlen_fn)}"}
     data.update(damage_probes(varlen_fn, device, case=case, trailing=trailing, timing_case=timing_case))
-    impls = {"varlen_attn": torch_style(varlen_fn, "varlen_attn"), "fixed": varlen_attention, "replica": replica}
+    impls = {"varlen_attn": torch_style(varlen_fn, "varlen_attn"), "fixed": varlen_attention_triton, "replica": replica}
     data["points"] = list(probe_points(impls, case, pads, device=device, prefill_mb=prefill_mb))
     data["corrected_repro"] = {}
     for rows in (2, trailing):

@@ -13,7 +13,7 @@ import torch
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.contract import check_varlen_tensors
 from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.torch_varlen_176793.cases import LAYOUTS, PADS, SEED_SEQLENS, STUDY
 from varlen_workbench.postmortems.torch_varlen_176793.upstream import _varlen_attn, torch_style
 from varlen_workbench.workbench.layout import Case, Region, cumulative, pack
@@ -24,7 +24,7 @@ from varlen_workbench.workbench.sweeps import SweepResult, sweep
 
 replica = torch_style(replica_varlen_attn, "replica")
 
-IMPLS: dict[str, Callable] = {"replica": replica, "fixed": varlen_attention, "oracle": reference_attention}
+IMPLS: dict[str, Callable] = {"replica": replica, "fixed": varlen_attention_triton, "oracle": reference_attention}
 
 
 def seed_inputs(device: str | torch.device = "meta") -> dict[str, Any]:

@@ -10,7 +10,7 @@ import torch
 
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn, stale_memory
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.torch_varlen_176793.cases import META, STUDY
 from varlen_workbench.postmortems.torch_varlen_176793.mechanism import corrected_repro, record_at, run_sweep, seed_input_problems
 from varlen_workbench.postmortems.torch_varlen_176793.window import WindowFinding, window_finding
@@ -51,7 +51,7 @@ def token_budget_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return replica_varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=causal)
 
 
-TRAIN_ATTENTION = {"replica": token_budget_attention, "fixed": varlen_attention}
+TRAIN_ATTENTION = {"replica": token_budget_attention, "fixed": varlen_attention_triton}
 
 
 def budget_batches(pad: int, steps: int, seed: int = 0):

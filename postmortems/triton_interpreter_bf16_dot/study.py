@@ -16,7 +16,7 @@ import torch
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.interpreter import native_dots, report, single_block_attention, triton_sum_with_nan
 from varlen_workbench.kernels.runtime import interpreted
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import (
     BF16,
     CASES,
@@ -53,12 +53,12 @@ def attention_study(device: str | torch.device | None = None) -> list[dict[str, 
     rows = [_attention_row(REPRODUCTION, probe(single_block_attention, pack(case, device), backward=False)) for case in CASES]
     bf16 = pack(BF16, device)
     rows.append(_attention_row(WORKAROUND, probe(partial(single_block_attention, upcast=True), bf16, backward=False)))
-    rows.append(_attention_row(FIXED, probe(varlen_attention, bf16)))
+    rows.append(_attention_row(FIXED, probe(varlen_attention_triton, bf16)))
     return rows
 
 
 def forward_seconds(
-    impl: Callable = varlen_attention, repeats: int = TIMING_REPEATS, device: str | torch.device | None = None
+    impl: Callable = varlen_attention_triton, repeats: int = TIMING_REPEATS, device: str | torch.device | None = None
 ) -> dict[str, float]:
     """Best-of-`repeats` forward time of `impl` per dtype on `device`, after one warm-up call.
 

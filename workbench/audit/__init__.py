@@ -44,6 +44,7 @@ from varlen_workbench.workbench.audit.adapters import (
     load,
     register_adapter,
 )
+from varlen_workbench.workbench.audit.adapters.varlen import audited_backend
 from varlen_workbench.workbench.audit.checks import (
     CHECKS,
     CheckResult,
@@ -75,6 +76,7 @@ class AuditReport:
     forward_only: str = ""  # why the backward did not run on this device ("" when it did)
     budget: int = 0  # layouts the fuzzer was asked for (0: checks only)
     partial: str = ""  # a report of a run still under way: what it had not run yet ("" once it ended)
+    backend: str = ""  # ours: the backend it ran ("auto: torch" on the CPU); "" for other code
 
     def result(self, name: str) -> CheckResult:
         for r in self.results:
@@ -117,7 +119,8 @@ class AuditReport:
         """The report as printed: fuzzer findings and their reproductions first, the bad-input
         campaign's calls if `campaign`, then the verdict table and the verdict, last."""
         dims = f", head dim {self.head_dims}" if self.head_dims else ""
-        lines = [f"audit of {self.target} (adapter {self.adapter}, {self.device}, {self.dtype}{dims})"]
+        backend = f", backend {self.backend}" if self.backend else ""
+        lines = [f"audit of {self.target} (adapter {self.adapter}{backend}, {self.device}, {self.dtype}{dims})"]
         if self.forward_only:
             lines.append(f"forward only: {self.forward_only}")
         if self.fuzz is not None:
@@ -149,6 +152,7 @@ class AuditReport:
         return {
             "target": self.target,
             "adapter": self.adapter,
+            **({"backend": self.backend} if self.backend else {}),
             "device": self.device,
             "dtype": self.dtype,
             "head_dims": self.head_dims,
@@ -316,9 +320,11 @@ def audit(
             forward_only=impl.lacks.get("backward", ""),
             budget=budget,
             partial=partial,
+            backend=backend,
         )
 
     fuzzed: FuzzResult | None = None
+    backend = audited_backend(impl.adapter.name, impl.device, ctx.dtype, head_dim)
 
     def save(so_far: FuzzResult | None = None) -> None:
         """Hands the report so far to `checkpoint`: the checks done, the fuzzer so far or done."""

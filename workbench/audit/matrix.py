@@ -133,6 +133,8 @@ def implementation(record: dict[str, Any]) -> str:
     versions = record.get("versions", {})
     if package is None:
         named = f"ours @ {record['provenance'].get('commit', '?')}"
+        if record.get("backend"):  # records from before the registry (2026-12) ran the Triton kernel
+            named += f", backend {record['backend']}"
     else:
         named = f"{package} {versions.get(package, record['provenance'].get(package, '?'))}"
     return f"{record['row']} ({named})"

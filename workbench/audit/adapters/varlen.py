@@ -45,8 +45,9 @@ from typing import Any
 
 import torch
 
-from varlen_workbench.kernels.varlen.op import HEAD_DIMS
+from varlen_workbench.kernels.varlen.op import HEAD_DIMS, auto_backend
 from varlen_workbench.workbench.audit.adapters.base import (
+    ADAPTERS,
     AdapterRefused,
     ContractCall,
     NoOutput,
@@ -406,35 +407,59 @@ register_varlen(
     detect=_is_ours,
     dtypes=("float32", "float16", "bfloat16"),
     head_dims=tuple(HEAD_DIMS),
-    doc="varlen_workbench.kernels.varlen.varlen_attention: the contract itself, with its declared dtypes and head dims.",
+    doc="varlen_workbench.kernels.varlen.varlen_attention: the contract itself, with its declared dtypes and head dims "
+    '(backend="auto": on the CPU the torch backend unless the Triton interpreter is asked for).',
 )
 
 
-def _is_ours_fa4(fn: Callable) -> bool:
-    from varlen_workbench.kernels.varlen import varlen_attention_fa4
+def register_backend_adapters() -> list[str]:
+    """`ours-<backend>` for every registered backend that has none yet: `varlen_attention_<backend>`
+    (varlen_attention pinned to it), in the dtypes it declares; where it runs nothing on the
+    device, the adapter lacks "run" with its reason. Returns the adapters' names."""
+    from varlen_workbench.kernels.varlen.backends import registered
+    from varlen_workbench.kernels.varlen.op import DTYPES, pinned
 
-    return fn is varlen_attention_fa4
+    made = []
+    for backend in registered():
+        name = f"ours-{backend.name}"
+        made.append(name)
+        if name in ADAPTERS:
+            continue
+
+        def lacks(fn: Callable, device: torch.device, backend=backend) -> dict[str, str]:
+            reason = backend.unavailable(device)
+            return {"run": reason} if reason else {}
+
+        def detect(fn: Callable, backend=backend) -> bool:
+            return fn is pinned(backend.name)
+
+        register_varlen(
+            name,
+            detect=detect,
+            lacks=lacks,
+            dtypes=tuple(str(d).removeprefix("torch.") for d in backend.dtypes or DTYPES),
+            head_dims=tuple(HEAD_DIMS),
+            doc=f"varlen_workbench.kernels.varlen.varlen_attention_{backend.name}: varlen_attention(backend="
+            f'"{backend.name}"), {backend.summary}; it runs {backend.takes}.',
+        )
+    return made
 
 
-def _fa4_path_lacks(fn: Callable, device: torch.device) -> dict[str, str]:
-    from varlen_workbench.kernels.varlen.fa4 import load
-
-    lacks = cuda_only("the guarded FlashAttention-4 path (sm90/sm100)", device)
-    kernels = load()
-    if isinstance(kernels, str):  # not installed, or another release than the path is built on
-        lacks["run"] = kernels
-    return lacks
+register_backend_adapters()
 
 
-register_varlen(
-    "ours-fa4",
-    detect=_is_ours_fa4,
-    lacks=_fa4_path_lacks,
-    dtypes=("float16", "bfloat16"),
-    head_dims=tuple(HEAD_DIMS),  # those FA4 takes depend on the GPU (varlen_workbench.kernels.varlen.fa4.fa4_takes_head_dims)
-    doc='varlen_workbench.kernels.varlen.varlen_attention_fa4: varlen_attention(backend="fa4"), FlashAttention-4 behind our wrapper, '
-    'in the dtypes and head dims it takes (any other call runs on the Triton kernel under backend="auto").',
-)
+def audited_backend(adapter: str, device: torch.device, dtype: str, head_dim: int) -> str:
+    """Which of our backends an audit through `adapter` runs: the pinned one ("triton" for
+    `ours-triton`), "auto: <pick>" for `ours` (what backend="auto" picks on `device` in this
+    process: on the CPU "torch" unless the Triton interpreter is asked for), "" for other code."""
+    if adapter.startswith("ours-"):
+        return adapter.removeprefix("ours-")
+    if adapter != "ours":
+        return ""
+    try:
+        return f"auto: {auto_backend(device, getattr(torch, dtype), head_dim)}"
+    except ValueError as exc:  # no backend takes the call here: the audit's checks will say so
+        return f"auto: none ({str(exc).splitlines()[0]})"
 
 
 def _torch_lacks(fn: Callable, device: torch.device) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""Which kernel computes a call: `backend="auto"` takes the faster of the two that keep the
-contract, by a rule read off the benchmark record (data/gpu/bench-h200*.json: forward+backward on
+"""FlashAttention-4 behind our wrapper (kernels/varlen/fa4.py) as a backend: `backend="fa4"`.
+"auto" prefers it to the Triton kernel where the benchmark record says it is the faster (data/gpu/bench-h200*.json: forward+backward on
 an H200, the Triton kernel against FlashAttention-4 behind our wrapper, judged as
 tests/test_backends.py judges it):
 
@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from varlen_workbench.kernels.varlen.backends.registry import Call
+from varlen_workbench.kernels.varlen.fa4 import FA4_DTYPES, fa4_attention, load, platform_reason, unsupported
+
 if TYPE_CHECKING:
     from varlen_workbench.kernels.varlen.metadata import VarlenMetadata
-
-BACKENDS = ("auto", "triton", "fa4")
 
 SHORT_DOCUMENTS = 256  # longest query sequence up to which the Triton kernel is the faster
 GQA_SHORT_ROWS = 256  # real rows per sequence under which GQA runs faster on the Triton kernel
@@ -51,3 +52,30 @@ def fa4_is_faster(q: torch.Tensor, k: torch.Tensor, metadata: VarlenMetadata) ->
     gaps = layout.seqused_q is not None or layout.seqused_k is not None
     n_seqs = max(metadata.cu_seqlens_q.numel() - 1, 1)
     return fa4_is_faster_for(q.shape[1] // k.shape[1], metadata.max_seqlen_q, layout.real_q / n_seqs, gaps)
+
+
+class Fa4:
+    name = "fa4"
+    label = "FA4 + wrapper"
+    summary = "FlashAttention-4 (the optional extra `fa4`) behind a thin wrapper that keeps the contract (kernels/varlen/fa4.py)"
+    takes = "eager calls on an sm90/sm100 GPU, float16/bfloat16, the head dims FA4 compiles, validated boundaries, no gradient through lse"
+
+    dtypes: tuple[torch.dtype, ...] | None = FA4_DTYPES
+
+    def unavailable(self, device: torch.device) -> str | None:
+        kernels = load()
+        return kernels if isinstance(kernels, str) else platform_reason(device)
+
+    def cannot_take(self, call: Call) -> str | None:
+        if not call.eager:
+            return "traced (torch.compile or a dispatch mode): the FA4 path runs eagerly only"
+        metadata = call.metadata
+        return unsupported(call.q, call.k, call.v, metadata.boundaries, return_lse=call.return_lse, validate=metadata.validate)
+
+    def preference(self, call: Call) -> int:
+        call.metadata.check()  # the rule needs the layout, read with the verdict (one wait per batch)
+        return 2 if fa4_is_faster(call.q, call.k, call.metadata) else 0
+
+    def run(self, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
+        call.metadata.check()  # FA4 never runs on a malformed batch
+        return fa4_attention(call.q, call.k, call.v, call.metadata, *call.mask, call.return_lse)
