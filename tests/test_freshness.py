@@ -119,3 +119,20 @@ def test_the_plan_runs_wheels_then_tests_then_stale_records_in_calls_of_at_most_
     assert commands[2:] == ["make a.json", "make c.json", "make d.json"]
     assert all(sum(m for _, m in call) <= gpu_plan.CALL_MINUTES for call in calls)
     assert gpu_plan.plan([_entry("b.json", False, 9.0)]) == []
+
+
+@pytest.mark.slow
+def test_a_page_stamps_the_gpu_records_its_notebook_read_with_their_computed_badge(project, tmp_path, monkeypatch):
+    from conftest import plain_notebook
+
+    from varlen_workbench.workbench.site import build
+
+    read = "from varlen_workbench.workbench.records import load_records\nrows = load_records('audit-te.json')"
+    plain_notebook(project.notebooks_dir / "reads.ipynb", read)
+    out = tmp_path / "site" / "_build"
+    monkeypatch.setattr(freshness, "_now", lambda kind, root: "the code of another commit")  # as if it changed
+    build(project, out, log=lambda message: None)
+    page = (out / "reads.html").read_text()
+    assert "GPU records on this page: 1" in page and "data/gpu/audit-te.json" in page
+    assert '<span class="wb-stale"' in page and freshness.STALE in page
+    assert "from varlen_workbench.workbench.records import READ" not in page  # the stamp's cell is not shown
