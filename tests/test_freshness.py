@@ -11,7 +11,7 @@ import pytest
 from varlen_workbench.workbench import fingerprint, freshness, gpu_plan
 from varlen_workbench.workbench.provenance import REPO
 from varlen_workbench.workbench.record_kinds import OURS, UPSTREAM, kind_of
-from varlen_workbench.workbench.records import load_records, read_record, write_record
+from varlen_workbench.workbench.records import load_records, read_record, with_fingerprint, write_record
 
 
 @pytest.fixture
@@ -93,6 +93,11 @@ def test_a_gpu_record_is_written_with_the_fingerprint_of_its_code(tmp_path):
     )
     assert "fingerprint" not in write_record(tmp_path / "notes.json", {}, command="test")["provenance"]
     assert read_record(tmp_path / "audit-ours.json")["provenance"]["fingerprint"]
+    audited = with_fingerprint(tmp_path / "audit-fa4.json", {"passed": 1, "provenance": {"commit": "abc1234"}})
+    assert audited["provenance"]["fingerprint"] == fingerprint.current_fingerprint(
+        kind_of("audit-fa4.json"), versions=fingerprint.installed_versions(kind_of("audit-fa4.json"))
+    )
+    assert "fingerprint" not in with_fingerprint(tmp_path / "audit-fa4.json.new", audited | {"provenance": {}})["provenance"]
 
 
 def test_an_undeclared_record_kind_names_the_table_to_declare_it_in():

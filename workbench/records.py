@@ -12,7 +12,8 @@ The API, the only code that reads or writes a record file:
   with its `provenance` block (`provenance_block`: `provenance()` plus the command line);
 * `write_json(path, data)` writes a record that already holds its provenance (one being
   updated, or merged from runs), whole or not at all: a reader, or a kill mid-write, sees the
-  old file or the new one (`write_record` writes through it too);
+  old file or the new one (`write_record` writes through it too); `with_fingerprint(path, data)`
+  adds the fingerprint of the measured code to such a record's provenance;
 * `read_record(path, how=None)` reads one back, checking that it is a JSON object with a
   provenance block; a missing file is a `FileNotFoundError` naming `how` (the command that
   records it) when given;
@@ -79,12 +80,24 @@ def provenance_block(command: str | None = None, *, record: str | None = None) -
     name `record`), the fingerprint of the code it measured, so that a page can tell later
     whether that code has changed."""
     block = {**provenance(), "command": command if command is not None else command_line()}
-    if record is not None:
-        from varlen_workbench.workbench.fingerprint import current_fingerprint, installed_versions
+    return {**block, "fingerprint": _code_fingerprint(record)} if record is not None else block
 
-        kind = kind_of(record)
-        block["fingerprint"] = current_fingerprint(kind, versions=installed_versions(kind))
-    return block
+
+def _code_fingerprint(name: str) -> str:
+    """The fingerprint of the code a GPU record named `name` measures, as installed here."""
+    from varlen_workbench.workbench.fingerprint import current_fingerprint, installed_versions
+
+    kind = kind_of(name)
+    return current_fingerprint(kind, versions=installed_versions(kind))
+
+
+def with_fingerprint(path: str | Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` (which holds its provenance) with the fingerprint of the code it measured, where
+    `path` names a GPU record: for records written through `write_json`, such as an audit's."""
+    name = _gpu_name(Path(path))
+    if name is None:
+        return dict(record)
+    return {**record, "provenance": {**record["provenance"], "fingerprint": _code_fingerprint(name)}}
 
 
 def jsonable(value: Any) -> Any:
@@ -120,12 +133,13 @@ def write_record(path: str | Path, payload: Mapping[str, Any], *, command: str |
 
 
 def _gpu_name(path: Path) -> str | None:
-    """The file name of a GPU record: one under GPU_DATA (its kind must be declared), or one
-    written elsewhere (a GPU machine's $OUT) under a declared kind's name; else None."""
+    """The file name of a GPU record: a .json file under GPU_DATA (its kind must be declared), or
+    one written elsewhere (a GPU machine's $OUT) under a declared kind's name; else None (a
+    run's partial `.json.new` too)."""
     try:
         kind_of(path.name)
     except LookupError:
-        if path.resolve().parent == GPU_DATA.resolve():
+        if path.suffix == ".json" and path.resolve().parent == GPU_DATA.resolve():
             raise
         return None
     return path.name
