@@ -1,9 +1,10 @@
 """Whether a GPU record still describes the code that ships, and the stamp a page shows for it.
 
 `freshness(record)` compares the fingerprint of the code the record measured (at its commit:
-`varlen_workbench.workbench.fingerprint.recorded_fingerprint`) with that code now; `stamp(record)`
-renders the record's file, date, GPU and commit, with a "recorded on earlier code" badge where
-they differ. Nothing here fails on a stale record: the page says so instead.
+`varlen_workbench.workbench.fingerprint.recorded_fingerprint`) with that code now; its `html()`
+is the stamp a page shows (site/templates/postmortem/provenance.html.j2): the record's file,
+date, GPU and commit, with a "recorded on earlier code" badge where they differ. Nothing here
+fails on a stale record: the page says so instead.
 """
 
 from __future__ import annotations
@@ -64,21 +65,3 @@ def freshness(record: dict[str, Any], root: Path = REPO) -> Freshness:
     return Freshness(
         record["file"], str(p.get("date", "?"))[:10], str(p.get("device", "?")), recorded_commit(record) or "?", stale
     )
-
-
-class Stamp:
-    """The stamps of records, shown as a notebook output (HTML on the page, text in a terminal)."""
-
-    def __init__(self, records: list[dict[str, Any]]):
-        self.rows = [freshness(r) for r in records]
-
-    def _repr_html_(self) -> str:
-        return '<p class="wb-records">GPU records: ' + "<br>".join(row.html() for row in self.rows) + "</p>"
-
-    def __repr__(self) -> str:
-        return "\n".join(row.text() for row in self.rows)
-
-
-def stamp(*records: dict[str, Any]) -> Stamp:
-    """The date, GPU and commit of each record, with its badge: end a cell with it under a figure or table."""
-    return Stamp(list(records))
