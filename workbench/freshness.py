@@ -38,9 +38,6 @@ class Freshness:
     def line(self) -> str:
         return f"data/gpu/{self.file} · {self.gpu} · commit {self.commit} · {self.date}"
 
-    def text(self) -> str:
-        return f"{self.line()} [{self.badge}]" if self.badge else self.line()
-
     def html(self) -> str:
         badge = f' <span class="wb-stale" title="{html.escape(self.why())}">{self.badge}</span>' if self.badge else ""
         return f'<span class="wb-record">{html.escape(self.line())}{badge}</span>'
