@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint test test-fast site lab clean
+.PHONY: setup lint test test-fast site lab clean gpu-records
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup.sh requirements/cpu.lock
@@ -38,6 +38,11 @@ test-fast: $(STAMP)
 # Executes every notebook afresh and renders site/_build/ (open site/_build/index.html).
 site: $(STAMP)
 	$(VENV)/bin/varlen-workbench build
+
+# Every committed GPU record, whether the code it measured changed since, and the device calls
+# that remake the stale ones (wheels, then tests, then records).
+gpu-records: $(STAMP)
+	$(VENV)/bin/varlen-workbench gpu-records
 
 lab: $(STAMP)
 	$(VENV)/bin/varlen-workbench lab

@@ -78,7 +78,7 @@ from varlen_workbench.workbench.audit.matrix import (
     ran,
 )
 from varlen_workbench.workbench.audit.sanitizer import NOT_APPLICABLE, ToolRun, executable, parse, status
-from varlen_workbench.workbench.records import load_records, write_json, write_record
+from varlen_workbench.workbench.records import load_records, with_fingerprint, write_json, write_record
 
 DATA = ROOT / "data" / "gpu"
 CHECK_TIMEOUT = 150  # seconds one check may take before its cell says "not run: timed out"
@@ -276,7 +276,7 @@ def run_audit(row: str, target: str, adapter: str | None, args, deadline: float)
             if data.get("fuzz"):
                 data["fuzz_budget"] = fuzz_budget(data) or "short of both budgets"
             # Whole or not at all: the sanitizer's threads read the row's record meanwhile.
-            write_json(DATA / f"audit-{row}.json", data)
+            write_json(DATA / f"audit-{row}.json", with_fingerprint(DATA / f"audit-{row}.json", data))
             recorded.append(suffix)
         if rc == "timeout":  # the log's last line then says what the record kept
             with log.open("a") as sink:

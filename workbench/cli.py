@@ -435,6 +435,16 @@ def _audit(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _gpu_records(args: argparse.Namespace) -> int:
+    from varlen_workbench.workbench import fingerprint, gpu_plan
+    from varlen_workbench.workbench.records import load_records
+
+    if args.backfill:
+        fingerprint.backfill(load_records("*.json"))
+    print(gpu_plan.report())
+    return 0  # stale records are a plan, not a failure
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="varlen-workbench",
@@ -553,6 +563,17 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     bench.set_defaults(func=_bench)
+
+    gpu = commands.add_parser(
+        "gpu-records",
+        help="every committed GPU record, whether the code it measured changed since, and the calls that remake the stale ones",
+    )
+    gpu.add_argument(
+        "--backfill",
+        action="store_true",
+        help="first fingerprint, from git history, the code each record without a fingerprint measured (data/gpu/fingerprints.json)",
+    )
+    gpu.set_defaults(func=_gpu_records)
     return parser
 
 

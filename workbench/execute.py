@@ -9,6 +9,7 @@ notebook, the cell and the error. Rendering the executed notebooks is `varlen_wo
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -87,6 +88,11 @@ def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
     return env
 
 
+# Run after the notebook's own cells and taken off again: the GPU records the notebook read
+# (varlen_workbench.workbench.records.READ), kept in its metadata for the page's freshness stamps.
+RECORDS_READ = "import json\nfrom varlen_workbench.workbench.records import READ\nprint(json.dumps(sorted(set(READ))))"
+
+
 def execute(path: Path, root: Path) -> Any:
     """Runs `path` top to bottom in a fresh kernel in its own directory, for publication
     (explorers static: a page and a committed notebook carry every frame); returns the notebook.
@@ -98,6 +104,7 @@ def execute(path: Path, root: Path) -> Any:
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(RECORDS_READ))
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
@@ -115,6 +122,8 @@ def execute(path: Path, root: Path) -> Any:
         if failed is None:
             raise BuildError(f"{path}: {exc}") from None
         raise BuildError(describe_error(path, *failed)) from None
+    printed = "".join(o.get("text", "") for o in nb.cells.pop().outputs if o.get("name") == "stdout")
+    nb.metadata["gpu_records"] = json.loads(printed)
     return nb
 
 

@@ -12,12 +12,17 @@ The API, the only code that reads or writes a record file:
   with its `provenance` block (`provenance_block`: `provenance()` plus the command line);
 * `write_json(path, data)` writes a record that already holds its provenance (one being
   updated, or merged from runs), whole or not at all: a reader, or a kill mid-write, sees the
-  old file or the new one (`write_record` writes through it too);
+  old file or the new one (`write_record` writes through it too); `with_fingerprint(path, data)`
+  adds the fingerprint of the measured code to such a record's provenance;
 * `read_record(path, how=None)` reads one back, checking that it is a JSON object with a
   provenance block; a missing file is a `FileNotFoundError` naming `how` (the command that
   records it) when given;
 * `load_records(pattern, directory=GPU_DATA, how=None)` reads every `directory/pattern` in
   file-name order, each with its `file` name added (none: `[]`, or the error naming `how`).
+
+A record written to `GPU_DATA` carries the fingerprint of the code it measured
+(`varlen_workbench.workbench.fingerprint`), and READ names every GPU record this process has
+read: the site stamps each page with the records its notebook read, and their freshness.
 
 A post-mortem's GPU records are `load_records(f"{META.id}-*.json")`
 (`varlen_workbench.workbench.postmortem.gpu_records`); a claim about them compares with what they hold, read
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from varlen_workbench.workbench.provenance import GPU_DATA, provenance
+from varlen_workbench.workbench.record_kinds import kind_of
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -65,9 +71,33 @@ def portable(text: str) -> str:
     return _CHECKOUT.sub("", text)
 
 
-def provenance_block(command: str | None = None) -> dict[str, str]:
-    """`provenance()` with the command that produced the record."""
-    return {**provenance(), "command": command if command is not None else command_line()}
+# The GPU records (file names under GPU_DATA) this process has read, for the page's stamps.
+READ: list[str] = []
+
+
+def provenance_block(command: str | None = None, *, record: str | None = None) -> dict[str, str]:
+    """`provenance()` with the command that produced the record and, for a GPU record (its file
+    name `record`), the fingerprint of the code it measured, so that a page can tell later
+    whether that code has changed."""
+    block = {**provenance(), "command": command if command is not None else command_line()}
+    return {**block, "fingerprint": _code_fingerprint(record)} if record is not None else block
+
+
+def _code_fingerprint(name: str) -> str:
+    """The fingerprint of the code a GPU record named `name` measures, as installed here."""
+    from varlen_workbench.workbench.fingerprint import current_fingerprint, installed_versions
+
+    kind = kind_of(name)
+    return current_fingerprint(kind, versions=installed_versions(kind))
+
+
+def with_fingerprint(path: str | Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` (which holds its provenance) with the fingerprint of the code it measured, where
+    `path` names a GPU record: for records written through `write_json`, such as an audit's."""
+    name = _gpu_name(Path(path))
+    if name is None:
+        return dict(record)
+    return {**record, "provenance": {**record["provenance"], "fingerprint": _code_fingerprint(name)}}
 
 
 def jsonable(value: Any) -> Any:
@@ -96,9 +126,23 @@ def jsonable(value: Any) -> Any:
 
 def write_record(path: str | Path, payload: Mapping[str, Any], *, command: str | None = None) -> dict[str, Any]:
     """Writes `payload` with a provenance block as JSON to `path` (folders made); returns it."""
-    record = {**jsonable(dict(payload)), "provenance": provenance_block(command)}
+    path = Path(path)
+    record = {**jsonable(dict(payload)), "provenance": provenance_block(command, record=_gpu_name(path))}
     write_json(path, record)
     return record
+
+
+def _gpu_name(path: Path) -> str | None:
+    """The file name of a GPU record: a .json file under GPU_DATA (its kind must be declared), or
+    one written elsewhere (a GPU machine's $OUT) under a declared kind's name; else None (a
+    run's partial `.json.new` too)."""
+    try:
+        kind_of(path.name)
+    except LookupError:
+        if path.suffix == ".json" and path.resolve().parent == GPU_DATA.resolve():
+            raise
+        return None
+    return path.name
 
 
 def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
@@ -140,4 +184,6 @@ def read_record(path: str | Path, *, how: str | None = None) -> dict[str, Any]:
         raise ValueError(
             f"{path} has no provenance block; records are written by varlen_workbench.workbench.records.write_record."
         )
+    if path.resolve().parent == GPU_DATA.resolve():
+        READ.append(path.name)
     return record

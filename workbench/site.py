@@ -257,6 +257,16 @@ def lab_css(site_dir: Path = SITE) -> str:
     return "\n".join(parts)
 
 
+def page_records(nb) -> list:
+    """The freshness of each GPU record the notebook read when it was executed (its metadata's
+    `gpu_records`, `varlen_workbench.workbench.execute`), for the stamps atop its page."""
+    from varlen_workbench.workbench.freshness import freshness
+    from varlen_workbench.workbench.provenance import GPU_DATA
+    from varlen_workbench.workbench.records import read_record
+
+    return [freshness({**read_record(GPU_DATA / name), "file": name}) for name in nb.metadata.get("gpu_records", [])]
+
+
 def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> str:
     exporter = _exporter(site_dir)
     # nbconvert names some output divs with uuid4(): a per-page counter keeps pages deterministic.
@@ -272,6 +282,7 @@ def render_page(nb, page: Page, provenance: dict[str, str], site_dir: Path) -> s
             "verdicts": page.verdicts,
             "levels": _distinct(v.level for v in page.verdicts),
             "provenance": provenance,
+            "records": page_records(nb),
         },
     }
     body, _ = exporter.from_notebook_node(nb, resources=resources)

@@ -418,7 +418,7 @@ def run_command(args) -> int:
     import torch
 
     from varlen_workbench.kernels._compat import DEVICE
-    from varlen_workbench.workbench.records import write_json
+    from varlen_workbench.workbench.records import with_fingerprint, write_json
     from varlen_workbench.workbench.usercode import UserModuleError, import_user_module
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -435,7 +435,7 @@ def run_command(args) -> int:
 
     def write(report: AuditReport) -> None:
         """The record at --record, whole or not at all: a run killed mid-write keeps the last one."""
-        write_json(args.record, report.to_dict())
+        write_json(args.record, with_fingerprint(args.record, report.to_dict()))
 
     if os.getcwd() not in sys.path:  # like `python -m`: the user's modules in the working directory import
         sys.path.insert(0, os.getcwd())

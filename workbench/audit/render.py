@@ -11,6 +11,7 @@ from varlen_workbench.workbench.audit.judgements import known_links, postmortem_
 from varlen_workbench.workbench.audit.matrix import cell, columns, grid, implementation, ran
 from varlen_workbench.workbench.audit.records import format_campaign, shown_snippet
 from varlen_workbench.workbench.audit.sanitizer import row_summary
+from varlen_workbench.workbench.freshness import freshness
 from varlen_workbench.workbench.records import portable
 
 GRADES = ("validates", "partly validates", "no validation")
@@ -44,7 +45,8 @@ def matrix_html(records: list[dict[str, Any]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in ["implementation", *shown])
     body = []
     for record in records:
-        cells = [f"<td><b>{html.escape(implementation(record))}</b></td>"]
+        # Its record's date, GPU and commit, badged where the code it audited has changed since.
+        cells = [f"<td><b>{html.escape(implementation(record))}</b><br>{freshness(record).html()}</td>"]
         for column in shown:
             verdict, evidence = cell(record, column)
             inner = f"<p>{html.escape(portable(evidence))}</p>"
