@@ -182,6 +182,10 @@ def process_group(rank: int, world_size: int, port: int, backend: str, timeout_s
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         yield where
+        # Every rank past its last collective before any tears the group down: a gloo rank whose
+        # peer has already destroyed it can abort in teardown (SIGABRT, "terminate called without
+        # an active exception"), seen once in a loaded CI-like run.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
