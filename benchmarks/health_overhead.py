@@ -2,7 +2,7 @@
 
     python benchmarks/health_overhead.py [--steps 20] [--repeats 9] [--threads 1]
 
-Trains `varlen_workbench.workbench.tinylm.TinyLM` (2 pre-norm blocks, causal varlen attention through
+Trains `varlen_workbench.workbench.instruments.tinylm.TinyLM` (2 pre-norm blocks, causal varlen attention through
 `dense_attention`, ~200 packed tokens) on the CPU with AdamW, alternating timed blocks of steps
 without and with the monitor (gradient hooks, per-step classification, optimizer-state and
 parameter checks, per-token norms of the embeddings), and prints the median step times and
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.instruments.health import GradientHealth
+from varlen_workbench.workbench.instruments.tinylm import LMConfig, SyntheticTask, TinyLM
 from varlen_workbench.workbench.layout import region_labels
-from varlen_workbench.workbench.tinylm import LMConfig, SyntheticTask, TinyLM
 
 
 def _train(model, optimizer, batch, steps: int, monitor: GradientHealth | None) -> float:

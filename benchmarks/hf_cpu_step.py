@@ -20,7 +20,7 @@ import torch
 
 from varlen_workbench.kernels import hf
 from varlen_workbench.kernels.varlen.op import auto_backend
-from varlen_workbench.workbench import realclient
+from varlen_workbench.workbench.instruments import realclient
 
 SIZE = realclient.Size(
     layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256, vocab=1000, documents=(40, 90, 30, 96), tail=0

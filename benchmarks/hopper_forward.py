@@ -3,11 +3,11 @@
     python -m benchmarks.hopper_forward --record data/gpu/hopper-forward-h200.json   # CUDA
     python -m benchmarks.hopper_forward --quick                                        # CPU smoke run
 
-For the d128 bf16 workloads of `varlen_workbench.workbench.bench` named in WORKLOADS, side by side in one
+For the d128 bf16 workloads of `varlen_workbench.workbench.bench.kernels` named in WORKLOADS, side by side in one
 process: our kernel as shipped (its tile tuned as always), each switch alone and all together
 (forward tile pinned to the one the default picked, so a ratio measures the switch and not a
 tile; backward is the shipped one), and FlashAttention-4's `flash_attn_varlen_func` where it
-imports. Each is timed by `varlen_workbench.workbench.bench.measure` (forward and forward+backward, median and
+imports. Each is timed by `varlen_workbench.workbench.bench.kernels.measure` (forward and forward+backward, median and
 min of >= 20 calls). Before timing, every variant's output on the workload with NaN in TAIL
 rows is checked against the default kernel's: REAL rows within `varlen_workbench.workbench.bounds`' bf16 floor
 (the two kernels differ by at most their output's rounding), TAIL rows exactly 0. A variant
@@ -27,15 +27,15 @@ import torch
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig, forward_config
 from varlen_workbench.kernels.varlen.launch import TUNER, candidate_tiles, shape_class
-from varlen_workbench.workbench.bench import _fa4, measure, precompile, ratio
+from varlen_workbench.workbench.bench.hopper_report import CURRENT, FA4
+from varlen_workbench.workbench.bench.kernels import _fa4, measure, precompile, ratio
+from varlen_workbench.workbench.bench.workloads import Workload, workloads
 from varlen_workbench.workbench.bounds import error_check
-from varlen_workbench.workbench.hopper_report import CURRENT, FA4
 from varlen_workbench.workbench.layout import Case, Fill, Region, pack
 from varlen_workbench.workbench.records import write_record
 from varlen_workbench.workbench.timing import MIN_ITERS
-from varlen_workbench.workbench.workloads import Workload, workloads
 
-# `varlen_workbench.workbench.bench` names; the log-uniform mix's name ends with its document count.
+# `varlen_workbench.workbench.bench.kernels` names; the log-uniform mix's name ends with its document count.
 WORKLOADS = ("8x2048 d128", "8x2048 d128 causal", "32k log-uniform 32-8192", "4x16384 d128 causal")
 VARIANTS = {
     CURRENT: DEFAULT_FORWARD,
@@ -52,7 +52,7 @@ def chosen_workloads(quick: bool) -> list[Workload]:
         return [Workload("tiny causal (interpreter)", Case((70, 33), heads=2, head_dim=32, causal=True, dtype="bfloat16"))]
     found = [w for w in workloads() if w.name in WORKLOADS or w.name.startswith(WORKLOADS[2])]
     if len(found) != len(WORKLOADS):
-        raise RuntimeError(f"varlen_workbench.workbench.bench lacks some of {WORKLOADS}: found {[w.name for w in found]}")
+        raise RuntimeError(f"varlen_workbench.workbench.bench.kernels lacks some of {WORKLOADS}: found {[w.name for w in found]}")
     return found
 
 
@@ -89,7 +89,7 @@ def _default_tile(workload: Workload, batch):
 
 
 def _ours(batch, window):
-    """Our kernel as `varlen_workbench.workbench.bench` times it, pinned to the Triton backend."""
+    """Our kernel as `varlen_workbench.workbench.bench.kernels` times it, pinned to the Triton backend."""
     return lambda: batch.call(varlen_attention, validate=False, window_size=window, backend="triton")
 
 

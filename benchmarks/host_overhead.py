@@ -4,7 +4,7 @@
 
 Where a workload is host-bound (the GPU finishes a call before the host has issued the next,
 see the benchmark's `host ms` column), the host time per call *is* the time. This times, on
-one workload of `varlen_workbench.workbench.bench`, what the host spends to issue a call of each layer, from
+one workload of `varlen_workbench.workbench.bench.kernels`, what the host spends to issue a call of each layer, from
 the public function down to one Triton launch, with no sync inside the loop: the differences
 say where the microseconds go (autograd wrapper, custom-op dispatch, launches). Use a
 host-bound workload (the default): where the kernels outlast the host, the launch queue fills
@@ -20,7 +20,7 @@ import torch
 
 from varlen_workbench.kernels.varlen import launch, varlen_attention
 from varlen_workbench.kernels.varlen.backends import triton
-from varlen_workbench.workbench.bench import select_workloads
+from varlen_workbench.workbench.bench.kernels import select_workloads
 from varlen_workbench.workbench.layout import pack
 from varlen_workbench.workbench.timing import host_us
 
@@ -73,7 +73,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument(
-        "--shape", default="short docs", help="a workload of varlen_workbench.workbench.bench, by part of its name"
+        "--shape", default="short docs", help="a workload of varlen_workbench.workbench.bench.kernels, by part of its name"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

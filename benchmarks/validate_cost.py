@@ -3,7 +3,7 @@
     python -m benchmarks.validate_cost [--iters 50]     # on the GPU
     python -m benchmarks.validate_cost --quick          # each variant once on a tiny layout, untimed (CI)
 
-Each workload is timed as `varlen_workbench.workbench.bench` times it (`varlen_workbench.workbench.timing.time_call`: CUDA events
+Each workload is timed as `varlen_workbench.workbench.bench.kernels` times it (`varlen_workbench.workbench.timing.time_call`: CUDA events
 around each call, no host sync between calls, median and fastest of `--iters` calls), every
 call on a `VarlenMetadata` as a training step passes it, for: validate=False; validate=True on
 the same metadata every call (checked once, as the layers of one step share it); validate=True

@@ -82,7 +82,10 @@ def main(row: str) -> int:
 
     rows = {name: (target, adapter) for name, target, adapter in MATRIX}
     if row not in rows:
-        print(f"audit_sanitize: row {row!r} is not in varlen_workbench.workbench.audit.adapters.MATRIX: {sorted(rows)}", file=sys.stderr)
+        print(
+            f"audit_sanitize: row {row!r} is not in varlen_workbench.workbench.audit.adapters.MATRIX: {sorted(rows)}",
+            file=sys.stderr,
+        )
         return 2
     impl = adapt(rows[row][0], rows[row][1], "cuda")
     why = impl.why_not()

@@ -11,7 +11,7 @@ is audited again, every row with `--force`; `--recheck` runs only the checks it 
 rows named, each given `--check-timeout` s (a check past its time limit is an answer the matrix
 keeps until then):
 
-    python -m varlen_workbench.workbench.cli audit TARGET [--adapter A] --device cuda --budget 1000 --time-limit T
+    python -m varlen_workbench.workbench.cli.main audit TARGET [--adapter A] --device cuda --budget 1000 --time-limit T
         --workers W --check-timeout 150 --record data/gpu/audit-<row>.json.new
 
 On CUDA the audit runs each check and fuzz batch in a child process replaced after a CUDA
@@ -188,7 +188,14 @@ def _merge_checks(record: dict[str, Any], part: dict[str, Any], rc: int | str, s
 
 
 def _command(target: str, adapter: str | None, args, phase: str, fuzz_seconds: int, checks: list[str], out: Path) -> list[str]:
-    command = [sys.executable, "-m", "varlen_workbench.workbench.cli", "audit", target, *(["--adapter", adapter] if adapter else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "varlen_workbench.workbench.cli.main",
+        "audit",
+        target,
+        *(["--adapter", adapter] if adapter else []),
+    ]
     command += ["--device", "cuda", "--workers", str(args.workers), "--check-timeout", str(args.check_timeout)]
     if phase == "checks":
         command += ["--budget", "0", "--checks", ",".join(checks)]

@@ -2,7 +2,7 @@
 # Installs this clone, editable, into the Python it is run with (python3, or $PYTHON), without
 # touching any installed package and without an index: the GPU machine's image, before each
 # session's first run. Everything then imports as varlen_workbench (pyproject.toml), and the
-# scripts and `python3 -m varlen_workbench.workbench.cli ...` run from any directory.
+# scripts and `python3 -m varlen_workbench.workbench.cli.main ...` run from any directory.
 #
 # The build needs setuptools >= 77 (pyproject.toml: the licence as an SPDX expression). Where the
 # installed one is older, carry the lock's setuptools wheel in .whl/setuptools/, made beforehand on a
@@ -28,4 +28,4 @@ if ! "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split
     export PYTHONPATH="$build${PYTHONPATH:+:$PYTHONPATH}"
 fi
 PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
-"$PY" -c 'import varlen_workbench.workbench.cli as cli; print("installed:", cli.__name__.rpartition(".")[0], "from", cli.__file__.rsplit("/", 2)[0])'
+"$PY" -c 'import varlen_workbench.workbench.cli.main as cli; print("installed:", cli.__name__.rpartition(".")[0], "from", cli.__file__.rsplit("/", 2)[0])'

@@ -56,7 +56,7 @@ def determinism(setting: str, device: str, timeout: float) -> dict:
     """The audit's determinism check on the row te, in a child with TE's default or DETERMINISTIC."""
     with tempfile.TemporaryDirectory() as directory:
         record = Path(directory) / "audit.json"
-        argv = ["-m", "varlen_workbench.workbench.cli", "audit", TE_ROW, "--adapter", "te-thd", "--device", device]
+        argv = ["-m", "varlen_workbench.workbench.cli.main", "audit", TE_ROW, "--adapter", "te-thd", "--device", device]
         argv += ["--checks", "determinism", "--budget", "0", "--no-isolate", "--record", str(record)]
         env = DETERMINISTIC if setting == "deterministic" else {}
         rc, _, err, seconds = _run([sys.executable, *argv], child_env(env), timeout)

@@ -33,7 +33,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds a configuration's processes may take (default 300)")
     names = [c.name for c in SP_CASES]
     parser.add_argument("--only", help=f"comma-separated, of {names} (default: all)")
-    parser.add_argument("--case", help="the layout as JSON of varlen_workbench.workbench.layout.Case's fields (default: the report's)")
+    parser.add_argument(
+        "--case", help="the layout as JSON of varlen_workbench.workbench.layout.Case's fields (default: the report's)"
+    )
     args = parser.parse_args()
     only = args.only.split(",") if args.only else names
     unknown = sorted(set(only) - set(names))

@@ -32,7 +32,7 @@ import torch
 
 from varlen_workbench.postmortems.te_thd_2892.cases import BIDIRECTIONAL_STEPS, TRAIN_STEPS
 from varlen_workbench.postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
-from varlen_workbench.workbench.tinylm import dense_attention
+from varlen_workbench.workbench.instruments.tinylm import dense_attention
 
 BOUNDARIES = {"correct": "separate", "workaround": "identical"}  # the toy's run names -> what attention is given
 

@@ -27,7 +27,7 @@ settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "quick"
 
 # -- post-mortem projects for the pipeline tests (registry, CLI, site, browser) -------------
 # A project is a uniquely named post-mortem package in a temporary directory with notebooks/
-# next to it, importable here and (through PYTHONPATH, see varlen_workbench.workbench.execute.kernel_env) in
+# next to it, importable here and (through PYTHONPATH, see varlen_workbench.workbench.site.execute.kernel_env) in
 # notebook kernels. Nothing is ever written to the repository's postmortems/.
 import contextlib  # noqa: E402
 import os  # noqa: E402
@@ -155,9 +155,9 @@ def built_site(tmp_path_factory):
     new` (executed by it), a fast variant tagged differently and a plain notebook, all committed
     executed, and the site built by executing them afresh. Read-only for the tests."""
     from varlen_workbench.workbench import registry
-    from varlen_workbench.workbench.cli import main
-    from varlen_workbench.workbench.execute import execute_in_place
-    from varlen_workbench.workbench.site import build
+    from varlen_workbench.workbench.cli.main import main
+    from varlen_workbench.workbench.site.build import build
+    from varlen_workbench.workbench.site.execute import execute_in_place
 
     with _once_per_run(tmp_path_factory, "built-site") as (directory, first), pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(directory))
@@ -187,7 +187,7 @@ def published_site(tmp_path_factory) -> Path:
     runs the paste blocks from a site built elsewhere)."""
     if os.environ.get("WORKBENCH_PUBLISHED_SITE"):
         return Path(os.environ["WORKBENCH_PUBLISHED_SITE"]).resolve()
-    from varlen_workbench.workbench.site import build
+    from varlen_workbench.workbench.site.build import build
 
     with _once_per_run(tmp_path_factory, "published-site") as (directory, first):
         if first:

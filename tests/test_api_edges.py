@@ -50,7 +50,7 @@ def test_a_transposed_tensor_is_named_as_likely_transposed(which):
 
 
 def test_the_single_block_reproduction_refuses_a_window():
-    from varlen_workbench.kernels.interpreter import single_block_attention
+    from varlen_workbench.postmortems.triton_interpreter_bf16_dot.probes import single_block_attention
     from varlen_workbench.workbench.malformed import base_args, split_call
 
     positional, keywords = split_call(base_args())

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, parse_head_dims, register_adapter
 from varlen_workbench.workbench.audit.campaign import Outcome, classify, run_campaign, summarize
-from varlen_workbench.workbench.cli import main
+from varlen_workbench.workbench.cli.main import main
 from varlen_workbench.workbench.malformed import CATALOGUE, base_args, split_call
 from varlen_workbench.workbench.reference import reference_attention
 
@@ -616,7 +616,7 @@ def test_cli_audit_head_dim(tmp_path, capsys):
     assert "--head-dim '96,x': pass D" in capsys.readouterr().err
     # the run under another device (a child process) gets the flag as given
     from varlen_workbench.workbench.audit import _argv
-    from varlen_workbench.workbench.cli import build_parser
+    from varlen_workbench.workbench.cli.main import build_parser
 
     assert "--head-dim 192,128" in " ".join(_argv(build_parser().parse_args(argv)))
 

@@ -15,7 +15,7 @@ import pytest
 from varlen_workbench.workbench.audit import Verdict, adapt, audit
 from varlen_workbench.workbench.audit.campaign import Outcome
 from varlen_workbench.workbench.audit.plain import plain_attention
-from varlen_workbench.workbench.cli import main
+from varlen_workbench.workbench.cli.main import main
 from varlen_workbench.workbench.layout import Case, pack
 from varlen_workbench.workbench.probes import probe
 

@@ -317,7 +317,7 @@ def test_python_errors_name_keywords(capsys):
 
 
 def test_command_line_errors_name_flags(capsys):
-    from varlen_workbench.workbench.cli import main
+    from varlen_workbench.workbench.cli.main import main
 
     assert main(["audit", "test_audit_inference:not_varlen"]) == 2
     message = capsys.readouterr().err.split("\n\n")[0]

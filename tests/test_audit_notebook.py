@@ -15,7 +15,7 @@ import pytest
 from varlen_workbench.workbench.audit import adapt, audit
 from varlen_workbench.workbench.audit.fuzz import run_layout
 from varlen_workbench.workbench.audit.notebook import audit_claims, reproductions
-from varlen_workbench.workbench.site import build
+from varlen_workbench.workbench.site.build import build
 
 ROOT = Path(__file__).resolve().parents[1]
 TAIL_BUG = '''import torch

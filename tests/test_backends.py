@@ -13,10 +13,10 @@ from varlen_workbench.kernels.runtime import use_interpreter
 from varlen_workbench.kernels.varlen import backends
 from varlen_workbench.kernels.varlen.backends.fa4 import fa4_is_faster_for
 from varlen_workbench.kernels.varlen.backends.torch import per_document_attention
-from varlen_workbench.workbench.bench import GUARDED_FA4, RECORD_COMMAND
+from varlen_workbench.workbench.bench.kernels import GUARDED_FA4, RECORD_COMMAND
+from varlen_workbench.workbench.bench.workloads import workloads
 from varlen_workbench.workbench.layout import Case, pack
 from varlen_workbench.workbench.records import load_records
-from varlen_workbench.workbench.workloads import workloads
 
 TOLERANCE = 0.03
 
@@ -83,7 +83,7 @@ class Toy:
 def test_a_registered_backend_shows_up_everywhere_the_registry_is_read():
     from varlen_workbench.workbench.audit.adapters import ADAPTERS
     from varlen_workbench.workbench.audit.adapters.varlen import register_backend_adapters
-    from varlen_workbench.workbench.bench import implementations
+    from varlen_workbench.workbench.bench.kernels import implementations
 
     backends.register(Toy())
     try:
@@ -122,7 +122,7 @@ def test_auto_on_the_cpu_is_the_torch_backend_unless_the_interpreter_is_asked_fo
 
 @pytest.mark.auto_backend
 def test_the_real_client_page_says_which_backend_ours_ran_on():
-    from varlen_workbench.workbench.realclient import ours_backend
+    from varlen_workbench.workbench.instruments.realclient import ours_backend
 
     assert ours_backend("cpu") == "torch"  # the page's default run: what a user's CPU run gets
     with use_interpreter():
@@ -131,7 +131,7 @@ def test_the_real_client_page_says_which_backend_ours_ran_on():
 
 def test_the_suite_means_the_triton_kernel_on_the_cpu():
     """tests/conftest.py's switch: an unmarked test's "auto" on CPU tensors is the Triton kernel."""
-    from varlen_workbench.workbench.realclient import ours_backend
+    from varlen_workbench.workbench.instruments.realclient import ours_backend
 
     assert ours_backend("cpu") == ("torch" if torch.cuda.is_available() else "triton")
 

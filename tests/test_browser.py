@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from varlen_workbench.workbench.execute import kernel_env
-from varlen_workbench.workbench.pasteblocks import paste_blocks
 from varlen_workbench.workbench.registry import Registry
-from varlen_workbench.workbench.site import build
+from varlen_workbench.workbench.site.build import build
+from varlen_workbench.workbench.site.execute import kernel_env
+from varlen_workbench.workbench.site.pasteblocks import paste_blocks
 
 pytestmark = pytest.mark.browser
 
@@ -187,7 +187,7 @@ def test_no_page_scrolls_sideways(browser, site, width):
 def test_every_figure_is_described(browser, site):
     """Each picture (a figure, an explorer's frame) carries alt text saying what it shows, from its
     cell's `wb-alt` metadata; none keeps nbconvert's placeholder."""
-    from varlen_workbench.workbench.site import NO_ALT
+    from varlen_workbench.workbench.site.build import NO_ALT
 
     out, url = site
     page = browser.new_page()
@@ -356,7 +356,7 @@ def test_headings_carry_anchors_a_reader_can_link_to(browser, site):
 def test_a_long_table_unfolds_its_rows(browser, tmp_path):
     """varlen_workbench.workbench.postmortem.Table folds rows past `fold` behind a button; site.js unfolds them."""
     from varlen_workbench.workbench.postmortem import table
-    from varlen_workbench.workbench.site import SITE
+    from varlen_workbench.workbench.site.build import SITE
 
     (tmp_path / "static").mkdir()
     shutil.copy(SITE / "static" / "site.js", tmp_path / "static")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import FAST_FIX, PLANTED_BUG, plain_notebook, scaffold_variant
 
-from varlen_workbench.workbench import cli
+from varlen_workbench.workbench.cli import main as cli
 from varlen_workbench.workbench.layout import Case
 from varlen_workbench.workbench.registry import read_manifest, recorded_verdicts
 
@@ -265,7 +265,7 @@ def test_lab_stops_its_child_when_signalled(tmp_path, sig):
         [
             sys.executable,
             "-c",
-            f"import sys; from varlen_workbench.workbench.cli import run_forwarding_signals; sys.exit(run_forwarding_signals([sys.executable, '-c', {child!r}]))",
+            f"import sys; from varlen_workbench.workbench.cli.main import run_forwarding_signals; sys.exit(run_forwarding_signals([sys.executable, '-c', {child!r}]))",
         ]
     )
     deadline = time.monotonic() + 60

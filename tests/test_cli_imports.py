@@ -42,8 +42,9 @@ class Blocker(importlib.abc.MetaPathFinder):
 if {block!r}:
     sys.meta_path.insert(0, Blocker())
 
-from varlen_workbench.workbench import cli, registry
+from varlen_workbench.workbench import registry
 
+from varlen_workbench.workbench.cli import main as cli
 registry.PACKAGE = {package!r}
 report = []
 for argv in {commands!r}:
@@ -126,7 +127,7 @@ def test_python_dash_m_workbench():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU exit path of `varlen-workbench bench`")
 def test_bench_on_cpu_is_one_line_and_exit_2(capsys):
-    from varlen_workbench.workbench import cli
+    from varlen_workbench.workbench.cli import main as cli
 
     assert cli.main(["bench", "--quick"]) == cli.EXIT_USAGE
     captured = capsys.readouterr()

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.workbench.audit.checks import Verdict
 from varlen_workbench.workbench.audit.context_parallel import context_parallel_check, cp_case, judge, padding_rule_study
-from varlen_workbench.workbench.context_parallel import (
+from varlen_workbench.workbench.instruments.context_parallel import (
     LayoutError,
     ZigZag,
     check_cp_layout,
@@ -133,7 +133,7 @@ def _naive_merge(outs, lses):
 
 
 def nan_merge(*args, **kwargs):
-    with mock.patch("varlen_workbench.workbench.context_parallel.merge_partials", _naive_merge):
+    with mock.patch("varlen_workbench.workbench.instruments.context_parallel.merge_partials", _naive_merge):
         return context_parallel_attention(*args, **kwargs)
 
 
@@ -161,7 +161,7 @@ def test_on_cpu_ranks_interpret_on_a_gpu_machine(monkeypatch):
     and TRITON_INTERPRET is left alone."""
     import os
 
-    from varlen_workbench.workbench import context_parallel as cp
+    from varlen_workbench.workbench.instruments import context_parallel as cp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -246,7 +246,7 @@ def test_main_refuses_more_ranks_than_gpus(monkeypatch, capsys):
 
 # -- the audit's entry: `varlen-workbench audit` runs the check on a context-parallel target ----------
 
-CP_TARGET = "varlen_workbench.workbench.context_parallel:context_parallel_attention"
+CP_TARGET = "varlen_workbench.workbench.instruments.context_parallel:context_parallel_attention"
 
 
 def test_audit_calls_a_cp_target_only_through_its_check():
@@ -281,7 +281,7 @@ def test_audit_calls_a_cp_target_only_through_its_check():
 def test_workbench_audit_fails_a_planted_cp_bug(capsys):
     """`varlen-workbench audit` on a CP attention that leaves TAIL rows unwritten: exit 1, the check's FAIL
     names the rank and the rows."""
-    from varlen_workbench.workbench.cli import main
+    from varlen_workbench.workbench.cli.main import main
 
     target = f"{forgets_tail.__module__}:forgets_tail"
     assert main(["audit", target, "--adapter", "context-parallel", "--checks", "context-parallel"]) == 1

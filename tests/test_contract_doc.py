@@ -12,10 +12,10 @@ import torch
 
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.kernels.varlen.backends import table
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Fill, Region, pack, region_labels
 from varlen_workbench.workbench.malformed import CATALOGUE, PADDED, REAL, ROWS, base_args
 from varlen_workbench.workbench.plots import attention_mask
-from varlen_workbench.workbench.poison import poisoned_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "contract.md"

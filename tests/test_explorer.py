@@ -8,7 +8,7 @@ import re
 import pytest
 from matplotlib.figure import Figure
 
-from varlen_workbench.workbench.explorer import explore
+from varlen_workbench.workbench.instruments.explorer import explore
 
 CALLS = []
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.fp8 import (
+from varlen_workbench.postmortems.te_thd_2892.fp8 import (
     FP8,
     FP8_MAX,
     Fp8Blockwise,

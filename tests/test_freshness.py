@@ -8,9 +8,10 @@ import subprocess
 
 import pytest
 
-from varlen_workbench.workbench import fingerprint, freshness, gpu_plan
+from varlen_workbench.workbench.gpu_records import fingerprint, freshness
+from varlen_workbench.workbench.gpu_records import plan as gpu_plan
+from varlen_workbench.workbench.gpu_records.kinds import OURS, UPSTREAM, kind_of
 from varlen_workbench.workbench.provenance import REPO
-from varlen_workbench.workbench.record_kinds import OURS, UPSTREAM, kind_of
 from varlen_workbench.workbench.records import load_records, read_record, with_fingerprint, write_record
 
 
@@ -59,6 +60,26 @@ def test_the_fingerprint_ignores_the_namespace_prefix_and_counts_upstream_versio
     assert fingerprint.fingerprint([b"x"], {"torch": "2.11.0"}) != fingerprint.fingerprint([b"x"], {"torch": "2.12.0"})
 
 
+def test_moving_a_module_between_packages_leaves_the_fingerprints_of_its_importers():
+    """A module moved into a subpackage: its importers' imports are rewritten and re-sorted, and a
+    `python -m` string names the new path; what runs is the same. A changed call is not."""
+    before = b"""from varlen_workbench.workbench.layout import cumulative
+from varlen_workbench.workbench.syncs import count
+PROG = "python -m varlen_workbench.workbench.syncs"
+def f(x):
+    return count(cumulative(x))
+"""
+    moved = b"""from varlen_workbench.workbench.instruments.syncs import count
+from varlen_workbench.workbench.layout import cumulative
+PROG = "python -m varlen_workbench.workbench.instruments.syncs"
+def f(x):
+    return count(cumulative(x))
+"""
+    changed = moved.replace(b"count(cumulative(x))", b"count(cumulative(x)) + 1")
+    assert fingerprint.fingerprint([before], {}) == fingerprint.fingerprint([moved], {})
+    assert fingerprint.fingerprint([moved], {}) != fingerprint.fingerprint([changed], {})
+
+
 def test_a_record_fingerprinted_from_git_history_survives_a_rename(tmp_path):
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, check=True, text=True).stdout.strip()
@@ -101,7 +122,7 @@ def test_a_gpu_record_is_written_with_the_fingerprint_of_its_code(tmp_path):
 
 
 def test_an_undeclared_record_kind_names_the_table_to_declare_it_in():
-    with pytest.raises(LookupError, match="record_kinds.KINDS"):
+    with pytest.raises(LookupError, match="gpu_records.kinds.KINDS"):
         kind_of("mystery-h200.json")
 
 
@@ -130,7 +151,7 @@ def test_the_plan_runs_wheels_then_tests_then_stale_records_in_calls_of_at_most_
 def test_a_page_stamps_the_gpu_records_its_notebook_read_with_their_computed_badge(project, tmp_path, monkeypatch):
     from conftest import plain_notebook
 
-    from varlen_workbench.workbench.site import build
+    from varlen_workbench.workbench.site.build import build
 
     read = "from varlen_workbench.workbench.records import load_records\nrows = load_records('audit-te.json')"
     plain_notebook(project.notebooks_dir / "reads.ipynb", read)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from varlen_workbench.workbench.health import GradientHealth, State, Thresholds, classify, token_norms
+from varlen_workbench.workbench.instruments.health import GradientHealth, State, Thresholds, classify, token_norms
 from varlen_workbench.workbench.layout import Region, region_labels
 
 

@@ -3,7 +3,7 @@ host read, whatever the batch kind; the layers after the first read nothing and 
 
 On the CPU a host read costs no sync, so the count is of the swap's reads (`varlen_workbench.kernels.hf._read`, its
 one way to read values) and of the metadata it builds; the H200's profiler count of real syncs,
-ours and transformers' apart, is `varlen_workbench.workbench.stepbench`'s record.
+ours and transformers' apart, is `varlen_workbench.workbench.bench.stepbench`'s record.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from varlen_workbench.kernels import hf
 from varlen_workbench.kernels.varlen import metadata
-from varlen_workbench.workbench import realclient as rc
+from varlen_workbench.workbench.instruments import realclient as rc
 
 SIZE = dataclasses.replace(rc.SIZES["cpu"], layers=2)  # a second layer finds the first one's metadata
 

@@ -1,11 +1,11 @@
-"""The Hopper-switch record read back (`varlen_workbench.workbench.hopper_report`): on a synthetic record whose
+"""The Hopper-switch record read back (`varlen_workbench.workbench.bench.hopper_report`): on a synthetic record whose
 every figure is known, and on the committed H200 record against the ratios the benchmark stored."""
 
 from __future__ import annotations
 
 import pytest
 
-from varlen_workbench.workbench.hopper_report import (
+from varlen_workbench.workbench.bench.hopper_report import (
     CURRENT,
     FA4,
     FUSED,

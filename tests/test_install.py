@@ -7,7 +7,7 @@ Face's `kernels`, whose import name was ours; each venv then checks that
 - from the repository root, `import transformers` works and `import kernels` is Hugging Face's, with
   its own API;
 - the swap trains one step of a tiny Llama on the CPU within the bar of per-document SDPA
-  (`varlen_workbench.workbench.realclient.check`, the real-client page's check).
+  (`varlen_workbench.workbench.instruments.realclient.check`, the real-client page's check).
 
 What the venvs share, read-only: our wheel's own dependencies (torch, Triton, numpy, ...), linked
 from this environment (`layer`), so that no venv downloads or unpacks torch again; and the wheels of
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import lock  # noqa: E402
 
-from varlen_workbench.workbench import usage  # noqa: E402
+from varlen_workbench.workbench.site import usage  # noqa: E402
 
 pytestmark = pytest.mark.slow  # fresh venvs, pip installs and three training steps: a minute or two; the full suite runs it
 
@@ -139,7 +139,7 @@ else:
         from kernels import get_kernel, kernelize  # Hugging Face's own API
         found["kernels"] = kernels.__file__
 import dataclasses
-from varlen_workbench.workbench import realclient as rc
+from varlen_workbench.workbench.instruments import realclient as rc
 size = dataclasses.replace(rc.SIZES["cpu"], layers=2)  # the second layer finds the first one's metadata
 report = rc.check(size, "cpu", [rc.OURS], memories=("as is",))
 run = report.run(rc.OURS.name)
@@ -236,5 +236,5 @@ def test_the_gpu_images_route_with_an_older_setuptools(tmp_path, wheels):
     done = _run(["bash", clone / "scripts" / "install_editable.sh"], env=env | {"SETUPTOOLS_WHEELS": str(carried)})
     assert "installed: varlen_workbench.workbench from " + str(clone) in done.stdout, done.stdout
     assert _run([python, "-c", "import setuptools; print(setuptools.__version__)"]).stdout.strip() == old  # the image's stays
-    help_text = _run([python, "-m", "varlen_workbench.workbench.cli", "--help"], cwd=tmp_path).stdout
+    help_text = _run([python, "-m", "varlen_workbench.workbench.cli.main", "--help"], cwd=tmp_path).stdout
     assert help_text.startswith("usage: varlen-workbench ")

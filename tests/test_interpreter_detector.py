@@ -19,19 +19,21 @@ import torch
 import varlen_workbench.kernels.interpreter
 from varlen_workbench.kernels.interpreter import (
     BLOCK,
-    SINGLE_BLOCK_MAX_SEQLEN,
     bf16_dot_is_broken,
-    bit_pattern_gap,
     check_dot,
     dot_operands,
     dot_upcast_needed,
     interpreter_bf16_dot_is_broken,
-    native_dots,
-    report,
-    single_block_attention,
     triton_dot,
 )
 from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.probes import (
+    SINGLE_BLOCK_MAX_SEQLEN,
+    bit_pattern_gap,
+    native_dots,
+    report,
+    single_block_attention,
+)
 from varlen_workbench.workbench.layout import Case, pack
 from varlen_workbench.workbench.probes import probe
 
@@ -120,9 +122,9 @@ def test_the_interpreters_report_on_any_machine():
 
 @pytest.mark.slow  # a fresh interpreter (torch, Triton, the project compiled): seconds; the full suite runs it
 def test_the_interpreters_report_from_a_shell():
-    """`WORKBENCH_DEVICE=cpu python -m varlen_workbench.kernels.interpreter`, with triton imported first."""
+    """`WORKBENCH_DEVICE=cpu python -m varlen_workbench.postmortems.triton_interpreter_bf16_dot.probes`, with triton imported first."""
     env = os.environ | {"WORKBENCH_DEVICE": "cpu"}
-    code = "import triton, runpy; runpy.run_module('varlen_workbench.kernels.interpreter', run_name='__main__')"
+    code = "import triton, runpy; runpy.run_module('varlen_workbench.postmortems.triton_interpreter_bf16_dot.probes', run_name='__main__')"
     child = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
     printed = json.loads(child.stdout)

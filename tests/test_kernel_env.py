@@ -9,7 +9,7 @@ import pytest
 # The GPU machines carry no Jupyter packages (the lab extra): there this file is skipped.
 nbformat = pytest.importorskip("nbformat", reason="the Jupyter packages (the lab extra) are not installed")
 
-from varlen_workbench.workbench.execute import KERNEL_PROFILE, kernel_env  # noqa: E402
+from varlen_workbench.workbench.site.execute import KERNEL_PROFILE, kernel_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ def test_executing_a_notebook_prints_no_kernel_warning(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell("import os\nprint(os.environ['IPYTHONDIR'])")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "n.ipynb")
-    code = f"from pathlib import Path\nfrom varlen_workbench.workbench.execute import execute_in_place\nexecute_in_place(Path('n.ipynb'), Path({str(ROOT)!r}))"
+    code = f"from pathlib import Path\nfrom varlen_workbench.workbench.site.execute import execute_in_place\nexecute_in_place(Path('n.ipynb'), Path({str(ROOT)!r}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "without encryption" not in done.stderr and "WARNING" not in done.stderr, done.stderr

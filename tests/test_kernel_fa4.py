@@ -26,8 +26,8 @@ from tests.test_kernel_varlen import nan_on_padding
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Region, pack, region_labels
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.probes import probe
 from varlen_workbench.workbench.reference import reference_attention
 

@@ -118,7 +118,7 @@ def test_warp_specialize_is_kept_off_four_warp_tiles_on_hopper_only():
 @pytest.mark.slow
 def test_benchmark_quick_run_checks_every_variant(tmp_path):
     """`python -m benchmarks.hopper_forward --quick`: every variant checked on the CPU, none timed."""
-    from varlen_workbench.workbench.hopper_report import hopper_rows, refusals
+    from varlen_workbench.workbench.bench.hopper_report import hopper_rows, refusals
     from varlen_workbench.workbench.records import read_record
 
     record = tmp_path / "quick.json"

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from varlen_workbench.workbench.nantrace import trace_nans
-from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.nantrace import trace_nans
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 
 
 @torch.library.custom_op("wbtest::stale_rows", mutates_args=())

@@ -161,8 +161,8 @@ def test_wheel_metadata(built_wheel):
     assert "License-Expression: Apache-2.0" in meta.splitlines()
     assert {f"{NAMESPACE}/workbench/py.typed", f"{NAMESPACE}/kernels/py.typed"} <= names
     assert {
-        f"{NAMESPACE}/workbench/templates/notebook.tmpl",
-        f"{NAMESPACE}/workbench/templates/postmortem/study.py.tmpl",
+        f"{NAMESPACE}/workbench/cli/templates/notebook.tmpl",
+        f"{NAMESPACE}/workbench/cli/templates/postmortem/study.py.tmpl",
     } <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert 'Requires-Dist: pytest-timeout>=2.3; extra == "test"' in meta

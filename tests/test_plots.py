@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.instruments.health import GradientHealth
 from varlen_workbench.workbench.layout import Case, pack
 from varlen_workbench.workbench.plots import (
     FACE,

@@ -193,7 +193,7 @@ def test_gpu_probes_refuse_the_cpu():
 
 def _fake_monitor(norms: dict[str, list[float]]):
     """A GradientHealth fed the given per-parameter gradient norms, one optimizer step per entry."""
-    from varlen_workbench.workbench.health import GradientHealth
+    from varlen_workbench.workbench.instruments.health import GradientHealth
 
     model = torch.nn.Module()
     for name in norms:

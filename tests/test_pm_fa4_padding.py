@@ -37,8 +37,8 @@ def test_the_replica_takes_fa4s_call_seqused_included():
     """FA4's call shape over the replica: slot starts as cu_seqlens, real lengths as seqused; the rows of a
     slot past seqused (GAP) and past the last slot (TAIL) come back unwritten, as FA4 leaves them, and lse
     comes back only when asked for. qv (MLA) is refused."""
+    from varlen_workbench.workbench.instruments.poison import poisoned_memory
     from varlen_workbench.workbench.layout import pack
-    from varlen_workbench.workbench.poison import poisoned_memory
 
     b = pack(pm.TAIL.with_(seqlens_q=(5, 3), padded_q=(8, 4), padded_k=(8, 4), tail_q=2, tail_k=2))
     kwargs = dict(

@@ -14,12 +14,12 @@ from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.postmortems import te_thd_2892 as pm
 from varlen_workbench.postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
-from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.instruments.health import GradientHealth
+from varlen_workbench.workbench.instruments.tinylm import IGNORE, PAD_TOKEN, SyntheticTask, dense_attention
 from varlen_workbench.workbench.layout import Region, pack
 from varlen_workbench.workbench.postmortem import Results
 from varlen_workbench.workbench.probes import probe
 from varlen_workbench.workbench.reference import reference_attention
-from varlen_workbench.workbench.tinylm import IGNORE, PAD_TOKEN, SyntheticTask, dense_attention
 
 
 def ignores_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):

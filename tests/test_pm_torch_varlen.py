@@ -11,8 +11,8 @@ import torch
 from varlen_workbench.kernels.replicas.torch_varlen import stale_memory
 from varlen_workbench.postmortems import torch_varlen_176793 as pm
 from varlen_workbench.postmortems.torch_varlen_176793 import gpu as pm_gpu
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Fill, pack
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.records import jsonable
 from varlen_workbench.workbench.registry import Registry
 from varlen_workbench.workbench.timing import CallTime

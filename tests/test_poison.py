@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 
 
 def _settings():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from varlen_workbench.workbench import cli
+from varlen_workbench.workbench.cli import main as cli
 from varlen_workbench.workbench.registry import Registry, module_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,8 +87,8 @@ def test_start_here_swap_from_a_config_runs_as_written():
 def test_start_here_names_what_exists():
     section = _section("NaN gradients? Start here")
     assert "make setup" in section and re.search(r"^setup:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
-    assert "python -m varlen_workbench.workbench.realclient" in section and callable(
-        importlib.import_module("varlen_workbench.workbench.realclient").main
+    assert "python -m varlen_workbench.workbench.instruments.realclient" in section and callable(
+        importlib.import_module("varlen_workbench.workbench.instruments.realclient").main
     )
     assert "varlen-workbench audit mypkg.attn:my_varlen_attention" in section
     # The head dims are the contract's to state: the link goes to a section it has.
@@ -101,7 +101,7 @@ def test_the_transformers_range_and_the_install_commands_are_the_tested_ones():
     """The range is pyproject.toml's floor and the lock's pin (usage.transformers_range, the use page's
     source too); the commands that add the fix to an existing environment are the ones
     tests/test_install.py runs."""
-    from varlen_workbench.workbench.usage import transformers_range
+    from varlen_workbench.workbench.site.usage import transformers_range
 
     tested = transformers_range()
     newest = ".".join(tested.newest.split(".")[:2])

@@ -1,4 +1,4 @@
-"""The real-client check (varlen_workbench.workbench.realclient) and the transformers integration it drives (varlen_workbench.kernels.hf)."""
+"""The real-client check (varlen_workbench.workbench.instruments.realclient) and the transformers integration it drives (varlen_workbench.kernels.hf)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from varlen_workbench.kernels import hf
 from varlen_workbench.kernels.varlen import varlen_attention
-from varlen_workbench.workbench import realclient as rc
+from varlen_workbench.workbench.instruments import realclient as rc
 from varlen_workbench.workbench.records import load_records, write_record
 
 SIZE = rc.SIZES["cpu"]
@@ -276,7 +276,7 @@ def test_command_line_writes_a_record_with_its_command(tmp_path, capsys):
     assert rc.main(["--backends", "transformers sdpa: math", "--record", str(path)]) == 0
     (record,) = load_records(rc.RECORD, tmp_path)
     assert record["provenance"]["command"].startswith(
-        "python -m varlen_workbench.workbench.realclient --backends 'transformers sdpa: math'"
+        "python -m varlen_workbench.workbench.instruments.realclient --backends 'transformers sdpa: math'"
     )
     assert [r["backend"] for r in record["runs"]] == [rc.BAR.name] * 2 + ["transformers sdpa: math"] * 2
     assert "| transformers sdpa: math | poisoned |" in capsys.readouterr().out

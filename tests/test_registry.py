@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from varlen_workbench.workbench.cli.scaffold import python_string, render_package
 from varlen_workbench.workbench.postmortem import METADATA_KEY, OURS, Claims, ClaimVerdict, claims_table
 from varlen_workbench.workbench.registry import (
     HEADER_TAG,
@@ -26,7 +27,6 @@ from varlen_workbench.workbench.registry import (
     recorded_verdicts,
     validate_module,
 )
-from varlen_workbench.workbench.scaffold import python_string, render_package
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -222,8 +222,8 @@ def test_recorded_verdicts_are_read_back_exactly_from_output_metadata(project):
 
 
 def test_scaffold_and_registry_import_without_a_cycle():
-    """varlen_workbench.workbench.scaffold is plain text and nbformat: importing it alone must not pull in the registry."""
-    code = "import sys, varlen_workbench.workbench.scaffold; assert 'varlen_workbench.workbench.registry' not in sys.modules, 'scaffold imports the registry'"
+    """varlen_workbench.workbench.cli.scaffold is plain text and nbformat: importing it alone must not pull in the registry."""
+    code = "import sys, varlen_workbench.workbench.cli.scaffold; assert 'varlen_workbench.workbench.registry' not in sys.modules, 'scaffold imports the registry'"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
 

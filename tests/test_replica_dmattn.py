@@ -18,7 +18,7 @@ from varlen_workbench.kernels.replicas.dmattn import (
 from varlen_workbench.kernels.runtime import jit
 from varlen_workbench.postmortems.flash_dmattn_121 import dense_reference
 from varlen_workbench.workbench.bounds import error_check
-from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 
 DEVICE = default_device()  # CUDA where there is one (compiled), else the CPU (interpreted)
 

@@ -11,8 +11,8 @@ import torch
 
 from varlen_workbench.kernels.replicas.torch_varlen import replica_varlen_attn
 from varlen_workbench.workbench.audit import adapt
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Fill, pack
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.probes import probe
 
 # Through the same adapter that drives torch's own varlen_attn (2.10 or 2.11+ signature).

@@ -1,8 +1,8 @@
-"""varlen_workbench.workbench.sdpa_dispatch: the backend SDPA ran, named from the profiler's aten ops."""
+"""varlen_workbench.workbench.instruments.sdpa_dispatch: the backend SDPA ran, named from the profiler's aten ops."""
 
 import torch
 
-from varlen_workbench.workbench.sdpa_dispatch import BACKEND_OPS, Setting, backends_of, observe
+from varlen_workbench.workbench.instruments.sdpa_dispatch import BACKEND_OPS, Setting, backends_of, observe
 
 
 def test_each_backend_op_names_its_backend_for_forward_and_backward():

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.workbench.seqpar import (
+from varlen_workbench.workbench.instruments.seqpar import (
     SizingError,
     _spawn,
     gather_tokens,
@@ -20,7 +20,7 @@ from varlen_workbench.workbench.seqpar import (
     sequence_parallel_forward,
     shard,
 )
-from varlen_workbench.workbench.tinylm import LMConfig, SyntheticTask, TinyLM
+from varlen_workbench.workbench.instruments.tinylm import LMConfig, SyntheticTask, TinyLM
 
 
 @pytest.fixture

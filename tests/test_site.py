@@ -15,10 +15,10 @@ from conftest import FAST_FIX, PLANTED_BUG, scaffold_variant
 from conftest import plain_notebook as _plain_notebook
 
 from varlen_workbench.workbench.errors import BuildError
-from varlen_workbench.workbench.execute import execute_in_place, kernel_env
 from varlen_workbench.workbench.postmortem import METADATA_KEY, OURS, READER_SECTIONS, ClaimVerdict, claims_table
 from varlen_workbench.workbench.registry import Registry
-from varlen_workbench.workbench.site import SITE, build, describe, external_resources, for_site, page_problems
+from varlen_workbench.workbench.site.build import SITE, build, describe, external_resources, for_site, page_problems
+from varlen_workbench.workbench.site.execute import execute_in_place, kernel_env
 
 FOOTER = re.compile(r'<footer class="wb-provenance">.*?</footer>', re.DOTALL)
 
@@ -287,7 +287,7 @@ def test_the_index_gives_each_bug_the_level_its_headline_claim_shows_it_at(publi
 def test_a_figure_carries_its_cells_description_and_a_bare_figure_is_found():
     """The site gives each picture of a cell the `wb-alt` metadata of that cell (what the figure shows);
     `undescribed_figures` counts the pictures a build refuses: no alt, an empty one, nbconvert's placeholder."""
-    from varlen_workbench.workbench.site import NO_ALT, undescribed_figures
+    from varlen_workbench.workbench.site.build import NO_ALT, undescribed_figures
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("plot()")

@@ -1,7 +1,7 @@
 """Every block a page invites a reader to paste, executed as the page shows it.
 
 The blocks come from the built pages (`published_site`: the committed notebooks rendered as
-`varlen-workbench build --no-execute` does), extracted by `varlen_workbench.workbench.pasteblocks.paste_blocks`, and each runs
+`varlen-workbench build --no-execute` does), extracted by `varlen_workbench.workbench.site.pasteblocks.paste_blocks`, and each runs
 verbatim against the inputs real users have: boolean and float masks, masks that differ across
 heads, a non-zero `attn_bias`, grouped K/V, empty sequences. A check must flag exactly the runs
 the upstream kernel breaks, judged by running that kernel; a workaround must keep REAL rows
@@ -30,9 +30,9 @@ import pytest
 import torch
 
 from varlen_workbench.workbench.bounds import error_check
-from varlen_workbench.workbench.pasteblocks import block_digest, paste_blocks
 from varlen_workbench.workbench.provenance import GPU_DATA, REPO
 from varlen_workbench.workbench.records import read_record, write_record
+from varlen_workbench.workbench.site.pasteblocks import block_digest, paste_blocks
 
 
 def _is_script(block: str) -> bool:
@@ -416,8 +416,8 @@ def _battery_varlen_workaround(workaround: Callable, fill: str, out_padding: str
     """Under NaN-poisoned memory, padding rows of q, k, v holding `fill`, a loss that ignores the
     padding: REAL rows within the bound of the fp64 answer, padding rows of dq, dk, dv exactly 0, and
     of out `out_padding` ("zero", or "finite" where the page says the rows hold an attention of their own)."""
+    from varlen_workbench.workbench.instruments.poison import poisoned_memory
     from varlen_workbench.workbench.layout import Case, pack
-    from varlen_workbench.workbench.poison import poisoned_memory
     from varlen_workbench.workbench.reference import reference_attention
 
     for name, (lengths, tail) in VARLEN_LAYOUTS.items():
@@ -681,7 +681,7 @@ def battery_load_with_varlen_contract(load_with_varlen_contract: Callable) -> No
     """real-client's one-line swap: a tiny Llama saved to a folder and loaded through the block runs our
     kernel as its attention, and one step on a packed batch with TAIL rows gives finite gradients."""
     transformers = pytest.importorskip("transformers")
-    from varlen_workbench.workbench import realclient as rc
+    from varlen_workbench.workbench.instruments import realclient as rc
 
     config = transformers.LlamaConfig(
         vocab_size=64,

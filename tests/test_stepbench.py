@@ -1,7 +1,7 @@
-"""The training-step benchmark (varlen_workbench.workbench.stepbench) on the CPU: the batches it builds, what
+"""The training-step benchmark (varlen_workbench.workbench.bench.stepbench) on the CPU: the batches it builds, what
 transformers hands the swap from them, the CPU smoke run (ours through the Triton interpreter
 against padded SDPA, within a bound of a float64 step), and its record as the performance page
-reads it (varlen_workbench.workbench.bench_report.train_step_*)."""
+reads it (varlen_workbench.workbench.bench.report.train_step_*)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from varlen_workbench.kernels import hf
-from varlen_workbench.workbench import bench_report as br
-from varlen_workbench.workbench import realclient
-from varlen_workbench.workbench import stepbench as sb
+from varlen_workbench.workbench.bench import report as br
+from varlen_workbench.workbench.bench import stepbench as sb
+from varlen_workbench.workbench.instruments import realclient
+from varlen_workbench.workbench.instruments.tinylm import dense_attention
 from varlen_workbench.workbench.records import write_record
-from varlen_workbench.workbench.tinylm import dense_attention
 
 SHAPE = sb.SHAPES["cpu"]
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""The host-sync counter (varlen_workbench.workbench.syncs): which runtime calls are waits, whose code issued them,
+"""The host-sync counter (varlen_workbench.workbench.instruments.syncs): which runtime calls are waits, whose code issued them,
 how one op's calls make one sync; on synthetic profiler events shaped as a CUDA trace is, on the
 CPU profiler for real, and on CUDA for the waits torch makes."""
 
@@ -11,9 +11,8 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from varlen_workbench.workbench import syncs
-from varlen_workbench.workbench.provenance import REPO
-from varlen_workbench.workbench.syncs import (
+from varlen_workbench.workbench.instruments import syncs
+from varlen_workbench.workbench.instruments.syncs import (
     ASYNC_COPY,
     BLOCKING_COPY,
     UNMATCHED_COPY,
@@ -24,6 +23,7 @@ from varlen_workbench.workbench.syncs import (
     tally,
     wait_kind,
 )
+from varlen_workbench.workbench.provenance import REPO
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ SITE = "/usr/lib/python3.12/site-packages"
         # Innermost first: torch's frames and builtins name nobody, the first frame outside them decides.
         (["<built-in method item of Tensor object at 0x7f>", "kernels/hf.py(95): packed_layout"], "ours"),
         ([f"{REPO}/kernels/varlen/op.py(400): varlen_attention"], "ours"),
-        (["workbench/realclient.py(190): call", "transformers/integrations/sdpa_attention.py(80): sdpa"], "ours"),
+        (["workbench/instruments/realclient.py(190): call", "transformers/integrations/sdpa_attention.py(80): sdpa"], "ours"),
         (["torch/_tensor.py(1100): __bool__", "transformers/masking_utils.py(700): create_causal_mask"], "transformers"),
         ([f"{SITE}/torch/nn/modules/module.py(1): _call_impl", f"{SITE}/transformers/modeling_utils.py(1): f"], "transformers"),
         (["functools.py(1): wrapper", "contextlib.py(81): inner", "transformers/utils/generic.py(1): w"], "transformers"),
@@ -69,7 +69,7 @@ SITE = "/usr/lib/python3.12/site-packages"
         # A library called from our wrapper issued it: the library's, not ours.
         ([f"{SITE}/flash_attn/cute/interface.py(300): _flash_attn_fwd", "kernels/varlen/fa4.py(200): forward"], "other"),
         # The harness names nobody: a sync under it with no other frame is no one's in particular.
-        (["workbench/stepbench.py(260): step", "workbench/syncs.py(250): count_syncs"], "other"),
+        (["workbench/bench/stepbench.py(260): step", "workbench/instruments/syncs.py(250): count_syncs"], "other"),
         (["tests/test_x.py(3): test"], "other"),
         ([], "other"),
     ],
@@ -115,7 +115,7 @@ def trace():
         add(name, 0, 1, device_type=DeviceType.CUDA, id=id_)
 
     window = add(WINDOW, 0, 1000)
-    harness = frame("workbench/stepbench.py(260): step", 1, 999, window)
+    harness = frame("workbench/bench/stepbench.py(260): step", 1, 999, window)
     add("forward", 2, 500, harness)
     model = frame("transformers/models/llama/modeling_llama.py(400): forward", 3, 400, harness)
     mask = frame("transformers/masking_utils.py(100): create_causal_mask", 4, 50, model)

@@ -7,9 +7,7 @@ import math
 import pytest
 import torch
 
-from varlen_workbench.workbench.layout import Case, Fill, cumulative, pack
-from varlen_workbench.workbench.probes import probe
-from varlen_workbench.workbench.tinylm import (
+from varlen_workbench.workbench.instruments.tinylm import (
     IGNORE,
     PAD_TOKEN,
     LMConfig,
@@ -21,6 +19,8 @@ from varlen_workbench.workbench.tinylm import (
     rope_positions,
     train,
 )
+from varlen_workbench.workbench.layout import Case, Fill, cumulative, pack
+from varlen_workbench.workbench.probes import probe
 
 
 @pytest.mark.parametrize(

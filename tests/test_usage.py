@@ -1,13 +1,13 @@
 """The "Use the fixed kernel" page: install, call, the Hugging Face swap, the supported range and
 Hugging Face's `kernels` beside ours, each read from the code or the environment
-(varlen_workbench.workbench.usage), and linked from every page."""
+(varlen_workbench.workbench.site.usage), and linked from every page."""
 
 from __future__ import annotations
 
 import pytest
 
-from varlen_workbench.workbench import usage
-from varlen_workbench.workbench.site import USE_PAGE
+from varlen_workbench.workbench.site import usage
+from varlen_workbench.workbench.site.build import USE_PAGE
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import FAST_FIX, scaffold_variant
 
-from varlen_workbench.workbench import cli
+from varlen_workbench.workbench.cli import main as cli
 from varlen_workbench.workbench.usercode import UserModuleError, import_user_module, where_raised
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from varlen_workbench.workbench.cli import main
+from varlen_workbench.workbench.cli.main import main
 
 sys.exit(main())

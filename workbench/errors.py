@@ -1,9 +1,9 @@
 """The errors the `workbench` command turns into one line and an exit status.
 
 They live here, apart from the modules that raise them, so that the command line can catch
-them without importing those modules (`varlen_workbench.workbench.execute` and `varlen_workbench.workbench.site` need the Jupyter packages, which a
+them without importing those modules (`varlen_workbench.workbench.site.execute` and `varlen_workbench.workbench.site.build` need the Jupyter packages, which a
 GPU machine with only torch and triton lacks). `varlen_workbench.workbench.registry.RegistryError` and
-the `BuildError` of `varlen_workbench.workbench.execute` and `varlen_workbench.workbench.site` are these same classes.
+the `BuildError` of `varlen_workbench.workbench.site.execute` and `varlen_workbench.workbench.site.build` are these same classes.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from matplotlib.patches import Patch
 from matplotlib.rcsetup import cycler
 
 from varlen_workbench.workbench.bounds import FACTORS
-from varlen_workbench.workbench.health import GradientHealth, State
+from varlen_workbench.workbench.instruments.health import GradientHealth, State
 from varlen_workbench.workbench.layout import Case, PackedBatch, Region, pack
 from varlen_workbench.workbench.reference import reference_attention
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from varlen_workbench.workbench.bounds import ErrorCheck, error_check
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import PackedBatch, Region
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.reference import reference_attention
 
 TENSORS = ("out", "dq", "dk", "dv")

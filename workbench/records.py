@@ -21,7 +21,7 @@ The API, the only code that reads or writes a record file:
   file-name order, each with its `file` name added (none: `[]`, or the error naming `how`).
 
 A record written to `GPU_DATA` carries the fingerprint of the code it measured
-(`varlen_workbench.workbench.fingerprint`), and READ names every GPU record this process has
+(`varlen_workbench.workbench.gpu_records.fingerprint`), and READ names every GPU record this process has
 read: the site stamps each page with the records its notebook read, and their freshness.
 
 A post-mortem's GPU records are `load_records(f"{META.id}-*.json")`
@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from varlen_workbench.workbench.gpu_records.kinds import kind_of
 from varlen_workbench.workbench.provenance import GPU_DATA, provenance
-from varlen_workbench.workbench.record_kinds import kind_of
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -85,7 +85,7 @@ def provenance_block(command: str | None = None, *, record: str | None = None) -
 
 def _code_fingerprint(name: str) -> str:
     """The fingerprint of the code a GPU record named `name` measures, as installed here."""
-    from varlen_workbench.workbench.fingerprint import current_fingerprint, installed_versions
+    from varlen_workbench.workbench.gpu_records.fingerprint import current_fingerprint, installed_versions
 
     kind = kind_of(name)
     return current_fingerprint(kind, versions=installed_versions(kind))

@@ -25,7 +25,7 @@ Notebook conventions, checked by `check_notebook` so that a broken convention fa
   verdicts themselves are read back from that output's metadata (`recorded_verdicts`), never
   parsed from the printed text.
 
-`Registry.scaffold` renders `workbench/templates/` through `varlen_workbench.workbench.scaffold`, which never
+`Registry.scaffold` renders `workbench/cli/templates/` through `varlen_workbench.workbench.cli.scaffold`, which never
 imports this module (no import cycle).
 """
 
@@ -46,8 +46,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from varlen_workbench.workbench.cli.scaffold import render_notebook, render_package
 from varlen_workbench.workbench.errors import RegistryError
-from varlen_workbench.workbench.scaffold import render_notebook, render_package
 from varlen_workbench.workbench.upstream_status import STATUS_FILE, scaffold_entry, statuses
 from varlen_workbench.workbench.usercode import UserModuleError, import_user_module
 
@@ -200,12 +200,12 @@ def check_notebook(pm: PostMortem, nb=None) -> None:
     ):
         raise RegistryError(
             f"{pm.notebook}: the first cell must be a code cell tagged {HEADER_TAG!r} that imports "
-            f"postmortems.{pm.name} and displays META.header_markdown(STATUS) (see workbench/templates/notebook.tmpl)."
+            f"postmortems.{pm.name} and displays META.header_markdown(STATUS) (see workbench/cli/templates/notebook.tmpl)."
         )
     problems = reader_block_problems(nb)
     if problems:
         raise RegistryError(
-            f"{pm.notebook}: the reader block comes first (see workbench/templates/notebook.tmpl): " + "; ".join(problems)
+            f"{pm.notebook}: the reader block comes first (see workbench/cli/templates/notebook.tmpl): " + "; ".join(problems)
         )
     index, last = _code_cells(nb)[-1]
     if ".claims.report(" not in _source(last) or not _marked_for_check(last):
@@ -327,7 +327,7 @@ class Registry:
     def scaffold(self, postmortem_id: str, title: str) -> tuple[Path, Path]:
         """Writes the package postmortems/<module>/ and notebooks/<id>.ipynb from the templates.
 
-        Returns both paths; the notebook is not executed yet (see `varlen_workbench.workbench.execute.execute_in_place`).
+        Returns both paths; the notebook is not executed yet (see `varlen_workbench.workbench.site.execute.execute_in_place`).
         """
         name = module_name(postmortem_id)
         package_path = self.package_dir / name

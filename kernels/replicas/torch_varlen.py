@@ -6,7 +6,7 @@ and launch a grid of (query blocks of max_seqlen, batch, heads): every program f
 sequence through `cu_seqlens` and writes only rows inside it. Rows at or beyond
 `cu_seqlens[-1]` (TAIL rows, legal memory of a padded token budget) are visited by nobody and
 return whatever the allocator left there: zeros in a fresh process, stale activations in
-training, NaN under `varlen_workbench.workbench.poison.poisoned_memory()`.
+training, NaN under `varlen_workbench.workbench.instruments.poison.poisoned_memory()`.
 
 These kernels keep exactly that mechanism — same allocation, same grid, same "only covered rows"
 stores — with a small FlashAttention-2 forward and a three-kernel backward (delta, dk/dv, dq)

@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-from varlen_workbench.kernels.interpreter import _run_module
+from varlen_workbench.kernels.interpreter import run_compiling_child
 from varlen_workbench.kernels.runtime import triton_library_interpreted
 from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
 from varlen_workbench.kernels.varlen.launch import Tile, lanes, native_tiles
@@ -161,7 +161,9 @@ def resource_table(
             *kernels,
             *(["--head-dim-v", str(head_dim_v)] if head_dim_v is not None else []),
         ]
-        return _run_module("varlen_workbench.kernels.varlen.tiles", args, timeout=1800)  # not __name__: "__main__" under -m
+        return run_compiling_child(
+            "varlen_workbench.kernels.varlen.tiles", args, timeout=1800
+        )  # not __name__: "__main__" under -m
     rows = []
     for kernel in kernels:
         for head_dim in head_dims:

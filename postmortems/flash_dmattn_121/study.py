@@ -42,9 +42,9 @@ from varlen_workbench.postmortems.flash_dmattn_121.cases import (
 )
 from varlen_workbench.postmortems.flash_dmattn_121.upstream import upstream_dtype, upstream_triton_func, upstream_version
 from varlen_workbench.workbench.bounds import ErrorCheck, error_check
-from varlen_workbench.workbench.health import GradientHealth
+from varlen_workbench.workbench.instruments.health import GradientHealth
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import pack
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.postmortem import Results as PostmortemResults
 from varlen_workbench.workbench.postmortem import latest_gpu_record
 from varlen_workbench.workbench.probes import probe

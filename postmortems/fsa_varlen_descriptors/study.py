@@ -175,7 +175,7 @@ class Call:
 
 def measure(called: Callable, case: Case, name: str, poisoned: bool = False) -> tuple[Any, list[dict]]:
     """`called` (fsa's varlen signature) forward and backward on `case` under the interpreter: its
-    probe against the float64 oracle (`poisoned`: fresh memory NaN, `varlen_workbench.workbench.poison.poisoned_memory`),
+    probe against the float64 oracle (`poisoned`: fresh memory NaN, `varlen_workbench.workbench.instruments.poison.poisoned_memory`),
     and its descriptors summarized."""
     load("cpu")
     # numpy's warnings for the -inf lse of rows without a key, which the kernels handle: not news

@@ -5,7 +5,7 @@ boolean `attn_mask`, `scaled_dot_product_attention` under the cuDNN backend give
 whose mask row is all False (a key sequence of length 0; causal bottom-right with len_q > len_k)
 a finite, non-zero output, and gradients flow from that row into keys it must not see; the math
 and memory-efficient backends give 0 there. On that H200, SDPA runs cuDNN for masked calls when no
-backend is asked for (data/gpu/sdpa-default-backend-h200.json, `varlen_workbench.workbench.sdpa_dispatch`).
+backend is asked for (data/gpu/sdpa-default-backend-h200.json, `varlen_workbench.workbench.instruments.sdpa_dispatch`).
 
 * the cuDNN behaviour is shown from the committed H200 records, with their provenance;
 * the mechanism is studied on the CPU with a replica: the math backend given the *additive* mask

@@ -181,8 +181,8 @@ def sliding_window_rows(device=None) -> dict[str, Any]:
 
 def default_backend_records() -> list[dict[str, Any]]:
     """data/gpu/sdpa-default-backend-*.json: which backend SDPA ran, by the profiler's aten ops, for
-    ordinary masked calls made with no `sdpa_kernel` context (`varlen_workbench.workbench.sdpa_dispatch`)."""
-    how = "python -m varlen_workbench.workbench.sdpa_dispatch --record data/gpu/sdpa-default-backend-<gpu>.json"
+    ordinary masked calls made with no `sdpa_kernel` context (`varlen_workbench.workbench.instruments.sdpa_dispatch`)."""
+    how = "python -m varlen_workbench.workbench.instruments.sdpa_dispatch --record data/gpu/sdpa-default-backend-<gpu>.json"
     return load_records("sdpa-default-backend-*.json", how=how)
 
 

@@ -8,9 +8,9 @@ TE's attention: scripts/te_thd_training.py; `te_probes`: TE's audit FAILs taken 
 Linear, scripts/te_probes.py). `on_te` reads those records for the page. Every claim says what
 produced its evidence: TE itself on the GPU (the records), a reading of TE's source at a named
 commit, our replica of a mechanism (the contract as one masked matmul,
-`varlen_workbench.workbench.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model (`varlen_workbench.workbench.tinylm`),
+`varlen_workbench.workbench.instruments.tinylm.dense_attention`; our FP8 quantizer and kernel), a toy model (`varlen_workbench.workbench.instruments.tinylm`),
 or our own kernel (`varlen_workbench.kernels.varlen.varlen_attention`, also under our context-parallel attention,
-`varlen_workbench.workbench.context_parallel`).
+`varlen_workbench.workbench.instruments.context_parallel`).
 
 The study, one function per part:
 

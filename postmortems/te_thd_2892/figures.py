@@ -18,13 +18,13 @@ from varlen_workbench.postmortems.te_thd_2892.cases import (
 from varlen_workbench.postmortems.te_thd_2892.study import TeResults
 from varlen_workbench.postmortems.te_thd_2892.training import health_runs, qkv_norm_ratio
 from varlen_workbench.workbench.bounds import ErrorCheck
+from varlen_workbench.workbench.instruments.seqpar import BOUNDARIES
 from varlen_workbench.workbench.layout import Case, Region, pack
 from varlen_workbench.workbench.plots import INK, REGION_COLORS, SERIES, STYLE, attention_mask, plot_health
 from varlen_workbench.workbench.postmortem import (
     figure,
     table,
 )
-from varlen_workbench.workbench.seqpar import BOUNDARIES
 
 
 def plot_gradient_health(fraction: float):

@@ -8,14 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.fp8 import (
-    FP8,
-    FP8_MAX,
-    plain_cast_e4m3,
-    quantize_fp8_blockwise,
-    quantize_reference,
-    varlen_attention_fp8,
-)
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.te_thd_2892.cases import (
@@ -31,12 +23,17 @@ from varlen_workbench.postmortems.te_thd_2892.cases import (
     padding_case,
     te_case,
 )
+from varlen_workbench.postmortems.te_thd_2892.fp8 import (
+    FP8,
+    FP8_MAX,
+    plain_cast_e4m3,
+    quantize_fp8_blockwise,
+    quantize_reference,
+    varlen_attention_fp8,
+)
 from varlen_workbench.workbench.bounds import ErrorCheck, error_check
-from varlen_workbench.workbench.layout import Case, Region, cumulative, pack, unpad_thd
-from varlen_workbench.workbench.probes import ProbeRecord, grad_output, probe
-from varlen_workbench.workbench.reference import reference_attention
-from varlen_workbench.workbench.seqpar import SeqParStudy, run_sequence_parallel
-from varlen_workbench.workbench.tinylm import (
+from varlen_workbench.workbench.instruments.seqpar import SeqParStudy, run_sequence_parallel
+from varlen_workbench.workbench.instruments.tinylm import (
     LMConfig,
     SyntheticTask,
     TinyLM,
@@ -44,6 +41,9 @@ from varlen_workbench.workbench.tinylm import (
     dense_attention,
     rope_positions,
 )
+from varlen_workbench.workbench.layout import Case, Region, cumulative, pack, unpad_thd
+from varlen_workbench.workbench.probes import ProbeRecord, grad_output, probe
+from varlen_workbench.workbench.reference import reference_attention
 
 
 def layout_contract(case: Case = TE_DOCSTRING, impl=varlen_attention_triton, device=None) -> ProbeRecord:
@@ -284,7 +284,7 @@ def cast_study(device=None) -> dict:
 
 def seqpar_study(device=None, world_size: int = 2) -> SeqParStudy:
     """One layer of the tiny LM run sequence-parallel on `world_size` processes with our own
-    all-gather (`varlen_workbench.workbench.seqpar`), sized from padded boundaries, from real ones (our check),
+    all-gather (`varlen_workbench.workbench.instruments.seqpar`), sized from padded boundaries, from real ones (our check),
     and from real ones unchecked (what torch.distributed itself says)."""
     model = TinyLM(LMConfig(seed=1))
     batch = SyntheticTask(seed=2).batch(SEQPAR_SEQLENS, align=ALIGN)

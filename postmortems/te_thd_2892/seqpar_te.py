@@ -63,9 +63,9 @@ from varlen_workbench.postmortems.te_thd_2892.upstream import (
     raised,
 )
 from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.instruments.seqpar import _free_port, shard
 from varlen_workbench.workbench.layout import Case, pack
 from varlen_workbench.workbench.reference import reference_attention
-from varlen_workbench.workbench.seqpar import _free_port, shard
 
 TP = 2
 SP_BOUNDARIES = ("different", "equal")
@@ -225,7 +225,7 @@ def run_block(workdir: Path, who: str, device: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from varlen_workbench.workbench.audit.adapters.te import _recipes, _te
-    from varlen_workbench.workbench.seqpar import process_group
+    from varlen_workbench.workbench.instruments.seqpar import process_group
 
     job = torch.load(workdir / "job.pt", weights_only=False)
     seen: dict[str, list[int]] = {name: [] for name in OBSERVED}

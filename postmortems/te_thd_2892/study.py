@@ -27,15 +27,15 @@ from varlen_workbench.postmortems.te_thd_2892.mechanism import (
 from varlen_workbench.postmortems.te_thd_2892.training import SeedRun, bidirectional_seeds, health_runs, train_three_ways
 from varlen_workbench.workbench.audit.context_parallel import PaddingRuleStudy, padding_rule_study
 from varlen_workbench.workbench.bounds import ErrorCheck
-from varlen_workbench.workbench.health import GradientHealth
-from varlen_workbench.workbench.layout import Case, Fill, pack
-from varlen_workbench.workbench.postmortem import Results
-from varlen_workbench.workbench.probes import ProbeRecord
-from varlen_workbench.workbench.seqpar import SeqParStudy
-from varlen_workbench.workbench.tinylm import (
+from varlen_workbench.workbench.instruments.health import GradientHealth
+from varlen_workbench.workbench.instruments.seqpar import SeqParStudy
+from varlen_workbench.workbench.instruments.tinylm import (
     TrainingRun,
     dense_attention,
 )
+from varlen_workbench.workbench.layout import Case, Fill, pack
+from varlen_workbench.workbench.postmortem import Results
+from varlen_workbench.workbench.probes import ProbeRecord
 
 
 @dataclass

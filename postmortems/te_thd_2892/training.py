@@ -21,10 +21,9 @@ from varlen_workbench.postmortems.te_thd_2892.cases import (
     TRAIN_STEPS,
     TRAINING_RUNS,
 )
-from varlen_workbench.workbench.health import GradientHealth
-from varlen_workbench.workbench.layout import cumulative
-from varlen_workbench.workbench.poison import poisoned_memory
-from varlen_workbench.workbench.tinylm import (
+from varlen_workbench.workbench.instruments.health import GradientHealth
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.tinylm import (
     IGNORE,
     PAD_TOKEN,
     LMConfig,
@@ -35,6 +34,7 @@ from varlen_workbench.workbench.tinylm import (
     mask_tokens,
     train,
 )
+from varlen_workbench.workbench.layout import cumulative
 
 
 class _Truncate(torch.autograd.Function):

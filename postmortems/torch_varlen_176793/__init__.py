@@ -45,8 +45,8 @@ from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     swap_in_keywords,
     workarounds,
 )
+from varlen_workbench.workbench.instruments.tinylm import TinyLM
 from varlen_workbench.workbench.postmortem import table
-from varlen_workbench.workbench.tinylm import TinyLM
 
 __all__ = [
     "CASES",

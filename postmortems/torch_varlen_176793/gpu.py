@@ -36,8 +36,8 @@ from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     workaround_checks,
     workarounds,
 )
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Region, pack
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.probes import probe
 from varlen_workbench.workbench.timing import time_call
 

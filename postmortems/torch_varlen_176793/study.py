@@ -21,16 +21,16 @@ from varlen_workbench.postmortems.torch_varlen_176793.workarounds import (
     swap_in_keywords,
     workaround_checks,
 )
-from varlen_workbench.workbench.health import GradientHealth
-from varlen_workbench.workbench.nantrace import trace_nans
-from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.health import GradientHealth
+from varlen_workbench.workbench.instruments.nantrace import trace_nans
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.tinylm import LMConfig, SyntheticTask, TinyLM, train
 from varlen_workbench.workbench.postmortem import (
     Results,
     latest_gpu_record,
     table,
 )
 from varlen_workbench.workbench.sweeps import SweepResult
-from varlen_workbench.workbench.tinylm import LMConfig, SyntheticTask, TinyLM, train
 
 # Three sequences packed back to back in a buffer with trailing rows: a static token budget.
 TRAIN_SEQLENS = ((12, 7, 10), (9, 14, 6))
@@ -73,7 +73,7 @@ class TrainingStudy:
 
 def training(steps: int = 2) -> TrainingStudy:
     """The tiny packed LM trained with the replica and with the fixed kernel, memory poisoned
-    (NaN). CPU only: `varlen_workbench.workbench.tinylm` builds its model and batches on the CPU."""
+    (NaN). CPU only: `varlen_workbench.workbench.instruments.tinylm` builds its model and batches on the CPU."""
     batches, eval_batch = budget_batches(pad=3, steps=steps)
     runs, monitors = {}, {}
     with poisoned_memory():
@@ -125,7 +125,7 @@ NORM_PARAMS = ("blocks.0.qkv.weight", "blocks.0.proj.weight", "blocks.0.mlp.0.we
 
 def gradient_norm_explorer(studies: dict[int, dict[str, GradientHealth]]):
     """A slider over trailing rows: per-parameter gradient norms over training, replica beside fixed."""
-    from varlen_workbench.workbench.explorer import explore
+    from varlen_workbench.workbench.instruments.explorer import explore
     from varlen_workbench.workbench.plots import plot_health
 
     def frame(trailing_rows: int):

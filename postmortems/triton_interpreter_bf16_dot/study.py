@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.interpreter import native_dots, report, single_block_attention, triton_sum_with_nan
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import (
@@ -26,6 +25,12 @@ from varlen_workbench.postmortems.triton_interpreter_bf16_dot.cases import (
     REPRODUCTION,
     TIMING_REPEATS,
     WORKAROUND,
+)
+from varlen_workbench.postmortems.triton_interpreter_bf16_dot.probes import (
+    native_dots,
+    report,
+    single_block_attention,
+    triton_sum_with_nan,
 )
 from varlen_workbench.workbench.layout import pack
 from varlen_workbench.workbench.postmortem import (

@@ -409,7 +409,7 @@ def _argv(args) -> list[str]:
 
 
 def run_command(args) -> int:
-    """`varlen-workbench audit` (see varlen_workbench.workbench.cli): exit 0 all applicable checks hold, 1 something
+    """`varlen-workbench audit` (see varlen_workbench.workbench.cli.main): exit 0 all applicable checks hold, 1 something
     fails, 2 bad usage (or nothing could run here, e.g. CUDA-only code on a CPU)."""
     import os
     import subprocess
@@ -431,7 +431,7 @@ def run_command(args) -> int:
         # The default device (WORKBENCH_DEVICE) is read once, at import, and the audit's helpers and upstream
         # imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
-        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli", "audit", *_argv(args)], env=env)
+        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli.main", "audit", *_argv(args)], env=env)
 
     def write(report: AuditReport) -> None:
         """The record at --record, whole or not at all: a run killed mid-write keeps the last one."""

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from varlen_workbench.workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import DTYPE_NAMES
 from varlen_workbench.workbench.malformed import CATALOGUE, HEAD_DIM, HEADS, Malformed, base_args, split_call
-from varlen_workbench.workbench.poison import poisoned_memory
 
 
 class Outcome(str, enum.Enum):

@@ -26,8 +26,8 @@ from varlen_workbench.workbench.audit.adapters.context_parallel import CP_SIZE
 from varlen_workbench.workbench.audit.campaign import run_campaign, summarize
 from varlen_workbench.workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
 from varlen_workbench.workbench.bounds import error_check
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Fill, PackedBatch, Region, pack, real_rows
-from varlen_workbench.workbench.poison import poisoned_memory
 from varlen_workbench.workbench.probes import TENSORS, ProbeRecord, probe
 from varlen_workbench.workbench.reference import reference_attention
 

@@ -1,7 +1,7 @@
 """The audit's `context-parallel` check: the padding contract on every rank of a context-parallel run.
 
 A context-parallel (CP) attention holds a zig-zag shard of every sequence on each rank
-(`varlen_workbench.workbench.context_parallel`). The check runs one on `cp_size` spawned processes (gloo and the
+(`varlen_workbench.workbench.instruments.context_parallel`). The check runs one on `cp_size` spawned processes (gloo and the
 Triton interpreter on CPU, NCCL on GPUs) under NaN-poisoned memory, forward and backward, and
 compares each rank's shard of out, dq, dk, dv with the same shard of the single-device fp64
 oracle (`varlen_workbench.workbench.reference`): REAL rows within FlashAttention's bound (`varlen_workbench.workbench.bounds`,
@@ -42,7 +42,7 @@ import torch
 
 from varlen_workbench.workbench.audit.checks import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
 from varlen_workbench.workbench.bounds import error_check
-from varlen_workbench.workbench.context_parallel import (
+from varlen_workbench.workbench.instruments.context_parallel import (
     LayoutError,
     RankResult,
     check_cp_layout,

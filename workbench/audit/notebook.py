@@ -7,7 +7,7 @@ verdict table nbval compares exactly: "check X: FAIL", "case N still fails tail-
 implementation is fixed the claims stop holding and CI says so: update the notebook then.
 
 Cells are written in the percent format of `varlen-workbench new`'s template and parsed by
-`varlen_workbench.workbench.scaffold.parse_cells`; the notebook is executed in place, as `varlen-workbench new` does.
+`varlen_workbench.workbench.cli.scaffold.parse_cells`; the notebook is executed in place, as `varlen-workbench new` does.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import nbformat
 
 from varlen_workbench.workbench.audit.checks import Finding
 from varlen_workbench.workbench.audit.fuzz import case_source
+from varlen_workbench.workbench.cli.scaffold import parse_cells
 from varlen_workbench.workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, Claims, Evidence
-from varlen_workbench.workbench.scaffold import parse_cells
 
 # Failing checks whose failing case a probe of out and the gradients replays (not: determinism,
 # input-validation, lse).
@@ -173,7 +173,7 @@ verdicts = claims.report({{"report": report, "reproductions": found}})
 def write_notebook(report, path: str | Path, *, execute: bool = True, root: str | Path | None = None) -> Path:
     """Writes the notebook of `report` to `path` (refusing to overwrite) and executes it in
     place, with `root` (default: the working directory) first on the kernel's import path."""
-    from varlen_workbench.workbench.execute import execute_in_place
+    from varlen_workbench.workbench.site.execute import execute_in_place
 
     path = Path(path)
     if path.suffix != ".ipynb":

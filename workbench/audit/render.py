@@ -11,7 +11,7 @@ from varlen_workbench.workbench.audit.judgements import known_links, postmortem_
 from varlen_workbench.workbench.audit.matrix import cell, columns, grid, implementation, ran
 from varlen_workbench.workbench.audit.records import format_campaign, shown_snippet
 from varlen_workbench.workbench.audit.sanitizer import row_summary
-from varlen_workbench.workbench.freshness import freshness
+from varlen_workbench.workbench.gpu_records.freshness import freshness
 from varlen_workbench.workbench.records import portable
 
 GRADES = ("validates", "partly validates", "no validation")

@@ -3,7 +3,7 @@
 An error or n/a reason that tells the user what to pass is written once, with `option(...)`;
 `varlen-workbench audit` spells it for the command line while it runs (`command_line()`), every other
 caller (`varlen_workbench.workbench.audit.audit(fn, ...)`, `adapt`, `fuzz`) gets Python's keywords. A keyword's
-flag is the keyword with '-' for '_' (`time_limit`: `--time-limit`), as `varlen_workbench.workbench.cli` declares them.
+flag is the keyword with '-' for '_' (`time_limit`: `--time-limit`), as `varlen_workbench.workbench.cli.main` declares them.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class Call(NamedTuple):
 
 class Backend(Protocol):
     name: str  # what backend= takes
-    label: str  # a few words: the benchmark's variant name (workbench/bench.py)
+    label: str  # a few words: the benchmark's variant name (workbench/bench/kernels.py)
     summary: str  # docs/contract.md's backend table: what computes the call
     takes: str  # the table: which calls it runs
     dtypes: tuple[torch.dtype, ...] | None  # None: every dtype varlen_attention takes

@@ -266,7 +266,7 @@ def adapt(fn: Callable | str, adapter: str | Adapter | None = None, device: torc
     if "one-process" not in lacks:  # it computes in one process: the context-parallel check is not for it
         lacks["context-parallel"] = (
             f"{name} is a single-process attention; the context-parallel check audits a context-parallel one "
-            "(the call of varlen_workbench.workbench.context_parallel:context_parallel_attention)"
+            "(the call of varlen_workbench.workbench.instruments.context_parallel:context_parallel_attention)"
         )
     return Adapted(fn, chosen, device, impl, name, target, lacks, aliases)
 

@@ -1,4 +1,4 @@
-"""Context-parallel attentions: `varlen_workbench.workbench.context_parallel.context_parallel_attention`'s call.
+"""Context-parallel attentions: `varlen_workbench.workbench.instruments.context_parallel.context_parallel_attention`'s call.
 
     impl(q_local, k_local, v_local, cu_seqlens, cu_seqlens_padded, *, causal=False, validate=True)
 
@@ -7,7 +7,7 @@ global boundaries. Such a function does not compute in one process, so every sin
 and the fuzzer are n/a for it ("one-process"); the `context-parallel` check spawns the ranks
 itself (`varlen_workbench.workbench.audit.context_parallel`), fuzzed layouts included.
 
-    varlen-workbench audit varlen_workbench.workbench.context_parallel:context_parallel_attention
+    varlen-workbench audit varlen_workbench.workbench.instruments.context_parallel:context_parallel_attention
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from varlen_workbench.workbench.audit.adapters.base import AdapterRefused, _target_of, register_adapter
-from varlen_workbench.workbench.context_parallel import cp_backend
+from varlen_workbench.workbench.instruments.context_parallel import cp_backend
 
 CP_SIZE = 2  # the ranks the audit's context-parallel check runs
 ONE_PROCESS = "a context-parallel attention: it runs on the ranks of a process group, which the context-parallel check spawns"

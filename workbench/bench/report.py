@@ -1,7 +1,7 @@
 """What a benchmark run means: the contract's cost, the performance targets, kernel and host
 times, the tables, and the records read back, merged and plotted (the performance notebook).
 
-`varlen_workbench.workbench.bench` runs the benchmark and writes its record; this module only reads rows and
+`varlen_workbench.workbench.bench.kernels` runs the benchmark and writes its record; this module only reads rows and
 records, so a CPU machine renders the committed GPU records with it.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from varlen_workbench.workbench.bench import GUARDED_FA4, Row, Timing, ratio, set_peer_ratios
+from varlen_workbench.workbench.bench.kernels import GUARDED_FA4, Row, Timing, ratio, set_peer_ratios
+from varlen_workbench.workbench.bench.stepbench import BARE_FA4, DEFAULT, PADDED_SDPA, PHASES, VARLEN_ATTN
+from varlen_workbench.workbench.bench.stepbench import RECORD_COMMAND as STEP_RECORD_COMMAND
+from varlen_workbench.workbench.bench.workloads import workloads
+from varlen_workbench.workbench.instruments.syncs import OWNERS
 from varlen_workbench.workbench.provenance import GPU_DATA
 from varlen_workbench.workbench.records import read_record
-from varlen_workbench.workbench.stepbench import BARE_FA4, DEFAULT, PADDED_SDPA, PHASES, VARLEN_ATTN
-from varlen_workbench.workbench.stepbench import RECORD_COMMAND as STEP_RECORD_COMMAND
-from varlen_workbench.workbench.syncs import OWNERS
-from varlen_workbench.workbench.workloads import workloads
 
 
 def _our_rows(rows: list[Row]) -> dict[str, Row]:
@@ -565,7 +565,7 @@ def speed_table(peer: str, records: list[dict] | None = None):
     """Our kernel's forward+backward time beside `peer`'s, per workload both ran in the committed
     benchmark (every data/gpu/bench-*.json, merged): the median with the fastest call in brackets,
     and the speed-up (> 1: ours is faster) on the medians and on the fastest calls."""
-    from varlen_workbench.workbench.bench import RECORD_COMMAND
+    from varlen_workbench.workbench.bench.kernels import RECORD_COMMAND
     from varlen_workbench.workbench.postmortem import table
     from varlen_workbench.workbench.records import load_records
 
@@ -692,14 +692,14 @@ def plot_ratios(record: dict, axes=None):
     return axes
 
 
-# -- the training step (varlen_workbench.workbench.stepbench) ---------------------------------------------------
+# -- the training step (varlen_workbench.workbench.bench.stepbench) ---------------------------------------------------
 
 # Issue 34's targets for the whole step: the peer's step time over the default's (> 1: the default is faster).
 TRAIN_STEP_TARGETS = {BARE_FA4: 0.97, VARLEN_ATTN: 1.0, PADDED_SDPA: 1.5}
 
 
 def load_train_step(path: Path = GPU_DATA / "train-step-h200.json") -> dict[str, Any]:
-    """The committed training-step record (`python -m varlen_workbench.workbench.stepbench --record ...`)."""
+    """The committed training-step record (`python -m varlen_workbench.workbench.bench.stepbench --record ...`)."""
     return read_record(path, how=STEP_RECORD_COMMAND)
 
 
@@ -841,7 +841,7 @@ def sync_examples(record: dict[str, Any], frames: int = 8) -> str:
 
 
 def format_train_step(record: dict[str, Any]) -> str:
-    """What `python -m varlen_workbench.workbench.stepbench` prints: the table, the targets side by side on the
+    """What `python -m varlen_workbench.workbench.bench.stepbench` prints: the table, the targets side by side on the
     medians and the fastest steps, the targets not judged and why, one example stack per owner."""
     medians, fastest = train_step_targets(record)
     timed = train_step_ratios(record["rows"])

@@ -1,6 +1,6 @@
 """The static post-mortem site: execute every notebook, render it, index it, swap it in.
 
-`build()` executes each notebook under notebooks/ afresh (`varlen_workbench.workbench.execute`: in parallel, one
+`build()` executes each notebook under notebooks/ afresh (`varlen_workbench.workbench.site.execute`: in parallel, one
 kernel per notebook, on the default device: the Triton interpreter without a GPU), renders it
 with nbconvert and the templates under site/templates/, and writes site/_build/:
 
@@ -45,14 +45,14 @@ from typing import Any
 
 import nbformat
 
+from varlen_workbench.workbench.cli.scaffold import ALT_KEY
 from varlen_workbench.workbench.errors import BuildError
-from varlen_workbench.workbench.execute import describe_error, execute_all, first_error
-from varlen_workbench.workbench.pasteblocks import TAG as _TAG
 from varlen_workbench.workbench.postmortem import READER_SECTIONS, Evidence
 from varlen_workbench.workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
-from varlen_workbench.workbench.scaffold import ALT_KEY
+from varlen_workbench.workbench.site.execute import describe_error, execute_all, first_error
+from varlen_workbench.workbench.site.pasteblocks import TAG as _TAG
 
-SITE = Path(__file__).resolve().parent.parent / "site"  # templates and static assets of every page
+SITE = Path(__file__).resolve().parents[2] / "site"  # templates and static assets of every page
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 NO_ALT = "No description has been provided for this image"  # what nbconvert writes where a figure has none
 # A request the page would make by itself (not a link a reader may follow).
@@ -259,8 +259,8 @@ def lab_css(site_dir: Path = SITE) -> str:
 
 def page_records(nb) -> list:
     """The freshness of each GPU record the notebook read when it was executed (its metadata's
-    `gpu_records`, `varlen_workbench.workbench.execute`), for the stamps atop its page."""
-    from varlen_workbench.workbench.freshness import freshness
+    `gpu_records`, `varlen_workbench.workbench.site.execute`), for the stamps atop its page."""
+    from varlen_workbench.workbench.gpu_records.freshness import freshness
     from varlen_workbench.workbench.provenance import GPU_DATA
     from varlen_workbench.workbench.records import read_record
 
@@ -339,9 +339,9 @@ def _jinja(site_dir: Path):
 
 
 def render_use(provenance: dict[str, str], site_dir: Path) -> str:
-    """The "Use the fixed kernel" page: every fact from `varlen_workbench.workbench.usage`, read now."""
+    """The "Use the fixed kernel" page: every fact from `varlen_workbench.workbench.site.usage`, read now."""
     from varlen_workbench.kernels.hf import NAME
-    from varlen_workbench.workbench import usage
+    from varlen_workbench.workbench.site import usage
 
     dist = usage.distribution()
     return (

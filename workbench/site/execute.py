@@ -4,7 +4,7 @@
 page and a committed notebook carry every frame); `execute_all` runs many in parallel, one kernel
 per notebook; `execute_in_place` saves one with its outputs (`varlen-workbench new`, `workbench
 execute`, the audit's notebook). A failure raises `varlen_workbench.workbench.errors.BuildError` naming the
-notebook, the cell and the error. Rendering the executed notebooks is `varlen_workbench.workbench.site`'s job.
+notebook, the cell and the error. Rendering the executed notebooks is `varlen_workbench.workbench.site.build`'s job.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def describe_error(path: Path, index: int, cell, output) -> str:
 # The profile drops that one record, and keeps the user's own ~/.ipython (startup scripts,
 # history) out of published runs.
 KERNEL_PROFILE = """\
-# Written by varlen_workbench.workbench.execute.kernel_env for the kernels that execute notebooks; edit it there.
+# Written by varlen_workbench.workbench.site.execute.kernel_env for the kernels that execute notebooks; edit it there.
 import logging
 
 
@@ -79,7 +79,7 @@ def _kernel_ipython_dir() -> Path:
 
 def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
     """A kernel's environment: ours, with the project root first on the import path, and with
-    `static`, explorers in their static form (precomputed frames, see varlen_workbench.workbench.explorer)."""
+    `static`, explorers in their static form (precomputed frames, see varlen_workbench.workbench.instruments.explorer)."""
     # Absolute: the kernel runs in the notebook's directory, where a relative root means nothing.
     paths = [str(Path(root).resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "IPYTHONDIR": str(_kernel_ipython_dir())}

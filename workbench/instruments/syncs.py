@@ -45,8 +45,8 @@ OWNERS = ("ours", "transformers", "other")
 OUR_FOLDERS = ("kernels", "workbench")
 NAMESPACE = "varlen_workbench"
 # Frames of the measurement itself: they call the code under test and issue nothing of their own.
-HARNESS = ("workbench/syncs.py", "workbench/stepbench.py")
-WINDOW = "varlen_workbench.workbench.syncs: counted"  # the profiler range around the callable; calls outside it are not counted
+HARNESS = ("workbench/instruments/syncs.py", "workbench/bench/stepbench.py")
+WINDOW = "varlen_workbench.workbench.instruments.syncs: counted"  # the profiler range around the callable; calls outside it are not counted
 UNPHASED = "outside the named phases"
 
 # Runtime calls that block the host until the GPU catches up. The profiler (kineto) keeps every

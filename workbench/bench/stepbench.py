@@ -4,7 +4,7 @@ packed batch, per attention implementation, timed side by side.
 The model is a transformers `LlamaForCausalLM` built from a config, seeded random weights
 (`SHAPES["h200"]`: 8 layers, hidden 2048, MLP 5632, 16 query and 4 key/value heads of 128, a
 32k vocabulary, bf16). The batch is 16,384 tokens of documents whose lengths are drawn
-log-uniformly in 64-4096 (`varlen_workbench.workbench.workloads.log_uniform_lengths`), packed by transformers'
+log-uniformly in 64-4096 (`varlen_workbench.workbench.bench.workloads.log_uniform_lengths`), packed by transformers'
 `DataCollatorWithFlattening(return_flash_attn_kwargs=True)`: one row, position_ids restarting at
 every document, and the `cu_seq_lens_q/k`, `max_length_q/k` keywords, which the model's forward
 hands every layer's attention function. One step is what a training loop runs between optimizer
@@ -22,15 +22,15 @@ Implementations, each selected by `attn_implementation`:
 
 Each is timed over `--iters` steps after warm-up with CUDA events (`varlen_workbench.workbench.timing`); its peak
 memory is read on one more step, and its host syncs counted on one profiled step
-(`varlen_workbench.workbench.syncs`: by owner, ours / transformers / other, and by phase, forward / backward).
+(`varlen_workbench.workbench.instruments.syncs`: by owner, ours / transformers / other, and by phase, forward / backward).
 The default's host syncs are also counted on every kind of batch the swap takes (`BATCH_KINDS`:
 the collator's boundary keywords, position_ids alone, right-padded, plain rows): issue 34 asks
 for at most one sync of our code per forward on each. What the machine cannot run is recorded
 as skipped with the reason, what fails with its error.
 
-    python -m varlen_workbench.workbench.stepbench --record data/gpu/train-step-h200.json
+    python -m varlen_workbench.workbench.bench.stepbench --record data/gpu/train-step-h200.json
 
-`varlen_workbench.workbench.bench_report.format_train_step` reads the record and judges the targets (the
+`varlen_workbench.workbench.bench.report.format_train_step` reads the record and judges the targets (the
 performance page). `--shape cpu --iters 0` runs the same harness on a tiny model in seconds per
 step (our kernel through the Triton interpreter), untimed and without the profiler: CI's check
 (tests/test_stepbench.py) runs it.
@@ -49,14 +49,14 @@ from typing import Any
 
 import torch
 
-from varlen_workbench.workbench import realclient
+from varlen_workbench.workbench.bench.workloads import log_uniform_lengths
 from varlen_workbench.workbench.bounds import FACTORS, ErrorCheck
+from varlen_workbench.workbench.instruments import realclient
+from varlen_workbench.workbench.instruments.syncs import count_syncs
 from varlen_workbench.workbench.records import provenance_block, write_record
-from varlen_workbench.workbench.syncs import count_syncs
 from varlen_workbench.workbench.timing import MIN_ITERS, time_call
-from varlen_workbench.workbench.workloads import log_uniform_lengths
 
-RECORD_COMMAND = "python -m varlen_workbench.workbench.stepbench --record data/gpu/train-step-h200.json"
+RECORD_COMMAND = "python -m varlen_workbench.workbench.bench.stepbench --record data/gpu/train-step-h200.json"
 PHASES = ("forward", "backward")  # the step's profiler ranges: host syncs are counted per phase
 
 
@@ -279,7 +279,7 @@ class Row:
     iters: int = 0
     peak_mb: float | None = None  # allocated at the step's peak: weights, batch, activations, gradients
     resting_mb: float | None = None  # allocated before the step: weights and batch
-    syncs: dict[str, Any] | None = None  # varlen_workbench.workbench.syncs.SyncCount.summary() of one step
+    syncs: dict[str, Any] | None = None  # varlen_workbench.workbench.instruments.syncs.SyncCount.summary() of one step
 
 
 def _peak_mb(step: Callable[[], torch.Tensor], model: torch.nn.Module) -> tuple[float, float]:
@@ -359,7 +359,7 @@ class StepRun:
     batch_syncs: dict[str, dict[str, Any]] = field(default_factory=dict)  # ours (the default) per batch kind
 
     def to_record(self) -> dict[str, Any]:
-        from varlen_workbench.workbench.bench_report import train_step_ratios
+        from varlen_workbench.workbench.bench.report import train_step_ratios
 
         return {
             "kind": "train-step",
@@ -432,10 +432,10 @@ def loss_check(loss: float, sdpa_loss: float, reference: float, shape: Shape) ->
 
 def precompile(shape: Shape, jobs: int) -> None:
     """Compiles our kernel's candidate tiles for the step's attention in `jobs` processes before
-    the timing process tunes them (`varlen_workbench.workbench.bench.precompile`)."""
-    from varlen_workbench.workbench.bench import precompile as compile_candidates
+    the timing process tunes them (`varlen_workbench.workbench.bench.kernels.precompile`)."""
+    from varlen_workbench.workbench.bench.kernels import precompile as compile_candidates
+    from varlen_workbench.workbench.bench.workloads import Workload
     from varlen_workbench.workbench.layout import Case
-    from varlen_workbench.workbench.workloads import Workload
 
     s = shape.size
     case = Case(s.documents, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, dtype=shape.dtype, causal=True)
@@ -446,7 +446,9 @@ def precompile(shape: Shape, jobs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m varlen_workbench.workbench.stepbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m varlen_workbench.workbench.bench.stepbench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--shape", choices=list(SHAPES), default="h200", help="the model and batch (cpu: CI's tiny one)")
     parser.add_argument(
         "--iters", type=int, default=MIN_ITERS, help=f"timed steps per implementation (at least {MIN_ITERS}; 0: untimed)"
@@ -468,14 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and (args.shape != "cpu" or args.iters):
         print(
-            f"varlen_workbench.workbench.stepbench: torch {torch.__version__} sees no CUDA device; the step is timed with CUDA events, "
+            f"varlen_workbench.workbench.bench.stepbench: torch {torch.__version__} sees no CUDA device; the step is timed with CUDA events, "
             "so run it on a GPU machine (or `--shape cpu --iters 0` here: untimed, CI's check).",
             file=sys.stderr,
         )
         return 2
-    from varlen_workbench.workbench.bench_report import format_train_step
+    from varlen_workbench.workbench.bench.report import format_train_step
 
-    command = shlex.join(["python", "-m", "varlen_workbench.workbench.stepbench", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(
+        ["python", "-m", "varlen_workbench.workbench.bench.stepbench", *(argv if argv is not None else sys.argv[1:])]
+    )
 
     def write(found: StepRun) -> None:
         if args.record:

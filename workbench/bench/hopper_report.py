@@ -109,7 +109,7 @@ def tile_warps(tile: str) -> int:
 def switch_table(rows: list[SwitchRow]):
     """One line per (workload, variant): median (fastest) forward and forward+backward ms, and the
     speed-ups over the shipped kernel and over FA4 (a `varlen_workbench.workbench.postmortem.Table`)."""
-    from varlen_workbench.workbench.bench_report import ms_with_fastest
+    from varlen_workbench.workbench.bench.report import ms_with_fastest
     from varlen_workbench.workbench.postmortem import table
 
     def times(values: dict[str, float], workload: str) -> str:

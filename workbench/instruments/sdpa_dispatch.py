@@ -8,7 +8,7 @@ names; the CUDA kernels launched inside are kept beside them as the second witne
 Run it the way an ordinary user runs: no `sdpa_kernel` context, deterministic algorithms off
 (torch refuses cuDNN SDPA under them), no memory poisoning.
 
-    python -m varlen_workbench.workbench.sdpa_dispatch --record data/gpu/sdpa-default-backend-h200.json
+    python -m varlen_workbench.workbench.instruments.sdpa_dispatch --record data/gpu/sdpa-default-backend-h200.json
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from varlen_workbench.workbench.records import write_record
 
     parser = argparse.ArgumentParser(
-        prog="python -m varlen_workbench.workbench.sdpa_dispatch", description=__doc__.split("\n\n")[0]
+        prog="python -m varlen_workbench.workbench.instruments.sdpa_dispatch", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--record", metavar="FILE", help="write the study with provenance as JSON")

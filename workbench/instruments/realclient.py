@@ -10,13 +10,13 @@ training loop with static shapes (CUDA graphs, `torch.compile`) has.
 Every backend runs through transformers' `AttentionInterface`: ours through `varlen_workbench.kernels.hf`, torch's
 `varlen_attn` and FlashAttention-4 through the same adapter, SDPA (per backend) and FlexAttention
 through transformers' own "sdpa" and "flex_attention" implementations. The same weights, in bf16,
-take one step, once with memory as it comes and once under `varlen_workbench.workbench.poison.poisoned_memory()`
+take one step, once with memory as it comes and once under `varlen_workbench.workbench.instruments.poison.poisoned_memory()`
 (every fresh buffer NaN); the deterministic mode that poisoning needs makes torch refuse cuDNN SDPA,
 so that run says so. The reference is the step in float32 with attention done per document by
 SDPA; the bar is the same per-document SDPA in bf16: a backend's gradient error should be at most
 `BAR_FACTOR` times the bar's.
 
-    python -m varlen_workbench.workbench.realclient --size h200 --record data/gpu/real-client-h200.json
+    python -m varlen_workbench.workbench.instruments.realclient --size h200 --record data/gpu/real-client-h200.json
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from varlen_workbench.kernels.hf import NAME as HF_NAME
 from varlen_workbench.workbench.bounds import FACTORS
-from varlen_workbench.workbench.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.records import write_record
 
 BAR_FACTOR = FACTORS["dq"]  # FlashAttention's test bound for gradients: 3x PyTorch's own error in the dtype
@@ -547,7 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     report = check(args.size, args.device, chosen, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.table())
     if args.record:
-        command = shlex.join(["python", "-m", "varlen_workbench.workbench.realclient", *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(
+            ["python", "-m", "varlen_workbench.workbench.instruments.realclient", *(sys.argv[1:] if argv is None else argv)]
+        )
         write_record(args.record, report.to_record(), command=command)
         print(f"wrote {args.record}")
     return 0

@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.workbench.instruments.poison import poisoned_memory
+from varlen_workbench.workbench.instruments.seqpar import TIMEOUT_S, _all_gather, _backend, _free_port, _spawn, process_group
 from varlen_workbench.workbench.layout import PackedBatch, cumulative
-from varlen_workbench.workbench.poison import poisoned_memory
-from varlen_workbench.workbench.seqpar import TIMEOUT_S, _all_gather, _backend, _free_port, _spawn, process_group
 
 
 class LayoutError(ValueError):

@@ -42,6 +42,18 @@ MATRIX_ROW = "python scripts/gpu_audit_matrix.py --rows {row} --force"  # the ro
 ADAPTERS = "workbench/audit/adapters/"
 
 
+# Measured files that moved: their path now -> where they were before (a record made earlier is
+# fingerprinted from git history, the code at its commit).
+FORMERLY = {
+    "workbench/instruments/realclient.py": "workbench/realclient.py",
+    "workbench/instruments/sdpa_dispatch.py": "workbench/sdpa_dispatch.py",
+}
+
+
+def former_paths(measures: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(FORMERLY[m] for m in measures if m in FORMERLY)
+
+
 @dataclass(frozen=True)
 class RecordKind:
     pattern: str  # a regular expression the whole file name matches; a group `row` names an audit matrix row
@@ -160,16 +172,16 @@ KINDS: tuple[RecordKind, ...] = (
     ),
     RecordKind(
         r"real-client-h200\.json",
-        (*OURS, "workbench/realclient.py"),
+        (*OURS, "workbench/instruments/realclient.py"),
         ("torch", "triton"),
-        "python -m varlen_workbench.workbench.realclient --size h200 --device cuda --record {file}",
+        "python -m varlen_workbench.workbench.instruments.realclient --size h200 --device cuda --record {file}",
         5.0,
     ),
     RecordKind(
         r"real-client-h200-fa4\.json",
-        (*OURS, "workbench/realclient.py"),
+        (*OURS, "workbench/instruments/realclient.py"),
         ("torch", "triton", "flash-attn-4"),
-        "python -m varlen_workbench.workbench.realclient --size h200 --device cuda "
+        "python -m varlen_workbench.workbench.instruments.realclient --size h200 --device cuda "
         "--backends 'FlashAttention-4 varlen' --record {file}",
         4.0,
     ),
@@ -197,9 +209,9 @@ KINDS: tuple[RecordKind, ...] = (
     _repro("triton-interpreter-bf16-dot", "triton_interpreter_bf16_dot", ("triton",)),
     RecordKind(
         r"sdpa-default-backend-h200\.json",
-        ("workbench/sdpa_dispatch.py",),
+        ("workbench/instruments/sdpa_dispatch.py",),
         ("torch",),
-        "python -m varlen_workbench.workbench.sdpa_dispatch --record {file}",
+        "python -m varlen_workbench.workbench.instruments.sdpa_dispatch --record {file}",
         2.0,
     ),
     RecordKind(
@@ -257,7 +269,7 @@ def kind_of(name: str) -> RecordKind:
             return kind
     raise LookupError(
         f"data/gpu/{name} matches no record kind; declare what it measured and how to remake it "
-        "in varlen_workbench.workbench.record_kinds.KINDS"
+        "in varlen_workbench.workbench.gpu_records.kinds.KINDS"
     )
 
 

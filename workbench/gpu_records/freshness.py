@@ -1,7 +1,7 @@
 """Whether a GPU record still describes the code that ships, and the stamp a page shows for it.
 
 `freshness(record)` compares the fingerprint of the code the record measured (at its commit:
-`varlen_workbench.workbench.fingerprint.recorded_fingerprint`) with that code now; its `html()`
+`varlen_workbench.workbench.gpu_records.fingerprint.recorded_fingerprint`) with that code now; its `html()`
 is the stamp a page shows (site/templates/postmortem/provenance.html.j2): the record's file,
 date, GPU and commit, with a "recorded on earlier code" badge where they differ. Nothing here
 fails on a stale record: the page says so instead.
@@ -15,9 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from varlen_workbench.workbench.fingerprint import current_fingerprint, recorded_commit, recorded_fingerprint
+from varlen_workbench.workbench.gpu_records.fingerprint import current_fingerprint, recorded_commit, recorded_fingerprint
+from varlen_workbench.workbench.gpu_records.kinds import RecordKind, kind_of
 from varlen_workbench.workbench.provenance import REPO
-from varlen_workbench.workbench.record_kinds import RecordKind, kind_of
 
 STALE = "recorded on earlier code"
 UNKNOWN = "code not fingerprinted"

@@ -223,7 +223,9 @@ class GradientHealth:
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}.")
         if not isinstance(thresholds, Thresholds):
-            raise TypeError("thresholds must be a varlen_workbench.workbench.health.Thresholds(vanishing=..., exploding=...).")
+            raise TypeError(
+                "thresholds must be a varlen_workbench.workbench.instruments.health.Thresholds(vanishing=..., exploding=...)."
+            )
         if optimizer_checks not in OPTIMIZER_CHECKS:
             raise ValueError(f"optimizer_checks = {optimizer_checks!r} must be one of {OPTIMIZER_CHECKS}.")
         self.model, self.optimizer, self.thresholds = model, optimizer, thresholds

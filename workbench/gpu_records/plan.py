@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from varlen_workbench.workbench.freshness import Freshness, freshness
-from varlen_workbench.workbench.record_kinds import CARRIED, TESTS, WHEELS, kind_of, recorded_minutes
+from varlen_workbench.workbench.gpu_records.freshness import Freshness, freshness
+from varlen_workbench.workbench.gpu_records.kinds import CARRIED, TESTS, WHEELS, kind_of, recorded_minutes
 from varlen_workbench.workbench.records import load_records, portable
 
 CALL_MINUTES = 10.0  # the device's limit on one command

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.workbench.tinylm import Block, attention_metadata, rope_positions
+from varlen_workbench.workbench.instruments.tinylm import Block, attention_metadata, rope_positions
 
 # Which boundary vector the gathered size is read from.
 BOUNDARIES = {"padded": "cu_seqlens_padded", "real": "cu_seqlens"}

@@ -344,7 +344,7 @@ def varlen_attention_fp8(
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Fp8Blockwise):
             raise TypeError(
-                f"{name} must be an Fp8Blockwise (from varlen_workbench.kernels.fp8.quantize_fp8_blockwise), got {type(t).__name__}."
+                f"{name} must be an Fp8Blockwise (from varlen_workbench.postmortems.te_thd_2892.fp8.quantize_fp8_blockwise), got {type(t).__name__}."
             )
     if k.block != v.block or k.scale.shape != v.scale.shape:
         raise ValueError(f"k and v must be quantized with the same block size, got {k.block} and {v.block}.")

@@ -107,7 +107,7 @@ def _shapes(values: list[Any]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(x.shape) for x in values if isinstance(x, torch.Tensor))
 
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _where(filename: str) -> str:

@@ -1,4 +1,4 @@
-"""Renders the templates `varlen-workbench new` starts a post-mortem from (workbench/templates/).
+"""Renders the templates `varlen-workbench new` starts a post-mortem from (workbench/cli/templates/).
 
 Pure text and nbformat: the caller (`varlen_workbench.workbench.registry.Registry.scaffold`) maps the id to its
 module name, so this module never imports the registry (no registry <-> scaffold cycle).

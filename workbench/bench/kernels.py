@@ -12,10 +12,10 @@ counts only real work, per document: 4*h*d*sum(s_i^2) FLOPs forward, halved when
 (exact visible pairs under a sliding window), and 3.5x that for forward+backward. Ratios are
 peer time / our time measured in the same run, so a noisy machine shifts both alike.
 
-CUDA only; `python -m varlen_workbench.workbench.bench --record FILE` or `varlen-workbench bench`. The committed
+CUDA only; `python -m varlen_workbench.workbench.bench.kernels --record FILE` or `varlen-workbench bench`. The committed
 records (data/gpu/bench-*.json) are read back on any machine by
 `varlen_workbench.workbench.records.load_records("bench-*.json", how=RECORD_COMMAND)`, and judged, tabled and
-plotted by `varlen_workbench.workbench.bench_report` (the performance notebook).
+plotted by `varlen_workbench.workbench.bench.report` (the performance notebook).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from varlen_workbench.workbench.bench.workloads import Workload, workloads
 from varlen_workbench.workbench.layout import Case, pack, thd_to_bshd
 from varlen_workbench.workbench.records import write_record
 from varlen_workbench.workbench.timing import MIN_ITERS, time_call
-from varlen_workbench.workbench.workloads import Workload, workloads
 
-RECORD_COMMAND = "python -m varlen_workbench.workbench.bench --record data/gpu/bench-<gpu>.json"
+RECORD_COMMAND = "python -m varlen_workbench.workbench.bench.kernels --record data/gpu/bench-<gpu>.json"
 
 
 def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tuple[int, int] = (-1, -1)) -> None:
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="processes that compile our candidate tiles before timing (0: compile while tuning)",
     )
-    from varlen_workbench.workbench.bench_report import (  # the runner needs no plots
+    from varlen_workbench.workbench.bench.report import (  # the runner needs no plots
         format_table,
         format_targets,
         targets,
@@ -535,7 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from varlen_workbench.kernels.varlen.launch import TUNER
 
-    command = shlex.join(["python", "-m", "varlen_workbench.workbench.bench", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(
+        ["python", "-m", "varlen_workbench.workbench.bench.kernels", *(argv if argv is not None else sys.argv[1:])]
+    )
 
     def write(rows: list[Row]) -> None:
         if args.record:

@@ -20,12 +20,12 @@ _EXPORTS = {
     "default_device": "varlen_workbench.kernels._compat",
     "ErrorCheck": "varlen_workbench.workbench.bounds",
     "error_check": "varlen_workbench.workbench.bounds",
-    "Explorer": "varlen_workbench.workbench.explorer",
-    "explore": "varlen_workbench.workbench.explorer",
-    "GradientHealth": "varlen_workbench.workbench.health",
-    "State": "varlen_workbench.workbench.health",
-    "Thresholds": "varlen_workbench.workbench.health",
-    "token_norms": "varlen_workbench.workbench.health",
+    "Explorer": "varlen_workbench.workbench.instruments.explorer",
+    "explore": "varlen_workbench.workbench.instruments.explorer",
+    "GradientHealth": "varlen_workbench.workbench.instruments.health",
+    "State": "varlen_workbench.workbench.instruments.health",
+    "Thresholds": "varlen_workbench.workbench.instruments.health",
+    "token_norms": "varlen_workbench.workbench.instruments.health",
     "Case": "varlen_workbench.workbench.layout",
     "Fill": "varlen_workbench.workbench.layout",
     "PackedBatch": "varlen_workbench.workbench.layout",
@@ -38,15 +38,15 @@ _EXPORTS = {
     "region_labels": "varlen_workbench.workbench.layout",
     "thd_to_bshd": "varlen_workbench.workbench.layout",
     "unpad_thd": "varlen_workbench.workbench.layout",
-    "NaNTrace": "varlen_workbench.workbench.nantrace",
-    "trace_nans": "varlen_workbench.workbench.nantrace",
+    "NaNTrace": "varlen_workbench.workbench.instruments.nantrace",
+    "trace_nans": "varlen_workbench.workbench.instruments.nantrace",
     "attention_mask": "varlen_workbench.workbench.plots",
     "plot_errors": "varlen_workbench.workbench.plots",
     "plot_health": "varlen_workbench.workbench.plots",
     "plot_layout": "varlen_workbench.workbench.plots",
     "plot_nan_map": "varlen_workbench.workbench.plots",
     "plot_token_norms": "varlen_workbench.workbench.plots",
-    "poisoned_memory": "varlen_workbench.workbench.poison",
+    "poisoned_memory": "varlen_workbench.workbench.instruments.poison",
     "ProbeRecord": "varlen_workbench.workbench.probes",
     "grad_output": "varlen_workbench.workbench.probes",
     "probe": "varlen_workbench.workbench.probes",
@@ -115,8 +115,10 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
     from varlen_workbench.kernels._compat import default_device
     from varlen_workbench.kernels.contract import check_cu_seqlens, check_varlen_inputs
     from varlen_workbench.workbench.bounds import ErrorCheck, error_check
-    from varlen_workbench.workbench.explorer import Explorer, explore
-    from varlen_workbench.workbench.health import GradientHealth, State, Thresholds, token_norms
+    from varlen_workbench.workbench.instruments.explorer import Explorer, explore
+    from varlen_workbench.workbench.instruments.health import GradientHealth, State, Thresholds, token_norms
+    from varlen_workbench.workbench.instruments.nantrace import NaNTrace, trace_nans
+    from varlen_workbench.workbench.instruments.poison import poisoned_memory
     from varlen_workbench.workbench.layout import (
         Case,
         Fill,
@@ -131,7 +133,6 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
         thd_to_bshd,
         unpad_thd,
     )
-    from varlen_workbench.workbench.nantrace import NaNTrace, trace_nans
     from varlen_workbench.workbench.plots import (
         attention_mask,
         plot_errors,
@@ -140,7 +141,6 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
         plot_nan_map,
         plot_token_norms,
     )
-    from varlen_workbench.workbench.poison import poisoned_memory
     from varlen_workbench.workbench.probes import ProbeRecord, grad_output, probe
     from varlen_workbench.workbench.reference import reference_attention
     from varlen_workbench.workbench.sweeps import SweepResult, sweep

@@ -1,6 +1,6 @@
 """What a built page invites a reader to paste, as the reader's clipboard gets it.
 
-Kept apart from `varlen_workbench.workbench.site` (nbformat, nbconvert): a GPU machine without Jupyter runs the
+Kept apart from `varlen_workbench.workbench.site.build` (nbformat, nbconvert): a GPU machine without Jupyter runs the
 blocks of a site built elsewhere, and hashes them into its record.
 """
 

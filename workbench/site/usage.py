@@ -52,7 +52,7 @@ def user_extras(dist: Distribution) -> dict[str, str]:
     missing = set(USER_EXTRAS) - set(dist.extras)
     if missing:
         raise ValueError(
-            f"pyproject.toml declares no extra {sorted(missing)}; update varlen_workbench.workbench.usage.USER_EXTRAS."
+            f"pyproject.toml declares no extra {sorted(missing)}; update varlen_workbench.workbench.site.usage.USER_EXTRAS."
         )
     return dict(USER_EXTRAS)
 

@@ -256,7 +256,7 @@ def _repro(args: argparse.Namespace) -> int:
         # its upstream imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
         record = ["--record", args.record] if args.record else []
-        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli", "repro", args.id, *record], env=env)
+        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli.main", "repro", args.id, *record], env=env)
     from varlen_workbench.workbench.postmortem import overall_verdict
     from varlen_workbench.workbench.records import write_record
     from varlen_workbench.workbench.registry import Registry
@@ -297,7 +297,7 @@ def _repro(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from varlen_workbench.workbench.site import build
+    from varlen_workbench.workbench.site.build import build
 
     build(out=Path(args.out) if args.out else None, execute_notebooks=not args.no_execute, jobs=args.jobs)
     return 0
@@ -308,8 +308,8 @@ def _new(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return EXIT_USAGE
-    from varlen_workbench.workbench.execute import execute_in_place
     from varlen_workbench.workbench.registry import Registry
+    from varlen_workbench.workbench.site.execute import execute_in_place
 
     registry = Registry()
     package_path, notebook_path = registry.scaffold(args.id, args.title)
@@ -323,8 +323,8 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from varlen_workbench.workbench.execute import execute_in_place
     from varlen_workbench.workbench.registry import Registry
+    from varlen_workbench.workbench.site.execute import execute_in_place
 
     registry = Registry()
     for name in args.notebooks:
@@ -424,7 +424,7 @@ def run_forwarding_signals(command: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from varlen_workbench.workbench.bench import main as bench_main
+    from varlen_workbench.workbench.bench.kernels import main as bench_main
 
     return bench_main(args.bench_args)
 
@@ -436,7 +436,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _gpu_records(args: argparse.Namespace) -> int:
-    from varlen_workbench.workbench import fingerprint, gpu_plan
+    from varlen_workbench.workbench.gpu_records import fingerprint
+    from varlen_workbench.workbench.gpu_records import plan as gpu_plan
     from varlen_workbench.workbench.records import load_records
 
     if args.backfill:

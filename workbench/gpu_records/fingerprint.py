@@ -1,11 +1,13 @@
 """Fingerprints of the code a GPU record measured, judged by content, not by paths or commits.
 
 A fingerprint is the sha256 of the sorted content hashes of the measured sources (the kind's
-paths in `varlen_workbench.workbench.record_kinds`) and of `package==version` for each upstream
+paths in `varlen_workbench.workbench.gpu_records.kinds`) and of `package==version` for each upstream
 package: moving or renaming a file leaves it as it was, changing its code does not. A source's
-content is its syntax tree without docstrings, comments or layout, read with the
-`varlen_workbench.` prefix taken out of its module names: what runs, so that the move of the
-folders under that namespace (imports rewritten and rewrapped, docs reworded) changed nothing.
+content is its syntax tree without docstrings, comments or layout, with the `varlen_workbench.`
+prefix taken out, each dotted name of our modules reduced to its last name (in imports, strings
+and attribute chains) and each run of imports sorted: what runs, so that moving modules between
+folders or packages (imports rewritten, re-sorted and rewrapped, docs reworded) changes nothing.
+A measured file that moved is found at its former path in older commits (`kinds.FORMERLY`).
 
 A record written since carries its fingerprint in its provenance (`records.write_record`).
 Records made before that are fingerprinted once from git history, the code at their commit
@@ -24,8 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from varlen_workbench.workbench.gpu_records.kinds import UPSTREAM, RecordKind, former_paths, kind_of
 from varlen_workbench.workbench.provenance import GPU_DATA, REPO
-from varlen_workbench.workbench.record_kinds import UPSTREAM, RecordKind, kind_of
 from varlen_workbench.workbench.records import write_json
 
 # record file -> fingerprint of its code at its commit; beside data/gpu/, whose every file is a record
@@ -44,10 +46,30 @@ def _path_setup(statement: ast.stmt) -> bool:
     return isinstance(call, ast.Call) and ast.unparse(call.func) in ("sys.path.insert", "sys.path.append")
 
 
+# A dotted name in one of our packages, once the `varlen_workbench.` prefix is out: kept as its last
+# name, in imports, strings (`python -m ...`) and attribute chains alike.
+OUR_MODULE = re.compile(rb"\b(?:kernels|workbench|postmortems)\.(?:\w+\.)*(\w+)")
+
+
+def _sorted_imports(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Each run of consecutive imports in sorted order: an import sorter's reordering changes nothing."""
+    out: list[ast.stmt] = []
+    run: list[ast.stmt] = []
+    for statement in [*body, None]:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            run.append(statement)
+            continue
+        out += sorted(run, key=ast.dump)
+        run = []
+        if statement is not None:
+            out.append(statement)
+    return out
+
+
 def _code(source: bytes) -> bytes:
     """What a source runs: its syntax tree without docstrings or path set-up (the text itself if
     it does not parse)."""
-    text = source.replace(b"varlen_workbench.", b"")
+    text = OUR_MODULE.sub(rb"\1", source.replace(b"varlen_workbench.", b""))
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
@@ -56,7 +78,7 @@ def _code(source: bytes) -> bytes:
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
             kept = [s for i, s in enumerate(body) if not (i == 0 and _docstring(s)) and not _path_setup(s)]
-            node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
+            node.body = _sorted_imports(kept) or [ast.Pass()]  # type: ignore[attr-defined]
     return ast.dump(tree).encode()
 
 
@@ -67,9 +89,12 @@ def fingerprint(sources: Iterable[bytes], versions: dict[str, str]) -> str:
 
 
 def _measured(paths: Iterable[str], kind: RecordKind) -> list[str]:
-    """The .py files among `paths` (repository-relative) that the kind's paths name."""
+    """The .py files among `paths` (repository-relative) that the kind's paths name, now or before a move."""
     return sorted(
-        p for p in paths if p.endswith(".py") and any(p == m or p.startswith(m.rstrip("/") + "/") for m in kind.measures)
+        p
+        for p in paths
+        if p.endswith(".py")
+        and any(p == m or p.startswith(m.rstrip("/") + "/") for m in (*kind.measures, *former_paths(kind.measures)))
     )
 
 

@@ -1,0 +1,3 @@
+"""The `varlen-workbench` command line: `main` parses and dispatches, `scaffold` starts a new
+post-mortem from the templates under cli/templates/.
+"""
