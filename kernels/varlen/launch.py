@@ -36,13 +36,8 @@ from triton.runtime.errors import OutOfResources
 from varlen_workbench.kernels._compat import device_capability
 from varlen_workbench.kernels.interpreter import dot_upcast_needed
 from varlen_workbench.kernels.runtime import interpreted
-from varlen_workbench.kernels.varlen.attention_kernels import (
-    attention_backward_dkdv_kernel,
-    attention_backward_dq_kernel,
-    attention_forward_kernel,
-    block_starts_kernel,
-    fill_padding_rows_kernel,
-)
+from varlen_workbench.kernels.varlen.backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+from varlen_workbench.kernels.varlen.forward_kernels import attention_forward_kernel
 from varlen_workbench.kernels.varlen.hopper import (
     DEFAULT_FORWARD,
     active_forward_config,
@@ -52,6 +47,7 @@ from varlen_workbench.kernels.varlen.hopper import (
     persistent_programs,
     warp_specialize_fails,
 )
+from varlen_workbench.kernels.varlen.kernel_common import block_starts_kernel, fill_padding_rows_kernel
 
 
 @dataclass(frozen=True)

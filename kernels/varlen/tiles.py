@@ -76,12 +76,13 @@ def compile_tile(
     from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as triton_compile
 
-    from varlen_workbench.kernels.varlen import attention_kernels as tk
+    from varlen_workbench.kernels.varlen.backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+    from varlen_workbench.kernels.varlen.forward_kernels import attention_forward_kernel
 
     fn = {
-        "forward": tk.attention_forward_kernel,
-        "dkdv": tk.attention_backward_dkdv_kernel,
-        "dq": tk.attention_backward_dq_kernel,
+        "forward": attention_forward_kernel,
+        "dkdv": attention_backward_dkdv_kernel,
+        "dq": attention_backward_dq_kernel,
     }[kernel]
     left, right = MASKS[mask]
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
