@@ -47,6 +47,7 @@ import varlen_workbench.kernels.varlen.fa4 as fa4
 import varlen_workbench.kernels.varlen.launch as launch
 import varlen_workbench.kernels.varlen.metadata as metadata
 import varlen_workbench.kernels.varlen.op as op
+import varlen_workbench.kernels.varlen.tuner as tuner
 from varlen_workbench.workbench.timing import host_us
 
 SEQS, ROWS, HEADS, HEAD_DIM, TAIL = 8, 128, 2, 128, 32
@@ -137,7 +138,7 @@ def stubbed(device: torch.device) -> Iterator[dict[str, StubKernel | StubFA4]]:
         if device.type != "cuda":  # the CUDA-only queries, answered as on an H200
             stack.enter_context(mock.patch.object(op, "check_kernel_device", lambda name, tensor: None))
             stack.enter_context(mock.patch.object(launch, "device_capability", lambda device: (9, 0)))
-            stack.enter_context(mock.patch.object(launch, "_may_synchronize", lambda: True))  # no capture
+            stack.enter_context(mock.patch.object(tuner, "_may_synchronize", lambda: True))  # no capture
             stack.enter_context(mock.patch.object(fa4, "platform_reason", lambda q: None))
         yield stubs
 

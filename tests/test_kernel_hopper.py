@@ -28,7 +28,7 @@ from varlen_workbench.kernels.varlen.hopper import (
     longest_first,
     warp_specialize_fails,
 )
-from varlen_workbench.kernels.varlen.launch import Tile
+from varlen_workbench.kernels.varlen.tuner import Tile
 from varlen_workbench.workbench.layout import Case
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,17 +12,14 @@ from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen.launch import (
     BLOCK_SIZES,
     KEYS,
-    MIN_TIMED_WORK,
-    NATIVE_TILES,
     QUERIES,
     TUNER,
-    Tile,
-    TileTuner,
     WorkList,
     native_tiles,
     work_lists,
 )
 from varlen_workbench.kernels.varlen.op import HEAD_DIMS
+from varlen_workbench.kernels.varlen.tuner import MIN_TIMED_WORK, NATIVE_TILES, Tile, TileTuner
 from varlen_workbench.workbench.layout import Case, pack
 
 # Both sides of the causal diagonal and ragged ends against 16..128-row tiles: len_q > len_k
@@ -106,7 +103,7 @@ class FakeCompiled:
 def test_tuner_never_times_a_spilling_candidate(monkeypatch):
     """Spills are read from the compiled kernels first: where any candidate does not spill, only
     those are timed, however fast a spilling one would have looked."""
-    import varlen_workbench.kernels.varlen.launch as launch_module
+    import varlen_workbench.kernels.varlen.tuner as tuner_module
 
     spilling, fast_spilling = Tile(64, 64, 4, 2), Tile(128, 128, 8, 3)
     clean, slower_clean = Tile(128, 64, 8, 3), Tile(64, 32, 4, 3)
@@ -122,8 +119,8 @@ def test_tuner_never_times_a_spilling_candidate(monkeypatch):
         fn()
         return speed[launched[-1]]
 
-    monkeypatch.setattr(launch_module, "_may_synchronize", lambda: True)
-    monkeypatch.setattr(launch_module.triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(tuner_module, "_may_synchronize", lambda: True)
+    monkeypatch.setattr(tuner_module.triton.testing, "do_bench", do_bench)
     tuner = TileTuner()
     tuner.launch(("forward", "x"), tuple(spills), launch, MIN_TIMED_WORK)
     assert set(tuner.timings[("forward", "x")]) == {clean, slower_clean}
@@ -138,7 +135,7 @@ def test_an_untimed_call_takes_the_first_candidate_that_does_not_spill(monkeypat
     """Under MIN_TIMED_WORK nothing is timed, but spills are still read: candidates compile in
     order up to the first clean one; where all spill, the first runs. While syncs are
     forbidden (CUDA graph capture) the first runs unread and nothing is remembered."""
-    import varlen_workbench.kernels.varlen.launch as launch_module
+    import varlen_workbench.kernels.varlen.tuner as tuner_module
 
     spilling, clean, later = Tile(32, 64, 4, 3), Tile(32, 128, 8, 3), Tile(64, 128, 8, 3)
     spills = {spilling: 16, clean: 0, later: 0}
@@ -148,7 +145,7 @@ def test_an_untimed_call_takes_the_first_candidate_that_does_not_spill(monkeypat
         launched.append(tile)
         return FakeCompiled(spills[tile])
 
-    monkeypatch.setattr(launch_module, "_may_synchronize", lambda: True)
+    monkeypatch.setattr(tuner_module, "_may_synchronize", lambda: True)
     tuner = TileTuner()
     tuner.launch(("dkdv", "small"), (spilling, clean, later), launch, MIN_TIMED_WORK - 1)
     assert launched == [spilling, clean, clean] and tuner.chosen[("dkdv", "small")] == clean
@@ -157,7 +154,7 @@ def test_an_untimed_call_takes_the_first_candidate_that_does_not_spill(monkeypat
     tuner.launch(("dkdv", "all spill"), (spilling, clean, later), launch, MIN_TIMED_WORK - 1)
     assert tuner.chosen[("dkdv", "all spill")] == spilling
     launched.clear()
-    monkeypatch.setattr(launch_module, "_may_synchronize", lambda: False)
+    monkeypatch.setattr(tuner_module, "_may_synchronize", lambda: False)
     tuner.launch(("dkdv", "captured"), (spilling, clean), launch, MIN_TIMED_WORK - 1)
     assert launched == [spilling] and ("dkdv", "captured") not in tuner.chosen
 

@@ -9,12 +9,12 @@ import triton.language as tl
 
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.replicas.dmattn import (
-    _finite_or_zero,
     dmattn_backward,
     isfinite_exists,
     launch_patch_as_written,
     triton_dmattn_func,
 )
+from varlen_workbench.kernels.replicas.dmattn_kernels import _finite_or_zero
 from varlen_workbench.kernels.runtime import jit
 from varlen_workbench.postmortems.flash_dmattn_121 import dense_reference
 from varlen_workbench.workbench.bounds import error_check

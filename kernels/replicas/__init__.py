@@ -1,6 +1,7 @@
 """Faithful replicas of upstream buggy mechanisms: each reproduces a bug's cause, not only its symptom.
 
-One module per upstream bug; add a line below for yours.
+One module per upstream bug (its Triton kernels may sit beside it: dmattn's in dmattn_kernels);
+add a line below for yours.
 """
 
 from varlen_workbench.kernels.replicas.dmattn import triton_dmattn_func  # noqa: F401  (HKUSTDial/flash-sparse-attention#121)

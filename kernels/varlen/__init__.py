@@ -1,9 +1,9 @@
-"""The fixed varlen attention: Triton kernels (`attention_kernels`), their launchers (`launch`),
-`varlen_attention` (`op`), the per-step metadata every call of a step shares (`metadata`:
-`VarlenMetadata`), the device check of its boundary values (`device_check`), and the registry
-of backends that compute a call (`backends`: the Triton kernel, FlashAttention-4 behind the
-contract-keeping wrapper of `fa4`, per-document SDPA); `varlen_attn` is torch's `varlen_attn`
-signature on the same call.
+"""The fixed varlen attention: Triton kernels (`forward_kernels`, `backward_kernels` and what they
+share, `kernel_common`), their launchers (`launch`) and tile tuner (`tuner`), `varlen_attention`
+(`op`), the per-step metadata every call of a step shares (`metadata`: `VarlenMetadata`), the
+device check of its boundary values (`device_check`), and the registry of backends that compute
+a call (`backends`: the Triton kernel, FlashAttention-4 behind the contract-keeping wrapper of
+`fa4`, per-document SDPA); `varlen_attn` is torch's `varlen_attn` signature on the same call.
 
 `from varlen_workbench.kernels.varlen import varlen_attention` is the kernel's public import.
 Importing it sets nothing and patches nothing, in any import order: each launch runs compiled on

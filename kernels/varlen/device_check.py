@@ -23,7 +23,7 @@ import triton.language as tl
 
 from varlen_workbench.kernels.contract import check_cu_seqlens
 from varlen_workbench.kernels.runtime import jit
-from varlen_workbench.kernels.varlen.attention_kernels import write_block_starts
+from varlen_workbench.kernels.varlen.kernel_common import write_block_starts
 from varlen_workbench.kernels.varlen.launch import BLOCK_SIZES, SMALLEST_BLOCK_LOG2, work_lists_shape
 
 CHUNK = 1024  # boundaries per step of the check's loops

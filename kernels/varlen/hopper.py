@@ -14,7 +14,7 @@ import triton
 from varlen_workbench.kernels.runtime import interpreted
 
 if TYPE_CHECKING:
-    from varlen_workbench.kernels.varlen.launch import Tile
+    from varlen_workbench.kernels.varlen.tuner import Tile
 
 
 @dataclass(frozen=True)

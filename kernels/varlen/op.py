@@ -18,7 +18,7 @@ from varlen_workbench.kernels.varlen.metadata import eager as _eager
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # q/k and v each: every multiple of 8 up to 256, as FlashAttention-2/3 (the kernels pad the lanes
-# to a power of two and mask them, kernels/varlen/attention_kernels.py).
+# to a power of two and mask them, kernels/varlen/kernel_common.py).
 HEAD_DIMS = range(8, 257, 8)
 
 

@@ -1,5 +1,5 @@
 """What each candidate tile costs on a GPU, found by compiling without one: registers, spills,
-shared memory. This is how `launch.NATIVE_TILES` was chosen: a tile that spills or overflows
+shared memory. This is how `tuner.NATIVE_TILES` was chosen: a tile that spills or overflows
 shared memory is slow or fails, and compiling tells so for free, before any GPU time is spent.
 
     python -m varlen_workbench.kernels.varlen.tiles [--arch 90] [--head-dims 64 128] [--head-dim-v 128] [--dtype bfloat16]
@@ -24,7 +24,8 @@ import torch
 from varlen_workbench.kernels.interpreter import run_compiling_child
 from varlen_workbench.kernels.runtime import triton_library_interpreted
 from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig
-from varlen_workbench.kernels.varlen.launch import Tile, lanes, native_tiles
+from varlen_workbench.kernels.varlen.launch import lanes, native_tiles
+from varlen_workbench.kernels.varlen.tuner import Tile
 
 HOPPER = 90
 SHARED_LIMIT = 227 * 1024  # bytes a Hopper block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -76,12 +77,13 @@ def compile_tile(
     from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as triton_compile
 
-    from varlen_workbench.kernels.varlen import attention_kernels as tk
+    from varlen_workbench.kernels.varlen.backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+    from varlen_workbench.kernels.varlen.forward_kernels import attention_forward_kernel
 
     fn = {
-        "forward": tk.attention_forward_kernel,
-        "dkdv": tk.attention_backward_dkdv_kernel,
-        "dq": tk.attention_backward_dq_kernel,
+        "forward": attention_forward_kernel,
+        "dkdv": attention_backward_dkdv_kernel,
+        "dq": attention_backward_dq_kernel,
     }[kernel]
     left, right = MASKS[mask]
     head_dim_v = head_dim if head_dim_v is None else head_dim_v

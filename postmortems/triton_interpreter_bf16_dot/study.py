@@ -182,9 +182,9 @@ def _interpreter_dot_source() -> str:
 
 
 def _workaround_source() -> str:
-    from varlen_workbench.kernels.varlen import attention_kernels
+    from varlen_workbench.kernels.varlen import kernel_common
 
-    return inspect.getsource(getattr(attention_kernels._dot, "fn", attention_kernels._dot))
+    return inspect.getsource(getattr(kernel_common._dot, "fn", kernel_common._dot))
 
 
 def _upcast_decision_source() -> str:
@@ -197,7 +197,7 @@ def _upcast_decision_source() -> str:
 
 LISTINGS: dict[str, Callable[[], str]] = {
     "interpreter create_dot": _interpreter_dot_source,  # the installed Triton's interpreter
-    "our _dot": _workaround_source,  # kernels/varlen/attention_kernels.py
+    "our _dot": _workaround_source,  # kernels/varlen/kernel_common.py
     "upcast decision": _upcast_decision_source,  # kernels/varlen/launch.py
 }
 

@@ -162,7 +162,7 @@ class _VarlenAttention(torch.autograd.Function):
 class Triton:
     name = "triton"
     label = "Triton kernel"
-    summary = "the fixed Triton kernel of this package (kernels/varlen/attention_kernels.py)"
+    summary = "the fixed Triton kernel of this package (kernels/varlen/forward_kernels.py, backward_kernels.py)"
     takes = "every call: compiled on CUDA tensors, through Triton's interpreter on CPU tensors"
 
     dtypes: tuple[torch.dtype, ...] | None = None
