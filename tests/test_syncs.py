@@ -65,7 +65,7 @@ SITE = "/usr/lib/python3.12/site-packages"
         # Installed from the wheel, ours by its import name; Hugging Face's `kernels` is not ours.
         ([f"{SITE}/varlen_workbench/kernels/hf.py(95): packed_layout"], "ours"),
         ([f"{SITE}/kernels/_internals/layer/layer.py(1): forward", "kernels/_internals/load.py(1): f"], "other"),
-        ([f"{SITE}/varlen_workbench/workbench/syncs.py(250): count_syncs"], "other"),
+        ([f"{SITE}/varlen_workbench/workbench/instruments/syncs.py(250): count_syncs"], "other"),
         # A library called from our wrapper issued it: the library's, not ours.
         ([f"{SITE}/flash_attn/cute/interface.py(300): _flash_attn_fwd", "kernels/varlen/fa4.py(200): forward"], "other"),
         # The harness names nobody: a sync under it with no other frame is no one's in particular.
