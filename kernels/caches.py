@@ -17,6 +17,7 @@ tests/test_module_state.py fails on module-level state anywhere else. What lives
 
 `reset()` puts every cache back as a fresh process has it: for tests, and for a process that
 changed what the caches answered (another FA4 installed, ...). Call it outside any kernel call.
+After it `op.pinned(name)` makes a new callable, no longer `varlen_attention_<name>` itself.
 The default device is no state: `_compat.default_device()` reads WORKBENCH_DEVICE on each call.
 """
 
