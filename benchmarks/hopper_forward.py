@@ -26,7 +26,8 @@ import torch
 
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig, forward_config
-from varlen_workbench.kernels.varlen.launch import TUNER, candidate_tiles, shape_class
+from varlen_workbench.kernels.varlen.launch import candidate_tiles, tuner
+from varlen_workbench.kernels.varlen.tuner import shape_class
 from varlen_workbench.workbench.bench.hopper_report import CURRENT, FA4
 from varlen_workbench.workbench.bench.kernels import _fa4, measure, precompile, ratio
 from varlen_workbench.workbench.bench.workloads import Workload, workloads
@@ -85,7 +86,7 @@ def _default_tile(workload: Workload, batch):
         c.heads // (c.kv_heads or c.heads),
         workload.sliding,
     )
-    return TUNER.chosen.get(key, candidate_tiles("forward", c.head_dim, c.torch_dtype, batch.q.device)[0])
+    return tuner().chosen.get(key, candidate_tiles("forward", c.head_dim, c.torch_dtype, batch.q.device)[0])
 
 
 def _ours(batch, window):
@@ -129,7 +130,7 @@ def run(quick: bool, iters: int, compile_jobs: int) -> list[Result]:
         for name, config in VARIANTS.items():
             row = rows[name] = Result(workload.name, name, str(config), tile=str(tile))
             try:
-                with TUNER.pinned(forward=tile):
+                with tuner().pinned(forward=tile):
                     row.check = check(workload, config, device)
                     if row.check != "ok" or quick:
                         continue
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     if args.record:
         command = shlex.join(["python", "-m", "benchmarks.hopper_forward", *(argv if argv is not None else sys.argv[1:])])
-        write_record(args.record, {"rows": [asdict(r) for r in results], "tiles": TUNER.report()}, command=command)
+        write_record(args.record, {"rows": [asdict(r) for r in results], "tiles": tuner().report()}, command=command)
     return 0
 
 

@@ -129,9 +129,9 @@ def stubbed(device: torch.device) -> Iterator[dict[str, StubKernel | StubFA4]]:
             stack.enter_context(mock.patch.object(module, name, stubs[name]))
         for module in (metadata, launch, fa4, interpreter):
             stack.enter_context(mock.patch.object(module, "interpreted", lambda where: False))
-        stack.enter_context(mock.patch.object(launch.TUNER, "_time", lambda key, candidates, run: candidates[0]))
-        stack.enter_context(mock.patch.object(launch.TUNER, "_spills", lambda key, candidates, run, **_: {candidates[0]: 0}))
-        stack.enter_context(mock.patch.object(launch.TUNER, "chosen", {}))
+        stack.enter_context(mock.patch.object(launch.tuner(), "_time", lambda key, candidates, run: candidates[0]))
+        stack.enter_context(mock.patch.object(launch.tuner(), "_spills", lambda key, candidates, run, **_: {candidates[0]: 0}))
+        stack.enter_context(mock.patch.object(launch.tuner(), "chosen", {}))
         # cached as the real `load` is: its per-call cost, a cache lookup, stays
         kernels = fa4.Kernels(stub_fa4.forward, stub_fa4.backward)
         stack.enter_context(mock.patch.object(fa4, "load", functools.cache(lambda: kernels)))

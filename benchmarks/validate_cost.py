@@ -55,8 +55,8 @@ def step(
 
     def batch() -> VarlenMetadata:
         q, k, q_padded, k_padded = (cu.clone() for _ in range(4))
-        return VarlenMetadata(
-            q, k, longest, longest, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, validate=validate
+        return VarlenMetadata.for_tensors(
+            *qkv[:2], q, k, longest, longest, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, validate=validate
         )
 
     same = batch()

@@ -1,18 +1,26 @@
 """The workbench's default device, and the device questions `kernels` and `workbench` share.
 
 `WORKBENCH_DEVICE=cpu|cuda` sets the default device (CUDA when available, else the CPU) where
-packed batches are made and post-mortems run. It does not choose how a kernel runs: that is
-decided per launch by the tensors' device (kernels/runtime.py).
+packed batches are made and post-mortems run, read each time `default_device()` is asked (not
+at import): a change takes effect without a re-import. It does not choose how a kernel runs:
+that is decided per launch by the tensors' device (kernels/runtime.py).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
+from varlen_workbench.kernels.caches import cached
+
 _CHOICES = ("cpu", "cuda")
+
+
+def default_device() -> torch.device:
+    """The device packed batches and kernels use unless told otherwise: WORKBENCH_DEVICE as it is
+    now, else CUDA when available, else the CPU."""
+    return torch.device(_requested_device())
 
 
 def _requested_device() -> str:
@@ -30,15 +38,7 @@ def _requested_device() -> str:
     return requested or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-DEVICE: str = _requested_device()
-
-
-def default_device() -> torch.device:
-    """The device packed batches and kernels use unless told otherwise."""
-    return torch.device(DEVICE)
-
-
-@functools.cache
+@cached
 def device_capability(device: torch.device) -> tuple[int, int]:
     """`torch.cuda.get_device_capability(device)`, asked once per device: it costs a few
     microseconds of host time, which a call on short documents cannot hide."""

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from varlen_workbench.kernels.varlen.metadata import LAST, VarlenMetadata
+from varlen_workbench.kernels import caches
+from varlen_workbench.kernels.varlen.metadata import VarlenMetadata
 
 NAME = "varlen_contract"  # the attn_implementation string: our varlen attention, keeping the padding contract
 
@@ -110,7 +111,7 @@ def step_metadata(
 ) -> VarlenMetadata:
     """The `VarlenMetadata` of the batch transformers hands an attention function, built once per
     forward: transformers passes every layer the same tensors (mask, position_ids, cu_seq_lens),
-    so the layers after the first find it in `varlen_workbench.kernels.varlen.metadata.LAST`, keyed on those very
+    so the layers after the first find it in `varlen_workbench.kernels.caches.LAST`, keyed on those very
     tensors, unmodified: no host read, no check, no allocation.
 
     The keywords are transformers' own; the most explicit that describes the batch wins:
@@ -126,7 +127,7 @@ def step_metadata(
     def build() -> VarlenMetadata:
         return _build(batch, q_length, kv_length, device, *given)
 
-    return LAST.get(tensors, extra, build)
+    return caches.LAST.get(tensors, extra, build)
 
 
 def _build(batch, q_length, kv_length, device, attention_mask, position_ids, cu_q, cu_k, max_q, max_k) -> VarlenMetadata:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,6 +41,8 @@ from triton.language import standard
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
+
+from varlen_workbench.kernels.caches import FORCED, INTERPRETING, cached
 
 # A fact about this process, fixed when triton was imported, not a choice: with TRITON_INTERPRET=1
 # then, Triton decorated its own library (`tl.zeros`, ...) for the interpreter.
@@ -61,7 +62,7 @@ class InterpretableJITFunction(JITFunction):
         return lambda *args, **kwargs: self._launch(grid, False, args, kwargs)
 
     def _launch(self, grid, warmup: bool, args: tuple, kwargs: dict):
-        if _forced or _LIBRARY_INTERPRETED or _first_tensor_on_cpu(args, kwargs):
+        if FORCED.open or _LIBRARY_INTERPRETED or _first_tensor_on_cpu(args, kwargs):
             with interpreting():
                 return _interpreted(self.fn).run(*args, grid=grid, warmup=warmup, **kwargs)
         return JITFunction.run(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -75,31 +76,27 @@ def jit(fn: Callable | None = None, **options: Any) -> Any:
     return InterpretableJITFunction(fn, **options)
 
 
-_forced = 0  # open `use_interpreter()` blocks, all threads
-_forced_lock = threading.Lock()
-
-
 @contextlib.contextmanager
 def use_interpreter() -> Iterator[None]:
     """Inside the block our kernels run through Triton's interpreter on every device, CUDA
     tensors included (copied to the host and back: slow, but it shows what the interpreter
     computes on a GPU machine). Process-wide while the block is open, not per thread, because
-    autograd runs the backward pass of CUDA tensors in threads of its own."""
-    global _forced
-    with _forced_lock:
-        _forced += 1
+    autograd runs the backward pass of CUDA tensors in threads of its own (the count of open
+    blocks is `caches.FORCED`)."""
+    with FORCED.lock:
+        FORCED.open += 1
     try:
         yield
     finally:
-        with _forced_lock:
-            _forced -= 1
+        with FORCED.lock:
+            FORCED.open -= 1
 
 
 def interpreter_forced() -> bool:
     """Whether CUDA tensors are interpreted too: inside `use_interpreter()`, or where Triton's
     library is interpreted (`triton_library_interpreted`). TRITON_INTERPRET=1 set after triton
     was imported forces nothing: our kernels keep the per-device rule."""
-    return _forced > 0 or _LIBRARY_INTERPRETED
+    return FORCED.open > 0 or _LIBRARY_INTERPRETED
 
 
 def interpreted(where: torch.Tensor | torch.device | str) -> bool:
@@ -128,14 +125,10 @@ def _first_tensor_on_cpu(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-@functools.cache
+@cached
 def _interpreted(fn: Callable) -> InterpretedFunction:
     """Triton's interpreter for the Python function `fn` (ours, or one of Triton's library)."""
     return InterpretedFunction(fn)
-
-
-_launch_lock = threading.RLock()
-_depth = 0  # `interpreting()` blocks open in the thread holding _launch_lock
 
 
 @contextlib.contextmanager
@@ -143,16 +136,16 @@ def interpreting() -> Iterator[None]:
     """Inside the block Triton's interpreter runs kernels in this process whatever was imported
     first: what every interpreted launch of ours runs in, and what code launching another
     library's interpreted kernels can use (`decorating_for_interpreter`). On exit everything is
-    as it was, exceptions included. Reentrant; one thread at a time (module docstring)."""
-    global _depth
-    with _launch_lock:
-        outermost = _depth == 0
-        _depth += 1
+    as it was, exceptions included. Reentrant; one thread at a time (module docstring), under
+    `caches.INTERPRETING`'s lock."""
+    with INTERPRETING.lock:
+        outermost = INTERPRETING.open == 0
+        INTERPRETING.open += 1
         try:
             with _interpreter_patches() if outermost else contextlib.nullcontext():
                 yield
         finally:
-            _depth -= 1
+            INTERPRETING.open -= 1
 
 
 @contextlib.contextmanager
@@ -204,7 +197,7 @@ def _interpreter_patches() -> Iterator[None]:
                 opened.pop().restore()
 
 
-@functools.cache
+@cached
 def _numpy_rejects_int_of_arrays() -> bool:
     """numpy >= 2.4 refuses `int()` of a 1-element array ("only 0-dimensional arrays can be converted")."""
     import numpy as np

@@ -13,8 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from varlen_workbench.kernels import hf
-from varlen_workbench.kernels.varlen import metadata
+from varlen_workbench.kernels import caches, hf
 from varlen_workbench.workbench.instruments import realclient as rc
 
 SIZE = dataclasses.replace(rc.SIZES["cpu"], layers=2)  # a second layer finds the first one's metadata
@@ -24,8 +23,7 @@ SIZE = dataclasses.replace(rc.SIZES["cpu"], layers=2)  # a second layer finds th
 def counted(monkeypatch) -> dict[str, int]:
     """The swap's host reads and the metadata it builds, counted; nothing remembered before."""
     counts = {"reads": 0, "built": 0, "attention calls": 0}
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
-    monkeypatch.setattr(hf, "LAST", metadata.LAST)
+    monkeypatch.setattr(caches, "LAST", caches.Memo())
     read, build = hf._read, hf._build
 
     def counting_read(*tensors):

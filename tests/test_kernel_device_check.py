@@ -24,6 +24,7 @@ import torch
 
 import varlen_workbench.kernels.varlen.metadata as metadata
 import varlen_workbench.kernels.varlen.op as op
+from varlen_workbench.kernels import caches
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.contract import check_cu_seqlens
 from varlen_workbench.kernels.varlen import VarlenMetadata
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def fresh_memo(monkeypatch):
     """No metadata remembered from another test's positional calls."""
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+    monkeypatch.setattr(caches, "LAST", caches.Memo())
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_the_device_path_raises_what_the_host_path_raises(case, monkeypatch):
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: False)
     host = _raised(lambda: op.varlen_attention(*positional, **keywords))
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())  # nothing remembered from the host call
+    monkeypatch.setattr(caches, "LAST", caches.Memo())  # nothing remembered from the host call
     assert _raised(lambda: op.varlen_attention(*positional, **keywords)) == host
     assert host is not None and host[0] is case.exception
 
@@ -346,12 +347,11 @@ def test_metadata_from_host_memory_is_checked_at_once():
     assert str(error.value) == _host_message(args)
 
 
-def test_metadata_bound_to_other_rows_is_a_clear_error():
+def test_metadata_built_for_other_rows_is_a_clear_error():
     args = base_args(device=default_device())
-    q, k, q_padded, k_padded = (args[n] for n in BOUNDARIES)
-    batch = VarlenMetadata(q, k, 4, 4, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded)
-    assert "not bound yet" in repr(batch)
-    _on(args, batch)  # binds the rows of this q and k
+    batch = _metadata(args)
+    assert "total_q=15, total_k=15" in repr(batch)
+    _on(args, batch)
     shorter = {**args, "q": args["q"][:-1]}
     with pytest.raises(ValueError, match="describes q of 15 rows and k of 15, but the call passes q of 14"):
         _on(shorter, batch)

@@ -23,6 +23,7 @@ import torch
 
 import varlen_workbench.kernels.varlen.fa4 as fa4
 from tests.test_kernel_varlen import nan_on_padding
+from varlen_workbench.kernels import caches
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
@@ -289,9 +290,10 @@ def test_the_fa4_layout_is_read_off_the_host_check_once():
     batch = VarlenMetadata(
         cu_q, cu_k, 3, 5, cu_seqlens_q_padded=cu_q.clone(), cu_seqlens_k_padded=padded_k, total_q=6, total_k=12
     )
-    layout = batch.fa4_layout()
+    layout = fa4.fa4_layout(batch)
     assert (layout.real_q, layout.real_k, layout.seqused_q) == (5, 9, None) and layout.seqused_k.tolist() == [4, 5]
-    assert batch.fa4_layout() is layout
+    assert fa4.fa4_layout(batch) is layout  # kept by the backend (kernels/caches.py), not on the object
+    assert not any(isinstance(value, fa4.Fa4Layout) for value in vars(batch).values())
     assert batch.has_gaps() == (False, True) and batch.padding_to_fill()
 
 
@@ -304,7 +306,7 @@ def host_reads(fake_fa4, monkeypatch) -> list[int]:
     import varlen_workbench.kernels.varlen.metadata as metadata
 
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+    monkeypatch.setattr(caches, "LAST", caches.Memo())
     reads: list[int] = []
     in_stand_in = [False]
 

@@ -19,7 +19,7 @@ from hypothesis import given
 
 from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, TUNER, lanes, native_tiles
+from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, lanes, native_tiles, tuner
 from varlen_workbench.workbench.bounds import error_check
 from varlen_workbench.workbench.layout import Case, Fill, pack
 from varlen_workbench.workbench.reference import reference_attention
@@ -70,7 +70,7 @@ def test_smallest_native_tiles_keep_the_contract_on_padded_lanes():
     row and key blockings than the interpreter's one tile."""
     smallest = {kernel: by_bytes[max(by_bytes)][0] for kernel, by_bytes in NATIVE_TILES.items()}
     assert {t.block_m for t in smallest.values()} | {t.block_n for t in smallest.values()} <= {16, 32}
-    with TUNER.pinned(**smallest):
+    with tuner().pinned(**smallest):
         assert_contract(Case((37, 5), seqlens_k=(20, 33), tail_q=2, heads=2, kv_heads=1, head_dim=24, head_dim_v=56, causal=True))
 
 

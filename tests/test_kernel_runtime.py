@@ -205,7 +205,7 @@ from transformers.utils import is_kernels_available
 environ = dict(os.environ)
 import torch
 import varlen_workbench.kernels.hf
-from varlen_workbench.kernels.varlen.launch import TUNER
+from varlen_workbench.kernels.varlen.launch import tuner
 
 from varlen_workbench.kernels.runtime import use_interpreter
 name = varlen_workbench.kernels.hf.register()
@@ -224,7 +224,7 @@ print(json.dumps({
     "hf_kernels_available": is_kernels_available(),
     "loss": loss.item(),
     "grads_finite": all(bool(p.grad.isfinite().all()) for p in model.parameters()),
-    "kernels": sorted({key[0] for key in TUNER.chosen}),
+    "kernels": sorted({key[0] for key in tuner().chosen}),
     "environ": sorted(k for k in set(environ) | set(os.environ) if environ.get(k) != os.environ.get(k)),
 }))
 """

@@ -13,9 +13,9 @@ from varlen_workbench.kernels.varlen.launch import (
     BLOCK_SIZES,
     KEYS,
     QUERIES,
-    TUNER,
     WorkList,
     native_tiles,
+    tuner,
     work_lists,
 )
 from varlen_workbench.kernels.varlen.op import HEAD_DIMS
@@ -39,7 +39,7 @@ def test_every_native_candidate_tile_keeps_the_contract(row_bytes, index):
     head_dim = 16 if ON_INTERPRETER else row_bytes // 2
     # The causal case runs every mask path; without the mask only the ragged end differs.
     cases = (CAUSAL_CASE, FULL_CASE) if index == 0 else (CAUSAL_CASE,)
-    with TUNER.pinned(**tiles):
+    with tuner().pinned(**tiles):
         for case in cases:
             assert_contract(case.with_(head_dim=head_dim))
 
@@ -50,13 +50,13 @@ def test_every_native_candidate_tile_keeps_the_contract_under_windows(index, win
     """Windows narrower and wider than the 16..128-row blocks: key blocks skipped on both sides,
     masked edges, rows that see no key (len_q > len_k), for each pinned tile."""
     tiles = {kernel: by_bytes[256][index] for kernel, by_bytes in NATIVE_TILES.items()}
-    with TUNER.pinned(**tiles):
+    with tuner().pinned(**tiles):
         assert_contract(CAUSAL_CASE.with_(causal=False, head_dim=16 if ON_INTERPRETER else 128), window_size=window)
 
 
 def test_pinned_names_kernels():
     with pytest.raises(ValueError, match=r"pinned\(\) got \['backward'\]"):
-        with TUNER.pinned(backward=Tile(64, 64, 4, 1)):
+        with tuner().pinned(backward=Tile(64, 64, 4, 1)):
             pass
 
 
@@ -197,7 +197,7 @@ def test_tuned_kernels_do_not_spill(monkeypatch):
     import varlen_workbench.kernels.varlen.launch as launch_module
 
     tuner = TileTuner()
-    monkeypatch.setattr(launch_module, "TUNER", tuner)
+    monkeypatch.setattr(launch_module, "tuner", lambda: tuner)
     for case in (
         Case((4096, 17, 513), heads=16, head_dim=128, dtype="bfloat16", causal=True),
         Case((200, 37), heads=2, head_dim=128, dtype="bfloat16", window=(64, 0)),

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
+from varlen_workbench.kernels import caches
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import AuxRequest, varlen_attn
@@ -135,7 +136,7 @@ def test_validation_is_remembered_for_the_same_unchanged_metadata(monkeypatch):
     # A check of the boundary values is one host copy of all four (CPU) or one check kernel (natively).
     copies = []
     real, real_on_device = contract._to_host, metadata.check_on_device
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+    monkeypatch.setattr(caches, "LAST", caches.Memo())
     monkeypatch.setattr(contract, "_to_host", lambda tensors: copies.append(len(tensors)) or real(tensors))
     monkeypatch.setattr(metadata, "check_on_device", lambda *args: copies.append(4) or real_on_device(*args))
     batch = _small()

@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from varlen_workbench.kernels import caches
+from varlen_workbench.kernels.runtime import interpreted, use_interpreter
 from varlen_workbench.kernels.varlen import VarlenMetadata, metadata, varlen_attention
+from varlen_workbench.kernels.varlen.fa4 import fa4_layout
 from varlen_workbench.workbench.layout import Case, pack
 
 CASE = Case((5, 0, 9), seqlens_k=(7, 3, 9), padded_q=(6, 2, 9), padded_k=(8, 3, 10), tail_q=2, heads=2, head_dim=16, causal=True)
@@ -15,12 +18,14 @@ CASE = Case((5, 0, 9), seqlens_k=(7, 3, 9), padded_q=(6, 2, 9), padded_k=(8, 3, 
 
 @pytest.fixture(autouse=True)
 def fresh_memo(monkeypatch):
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
+    monkeypatch.setattr(caches, "LAST", caches.Memo())
 
 
 def _metadata(batch, **extra) -> VarlenMetadata:
     padded = {"cu_seqlens_q_padded": batch.cu_seqlens_q_padded, "cu_seqlens_k_padded": batch.cu_seqlens_k_padded}
-    return VarlenMetadata(batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k, **padded, **extra)
+    return VarlenMetadata.for_tensors(
+        batch.q, batch.k, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k, **padded, **extra
+    )
 
 
 def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes():
@@ -38,33 +43,62 @@ def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes()
         assert torch.equal(a, b)
 
 
-def test_every_layer_of_a_step_reuses_what_the_first_made():
-    """After the first call: no new work lists, no new boundaries, no check."""
+def test_the_object_is_whole_when_built_and_calls_write_nothing_onto_it():
+    """Built with its work lists (natively; under the interpreter each call makes its own), then
+    every layer of the step reads it: no attribute is set or replaced by a call."""
     batch = pack(CASE)
     step = _metadata(batch)
-    varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True)
-    made = (step.work, step.boundaries)
+    assert (step.work is None) == interpreted(step.device)
+    made = dict(vars(step))
     for _ in range(2):
-        varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True)
-    assert step.work is made[0] and step.boundaries is made[1]
+        out = varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True, backend="triton")
+        out.sum().backward()
+    assert vars(step).keys() == made.keys() and all(vars(step)[name] is value for name, value in made.items())
+
+
+def test_a_decreasing_boundary_in_host_memory_raises_in_the_constructor():
+    """[0, 5, 3, 8]: every size is known at construction, so the host check runs there."""
+    cu = torch.tensor([0, 5, 3, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        VarlenMetadata(cu, cu, 5, 5, total_q=8, total_k=8)
+    q = torch.zeros(8, 1, 16)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        VarlenMetadata.for_tensors(q, q, cu, cu, 5, 5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the device check runs natively only")
+def test_a_decreasing_boundary_on_the_device_raises_at_check():
+    cu = torch.tensor([0, 5, 3, 8], dtype=torch.int32, device="cuda")
+    step = VarlenMetadata(cu, cu, 5, 5, total_q=8, total_k=8)
+    assert step.device_check is not None
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        step.check()
+
+
+def test_for_tensors_reads_the_row_counts_and_the_device_off_q_and_k():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    step = VarlenMetadata.for_tensors(torch.zeros(6, 1, 16), torch.zeros(7, 1, 16), cu, cu, 3, 3)
+    assert (step.total_q, step.total_k, step.device) == (6, 7, torch.device("cpu"))
+    with pytest.raises(TypeError, match="reads the row counts off q and k, got list and Tensor; pass the tensors"):
+        VarlenMetadata.for_tensors([0] * 6, torch.zeros(7, 1, 16), cu, cu, 3, 3)
 
 
 def test_positional_calls_share_the_last_metadata_while_the_tensors_are_unchanged():
     batch = pack(CASE)
     batch.call(varlen_attention)
-    first = metadata.LAST.value
+    first = caches.LAST.value
     batch.call(varlen_attention, window_size=(2, 0))  # another mask, the same batch: the same metadata
-    assert metadata.LAST.value is first
+    assert caches.LAST.value is first
     batch.cu_seqlens_k.add_(0)  # an in-place write bumps the version counter: built again
     batch.call(varlen_attention)
-    assert metadata.LAST.value is not first
-    second = metadata.LAST.value
+    assert caches.LAST.value is not first
+    second = caches.LAST.value
     batch.call(varlen_attention, validate=False)  # another validation: another metadata
-    assert metadata.LAST.value is not second
+    assert caches.LAST.value is not second
 
 
 def test_a_freed_tensor_never_matches_a_new_one():
-    memo = metadata.Memo()
+    memo = caches.Memo()
     cu = torch.tensor([0, 3])
     memo.get((cu,), "x", lambda: "first")
     del cu
@@ -73,14 +107,18 @@ def test_a_freed_tensor_never_matches_a_new_one():
 
 def test_boundaries_in_host_memory_are_checked_there_and_copied_once():
     """As a collator makes them: the host check, with the layout (nothing read back later), then
-    one copy to the device the kernels run on ('meta' stands for a GPU here)."""
+    one copy to the device the kernels run on ('meta' stands for a GPU here; interpreted, so that
+    no work lists are launched on it)."""
     cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
-    step = VarlenMetadata(cu_q, cu_k, 3, 5, total_q=6, total_k=9, device="meta")
+    with use_interpreter():
+        step = VarlenMetadata(cu_q, cu_k, 3, 5, total_q=6, total_k=9, device="meta")
     assert all(t.device.type == "meta" for t in step.boundaries) and step.device_check is None
-    assert step.padding_to_fill() and step.has_gaps() == (False, False) and step.fa4_layout().real_q == 5
+    assert step.padding_to_fill() and step.has_gaps() == (False, False) and fa4_layout(step).real_q == 5
     assert "host check passed" in repr(step)
     with pytest.raises(ValueError, match="lives on meta but q is on cpu; build it with device=q.device"):
-        step.bind(torch.zeros(6, 1, 16), torch.zeros(9, 1, 16))
+        step.check_call(torch.zeros(6, 1, 16), torch.zeros(9, 1, 16))
+    with pytest.raises(ValueError, match="describes q of 6 rows and k of 9, but the call passes q of 5 and k of 9"):
+        step.check_call(torch.zeros(5, 1, 16), torch.zeros(9, 1, 16))
 
 
 def test_an_unpadded_batch_launches_no_fill():
@@ -94,21 +132,16 @@ def test_an_unpadded_batch_launches_no_fill():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(total_q=5), ValueError, "pass both total_q and total_k"),
+        (dict(total_q=5), TypeError, "missing 1 required keyword-only argument: 'total_k'"),
         (dict(total_q=-1, total_k=5), TypeError, "total_q must be a non-negative Python int"),
-        (dict(validate="yes"), TypeError, "validate must be a bool"),
+        (dict(total_q=None, total_k=5), TypeError, r"total_q must be .*, got None; pass q.shape\[0\]"),
+        (dict(total_q=5, total_k=5, validate="yes"), TypeError, "validate must be a bool"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_the_fix(kwargs, error, match):
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)
     with pytest.raises(error, match=match):
         VarlenMetadata(cu, cu, 3, 3, **kwargs)
-
-
-def test_an_unbound_metadata_says_how_to_bind_it():
-    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="pass total_q and total_k when building it"):
-        VarlenMetadata(cu, cu, 3, 3).boundaries  # noqa: B018
 
 
 def test_softmax_scale_is_scale():

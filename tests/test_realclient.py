@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from varlen_workbench.kernels import hf
+from varlen_workbench.kernels import caches, hf
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.workbench.instruments import realclient as rc
 from varlen_workbench.workbench.records import load_records, write_record
@@ -42,10 +42,7 @@ def test_pack_is_what_the_flattening_collator_gives():
 @pytest.fixture(autouse=True)
 def fresh_memo(monkeypatch):
     """No metadata remembered from another test's forward."""
-    from varlen_workbench.kernels.varlen import metadata
-
-    monkeypatch.setattr(metadata, "LAST", metadata.Memo())
-    monkeypatch.setattr(hf, "LAST", metadata.LAST)
+    monkeypatch.setattr(caches, "LAST", caches.Memo())
 
 
 def _layout(**kwargs):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import triton
 
-from varlen_workbench.kernels._compat import DEVICE
+from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.runtime import interpreted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def git_commit() -> str:
 
 
 def device_name() -> str:
-    if DEVICE == "cuda":
+    if default_device().type == "cuda":
         return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()})"
 
@@ -52,7 +52,7 @@ def provenance() -> dict[str, str]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "device": device_name(),
-        "mode": "Triton interpreter" if interpreted(DEVICE) else "native",  # on the default device
+        "mode": "Triton interpreter" if interpreted(default_device()) else "native",  # on the default device
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
+from varlen_workbench.kernels.caches import instance
 from varlen_workbench.kernels.contract import check_cu_seqlens
 from varlen_workbench.kernels.runtime import jit
 from varlen_workbench.kernels.varlen.kernel_common import write_block_starts
@@ -141,9 +142,6 @@ class _HostVerdicts:
             free.append((buffer, event))
 
 
-_HOST_VERDICTS = _HostVerdicts()
-
-
 class DeviceCheck:
     """The outcome of one check, readable once the device has run it: on CUDA its verdict (and
     the layout the FA4 path needs) is copied into pinned host memory behind the check and an
@@ -165,10 +163,10 @@ class DeviceCheck:
         self.outcome: bool | None = None  # failed or not, once read
         self.padding = True  # whether q or k has padding rows, once read (until then: maybe)
         self.read_layout = SafeLayout(0, 0, False, False)  # once read
-        # the pinned buffer and event taken from _HOST_VERDICTS, given back once read
+        # the pinned buffer and event taken from the process's _HostVerdicts, given back once read
         self.taken: tuple[torch.device, torch.Tensor, torch.cuda.Event] | None = None
         if verdict.is_cuda:
-            self.verdict, event = _HOST_VERDICTS.take(verdict)
+            self.verdict, event = instance(_HostVerdicts).take(verdict)
             self.verdict.copy_(verdict, non_blocking=True)
             event.record(torch.cuda.current_stream(verdict.device))  # the stream the copy is queued on
             self.copied: torch.cuda.Event | None = event
@@ -188,7 +186,7 @@ class DeviceCheck:
             self.outcome, self.padding = bool(errors), bool(padding)
             self.read_layout = SafeLayout(real_q, real_k, bool(gap_q), bool(gap_k))
             if self.taken is not None:  # read: its buffer and event serve the next check
-                _HOST_VERDICTS.give(*self.taken)
+                instance(_HostVerdicts).give(*self.taken)
                 self.taken = None
         return self.outcome
 

@@ -22,8 +22,9 @@ only what the contract needs beyond them, and nothing on a batch without padding
   real row, with no copy (an empty view when no row is real: FA4 then answers 0 and -inf, and
   zero gradients, without running its kernels); a side with GAP rows reaches it as a copy of q
   (or of k and v) and of dO with its padding rows zeroed. Which side has which
-  (`VarlenMetadata.fa4_layout`) is read once per batch, in the same device->host copy as its
-  device check's verdict, and kept by the batch's metadata: the layers of one step pay nothing;
+  (`fa4_layout`) is read once per batch, in the same device->host copy as its device check's
+  verdict, and kept per metadata object (kernels/caches.py `derived`): the layers of one step pay
+  nothing;
 - `out`, `lse` and the gradients are full-size buffers of which FA4 writes the rows it sees (a
   view of their leading rows): their TAIL rows are written 0 (lse -inf) once, nothing is
   appended or copied. FA4 stores no row past a sequence's real ones (4.0.0b36: the stores go
@@ -42,7 +43,6 @@ the reason, under backend="fa4".
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from varlen_workbench.kernels._compat import device_capability
+from varlen_workbench.kernels.caches import cached, derived
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen.launch import Padding, fill_padding_rows
 
@@ -77,6 +78,41 @@ FA4_VERSION = "4.0.0b36"  # the release whose private _flash_attn_fwd/_flash_att
 INSTALL = "pip install 'varlen-postmortem-workbench[fa4]' (flash-attn-4, on an sm90/sm100 GPU)"
 
 
+class Fa4Layout(NamedTuple):
+    """What FA4 is told of a batch, per side: how many leading rows hold every real row
+    (`cu_seqlens[-1]`), and FA4's `seqused` (the real rows of each padded slot) where padding
+    lies between sequences (GAP rows), None where none does."""
+
+    real_q: int
+    real_k: int
+    seqused_q: torch.Tensor | None
+    seqused_k: torch.Tensor | None
+
+
+def fa4_layout(metadata: VarlenMetadata) -> Fa4Layout:
+    """The layout FA4 is told of `metadata`'s batch, built once per object: from the host check,
+    or read with the device check's verdict (`check()` has read it). FA4 runs on validated
+    batches only (`unsupported`)."""
+
+    def build() -> Fa4Layout:
+        layout = metadata.known_layout()
+        if layout is None:
+            raise RuntimeError("fa4_layout() of a batch whose check is unread or absent: call metadata.check() first")
+        q, k = metadata.boundaries[:2]
+        return Fa4Layout(
+            layout.real_q,
+            layout.real_k,
+            _real_lengths(q) if layout.gap_q else None,
+            _real_lengths(k) if layout.gap_k else None,
+        )
+
+    return derived("fa4", metadata, build)
+
+
+def _real_lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
+
+
 class Kernels(NamedTuple):
     """FA4's `flash_attn.cute.interface._flash_attn_fwd` and `_flash_attn_bwd`."""
 
@@ -92,7 +128,7 @@ def installed_version() -> str | None:
         return None
 
 
-@functools.cache
+@cached
 def load() -> Kernels | str:
     """FA4's forward and backward, or (a string) why they cannot be used."""
     version = installed_version()
@@ -119,7 +155,7 @@ def platform_reason(where: torch.Tensor | torch.device) -> str | None:
     return _device_reason(device)
 
 
-@functools.cache
+@cached
 def _device_reason(device: torch.device) -> str | None:
     """`platform_reason` per device, asked once: a device's kind and compute capability stay."""
     if device.type != "cuda":
@@ -285,7 +321,7 @@ def fa4_attention(
         metadata.cu_seqlens_q_padded,
         metadata.cu_seqlens_k_padded,
     )
-    layout = metadata.fa4_layout()
+    layout = fa4_layout(metadata)
     gap_q, gap_k = layout.seqused_q is not None, layout.seqused_k is not None
     if gap_q or gap_k:
         q, k, v = _PaddingZeroed.apply(q, k, v, *boundaries, gap_q, gap_k)

@@ -5,6 +5,7 @@ alignment, which tiles warp specialization refuses, the persistent grid and its 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,25 +46,27 @@ class ForwardConfig:
 
 
 DEFAULT_FORWARD = ForwardConfig()
-_active = DEFAULT_FORWARD
+# Set only by `forward_config()`, for its block: a context variable, so a block in one thread (or
+# asyncio task) leaves every other one on its own config, and leaving the block restores the last.
+_ACTIVE: contextvars.ContextVar[ForwardConfig] = contextvars.ContextVar("forward_config", default=DEFAULT_FORWARD)
 
 
 @contextlib.contextmanager
 def forward_config(config: ForwardConfig):
-    """Inside the block, forward passes run with `config` (how benchmarks and tests select a variant)."""
-    global _active
+    """Inside the block, forward passes run with `config` (how benchmarks and tests select a
+    variant), in this thread (or task) only."""
     if not isinstance(config, ForwardConfig):
         raise TypeError(f"forward_config() takes a ForwardConfig, got {type(config).__name__}")
-    saved, _active = _active, config
+    token = _ACTIVE.set(config)
     try:
         yield
     finally:
-        _active = saved
+        _ACTIVE.reset(token)
 
 
 def active_forward_config() -> ForwardConfig:
     """The config forward passes run with now (`forward_config`)."""
-    return _active
+    return _ACTIVE.get()
 
 
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

@@ -14,20 +14,20 @@ passed with every row real, and the work lists of the check's safe copy, which n
 are written by the check itself, for every call that runs on it (`work=`): no launch of their own.
 
 Tiles: under the interpreter one fixed tile (every op costs a numpy call whatever its size,
-so the fewest steps win). Natively `TUNER` times each kernel's candidate tiles on the first
+so the fewest steps win). Natively `tuner()` times each kernel's candidate tiles on the first
 call of a shape class and keeps the fastest; the attention kernels write disjoint rows and
 never read what they write, so timing them on the caller's own tensors is harmless.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from varlen_workbench.kernels._compat import device_capability
+from varlen_workbench.kernels.caches import cached, instance
 from varlen_workbench.kernels.interpreter import dot_upcast_needed
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen.backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
@@ -56,7 +56,7 @@ def lanes(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-@functools.cache  # asked at every launch; a few microseconds each, which short documents cannot hide
+@cached  # asked at every launch; a few microseconds each, which short documents cannot hide
 def native_tiles(kernel: str, head_dim: int, dtype: torch.dtype, head_dim_v: int | None = None) -> tuple[Tile, ...]:
     """The compiled-GPU candidates of `kernel` for q/k of `head_dim` and v of `head_dim_v`
     (default: the same): those of the row bucket of the wider one's lanes. A padded head dim
@@ -70,13 +70,15 @@ def native_tiles(kernel: str, head_dim: int, dtype: torch.dtype, head_dim_v: int
 def candidate_tiles(
     kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, head_dim_v: int | None = None
 ) -> tuple[Tile, ...]:
-    """The tiles `TUNER` may pick for `kernel` ('forward', 'dkdv' or 'dq') on `device`, best guess first."""
+    """The tiles `tuner()` may pick for `kernel` ('forward', 'dkdv' or 'dq') on `device`, best guess first."""
     if interpreted(device):
         return (INTERPRETER_TILE,)
     return native_tiles(kernel, head_dim, dtype, head_dim_v)
 
 
-TUNER = TileTuner()
+def tuner() -> TileTuner:
+    """The process's tile tuner: its choices are kept in kernels/caches.py (`caches.reset()` drops them)."""
+    return instance(TileTuner)
 
 
 def _shape_class(
@@ -320,7 +322,7 @@ def attention_forward(
         )
 
     key = _shape_class("forward", q, v, total_q, rows.n_seqs, window, group)
-    TUNER.launch(
+    tuner().launch(
         key if config == DEFAULT_FORWARD else (*key, str(config)),  # each variant tunes its own tile
         candidates,
         launch,
@@ -446,13 +448,13 @@ def attention_backward(
         )
 
     # dQ first: it writes delta, which the dK/dV pass reads.
-    TUNER.launch(
+    tuner().launch(
         _shape_class("dq", q, v, total_q, rows.n_seqs, window, group),
         candidate_tiles("dq", head_dim, q.dtype, q.device, head_dim_v),
         launch_dq,
         total_q * heads,
     )
-    TUNER.launch(
+    tuner().launch(
         _shape_class("dkdv", q, v, total_k, keys.n_seqs, window, group),
         candidate_tiles("dkdv", head_dim, q.dtype, q.device, head_dim_v),
         launch_dkdv,

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from varlen_workbench.kernels._compat import check_kernel_device
+from varlen_workbench.kernels.caches import cached
 from varlen_workbench.kernels.contract import check_causal, check_scale, check_varlen_tensors, check_window_size
 from varlen_workbench.kernels.varlen.backends import Call, check_backend, choose
 from varlen_workbench.kernels.varlen.metadata import VarlenMetadata, capturing, implicit
@@ -69,7 +70,7 @@ def _metadata_of(
             f"varlen_attention got metadata= and {', '.join(given)}: the metadata already holds the boundaries and "
             "whether they are validated; pass one or the other (build the VarlenMetadata with the values you meant)."
         )
-    metadata.bind(q, k)
+    metadata.check_call(q, k)
     return metadata
 
 
@@ -202,7 +203,7 @@ def auto_backend(device: str | torch.device, dtype: torch.dtype = torch.bfloat16
     return choose("auto", Call(q, q, q, metadata, causal, head_dim**-0.5, -1, 0 if causal else -1, False, True)).name
 
 
-@functools.cache
+@cached
 def pinned(backend: str) -> Callable:
     """`varlen_attention` with `backend` fixed, one object per name: `varlen_attention_<backend>`
     of `varlen_workbench.kernels.varlen`, the audit's `ours-<backend>` target."""
@@ -220,7 +221,7 @@ class AuxRequest(NamedTuple):
     lse: bool = False
 
 
-@functools.cache
+@cached
 def _torch_varlen_parameters() -> frozenset[str]:
     """The parameters of the installed torch's `varlen_attn` (none where it has none)."""
     try:

@@ -417,7 +417,7 @@ def run_command(args) -> int:
 
     import torch
 
-    from varlen_workbench.kernels._compat import DEVICE
+    from varlen_workbench.kernels._compat import default_device
     from varlen_workbench.workbench.records import with_fingerprint, write_json
     from varlen_workbench.workbench.usercode import UserModuleError, import_user_module
 
@@ -427,7 +427,7 @@ def run_command(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.device and args.device != DEVICE:
+    if args.device and args.device != default_device().type:
         # The default device (WORKBENCH_DEVICE) is read once, at import, and the audit's helpers and upstream
         # imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}

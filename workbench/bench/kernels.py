@@ -42,14 +42,14 @@ def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tu
     """Runs forward+backward of a small batch of `case`'s kernel class with candidate `index`
     of every kernel pinned: Triton compiles, and caches on disk, what the tuner will time."""
     from varlen_workbench.kernels.varlen import varlen_attention
-    from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, TUNER, candidate_tiles
+    from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, candidate_tiles, tuner
 
     dtype = case.torch_dtype
     tiles = {k: candidate_tiles(k, case.head_dim, dtype, torch.device(device)) for k in NATIVE_TILES}
     # 256 rows: every stride keeps the 16-divisibility the benchmark's layouts have, so the
     # compiled specializations are the ones the timed process loads.
     small = case.with_(seqlens_q=(200, 56), seqlens_k=None, padded_q=None, padded_k=None, align=None, tail_q=0, tail_k=0)
-    with TUNER.pinned(**{k: t[min(index, len(t) - 1)] for k, t in tiles.items()}):
+    with tuner().pinned(**{k: t[min(index, len(t) - 1)] for k, t in tiles.items()}):
         pack(small, device=device).call(varlen_attention, validate=False, window_size=window, backend="triton").sum().backward()
 
 
@@ -105,8 +105,9 @@ def _ours_validated_fresh(batch, window):
 
     def run():
         q, k, q_padded, k_padded = (getattr(batch, n).clone() for n in names)
+        rows = {"total_q": batch.q.shape[0], "total_k": batch.k.shape[0]}
         step = VarlenMetadata(
-            q, k, batch.max_seqlen_q, batch.max_seqlen_k, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded
+            q, k, batch.max_seqlen_q, batch.max_seqlen_k, cu_seqlens_q_padded=q_padded, cu_seqlens_k_padded=k_padded, **rows
         )
         return batch.call_on(varlen_attention, step, window_size=window, backend="triton")
 
@@ -533,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from varlen_workbench.kernels.varlen.launch import TUNER
+    from varlen_workbench.kernels.varlen.launch import tuner
 
     command = shlex.join(
         ["python", "-m", "varlen_workbench.workbench.bench.kernels", *(argv if argv is not None else sys.argv[1:])]
@@ -541,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(rows: list[Row]) -> None:
         if args.record:
-            write_record(args.record, to_record(rows, TUNER.report()), command=command)
+            write_record(args.record, to_record(rows, tuner().report()), command=command)
 
     try:
         chosen = select_workloads(args.quick, args.shapes)
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     print("\n" + format_targets(targets(rows)))
     print("\ntiles of our kernel, per shape class (timings of each candidate, ms):")
-    for t in TUNER.report():
+    for t in tuner().report():
         print(f"  {t}")
     return 0
 

@@ -505,7 +505,7 @@ def format_table(rows: list[Row]) -> str:
 
 def to_record(rows: list[Row], tiles: list[dict] | None = None) -> dict:
     """The record's payload (`write_record` adds the provenance); `tiles` is what the tuner chose
-    for our kernel (TUNER.report())."""
+    for our kernel (tuner().report())."""
     return {
         "rows": [
             {

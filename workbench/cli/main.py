@@ -242,7 +242,7 @@ def _repro(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     import torch
 
-    from varlen_workbench.kernels._compat import DEVICE
+    from varlen_workbench.kernels._compat import default_device
     from varlen_workbench.kernels.runtime import interpreted
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -251,7 +251,7 @@ def _repro(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if args.device and args.device != DEVICE:
+    if args.device and args.device != default_device().type:
         # The default device (WORKBENCH_DEVICE) is read once, at import, and the post-mortem's helpers and
         # its upstream imports follow it: rerun with it set, so that the whole run is on one device.
         env = {**os.environ, "WORKBENCH_DEVICE": args.device}
@@ -265,10 +265,10 @@ def _repro(args: argparse.Namespace) -> int:
     pm = Registry().get(args.id)
     width = shutil.get_terminal_size().columns
     print(textwrap.fill(f"{pm.id}: {pm.meta.title}", width, subsequent_indent="  "), flush=True)
-    mode = "Triton interpreter" if interpreted(DEVICE) else "native Triton"
+    mode = "Triton interpreter" if interpreted(default_device()) else "native Triton"
     imported = (
         f"imported postmortems.{pm.name} in {time.perf_counter() - started:.1f}s; reproducing "
-        f"{len(pm.module.CASES)} case(s) on {args.device or DEVICE} ({mode})"
+        f"{len(pm.module.CASES)} case(s) on {args.device or default_device().type} ({mode})"
     )
     print(textwrap.fill(imported, width, initial_indent="  ", subsequent_indent="    "), file=sys.stderr, flush=True)
     with _Progress(list(pm.module.CASES), width=width) as progress:
@@ -289,7 +289,7 @@ def _repro(args: argparse.Namespace) -> int:
             "verdict": overall_verdict(verdicts),
             "claims": [v.to_dict() for v in verdicts],
             "results": results,
-            "probes": probes(args.device or DEVICE) if probes else {},
+            "probes": probes(args.device or default_device().type) if probes else {},
         }
         write_record(args.record, payload)
         print(f"recorded to {args.record}")

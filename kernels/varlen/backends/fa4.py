@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from varlen_workbench.kernels.varlen.backends.registry import Call
-from varlen_workbench.kernels.varlen.fa4 import FA4_DTYPES, fa4_attention, load, platform_reason, unsupported
+from varlen_workbench.kernels.varlen.fa4 import FA4_DTYPES, fa4_attention, fa4_layout, load, platform_reason, unsupported
 
 if TYPE_CHECKING:
     from varlen_workbench.kernels.varlen.metadata import VarlenMetadata
@@ -48,7 +48,7 @@ def fa4_is_faster_for(group: int, longest: int, rows_per_sequence: float, gap_ro
 
 def fa4_is_faster(q: torch.Tensor, k: torch.Tensor, metadata: VarlenMetadata) -> bool:
     """The rule for one call on `metadata`, whose check has been read (the layout comes with it)."""
-    layout = metadata.fa4_layout()
+    layout = fa4_layout(metadata)
     gaps = layout.seqused_q is not None or layout.seqused_k is not None
     n_seqs = max(metadata.cu_seqlens_q.numel() - 1, 1)
     return fa4_is_faster_for(q.shape[1] // k.shape[1], metadata.max_seqlen_q, layout.real_q / n_seqs, gaps)

@@ -126,11 +126,11 @@ class _VarlenAttention(torch.autograd.Function):
     def forward(ctx, metadata: VarlenMetadata, q, k, v, *mask):
         boundaries = metadata.boundaries
         fill = metadata.padding_to_fill()
+        # metadata.work: made with the metadata (None under the interpreter: these work lists are made here)
         out, lse, work = attention_forward(q, k, v, *boundaries, *mask, fill=fill, work=metadata.work, failed=metadata.verdict)
-        metadata.work = work  # made once per batch: the later layers of the step launch nothing for it
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.batch = mask, metadata
+        ctx.mask, ctx.batch, ctx.work = mask, metadata, work
         return out, lse
 
     @staticmethod
@@ -147,7 +147,7 @@ class _VarlenAttention(torch.autograd.Function):
             v,
             out,
             lse,
-            metadata.work,
+            ctx.work,
             *metadata.boundaries,
             *ctx.mask,
             fill=metadata.padding_to_fill(),
