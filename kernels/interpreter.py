@@ -23,7 +23,6 @@ would write, what compiled Triton does) is the post-mortem's:
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -34,6 +33,7 @@ import torch
 import triton.language as tl
 
 from varlen_workbench.kernels._compat import default_device
+from varlen_workbench.kernels.caches import cached
 from varlen_workbench.kernels.runtime import interpreted, jit
 
 BLOCK = 16  # the smallest tl.dot shape every backend accepts
@@ -136,7 +136,7 @@ def bf16_dot_is_broken(device: torch.device | str | None = None) -> bool:
     return interpreted(default_device() if device is None else device) and interpreter_bf16_dot_is_broken()
 
 
-@functools.cache
+@cached
 def interpreter_bf16_dot_is_broken() -> bool:
     """Whether this Triton's interpreter gets a bf16 `tl.dot` wrong: one 16x16 dot on CPU tensors."""
     return not check_dot(torch.bfloat16, device="cpu").correct

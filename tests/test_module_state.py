@@ -48,10 +48,8 @@ CACHE_DECORATORS = frozenset({"cache", "lru_cache"})
 EXEMPT = {
     ("varlen/backends/registry.py", "_REGISTRY"): "the backend registry: configuration that register() extends by design, "
     "not a cache (caches.reset() must keep the shipped backends)",
-    ("interpreter.py", "@cache"): "interpreter.py is being split into a study module (issue 40, another change): its "
-    "two functools.cache functions move to caches.cached there",
-    ("replicas/torch_varlen.py", "_STALE"): "replicas/ moves into a subpackage (issue 40, another change): the "
-    "replica's stale-memory switch (process-wide by design: autograd's device thread reads it) moves to caches there",
+    ("replicas/torch_varlen.py", "_STALE"): "the replica's stale-memory switch, study code: process-wide by design "
+    "(autograd's device thread reads it, which a ContextVar set in the caller's thread would not reach)",
 }
 
 
