@@ -6,7 +6,7 @@ tests/test_module_state.py fails on module-level state anywhere else. What lives
 - memoized functions (`cached`): answers that cannot change within a process but cost host time
   on every call (a device's compute capability, FA4's import, the tiles of a head dim, ...). Each
   stays in its own module, decorated `@cached`, which registers it here;
-- one instance per class (`instance`): the tile tuner's choices (`launch.TileTuner`), the pinned
+- one instance per class (`instance`): the tile tuner's choices (`tuner.TileTuner`), the pinned
   host buffers that device checks reuse (`device_check._HostVerdicts`);
 - what a backend derives from a `VarlenMetadata` (`derived`): kept per backend and per metadata
   object, weakly (it goes with the object), never written onto the object;
