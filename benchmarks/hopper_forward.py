@@ -28,7 +28,8 @@ from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfig, forward_config
 from varlen_workbench.kernels.varlen.launch import TUNER, candidate_tiles, shape_class
 from varlen_workbench.workbench.bench.hopper_report import CURRENT, FA4
-from varlen_workbench.workbench.bench.kernels import _fa4, measure, precompile, ratio
+from varlen_workbench.workbench.bench.kernel_record import ratio
+from varlen_workbench.workbench.bench.kernels import _fa4, measure, precompile
 from varlen_workbench.workbench.bench.workloads import Workload, workloads
 from varlen_workbench.workbench.bounds import error_check
 from varlen_workbench.workbench.layout import Case, Fill, Region, pack
