@@ -29,7 +29,8 @@ from varlen_workbench.kernels.varlen.hopper import DEFAULT_FORWARD, ForwardConfi
 from varlen_workbench.kernels.varlen.launch import candidate_tiles, tuner
 from varlen_workbench.kernels.varlen.tuner import shape_class
 from varlen_workbench.workbench.bench.hopper_report import CURRENT, FA4
-from varlen_workbench.workbench.bench.kernels import _fa4, measure, precompile, ratio
+from varlen_workbench.workbench.bench.kernel_record import ratio
+from varlen_workbench.workbench.bench.kernels import _fa4, measure, precompile
 from varlen_workbench.workbench.bench.workloads import Workload, workloads
 from varlen_workbench.workbench.bounds import error_check
 from varlen_workbench.workbench.layout import Case, Fill, Region, pack

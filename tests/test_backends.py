@@ -13,7 +13,7 @@ from varlen_workbench.kernels.runtime import use_interpreter
 from varlen_workbench.kernels.varlen import backends
 from varlen_workbench.kernels.varlen.backends.fa4 import fa4_is_faster_for
 from varlen_workbench.kernels.varlen.backends.torch import per_document_attention
-from varlen_workbench.workbench.bench.kernels import GUARDED_FA4, RECORD_COMMAND
+from varlen_workbench.workbench.bench.kernel_record import GUARDED_FA4, RECORD_COMMAND
 from varlen_workbench.workbench.bench.workloads import workloads
 from varlen_workbench.workbench.layout import Case, pack
 from varlen_workbench.workbench.records import load_records

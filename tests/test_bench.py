@@ -8,16 +8,9 @@ import pytest
 import torch
 
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.workbench.bench.kernels import (
-    GUARDED_FA4,
-    MIN_ITERS,
-    Row,
-    Timing,
-    recorded_iters,
-    recorded_minima,
-    run_benchmark,
-)
-from varlen_workbench.workbench.bench.report import format_table
+from varlen_workbench.workbench.bench.kernel_record import GUARDED_FA4, Row, Timing
+from varlen_workbench.workbench.bench.kernel_report import format_table
+from varlen_workbench.workbench.bench.kernels import MIN_ITERS, recorded_iters, recorded_minima, run_benchmark
 from varlen_workbench.workbench.bench.workloads import Workload, long_tailed_lengths, workloads
 from varlen_workbench.workbench.layout import Case
 
@@ -85,7 +78,7 @@ def test_benchmark_without_cuda_says_so():
 
 
 def _record(tmp_path, rows):
-    from varlen_workbench.workbench.bench.report import to_record
+    from varlen_workbench.workbench.bench.kernel_record import to_record
     from varlen_workbench.workbench.records import write_record
 
     payload = to_record(rows, tiles=[{"kernel": "forward", "tile": "128x64 w8 s3"}])
@@ -93,7 +86,7 @@ def _record(tmp_path, rows):
 
 
 def test_records_round_trip_to_the_same_table(tmp_path):
-    from varlen_workbench.workbench.bench.report import records_table
+    from varlen_workbench.workbench.bench.kernel_report import records_table
     from varlen_workbench.workbench.records import load_records
 
     rows = [
@@ -107,7 +100,7 @@ def test_records_round_trip_to_the_same_table(tmp_path):
 
 
 def test_load_records_names_the_command_when_there_are_none(tmp_path):
-    from varlen_workbench.workbench.bench.kernels import RECORD_COMMAND
+    from varlen_workbench.workbench.bench.kernel_record import RECORD_COMMAND
     from varlen_workbench.workbench.records import load_records
 
     with pytest.raises(FileNotFoundError, match="--record data/gpu/bench-"):
@@ -118,7 +111,7 @@ def test_plot_has_one_bar_per_successful_run(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from varlen_workbench.workbench.bench.report import plot_records
+    from varlen_workbench.workbench.bench.kernel_report import plot_records
 
     rows = [
         Row("a", "ours", Timing(1.0, 2.0, 10.0), 100.0, 90.0, 500.0),
@@ -161,7 +154,8 @@ def test_compile_candidates_runs_forward_and_backward_pinned(monkeypatch):
 
 
 def test_targets_judge_the_worst_configuration():
-    from varlen_workbench.workbench.bench.report import format_targets, targets
+    from varlen_workbench.workbench.bench.kernel_report import targets
+    from varlen_workbench.workbench.bench.verdict import format_targets
 
     rows = [
         Row(
@@ -217,8 +211,9 @@ def test_targets_judge_the_worst_configuration():
 
 
 def test_kernel_times_attribute_a_class_to_its_first_workload():
-    from varlen_workbench.kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
-    from varlen_workbench.workbench.bench.report import kernel_times, to_record
+    from varlen_workbench.kernels.varlen.tuner import SHAPE_CLASS_FIELDS, shape_class
+    from varlen_workbench.workbench.bench.kernel_record import to_record
+    from varlen_workbench.workbench.bench.kernel_report import kernel_times
 
     named = {w.name: w for w in workloads()}
     first, second = "16k long-tail (297 docs) d128 causal", next(n for n in named if n.startswith("16k short"))
@@ -238,7 +233,7 @@ def test_kernel_times_attribute_a_class_to_its_first_workload():
 
 
 def test_host_times_compare_our_host_time_with_the_gpu_time_and_varlen_attn():
-    from varlen_workbench.workbench.bench.report import format_host_times, host_times
+    from varlen_workbench.workbench.bench.kernel_report import format_host_times, host_times
 
     rows = [
         Row("short", "ours", Timing(0.3, 1.5, 10.0, host_ms=1.5)),
@@ -255,7 +250,7 @@ def test_host_times_compare_our_host_time_with_the_gpu_time_and_varlen_attn():
 
 
 def test_profile_record_lists_every_kernel_and_a_missing_one_says_how_to_get_it(tmp_path):
-    from varlen_workbench.workbench.bench.report import format_profile, load_profile
+    from varlen_workbench.workbench.bench.kernel_report import format_profile, load_profile
 
     profile = load_profile()
     assert profile["provenance"]["command"].startswith("ncu ")
@@ -270,7 +265,7 @@ def test_ratio_plot_has_one_bar_per_peer_and_workload_and_names_on_the_y_axis(tm
     import matplotlib
 
     matplotlib.use("Agg")
-    from varlen_workbench.workbench.bench.report import plot_ratios, ratios_by_workload
+    from varlen_workbench.workbench.bench.kernel_report import plot_ratios, ratios_by_workload
 
     ratios = {"torch varlen_attn": 1.4, "torch varlen_attn (fwd)": 1.5, "FlexAttention (compiled)": 0.9}
     rows = [
@@ -286,7 +281,8 @@ def test_ratio_plot_has_one_bar_per_peer_and_workload_and_names_on_the_y_axis(tm
 
 
 def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
-    from varlen_workbench.workbench.bench.report import merge_records, to_record
+    from varlen_workbench.workbench.bench.kernel_record import to_record
+    from varlen_workbench.workbench.bench.kernel_report import merge_records
     from varlen_workbench.workbench.records import write_record
 
     a = write_record(
@@ -302,7 +298,7 @@ def test_merge_records_joins_disjoint_runs_and_refuses_overlaps(tmp_path):
 
 
 def test_workload_commits_name_the_commit_of_each_merged_run():
-    from varlen_workbench.workbench.bench.report import workload_commits
+    from varlen_workbench.workbench.bench.kernel_report import workload_commits
 
     def run(commit, *workloads):
         return {
@@ -315,7 +311,7 @@ def test_workload_commits_name_the_commit_of_each_merged_run():
 
 
 def test_host_cost_log_reads_each_variant_and_needs_provenance(tmp_path):
-    from varlen_workbench.workbench.bench.report import host_cost_log
+    from varlen_workbench.workbench.bench.kernel_report import host_cost_log
 
     table = [
         "device cuda, torch x; per forward+backward, kernels stubbed:",
@@ -372,7 +368,7 @@ def test_bench_refuses_fewer_than_20_timed_calls(capsys):
 
 
 def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
-    from varlen_workbench.workbench.bench.report import TIMINGS_HEADER, timings_table
+    from varlen_workbench.workbench.bench.kernel_report import TIMINGS_HEADER, timings_table
 
     rows = [Row(f"w{i}", "ours", Timing(1.0, 2.0, 10.0, 0.5), 100.0, 90.0, 500.0) for i in range(20)]
     rows.append(Row("w20", "SDPA dense (flash)", Timing(error="RuntimeError: no kernel")))
@@ -384,7 +380,7 @@ def test_timings_table_is_one_row_per_measurement_and_folds_on_the_site():
 
 
 def test_timings_table_shows_the_fastest_call_beside_the_median():
-    from varlen_workbench.workbench.bench.report import timings_table
+    from varlen_workbench.workbench.bench.kernel_report import timings_table
 
     timed = Timing(1.0, 2.0, 10.0, 0.5, forward_min_ms=0.9, forward_backward_min_ms=1.8)
     shown = timings_table([Row("w", "ours", timed, 100.0, 90.0, 500.0)])
@@ -394,7 +390,7 @@ def test_timings_table_shows_the_fastest_call_beside_the_median():
 def test_fastest_calls_judge_the_ratios_on_each_fastest_call():
     """Times become the fastest calls (the median where none was kept) and the peers' ratios are
     recomputed from them: a median the machine inflated no longer decides a verdict."""
-    from varlen_workbench.workbench.bench.report import fastest_calls
+    from varlen_workbench.workbench.bench.kernel_report import fastest_calls
 
     rows = [
         Row("w", "ours", Timing(1.0, 4.0, forward_min_ms=0.5, forward_backward_min_ms=2.0), ratios={"peer": 0.75}),
@@ -408,7 +404,7 @@ def test_fastest_calls_judge_the_ratios_on_each_fastest_call():
 
 
 def test_format_targets_shows_the_verdict_on_the_fastest_calls_beside_the_medians():
-    from varlen_workbench.workbench.bench.report import Target, format_targets
+    from varlen_workbench.workbench.bench.verdict import Target, format_targets
 
     median = [Target("speed >= 1x peer", 0.8, 1.0, True, "w")]
     fastest = [Target("speed >= 1x peer", 1.1, 1.0, True, "v")]
@@ -419,7 +415,7 @@ def test_format_targets_shows_the_verdict_on_the_fastest_calls_beside_the_median
 
 def test_the_targets_verdict_is_worded_from_the_judgements_not_typed():
     """performance.ipynb says which targets hold through targets_summary: a re-recorded run re-words it."""
-    from varlen_workbench.workbench.bench.report import Target, targets_summary
+    from varlen_workbench.workbench.bench.verdict import Target, targets_summary
 
     median = [
         Target("memory <= 1x peer", 0.7, 1.0, False, "a"),
@@ -454,8 +450,8 @@ def test_recorded_iters_and_minima_read_the_record():
 def test_speed_table_pairs_ours_with_the_peer_median_and_fastest_across_merged_runs():
     """Two runs of disjoint workloads, as the committed records are: one line per workload both
     ran, times as "median (min)" and the speed-up on the medians and on the fastest calls."""
-    from varlen_workbench.workbench.bench.kernels import set_peer_ratios
-    from varlen_workbench.workbench.bench.report import speed_table, to_record
+    from varlen_workbench.workbench.bench.kernel_record import set_peer_ratios, to_record
+    from varlen_workbench.workbench.bench.kernel_report import speed_table
 
     def run(workload: str, ours: Timing, peer: Timing, device: str = "NVIDIA H200") -> dict:
         rows = {"ours": Row(workload, "ours", ours, 1.0, 1.0, 1.0), "peer": Row(workload, "peer", peer, 1.0, 1.0, 1.0)}
@@ -479,7 +475,7 @@ def test_speed_table_pairs_ours_with_the_peer_median_and_fastest_across_merged_r
 
 
 def test_validate_cost_log_reads_the_last_table_and_needs_provenance(tmp_path):
-    from varlen_workbench.workbench.bench.report import validate_cost_log
+    from varlen_workbench.workbench.bench.kernel_report import validate_cost_log
 
     table = [
         "cuda, torch x; ms per forward+backward, median (fastest) of 20 calls",
@@ -500,7 +496,7 @@ def test_validate_cost_log_reads_the_last_table_and_needs_provenance(tmp_path):
 
 
 def test_fa4_wrapper_log_reads_the_ratios_drops_warnings_and_needs_provenance(tmp_path):
-    from varlen_workbench.workbench.bench.report import fa4_wrapper_log
+    from varlen_workbench.workbench.bench.kernel_report import fa4_wrapper_log
 
     table = [
         "NVIDIA H200, torch x; ms per forward+backward",

@@ -26,7 +26,10 @@ from pathlib import Path
 import pytest
 
 GUIDE = Path(__file__).resolve().parent.parent / "CONTRIBUTING.md"
-MARKER = re.compile(r"<!-- ci: (?P<what>file (?P<name>[\w.]+)|run python|run shell|run shell in a scratch project) -->\n```\w*\n(?P<code>.*?)```", re.S)
+MARKER = re.compile(
+    r"<!-- ci: (?P<what>file (?P<name>[\w.]+)|run python|run shell|run shell in a scratch project) -->\n```\w*\n(?P<code>.*?)```",
+    re.S,
+)
 
 
 def examples() -> dict[str, list[tuple[str, str | None, str]]]:
@@ -50,7 +53,9 @@ def _run(command: list[str], cwd: Path) -> str:
     env = os.environ | {"PYTHONPATH": str(cwd), "WORKBENCH_DEVICE": "cpu"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{shlex.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{shlex.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout
 
 

@@ -12,7 +12,7 @@ from varlen_workbench.workbench.gpu_records import fingerprint, freshness
 from varlen_workbench.workbench.gpu_records import plan as gpu_plan
 from varlen_workbench.workbench.gpu_records.kinds import OURS, UPSTREAM, kind_of
 from varlen_workbench.workbench.provenance import REPO
-from varlen_workbench.workbench.records import load_records, read_record, with_fingerprint, write_record
+from varlen_workbench.workbench.records import READ_LOG, load_records, read_record, with_fingerprint, write_record
 
 
 @pytest.fixture
@@ -147,6 +147,20 @@ def test_the_plan_runs_wheels_then_tests_then_stale_records_in_calls_of_at_most_
     assert gpu_plan.plan([_entry("b.json", False, 9.0)]) == []
 
 
+def test_the_gpu_records_read_are_listed_where_the_environment_says(tmp_path, monkeypatch):
+    """A notebook's kernel lists each GPU record it reads in the file READ_LOG names (every cell
+    and subprocess alike); without it, reading lists nothing; a record outside data/gpu is no GPU record."""
+    listed = tmp_path / "read.txt"
+    read_record(REPO / "data" / "gpu" / "audit-te.json")
+    assert not listed.exists()
+    monkeypatch.setenv(READ_LOG, str(listed))
+    load_records("audit-te.json")
+    read_record(REPO / "data" / "gpu" / "audit-te.json")
+    write_record(tmp_path / "local.json", {"rows": []})
+    read_record(tmp_path / "local.json")
+    assert listed.read_text() == "audit-te.json\naudit-te.json\n"
+
+
 @pytest.mark.slow
 def test_a_page_stamps_the_gpu_records_its_notebook_read_with_their_computed_badge(project, tmp_path, monkeypatch):
     from conftest import plain_notebook
@@ -161,4 +175,3 @@ def test_a_page_stamps_the_gpu_records_its_notebook_read_with_their_computed_bad
     page = (out / "reads.html").read_text()
     assert "GPU records on this page: 1" in page and "data/gpu/audit-te.json" in page
     assert '<span class="wb-stale"' in page and freshness.STALE in page
-    assert "from varlen_workbench.workbench.records import READ" not in page  # the stamp's cell is not shown

@@ -19,7 +19,8 @@ from hypothesis import given
 
 from tests.test_kernel_varlen import assert_contract, fast_only, varlen_attention
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, lanes, native_tiles, tuner
+from varlen_workbench.kernels.varlen.launch import lanes, native_tiles, tuner
+from varlen_workbench.kernels.varlen.tuner import NATIVE_TILES
 from varlen_workbench.workbench.bounds import error_check
 from varlen_workbench.workbench.layout import Case, Fill, pack
 from varlen_workbench.workbench.reference import reference_attention

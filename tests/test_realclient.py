@@ -15,6 +15,7 @@ from varlen_workbench.kernels import caches, hf
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.workbench.instruments import realclient as rc
 from varlen_workbench.workbench.records import load_records, write_record
+from varlen_workbench.workbench.reference import per_document_sdpa
 
 SIZE = rc.SIZES["cpu"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,17 +160,6 @@ def test_register_makes_the_name_an_attn_implementation():
     assert hf.register() == hf.NAME and hf.NAME in AttentionInterface()
 
 
-def test_per_document_sdpa_is_the_oracle_with_padding_rows_zero():
-    from varlen_workbench.workbench.reference import reference_attention
-
-    q, k, v = (torch.randn(14, h, 16, dtype=torch.float64) for h in (4, 2, 2))
-    cu, padded = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 5, 10], dtype=torch.int32)
-    layout = dict(cu_seqlens_q_padded=padded, cu_seqlens_k_padded=padded, causal=True)
-    out = rc.per_document_sdpa(q, k, v, cu, cu, 5, 5, **layout)
-    torch.testing.assert_close(out, reference_attention(q, k, v, cu, cu, 5, 5, **layout))
-    assert (out[[3, 4, 10, 11, 12, 13]] == 0).all()  # GAP and TAIL rows
-
-
 def test_kv_heads_repeated_for_a_function_without_gqa():
     """What torch 2.11's varlen_attn (no enable_gqa) gets: the same attention as GQA's."""
     q, k, v = torch.randn(9, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
@@ -178,9 +168,9 @@ def test_kv_heads_repeated_for_a_function_without_gqa():
 
     def without_gqa(q, k, v, *args, **kwargs):
         assert q.shape[1] == k.shape[1] == v.shape[1]
-        return rc.per_document_sdpa(q, k, v, *args, **kwargs)
+        return per_document_sdpa(q, k, v, *args, **kwargs)
 
-    expected = rc.per_document_sdpa(q, k, v, *args, causal=True)
+    expected = per_document_sdpa(q, k, v, *args, causal=True)
     torch.testing.assert_close(rc._repeat_kv(without_gqa)(q, k, v, *args, causal=True), expected)
 
 

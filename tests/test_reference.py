@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given
 
 from varlen_workbench.workbench.layout import Case, Fill, Region, pack
-from varlen_workbench.workbench.reference import reference_attention
+from varlen_workbench.workbench.reference import per_document_sdpa, reference_attention
 from varlen_workbench.workbench.strategies import LayoutSpace
 
 
@@ -157,3 +157,26 @@ def test_oracle_windows_match_sdpa_with_an_explicit_mask(window):
         expected = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask).transpose(0, 1)
         expected = torch.where(mask.any(-1)[:, None, None], expected, 0.0)
         assert torch.allclose(out[pq[i] : pq[i] + lq], expected, atol=1e-12), f"sequence {i}"
+
+
+def test_per_document_sdpa_is_the_oracle_with_padding_rows_zero():
+    q, k, v = (torch.randn(14, h, 16, dtype=torch.float64) for h in (4, 2, 2))
+    cu, padded = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 5, 10], dtype=torch.int32)
+    layout = dict(cu_seqlens_q_padded=padded, cu_seqlens_k_padded=padded, causal=True)
+    out = per_document_sdpa(q, k, v, cu, cu, 5, 5, **layout)
+    torch.testing.assert_close(out, reference_attention(q, k, v, cu, cu, 5, 5, **layout))
+    assert (out[[3, 4, 10, 11, 12, 13]] == 0).all()  # GAP and TAIL rows
+
+
+def test_per_document_sdpa_aligns_causal_bottom_right_as_the_oracle():
+    """More queries than keys (their first rows see no key: 0), more keys than queries, and a
+    document with no keys, against the float64 oracle."""
+    cu_q, cu_k = torch.tensor([0, 5, 7, 9], dtype=torch.int32), torch.tensor([0, 3, 8, 8], dtype=torch.int32)
+    q, k, v = (
+        torch.randn(9, 4, 16, dtype=torch.float64),
+        torch.randn(8, 2, 16, dtype=torch.float64),
+        torch.randn(8, 2, 8, dtype=torch.float64),
+    )
+    out = per_document_sdpa(q, k, v, cu_q, cu_k, 5, 5, causal=True)
+    torch.testing.assert_close(out, reference_attention(q, k, v, cu_q, cu_k, 5, 5, causal=True))
+    assert (out[[0, 1, 7, 8]] == 0).all() and (out[2] != 0).all()

@@ -1,7 +1,7 @@
 """The training-step benchmark (varlen_workbench.workbench.bench.stepbench) on the CPU: the batches it builds, what
 transformers hands the swap from them, the CPU smoke run (ours through the Triton interpreter
 against padded SDPA, within a bound of a float64 step), and its record as the performance page
-reads it (varlen_workbench.workbench.bench.report.train_step_*)."""
+reads it (varlen_workbench.workbench.bench.step_report)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from varlen_workbench.kernels import hf
-from varlen_workbench.workbench.bench import report as br
+from varlen_workbench.workbench.bench import step_record as names
+from varlen_workbench.workbench.bench import step_report as br
 from varlen_workbench.workbench.bench import stepbench as sb
 from varlen_workbench.workbench.instruments import realclient
 from varlen_workbench.workbench.instruments.tinylm import dense_attention
@@ -117,7 +118,7 @@ def baseline():
     model = SHAPE.model(CPU)
     documents = sb.document_tokens(SHAPE)
     packed, padded = sb.packed_inputs(documents, CPU), sb.padded_inputs(documents, CPU)
-    sdpa = sb.measure(sb.BY_NAME[sb.PADDED_SDPA], model, padded, CPU, iters=0, profile=True)
+    sdpa = sb.measure(sb.BY_NAME[names.PADDED_SDPA], model, padded, CPU, iters=0, profile=True)
     return sb.reference_loss(SHAPE), sdpa, model, packed
 
 
@@ -160,21 +161,21 @@ def test_cpu_smoke_run(baseline):
     found = sb.run(SHAPE, CPU, iters=0, profile=False)
     rows = {r.impl: r for r in found.rows}
     assert list(rows) == [impl.name for impl in sb.IMPLEMENTATIONS]
-    for name in (sb.OURS_FA4, sb.BARE_FA4):
+    for name in (names.OURS_FA4, names.BARE_FA4):
         assert rows[name].status == "skipped" and "FlashAttention-4" in rows[name].detail
-    assert rows[sb.VARLEN_ATTN].status == "skipped" and "CUDA only" in rows[sb.VARLEN_ATTN].detail
+    assert rows[names.VARLEN_ATTN].status == "skipped" and "CUDA only" in rows[names.VARLEN_ATTN].detail
     ran = [r for r in found.rows if r.status == "ran"]
-    assert [r.impl for r in ran] == [sb.DEFAULT, sb.TRITON, sb.PADDED_SDPA]
+    assert [r.impl for r in ran] == [names.DEFAULT, names.TRITON, names.PADDED_SDPA]
     assert all(math.isfinite(r.loss) for r in ran)
-    assert rows[sb.PADDED_SDPA].loss == sdpa.loss  # the same model and batch as the fixture's
+    assert rows[names.PADDED_SDPA].loss == sdpa.loss  # the same model and batch as the fixture's
     # Without FlashAttention-4 the default is the Triton kernel: the same step, bit for bit.
-    assert rows[sb.DEFAULT].loss == rows[sb.TRITON].loss
-    check = sb.loss_check(rows[sb.DEFAULT].loss, sdpa.loss, reference, SHAPE)
+    assert rows[names.DEFAULT].loss == rows[names.TRITON].loss
+    check = sb.loss_check(rows[names.DEFAULT].loss, sdpa.loss, reference, SHAPE)
     assert check.within, check
 
 
 def test_the_record_round_trips_and_names_what_did_not_run(tmp_path):
-    found = sb.run(SHAPE, CPU, iters=0, profile=False, impls=[sb.PADDED_SDPA, sb.BARE_FA4, sb.VARLEN_ATTN])
+    found = sb.run(SHAPE, CPU, iters=0, profile=False, impls=[names.PADDED_SDPA, names.BARE_FA4, names.VARLEN_ATTN])
     path = tmp_path / "train-step.json"
     write_record(path, found.to_record(), command="test")
     record = br.load_train_step(path)
@@ -236,12 +237,12 @@ SYNCS = _syncs({"ours": 1, "transformers": 1}, {"other": 1})
 
 def _record(**overrides):
     rows = {
-        sb.DEFAULT: _row(sb.DEFAULT, 100.0, 95.0, SYNCS),
-        sb.TRITON: _row(sb.TRITON, 104.0, 99.0, SYNCS),
-        sb.OURS_FA4: _row(sb.OURS_FA4, 100.5, 95.5, SYNCS),
-        sb.BARE_FA4: _row(sb.BARE_FA4, 98.0, 96.0),
-        sb.VARLEN_ATTN: _row(sb.VARLEN_ATTN, 99.0, 90.0),
-        sb.PADDED_SDPA: _row(sb.PADDED_SDPA, 160.0, 150.0),
+        names.DEFAULT: _row(names.DEFAULT, 100.0, 95.0, SYNCS),
+        names.TRITON: _row(names.TRITON, 104.0, 99.0, SYNCS),
+        names.OURS_FA4: _row(names.OURS_FA4, 100.5, 95.5, SYNCS),
+        names.BARE_FA4: _row(names.BARE_FA4, 98.0, 96.0),
+        names.VARLEN_ATTN: _row(names.VARLEN_ATTN, 99.0, 90.0),
+        names.PADDED_SDPA: _row(names.PADDED_SDPA, 160.0, 150.0),
     }
     rows.update(overrides)
     return {
@@ -259,19 +260,19 @@ def _record(**overrides):
 
 
 def test_ratios_are_each_peers_step_over_the_defaults():
-    ratios = br.train_step_ratios(_record()["rows"])
-    assert ratios[sb.BARE_FA4] == {"median": 0.98, "fastest": 96.0 / 95.0}
-    assert ratios[sb.PADDED_SDPA] == {"median": 1.6, "fastest": 150.0 / 95.0}
-    assert set(ratios) == {sb.TRITON, sb.OURS_FA4, sb.BARE_FA4, sb.VARLEN_ATTN, sb.PADDED_SDPA}
+    ratios = names.train_step_ratios(_record()["rows"])
+    assert ratios[names.BARE_FA4] == {"median": 0.98, "fastest": 96.0 / 95.0}
+    assert ratios[names.PADDED_SDPA] == {"median": 1.6, "fastest": 150.0 / 95.0}
+    assert set(ratios) == {names.TRITON, names.OURS_FA4, names.BARE_FA4, names.VARLEN_ATTN, names.PADDED_SDPA}
 
 
 def test_targets_judged_on_medians_and_fastest_steps():
     medians, fastest = br.train_step_targets(_record())
     verdicts = {t.name: (t.measured, t.met) for t in medians[:3]}
     assert verdicts == {
-        f"training step: the default >= 0.97x {sb.BARE_FA4}": (0.98, True),
-        f"training step: the default >= 1.0x {sb.VARLEN_ATTN}": (0.99, False),
-        f"training step: the default >= 1.5x {sb.PADDED_SDPA}": (1.6, True),
+        f"training step: the default >= 0.97x {names.BARE_FA4}": (0.98, True),
+        f"training step: the default >= 1.0x {names.VARLEN_ATTN}": (0.99, False),
+        f"training step: the default >= 1.5x {names.PADDED_SDPA}": (1.6, True),
     }
     assert [t.met for t in fastest] == [True, False, True]  # 96/95, 90/95, 150/95
     assert all(t.worst_case == "3 documents, 16384 tokens packed" for t in medians[:3])
@@ -288,7 +289,7 @@ def test_the_batch_kinds_table_and_examples():
         ("right-padded", "failed: ValueError: cannot", "-", "-", "-"),
     )
     text = br.format_train_step(_record())
-    assert f"{sb.DEFAULT}, position_ids batch, ours: cudaStreamSynchronize\n    kernels/hf.py(146): packed_layout" in text
+    assert f"{names.DEFAULT}, position_ids batch, ours: cudaStreamSynchronize\n    kernels/hf.py(146): packed_layout" in text
     record = _record()
     del record["batch_syncs"]
     assert "not judged: host syncs of our code per forward" in br.format_train_step(record)
@@ -296,25 +297,25 @@ def test_the_batch_kinds_table_and_examples():
 
 def test_a_skipped_peer_is_shown_with_its_reason_and_left_unjudged():
     why = "FlashAttention-4 is not installed here (ModuleNotFoundError: No module named 'flash_attn')"
-    record = _record(**{sb.BARE_FA4: _row(sb.BARE_FA4, None, None, status="skipped", detail=why)})
+    record = _record(**{names.BARE_FA4: _row(names.BARE_FA4, None, None, status="skipped", detail=why)})
     medians, _ = br.train_step_targets(record)
     assert [t.name for t in medians[:2]] == [
-        f"training step: the default >= 1.0x {sb.VARLEN_ATTN}",
-        f"training step: the default >= 1.5x {sb.PADDED_SDPA}",
+        f"training step: the default >= 1.0x {names.VARLEN_ATTN}",
+        f"training step: the default >= 1.5x {names.PADDED_SDPA}",
     ]
     text = br.format_train_step(record)
-    assert f"not judged: the default >= 0.97x {sb.BARE_FA4} (skipped: {why})" in text
+    assert f"not judged: the default >= 0.97x {names.BARE_FA4} (skipped: {why})" in text
     assert f"skipped: {why}" in str(br.train_step_table(record))
 
 
 def test_the_table_has_a_line_per_implementation_with_syncs_by_owner_and_phase():
     table = br.train_step_table(_record())
     assert table.header[3:6] == ("host syncs", "ours / transformers / other", "forward / backward")
-    default = next(r for r in table.rows if r[0] == sb.DEFAULT)
+    default = next(r for r in table.rows if r[0] == names.DEFAULT)
     assert default[1:6] == ("100.000 (95.000)", "-", "3", "1 / 1 / 1", "2 / 1")
-    sdpa = next(r for r in table.rows if r[0] == sb.PADDED_SDPA)
+    sdpa = next(r for r in table.rows if r[0] == names.PADDED_SDPA)
     assert sdpa[2] == "1.600x (1.579x)" and sdpa[3:6] == ("-", "-", "-")
-    skipped = _record(**{sb.BARE_FA4: _row(sb.BARE_FA4, None, None, status="skipped", detail="no FA4")})
-    assert next(r for r in br.train_step_table(skipped).rows if r[0] == sb.BARE_FA4)[1:] == ("-",) * 7 + ("skipped: no FA4",)
+    skipped = _record(**{names.BARE_FA4: _row(names.BARE_FA4, None, None, status="skipped", detail="no FA4")})
+    assert next(r for r in br.train_step_table(skipped).rows if r[0] == names.BARE_FA4)[1:] == ("-",) * 7 + ("skipped: no FA4",)
     assert "on NVIDIA H200" in table.title and len(table.rows) == 6
     assert "kernels/hf.py(95): packed_layout" in br.format_train_step(_record())

@@ -21,8 +21,9 @@ The API, the only code that reads or writes a record file:
   file-name order, each with its `file` name added (none: `[]`, or the error naming `how`).
 
 A record written to `GPU_DATA` carries the fingerprint of the code it measured
-(`varlen_workbench.workbench.gpu_records.fingerprint`), and READ names every GPU record this process has
-read: the site stamps each page with the records its notebook read, and their freshness.
+(`varlen_workbench.workbench.gpu_records.fingerprint`). Where the environment names a file in
+READ_LOG, every GPU record read is listed there, one name a line: the site names one for each
+notebook it executes, and stamps the page with the records read and their freshness.
 
 A post-mortem's GPU records are `load_records(f"{META.id}-*.json")`
 (`varlen_workbench.workbench.postmortem.gpu_records`); a claim about them compares with what they hold, read
@@ -71,8 +72,9 @@ def portable(text: str) -> str:
     return _CHECKOUT.sub("", text)
 
 
-# The GPU records (file names under GPU_DATA) this process has read, for the page's stamps.
-READ: list[str] = []
+# The environment variable naming the file that lists the GPU records read (set by the site for
+# a notebook's kernel): the file, not this process's memory, so every cell and subprocess adds to it.
+READ_LOG = "WORKBENCH_RECORDS_READ"
 
 
 def provenance_block(command: str | None = None, *, record: str | None = None) -> dict[str, str]:
@@ -184,6 +186,8 @@ def read_record(path: str | Path, *, how: str | None = None) -> dict[str, Any]:
         raise ValueError(
             f"{path} has no provenance block; records are written by varlen_workbench.workbench.records.write_record."
         )
-    if path.resolve().parent == GPU_DATA.resolve():
-        READ.append(path.name)
+    log = os.environ.get(READ_LOG)
+    if log and path.resolve().parent == GPU_DATA.resolve():
+        with open(log, "a") as listed:
+            listed.write(path.name + "\n")
     return record

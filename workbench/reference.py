@@ -1,8 +1,13 @@
-"""The oracle: varlen attention per sequence in float64, with the kernel's exact contract.
+"""Reference attention, one document at a time: the source every check compares with.
 
-Same signature and semantics as `varlen_workbench.kernels.varlen.varlen_attention`. Padding rows never enter the
-computation (real rows are gathered by index), so padding inputs holding NaN cannot leak,
-and autograd gives exactly 0 on padding rows of dq, dk, dv.
+`reference_attention` is the oracle: varlen attention per sequence in float64, with the kernel's
+exact contract. `per_document_sdpa` is what a user would write, torch's SDPA per document in the
+inputs' dtype: the real-client check's reference (float32) and bar (bf16), and the audit's
+fairness witness.
+
+The oracle has the same signature and semantics as `varlen_workbench.kernels.varlen.varlen_attention`.
+Padding rows never enter its computation (real rows are gathered by index), so padding inputs
+holding NaN cannot leak, and autograd gives exactly 0 on padding rows of dq, dk, dv.
 
 `compute_dtype` other than float64 gives "PyTorch's own attention in that dtype": the
 baseline of FlashAttention-style relative error bounds (see `varlen_workbench.workbench.bounds`).
@@ -11,6 +16,7 @@ baseline of FlashAttention-style relative error bounds (see `varlen_workbench.wo
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from varlen_workbench.kernels.contract import check_causal, check_varlen_inputs, check_window_size
 from varlen_workbench.kernels.varlen.backends.torch import visible_keys
@@ -100,3 +106,47 @@ def reference_attention(
     lse = torch.full((heads, total_q), float("-inf"), dtype=compute_dtype, device=q.device)
     lse = lse.index_copy(1, rows_q, torch.cat(lses, dim=1))
     return out, lse
+
+
+def per_document_sdpa(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_k_padded=None,
+    causal=False,
+    scale=None,
+) -> torch.Tensor:
+    """Attention one document at a time with `F.scaled_dot_product_attention`, in the inputs' dtype;
+    every other row 0. Validates nothing.
+
+    No packing, so nothing of one document can reach another, and no padding row reaches
+    anything. Causal is bottom-right aligned, as the contract says: a query row with no visible
+    key (more queries than keys) is 0, as is every row of a document with no keys."""
+    out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim
+    starts_q = (cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded).tolist()
+    starts_k = (cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded).tolist()
+    lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
+    for sq, sk, lq, lk in zip(starts_q, starts_k, lengths_q, lengths_k):
+        if lq == 0 or lk == 0:
+            continue
+        # SDPA's own causal mask is top-left aligned: the same as bottom-right only for as many queries as keys.
+        mask = None if not causal or lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+        o = F.scaled_dot_product_attention(
+            q[sq : sq + lq].transpose(0, 1)[None],
+            k[sk : sk + lk].transpose(0, 1)[None],
+            v[sk : sk + lk].transpose(0, 1)[None],
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )[0]
+        if mask is not None:
+            o = torch.where(mask.any(-1)[None, :, None], o, 0.0)
+        out[sq : sq + lq] = o.transpose(0, 1)
+    return out

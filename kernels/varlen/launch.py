@@ -44,9 +44,6 @@ from varlen_workbench.kernels.varlen.hopper import (
 from varlen_workbench.kernels.varlen.kernel_common import block_starts_kernel, fill_padding_rows_kernel
 from varlen_workbench.kernels.varlen.tuner import INTERPRETER_TILE, NATIVE_TILES, Tile, TileTuner, shape_class
 
-# workbench/bench_report.py reads the tuner's key fields from here.
-from varlen_workbench.kernels.varlen.tuner import SHAPE_CLASS_FIELDS as SHAPE_CLASS_FIELDS
-
 
 def lanes(head_dim: int) -> int:
     """The lanes a kernel computes a head of `head_dim` features on: the next power of two

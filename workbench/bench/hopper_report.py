@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from varlen_workbench.workbench.bench.verdict import ms_with_fastest
+from varlen_workbench.workbench.postmortem import table
 from varlen_workbench.workbench.provenance import GPU_DATA
 from varlen_workbench.workbench.records import read_record
 
@@ -109,8 +111,6 @@ def tile_warps(tile: str) -> int:
 def switch_table(rows: list[SwitchRow]):
     """One line per (workload, variant): median (fastest) forward and forward+backward ms, and the
     speed-ups over the shipped kernel and over FA4 (a `varlen_workbench.workbench.postmortem.Table`)."""
-    from varlen_workbench.workbench.bench.report import ms_with_fastest
-    from varlen_workbench.workbench.postmortem import table
 
     def times(values: dict[str, float], workload: str) -> str:
         return f"{values[workload]:.2f}x" if workload in values else "-"

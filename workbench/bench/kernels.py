@@ -13,36 +13,36 @@ counts only real work, per document: 4*h*d*sum(s_i^2) FLOPs forward, halved when
 peer time / our time measured in the same run, so a noisy machine shifts both alike.
 
 CUDA only; `python -m varlen_workbench.workbench.bench.kernels --record FILE` or `varlen-workbench bench`. The committed
-records (data/gpu/bench-*.json) are read back on any machine by
-`varlen_workbench.workbench.records.load_records("bench-*.json", how=RECORD_COMMAND)`, and judged, tabled and
-plotted by `varlen_workbench.workbench.bench.report` (the performance notebook).
+records (data/gpu/bench-*.json, `varlen_workbench.workbench.bench.kernel_record`) are read back on any
+machine by `varlen_workbench.workbench.records.load_records("bench-*.json", how=RECORD_COMMAND)`, and judged,
+tabled and plotted by `varlen_workbench.workbench.bench.kernel_report` (the performance notebook).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import math
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from varlen_workbench.workbench.bench.kernel_record import Row, Timing, set_peer_ratios, to_record, variant
+from varlen_workbench.workbench.bench.kernel_report import format_table, targets
+from varlen_workbench.workbench.bench.verdict import format_targets
 from varlen_workbench.workbench.bench.workloads import Workload, workloads
 from varlen_workbench.workbench.layout import Case, pack, thd_to_bshd
 from varlen_workbench.workbench.records import write_record
 from varlen_workbench.workbench.timing import MIN_ITERS, time_call
-
-RECORD_COMMAND = "python -m varlen_workbench.workbench.bench.kernels --record data/gpu/bench-<gpu>.json"
 
 
 def _compile_candidates(case: Case, index: int, device: str = "cuda", window: tuple[int, int] = (-1, -1)) -> None:
     """Runs forward+backward of a small batch of `case`'s kernel class with candidate `index`
     of every kernel pinned: Triton compiles, and caches on disk, what the tuner will time."""
     from varlen_workbench.kernels.varlen import varlen_attention
-    from varlen_workbench.kernels.varlen.launch import NATIVE_TILES, candidate_tiles, tuner
+    from varlen_workbench.kernels.varlen.launch import candidate_tiles, tuner
+    from varlen_workbench.kernels.varlen.tuner import NATIVE_TILES
 
     dtype = case.torch_dtype
     tiles = {k: candidate_tiles(k, case.head_dim, dtype, torch.device(device)) for k in NATIVE_TILES}
@@ -60,7 +60,7 @@ def precompile(chosen: list[Workload], jobs: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from varlen_workbench.kernels.varlen.launch import NATIVE_TILES
+    from varlen_workbench.kernels.varlen.tuner import NATIVE_TILES
 
     classes = {(w.case.head_dim, w.case.heads, w.case.kv_heads, w.case.dtype, w.case.causal, w.window): w for w in chosen}
     most = max(len(t) for by_bytes in NATIVE_TILES.values() for t in by_bytes.values())
@@ -114,14 +114,6 @@ def _ours_validated_fresh(batch, window):
     return run
 
 
-def variant(backend: str) -> str:
-    """The benchmark's name for our call pinned to `backend`: "ours" for the Triton kernel (the
-    records' name), "ours backend=<name> (<label>)" for every other registered backend."""
-    from varlen_workbench.kernels.varlen.backends import lookup
-
-    return "ours" if backend == "triton" else f"ours backend={backend} ({lookup(backend).label})"
-
-
 def _ours_on(backend: str) -> Callable:
     def build(batch, window):
         """Our call on `backend`, validate=True on the metadata every call reuses, where the
@@ -138,9 +130,6 @@ def _ours_on(backend: str) -> Callable:
         return lambda: batch.call_on(varlen_attention, step, window_size=window, backend=backend)
 
     return build
-
-
-GUARDED_FA4 = variant("fa4")
 
 
 def grad_like(out: torch.Tensor) -> torch.Tensor:
@@ -346,19 +335,6 @@ def implementations() -> dict[str, Callable]:
     }
 
 
-@dataclass
-class Timing:
-    forward_ms: float | None = None
-    forward_backward_ms: float | None = None
-    peak_mb: float | None = None
-    host_ms: float | None = None  # host time to issue one forward+backward (Python, dispatch, launches)
-    error: str | None = None
-    # The fastest timed call beside the medians above: how much of a median is noise (records
-    # made before 2026-12-02 lack them).
-    forward_min_ms: float | None = None
-    forward_backward_min_ms: float | None = None
-
-
 def recorded_iters(record: dict) -> int:
     """Timed calls per measurement in a bench record: its command's `--iters`, else the default
     (`MIN_ITERS`) the command ran with. Each time in the record is the median of that many calls."""
@@ -369,11 +345,6 @@ def recorded_iters(record: dict) -> int:
 def recorded_minima(record: dict) -> bool:
     """Whether the record keeps each measurement's fastest call beside its median (newer runs do)."""
     return any(row.get("forward_backward_min_ms") is not None for row in record["rows"])
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float:
-    """numerator / denominator, NaN when either was not measured (None) or the denominator is 0."""
-    return numerator / denominator if numerator is not None and denominator else math.nan
 
 
 def measure(make: Callable, batch, warmup: int = 3, iters: int = MIN_ITERS, window: tuple[int, int] = (-1, -1)) -> Timing | None:
@@ -413,17 +384,6 @@ def measure(make: Callable, batch, warmup: int = 3, iters: int = MIN_ITERS, wind
         )
     except Exception as exc:  # a peer that cannot run a configuration is a result, not a crash
         return Timing(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-
-
-@dataclass
-class Row:
-    workload: str
-    impl: str
-    timing: Timing
-    tflops_fwd: float | None = None
-    tflops_fwd_bwd: float | None = None
-    gbs_fwd: float | None = None
-    ratios: dict[str, float] = field(default_factory=dict)
 
 
 def select_workloads(quick: bool = False, shapes: list[str] | None = None) -> list[Workload]:
@@ -489,17 +449,6 @@ def _measure_workload(workload: Workload, names: list[str], warmup: int, iters: 
     return results
 
 
-def set_peer_ratios(results: dict[str, Row]) -> None:
-    """Our row of one workload gets each peer's time over ours, forward+backward and forward."""
-    ours = results.get("ours")
-    if ours and ours.timing.forward_ms:
-        ours.ratios = {}
-        for name, row in results.items():
-            if not name.startswith("ours") and row.timing.forward_ms:
-                ours.ratios[name] = ratio(row.timing.forward_backward_ms, ours.timing.forward_backward_ms)
-                ours.ratios[name + " (fwd)"] = ratio(row.timing.forward_ms, ours.timing.forward_ms)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="varlen-workbench bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one configuration of each kind")
@@ -516,13 +465,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="processes that compile our candidate tiles before timing (0: compile while tuning)",
     )
-    from varlen_workbench.workbench.bench.report import (  # the runner needs no plots
-        format_table,
-        format_targets,
-        targets,
-        to_record,
-    )
-
     args = parser.parse_args(argv)
     if args.iters < MIN_ITERS:
         parser.error(f"--iters {args.iters}: time at least {MIN_ITERS} calls per measurement (--iters {MIN_ITERS})")

@@ -30,7 +30,7 @@ as skipped with the reason, what fails with its error.
 
     python -m varlen_workbench.workbench.bench.stepbench --record data/gpu/train-step-h200.json
 
-`varlen_workbench.workbench.bench.report.format_train_step` reads the record and judges the targets (the
+`varlen_workbench.workbench.bench.step_report.format_train_step` reads the record and judges the targets (the
 performance page). `--shape cpu --iters 0` runs the same harness on a tiny model in seconds per
 step (our kernel through the Triton interpreter), untimed and without the profiler: CI's check
 (tests/test_stepbench.py) runs it.
@@ -49,15 +49,25 @@ from typing import Any
 
 import torch
 
-from varlen_workbench.workbench.bench.workloads import log_uniform_lengths
+from varlen_workbench.workbench.bench.kernels import precompile as compile_candidates
+from varlen_workbench.workbench.bench.step_record import (
+    BARE_FA4,
+    DEFAULT,
+    OURS_FA4,
+    PADDED_SDPA,
+    PHASES,
+    TRITON,
+    VARLEN_ATTN,
+    train_step_ratios,
+)
+from varlen_workbench.workbench.bench.step_report import format_train_step
+from varlen_workbench.workbench.bench.workloads import Workload, log_uniform_lengths
 from varlen_workbench.workbench.bounds import FACTORS, ErrorCheck
 from varlen_workbench.workbench.instruments import realclient
 from varlen_workbench.workbench.instruments.syncs import count_syncs
+from varlen_workbench.workbench.layout import Case
 from varlen_workbench.workbench.records import provenance_block, write_record
 from varlen_workbench.workbench.timing import MIN_ITERS, time_call
-
-RECORD_COMMAND = "python -m varlen_workbench.workbench.bench.stepbench --record data/gpu/train-step-h200.json"
-PHASES = ("forward", "backward")  # the step's profiler ranges: host syncs are counted per phase
 
 
 @dataclass(frozen=True)
@@ -216,13 +226,6 @@ class Implementation:
         realclient.set_implementation(model, self.attn)
 
 
-DEFAULT = "ours, default backend"
-TRITON = 'ours, backend="triton"'
-OURS_FA4 = 'ours, backend="fa4"'
-BARE_FA4 = "FlashAttention-4 varlen, bare"
-VARLEN_ATTN = "torch varlen_attn"
-PADDED_SDPA = "transformers sdpa, right-padded"
-
 IMPLEMENTATIONS = (
     Implementation(DEFAULT, "stepbench_ours_default", _ours()),
     Implementation(TRITON, "stepbench_ours_triton", _ours(backend="triton")),
@@ -359,8 +362,6 @@ class StepRun:
     batch_syncs: dict[str, dict[str, Any]] = field(default_factory=dict)  # ours (the default) per batch kind
 
     def to_record(self) -> dict[str, Any]:
-        from varlen_workbench.workbench.bench.report import train_step_ratios
-
         return {
             "kind": "train-step",
             "shape": asdict(self.shape),
@@ -433,10 +434,6 @@ def loss_check(loss: float, sdpa_loss: float, reference: float, shape: Shape) ->
 def precompile(shape: Shape, jobs: int) -> None:
     """Compiles our kernel's candidate tiles for the step's attention in `jobs` processes before
     the timing process tunes them (`varlen_workbench.workbench.bench.kernels.precompile`)."""
-    from varlen_workbench.workbench.bench.kernels import precompile as compile_candidates
-    from varlen_workbench.workbench.bench.workloads import Workload
-    from varlen_workbench.workbench.layout import Case
-
     s = shape.size
     case = Case(s.documents, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, dtype=shape.dtype, causal=True)
     compile_candidates([Workload("training step", case)], jobs)
@@ -475,8 +472,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from varlen_workbench.workbench.bench.report import format_train_step
-
     command = shlex.join(
         ["python", "-m", "varlen_workbench.workbench.bench.stepbench", *(argv if argv is not None else sys.argv[1:])]
     )

@@ -436,12 +436,11 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _gpu_records(args: argparse.Namespace) -> int:
-    from varlen_workbench.workbench.gpu_records import fingerprint
     from varlen_workbench.workbench.gpu_records import plan as gpu_plan
     from varlen_workbench.workbench.records import load_records
 
     if args.backfill:
-        fingerprint.backfill(load_records("*.json"))
+        gpu_plan.backfill(load_records("*.json"))
     print(gpu_plan.report())
     return 0  # stale records are a plan, not a failure
 

@@ -11,7 +11,7 @@ A measured file that moved is found at its former path in older commits (`kinds.
 
 A record written since carries its fingerprint in its provenance (`records.write_record`).
 Records made before that are fingerprinted once from git history, the code at their commit
-(`backfill`), into FINGERPRINTS, committed: CI's clone may have no history.
+(`varlen_workbench.workbench.gpu_records.plan.backfill`), into FINGERPRINTS, committed: CI's clone may have no history.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from varlen_workbench.workbench.gpu_records.kinds import UPSTREAM, RecordKind, former_paths, kind_of
+from varlen_workbench.workbench.gpu_records.kinds import UPSTREAM, RecordKind, former_paths
 from varlen_workbench.workbench.provenance import GPU_DATA, REPO
-from varlen_workbench.workbench.records import write_json
 
 # record file -> fingerprint of its code at its commit; beside data/gpu/, whose every file is a record
 FINGERPRINTS = GPU_DATA.parent / "gpu-fingerprints.json"
@@ -149,18 +148,3 @@ def recorded_fingerprint(record: dict[str, Any], committed: dict[str, str] | Non
     if "fingerprint" in record.get("provenance", {}):
         return record["provenance"]["fingerprint"]
     return (committed_fingerprints() if committed is None else committed).get(record["file"])
-
-
-def backfill(records: list[dict[str, Any]], root: Path = REPO, path: Path = FINGERPRINTS) -> dict[str, str]:
-    """Adds to `path` the fingerprint at its commit of each record that carries none; returns them all."""
-    known = committed_fingerprints(path)
-    for record in records:
-        if "fingerprint" in record["provenance"] or record["file"] in known:
-            continue
-        commit = recorded_commit(record)
-        if not commit:
-            raise ValueError(f"data/gpu/{record['file']} names no commit; its fingerprint cannot be read from git history")
-        kind = kind_of(record["file"])
-        known[record["file"]] = fingerprint_at(commit, kind, record_versions(record, kind), root)
-    write_json(path, dict(sorted(known.items())))
-    return known

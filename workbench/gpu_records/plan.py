@@ -10,11 +10,20 @@ it says (`record_kinds.recorded_minutes`); records that share a command run it o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from varlen_workbench.workbench.gpu_records.fingerprint import (
+    FINGERPRINTS,
+    committed_fingerprints,
+    fingerprint_at,
+    record_versions,
+    recorded_commit,
+)
 from varlen_workbench.workbench.gpu_records.freshness import Freshness, freshness
 from varlen_workbench.workbench.gpu_records.kinds import CARRIED, TESTS, WHEELS, kind_of, recorded_minutes
-from varlen_workbench.workbench.records import load_records, portable
+from varlen_workbench.workbench.provenance import REPO
+from varlen_workbench.workbench.records import load_records, portable, write_json
 
 CALL_MINUTES = 10.0  # the device's limit on one command
 
@@ -82,3 +91,20 @@ def report(records: list[dict[str, Any]] | None = None) -> str:
     if unremade:
         lines.append(f"stale with no command to remake them (see each above): {', '.join(unremade)}")
     return "\n".join(lines)
+
+
+def backfill(records: list[dict[str, Any]], root: Path = REPO, path: Path = FINGERPRINTS) -> dict[str, str]:
+    """Adds to `path` the fingerprint at its commit of each record that carries none; returns them
+    all (`varlen-workbench gpu-records --backfill`). Here, not in `fingerprint`: it writes through
+    `records`, which stamps records with `fingerprint`."""
+    known = committed_fingerprints(path)
+    for record in records:
+        if "fingerprint" in record["provenance"] or record["file"] in known:
+            continue
+        commit = recorded_commit(record)
+        if not commit:
+            raise ValueError(f"data/gpu/{record['file']} names no commit; its fingerprint cannot be read from git history")
+        kind = kind_of(record["file"])
+        known[record["file"]] = fingerprint_at(commit, kind, record_versions(record, kind), root)
+    write_json(path, dict(sorted(known.items())))
+    return known

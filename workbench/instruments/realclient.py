@@ -39,6 +39,7 @@ from varlen_workbench.kernels.hf import NAME as HF_NAME
 from varlen_workbench.workbench.bounds import FACTORS
 from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.records import write_record
+from varlen_workbench.workbench.reference import per_document_sdpa
 
 BAR_FACTOR = FACTORS["dq"]  # FlashAttention's test bound for gradients: 3x PyTorch's own error in the dtype
 MEMORIES = ("as is", "poisoned")
@@ -124,46 +125,6 @@ def llama(size: Size, seed: int = 0) -> torch.nn.Module:
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
-
-
-def per_document_sdpa(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    *,
-    cu_seqlens_q_padded=None,
-    cu_seqlens_k_padded=None,
-    causal=False,
-    scale=None,
-) -> torch.Tensor:
-    """Attention one document at a time with `F.scaled_dot_product_attention`; every other row 0.
-
-    The reference (in float32) and the bar (in bf16): no packing, so nothing of one document can
-    reach another, and no padding row reaches anything."""
-    out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim
-    starts_q = (cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded).tolist()
-    starts_k = (cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded).tolist()
-    lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
-    for sq, sk, lq, lk in zip(starts_q, starts_k, lengths_q, lengths_k):
-        if causal and lq != lk:
-            raise ValueError(f"per_document_sdpa takes causal documents with as many queries as keys, got {lq} and {lk}.")
-        if lq == 0:
-            continue
-        heads = lambda t, s, n: t[s : s + n].transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(
-            heads(q, sq, lq),
-            heads(k, sk, lk),
-            heads(v, sk, lk),
-            is_causal=causal,
-            scale=scale,
-            enable_gqa=q.shape[1] != k.shape[1],
-        )
-        out[sq : sq + lq] = o[0].transpose(0, 1)
-    return out
 
 
 def _repeat_kv(varlen: Callable) -> Callable:

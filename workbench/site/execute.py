@@ -9,9 +9,9 @@ notebook, the cell and the error. Rendering the executed notebooks is `varlen_wo
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,6 +21,7 @@ from typing import Any
 import nbformat
 
 from varlen_workbench.workbench.errors import BuildError
+from varlen_workbench.workbench.records import READ_LOG
 
 CELL_TIMEOUT_S = 900
 
@@ -65,8 +66,6 @@ c.HistoryManager.enabled = False
 
 def _kernel_ipython_dir() -> Path:
     """A per-user IPYTHONDIR holding KERNEL_PROFILE (rewritten when it differs)."""
-    import tempfile
-
     directory = Path(tempfile.gettempdir()) / f"workbench-ipython-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
     config = directory / "profile_default" / "ipython_kernel_config.py"
     if not config.exists() or config.read_text() != KERNEL_PROFILE:
@@ -88,11 +87,6 @@ def kernel_env(root: Path, *, static: bool = False) -> dict[str, str]:
     return env
 
 
-# Run after the notebook's own cells and taken off again: the GPU records the notebook read
-# (varlen_workbench.workbench.records.READ), kept in its metadata for the page's freshness stamps.
-RECORDS_READ = "import json\nfrom varlen_workbench.workbench.records import READ\nprint(json.dumps(sorted(set(READ))))"
-
-
 def execute(path: Path, root: Path) -> Any:
     """Runs `path` top to bottom in a fresh kernel in its own directory, for publication
     (explorers static: a page and a committed notebook carry every frame); returns the notebook.
@@ -104,7 +98,6 @@ def execute(path: Path, root: Path) -> Any:
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(RECORDS_READ))
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
@@ -113,17 +106,20 @@ def execute(path: Path, root: Path) -> Any:
         record_timing=False,  # timestamps would make every build differ
         store_widget_state=False,  # live widget state is for JupyterLab; the site uses static frames
     )
-    try:
-        client.execute(env=kernel_env(root, static=True))
-    except CellTimeoutError as exc:
-        raise BuildError(f"{path}: a cell ran longer than {CELL_TIMEOUT_S} s: {exc}") from None
-    except CellExecutionError as exc:
-        failed = first_error(nb)
-        if failed is None:
-            raise BuildError(f"{path}: {exc}") from None
-        raise BuildError(describe_error(path, *failed)) from None
-    printed = "".join(o.get("text", "") for o in nb.cells.pop().outputs if o.get("name") == "stdout")
-    nb.metadata["gpu_records"] = json.loads(printed)
+    # The GPU records the notebook reads (`records.READ_LOG`), kept in its metadata for the page's freshness stamps.
+    with tempfile.TemporaryDirectory(prefix="workbench-records-read-") as scratch:
+        read_log = Path(scratch) / "read.txt"
+        try:
+            client.execute(env={**kernel_env(root, static=True), READ_LOG: str(read_log)})
+        except CellTimeoutError as exc:
+            raise BuildError(f"{path}: a cell ran longer than {CELL_TIMEOUT_S} s: {exc}") from None
+        except CellExecutionError as exc:
+            failed = first_error(nb)
+            if failed is None:
+                raise BuildError(f"{path}: {exc}") from None
+            raise BuildError(describe_error(path, *failed)) from None
+        read = sorted(set(read_log.read_text().split())) if read_log.exists() else []
+    nb.metadata["gpu_records"] = read
     return nb
 
 

@@ -1,8 +1,9 @@
-"""What a benchmark run means: the contract's cost, the performance targets, kernel and host
+"""What a kernel benchmark run means: the contract's cost, the performance targets, kernel and host
 times, the tables, and the records read back, merged and plotted (the performance notebook).
 
-`varlen_workbench.workbench.bench.kernels` runs the benchmark and writes its record; this module only reads rows and
-records, so a CPU machine renders the committed GPU records with it.
+`varlen_workbench.workbench.bench.kernels` runs the benchmark and writes its record
+(`varlen_workbench.workbench.bench.kernel_record`); this module only reads rows and records, so a
+CPU machine renders the committed GPU records with it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from varlen_workbench.workbench.bench.kernels import GUARDED_FA4, Row, Timing, ratio, set_peer_ratios
-from varlen_workbench.workbench.bench.stepbench import BARE_FA4, DEFAULT, PADDED_SDPA, PHASES, VARLEN_ATTN
-from varlen_workbench.workbench.bench.stepbench import RECORD_COMMAND as STEP_RECORD_COMMAND
+from varlen_workbench.workbench.bench.kernel_record import (
+    GUARDED_FA4,
+    RECORD_COMMAND,
+    Row,
+    ratio,
+    rows_from_record,
+    set_peer_ratios,
+)
+from varlen_workbench.workbench.bench.verdict import Target, ms_with_fastest, worst
 from varlen_workbench.workbench.bench.workloads import workloads
-from varlen_workbench.workbench.instruments.syncs import OWNERS
+from varlen_workbench.workbench.postmortem import table
 from varlen_workbench.workbench.provenance import GPU_DATA
-from varlen_workbench.workbench.records import read_record
+from varlen_workbench.workbench.records import load_records, read_record
 
 
 def _our_rows(rows: list[Row]) -> dict[str, Row]:
@@ -44,29 +51,6 @@ VALIDATE_AT = "8x2048"  # where the cost of validate=True is judged
 # The ratio each must reach (FlashAttention-4's on d128 workloads only, where real models live).
 PEERS = {"torch varlen_attn": 1.3, "FlexAttention (compiled)": 1.0, "SDPA dense (cuDNN)": 0.8, "FlashAttention-4 varlen": 0.8}
 GUARDED_FA4_BOUND = 0.95  # FA4 behind our wrapper, against FA4 alone on the same batch
-
-
-@dataclass(frozen=True)
-class Target:
-    """One of issue 17's targets, judged on its worst case over the configurations it covers."""
-
-    name: str
-    measured: float
-    bound: float
-    at_least: bool  # met when measured >= bound (else measured <= bound)
-    worst_case: str
-
-    @property
-    def met(self) -> bool:
-        return self.measured >= self.bound if self.at_least else self.measured <= self.bound
-
-
-def _worst(name: str, values: dict[str, float], bound: float, at_least: bool) -> Target | None:
-    values = {k: v for k, v in values.items() if not math.isnan(v)}
-    if not values:
-        return None
-    where = (min if at_least else max)(values, key=lambda k: values[k])
-    return Target(name, values[where], bound, at_least, where)
 
 
 def _variant_ratio(rows: list[Row], variant: str, field_: str, prefix: str = "") -> dict[str, float]:
@@ -208,7 +192,7 @@ def targets(rows: list[Row]) -> list[Target]:
     by_impl = {(r.workload, r.impl): r for r in rows if not r.timing.error}
     equal = {w: r for w, r in ours.items() if w.startswith(EQUAL_D128)}
     found = [
-        _worst(
+        worst(
             f"forward+backward >= {bound}x {peer}, every workload it runs",
             {w: r.ratios[peer] for w, r in ours.items() if peer in r.ratios},
             bound,
@@ -219,7 +203,7 @@ def targets(rows: list[Row]) -> list[Target]:
     ]
     fa4 = "FlashAttention-4 varlen"
     found.append(
-        _worst(
+        worst(
             f"forward+backward >= {PEERS[fa4]}x {fa4}, every d128 workload it runs",
             {w: r.ratios[fa4] for w, r in ours.items() if fa4 in r.ratios and " d128" in w},
             PEERS[fa4],
@@ -228,37 +212,37 @@ def targets(rows: list[Row]) -> list[Target]:
     )
     cudnn = "SDPA dense (cuDNN)"
     found += [
-        _worst(
+        worst(
             f"forward+backward >= {PEERS[cudnn]}x {cudnn}, d128 equal lengths",
             {w: r.ratios[cudnn] for w, r in equal.items() if cudnn in r.ratios},
             PEERS[cudnn],
             True,
         ),
-        _worst(
+        worst(
             f"forward >= {PEERS[cudnn]}x {cudnn}, d128 equal lengths",
             {w: r.ratios[cudnn + " (fwd)"] for w, r in equal.items() if cudnn + " (fwd)" in r.ratios},
             PEERS[cudnn],
             True,
         ),
-        _worst(
+        worst(
             "validate=True costs <= 5% over validate=False, forward, same metadata (8x2048)",
             _variant_ratio(rows, VALIDATION_VARIANTS["same"], "forward_ms", VALIDATE_AT),
             0.05,
             False,
         ),
-        _worst(
+        worst(
             "validate=True costs <= 5% over validate=False, forward+backward, same metadata (8x2048)",
             _variant_ratio(rows, VALIDATION_VARIANTS["same"], "forward_backward_ms", VALIDATE_AT),
             0.05,
             False,
         ),
-        _worst(
+        worst(
             "validate=True costs <= 5%, forward+backward, new metadata each call (8x2048)",
             _variant_ratio(rows, VALIDATION_VARIANTS["new"], "forward_backward_ms", VALIDATE_AT),
             0.05,
             False,
         ),
-        _worst(
+        worst(
             "host time of one forward+backward <= torch varlen_attn's (ratio)",
             {
                 w: ratio(r.timing.host_ms, by_impl[(w, "torch varlen_attn")].timing.host_ms)
@@ -268,22 +252,22 @@ def targets(rows: list[Row]) -> list[Target]:
             1.0,
             False,
         ),
-        _worst(
+        worst(
             f"forward+backward of FA4 behind our wrapper >= {GUARDED_FA4_BOUND}x {fa4} alone, every workload both run",
             _guarded_over_fa4(rows),
             GUARDED_FA4_BOUND,
             True,
         ),
-        _worst(
+        worst(
             "whole step captured in a CUDA graph: replay time over eager, forward+backward (benchmarked)",
             {w: c + 1 for w, c in _variant_ratio(rows, "ours CUDA graph", "forward_backward_ms").items()},
             1.0,
             False,
         ),
-        _worst(
+        worst(
             "padded layout (align 64, tail 256) costs <= 5% over unpadded, forward+backward", contract_costs(rows), 0.05, False
         ),
-        _worst(
+        worst(
             "peak memory of forward+backward <= torch varlen_attn's (ratio)",
             {
                 w: ratio(r.timing.peak_mb, by_impl[(w, "torch varlen_attn")].timing.peak_mb)
@@ -304,7 +288,7 @@ def kernel_times(record: dict) -> dict[str, dict[str, float]]:
     work lists, the padding fills, the delta pass, autograd's .grad accumulation and the host
     dispatch where it cannot keep ahead of the GPU (short documents). A shape class is timed on
     the first call that reaches it, so a later workload of the same class is left out."""
-    from varlen_workbench.kernels.varlen.launch import SHAPE_CLASS_FIELDS, shape_class
+    from varlen_workbench.kernels.varlen.tuner import SHAPE_CLASS_FIELDS, shape_class  # Triton: only when asked
 
     # Records from before sliding windows lack the field: their classes had none; nor had they a
     # head dim of v's own.
@@ -401,45 +385,6 @@ def format_profile(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_targets(found: list[Target], fastest: list[Target] | None = None) -> str:
-    """One line per target: its worst ratio on the medians, whether it is met, where; with
-    `fastest` (the same targets judged on `fastest_calls`), that verdict beside it."""
-    judged = {t.name: t for t in fastest or ()}
-    extra = f" {'fastest':>7}  {'met':<4}" if fastest is not None else ""
-    lines = [f"{'target':<76} {'median':>7}  {'met':<4}{extra} worst case (median)"]
-    for t in found:
-        line = f"{t.name:<76} {t.measured:>7.3f}  {'yes' if t.met else 'NO':<4}"
-        if fastest is not None:
-            f = judged.get(t.name)
-            line += f" {f.measured:>7.3f}  {'yes' if f.met else 'NO':<4}" if f else f" {'-':>7}  {'-':<4}"
-        lines.append(f"{line} {t.worst_case}")
-    return "\n".join(lines)
-
-
-def targets_summary(found: list[Target], fastest: list[Target]) -> str:
-    """The verdict on the targets as Markdown, from the same two judgements `format_targets` prints
-    (medians, and the fastest calls): which hold, which a fastest call misses and by how much, and
-    which fail either way. Nothing in it is typed: a re-recorded run re-words it."""
-    on_fastest = {t.name: t for t in fastest}
-    held = [t for t in found if t.met]
-    missed = [on_fastest[t.name] for t in held if t.name in on_fastest and not on_fastest[t.name].met]
-    failing = [t for t in found if not t.met and not (t.name in on_fastest and on_fastest[t.name].met)]
-    lines = [f"**{len(held)} of {len(found)} targets hold on the medians:**", ""]
-    lines += [f"- {t.name}" for t in held]
-    if missed:
-        lines += ["", "**On the fastest calls the same hold but:**", ""]
-        lines += [
-            f"- {t.name}: {t.measured:.3f}, {abs(t.measured / t.bound - 1):.1%} short of its bound, on {t.worst_case}"
-            for t in missed
-        ]
-    else:
-        lines += ["", "They hold on the fastest calls too."]
-    if failing:
-        lines += ["", f"**The {len(failing)} others fail on their worst workload, on the medians and on the fastest calls:**", ""]
-        lines += [f"- {t.name}: {t.measured:.3f} on {t.worst_case}" for t in failing]
-    return "\n".join(lines)
-
-
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -457,16 +402,9 @@ TIMINGS_HEADER = (
 )
 
 
-def ms_with_fastest(median: float | None, fastest: float | None) -> str:
-    """A median time in ms with the fastest timed call in brackets, where the record kept one."""
-    return "-" if median is None else f"{median:.3f}" if fastest is None else f"{median:.3f} ({fastest:.3f})"
-
-
 def timings_table(rows: list[Row]):
     """One line per (workload, implementation) measured: a `varlen_workbench.workbench.postmortem.Table` (text in a
     terminal, an HTML table folded past its first rows on the site)."""
-    from varlen_workbench.workbench.postmortem import table
-
     cells = []
     for r in rows:
         t = r.timing
@@ -503,43 +441,6 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def to_record(rows: list[Row], tiles: list[dict] | None = None) -> dict:
-    """The record's payload (`write_record` adds the provenance); `tiles` is what the tuner chose
-    for our kernel (tuner().report())."""
-    return {
-        "rows": [
-            {
-                "workload": r.workload,
-                "impl": r.impl,
-                **{k: v for k, v in vars(r.timing).items()},
-                "tflops_fwd": r.tflops_fwd,
-                "tflops_fwd_bwd": r.tflops_fwd_bwd,
-                "gbs_fwd": r.gbs_fwd,
-                "ratios": r.ratios,
-            }
-            for r in rows
-        ],
-        "tiles": tiles or [],
-    }
-
-
-def rows_from_record(record: dict) -> list[Row]:
-    """The rows of a record written by `to_record`, for `format_table` and the plots."""
-    timing_fields = set(Timing.__dataclass_fields__)
-    return [
-        Row(
-            r["workload"],
-            r["impl"],
-            Timing(**{k: r[k] for k in timing_fields if k in r}),  # older records lack host_ms
-            r["tflops_fwd"],
-            r["tflops_fwd_bwd"],
-            r["gbs_fwd"],
-            dict(r["ratios"]),
-        )
-        for r in record["rows"]
-    ]
-
-
 def fastest_calls(rows: list[Row]) -> list[Row]:
     """The rows with each time replaced by its fastest timed call (the median where a record kept
     none) and the peers' ratios recomputed from those: the targets judged on these and on the
@@ -565,10 +466,6 @@ def speed_table(peer: str, records: list[dict] | None = None):
     """Our kernel's forward+backward time beside `peer`'s, per workload both ran in the committed
     benchmark (every data/gpu/bench-*.json, merged): the median with the fastest call in brackets,
     and the speed-up (> 1: ours is faster) on the medians and on the fastest calls."""
-    from varlen_workbench.workbench.bench.kernels import RECORD_COMMAND
-    from varlen_workbench.workbench.postmortem import table
-    from varlen_workbench.workbench.records import load_records
-
     record = merge_records(records or load_records("bench-*.json", how=RECORD_COMMAND))
     rows = rows_from_record(record)
     by = {(r.workload, r.impl): r for r in rows if not r.timing.error}
@@ -693,181 +590,3 @@ def plot_ratios(record: dict, axes=None):
 
 
 # -- the training step (varlen_workbench.workbench.bench.stepbench) ---------------------------------------------------
-
-# Issue 34's targets for the whole step: the peer's step time over the default's (> 1: the default is faster).
-TRAIN_STEP_TARGETS = {BARE_FA4: 0.97, VARLEN_ATTN: 1.0, PADDED_SDPA: 1.5}
-
-
-def load_train_step(path: Path = GPU_DATA / "train-step-h200.json") -> dict[str, Any]:
-    """The committed training-step record (`python -m varlen_workbench.workbench.bench.stepbench --record ...`)."""
-    return read_record(path, how=STEP_RECORD_COMMAND)
-
-
-def train_step_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per implementation timed beside the default: its step time over the default's, on the
-    medians and on the fastest steps ({"median": x, "fastest": y}; > 1: the default is faster)."""
-    timed = {r["impl"]: r for r in rows if r.get("median_ms")}
-    ours = timed.get(DEFAULT)
-    if ours is None:
-        return {}
-    return {
-        name: {"median": r["median_ms"] / ours["median_ms"], "fastest": r["min_ms"] / ours["min_ms"]}
-        for name, r in timed.items()
-        if name != DEFAULT
-    }
-
-
-OUR_SYNCS_PER_FORWARD = 1  # issue 34: our code syncs at most once per forward, whatever the batch kind, never per layer
-
-
-def our_forward_syncs(record: dict[str, Any]) -> dict[str, int]:
-    """Per batch kind counted (`batch_syncs`), the host syncs our code made in the step's forward."""
-    return {
-        kind: syncs["by_phase"].get("forward", {}).get("ours", 0)
-        for kind, syncs in record.get("batch_syncs", {}).items()
-        if "error" not in syncs
-    }
-
-
-def train_step_targets(record: dict[str, Any]) -> tuple[list[Target], list[Target]]:
-    """The step's targets judged on the medians and on the fastest steps, the host-sync target
-    (a count: judged once, with the medians) on every batch kind counted; a target whose
-    measurement is missing is left out (`format_train_step` names it and why)."""
-    ratios = train_step_ratios(record["rows"])
-    documents = record["shape"]["size"]["documents"]
-    where = f"{len(documents)} documents, {sum(documents)} tokens packed"
-    medians, fastest = (
-        [
-            Target(f"training step: the default >= {bound}x {peer}", ratios[peer][which], bound, True, where)
-            for peer, bound in TRAIN_STEP_TARGETS.items()
-            if peer in ratios
-        ]
-        for which in ("median", "fastest")
-    )
-    syncs = _worst(
-        f"host syncs of our code per forward <= {OUR_SYNCS_PER_FORWARD}, every batch kind (default backend)",
-        {kind: float(n) for kind, n in our_forward_syncs(record).items()},
-        OUR_SYNCS_PER_FORWARD,
-        False,
-    )
-    return medians + ([syncs] if syncs else []), fastest
-
-
-def _by_owner(syncs: dict[str, Any] | None) -> str:
-    return "-" if syncs is None else " / ".join(str(syncs["by_owner"][o]) for o in OWNERS)
-
-
-def _by_phase(syncs: dict[str, Any] | None, owner: str | None = None) -> str:
-    """Host syncs per phase ("forward / backward"), of `owner`'s code or everyone's."""
-    if syncs is None:
-        return "-"
-    counts = [syncs["by_phase"].get(phase, {}) for phase in PHASES]
-    return " / ".join(str(c.get(owner, 0) if owner else sum(c.values())) for c in counts)
-
-
-def batch_syncs_table(record: dict[str, Any]):
-    """Per batch kind, the host syncs of one step through our swap (the default backend): all,
-    by owner, and ours and transformers' per phase."""
-    from varlen_workbench.workbench.postmortem import table
-
-    cells = []
-    for kind, syncs in record.get("batch_syncs", {}).items():
-        if "error" in syncs:
-            cells.append((kind, f"failed: {syncs['error']}", "-", "-", "-"))
-            continue
-        cells.append(
-            (kind, str(syncs["host_syncs"]), _by_owner(syncs), _by_phase(syncs, "ours"), _by_phase(syncs, "transformers"))
-        )
-    phases = " / ".join(PHASES)
-    header = ("batch", "host syncs", " / ".join(OWNERS), f"ours: {phases}", f"transformers: {phases}")
-    return table(header, cells, title="host syncs per step of our swap, per batch kind", fold=len(cells))
-
-
-def train_step_table(record: dict[str, Any]):
-    """One line per implementation: its step time (median, fastest in brackets), the default's
-    speed-up over it, its host syncs per step by owner and by phase, peak memory, loss, and a
-    note: why it was skipped, its error, or what it is."""
-    from varlen_workbench.workbench.postmortem import table
-
-    ratios = train_step_ratios(record["rows"])
-    cells = []
-    for r in record["rows"]:
-        note = r["detail"] if r["status"] == "ran" else f"{r['status']}: {r['detail']}"
-        if r["status"] != "ran":
-            cells.append((r["impl"], *["-"] * 7, note))
-            continue
-        ratio_ = ratios.get(r["impl"])
-        syncs = r["syncs"]
-        cells.append(
-            (
-                r["impl"],
-                ms_with_fastest(r["median_ms"], r["min_ms"]),
-                "-" if ratio_ is None else f"{ratio_['median']:.3f}x ({ratio_['fastest']:.3f}x)",
-                "-" if syncs is None else str(syncs["host_syncs"]),
-                _by_owner(syncs),
-                _by_phase(syncs),
-                "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}",
-                f"{r['loss']:.4f}",
-                note,
-            )
-        )
-    header = (
-        "implementation",
-        "step ms median (min)",
-        "default's speed-up median (min)",
-        "host syncs",
-        " / ".join(OWNERS),
-        " / ".join(PHASES),
-        "peak MB",
-        "loss",
-        "note",
-    )
-    size, device = record["shape"]["size"], record["provenance"]["device"]
-    title = f"{size['layers']}-layer Llama, {sum(size['documents'])} tokens in {len(size['documents'])} documents, on {device}"
-    return table(header, cells, title=title, fold=len(cells))
-
-
-def sync_examples(record: dict[str, Any], frames: int = 8) -> str:
-    """Per implementation (and per batch kind of the default) and owner, the first host sync's
-    call and its innermost `frames` frames."""
-    counted = [(r["impl"], r.get("syncs")) for r in record["rows"]]
-    counted += [(f"{DEFAULT}, {kind} batch", syncs) for kind, syncs in record.get("batch_syncs", {}).items()]
-    lines = []
-    for name, syncs in counted:
-        for who, stack in ((syncs or {}).get("examples") or {}).items():
-            lines.append(f"{name}, {who}: {stack[0]}")
-            lines += [f"    {frame}" for frame in stack[1 : frames + 1]]
-    return "\n".join(lines)
-
-
-def format_train_step(record: dict[str, Any]) -> str:
-    """What `python -m varlen_workbench.workbench.bench.stepbench` prints: the table, the targets side by side on the
-    medians and the fastest steps, the targets not judged and why, one example stack per owner."""
-    medians, fastest = train_step_targets(record)
-    timed = train_step_ratios(record["rows"])
-    rows = {r["impl"]: r for r in record["rows"]}
-
-    def why(peer: str) -> str:
-        if not timed:
-            return "the default was not timed"
-        row = rows.get(peer)
-        return "not run" if row is None else f"{row['status']}: {row['detail']}" if row["status"] != "ran" else "untimed"
-
-    missing = [
-        f"not judged: the default >= {bound}x {peer} ({why(peer)})"
-        for peer, bound in TRAIN_STEP_TARGETS.items()
-        if peer not in timed
-    ]
-    if not our_forward_syncs(record):
-        missing.append("not judged: host syncs of our code per forward (no batch kind counted: a CUDA run counts them)")
-    parts = [str(train_step_table(record))]
-    if record.get("batch_syncs"):
-        parts.append(str(batch_syncs_table(record)))
-    if medians:
-        parts.append(format_targets(medians, fastest))
-    if missing:
-        parts.append("\n".join(missing))
-    examples = sync_examples(record)
-    if examples:
-        parts.append("host syncs, one example per implementation and owner (innermost frame first):\n" + examples)
-    return "\n\n".join(parts)
