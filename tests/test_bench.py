@@ -137,16 +137,17 @@ def test_shape_and_impl_filters_are_checked_before_timing():
 def test_compile_candidates_runs_forward_and_backward_pinned(monkeypatch):
     """The precompile job: candidate `index` of every kernel pinned, on a small batch."""
     from varlen_workbench.kernels.varlen import launch
+    from varlen_workbench.kernels.varlen.tuner import TileTuner
     from varlen_workbench.workbench.bench.kernels import _compile_candidates
 
     seen = []
-    real = launch.TileTuner.launch
+    real = TileTuner.launch
 
     def spy(self, key, candidates, launch_fn, work):
         seen.append((key[0], self.pins.get(key[0])))
         return real(self, key, candidates, launch_fn, work)
 
-    monkeypatch.setattr(launch.TileTuner, "launch", spy)
+    monkeypatch.setattr(TileTuner, "launch", spy)
     _compile_candidates(Case((5,), heads=2, head_dim=16, causal=True), index=3, device=str(default_device()))
     expected = {k: launch.candidate_tiles(k, 16, torch.float32, default_device()) for k in ("forward", "dkdv", "dq")}
     assert [k for k, _ in seen] == ["forward", "dq", "dkdv"]  # dQ first: it writes delta
