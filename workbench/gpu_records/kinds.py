@@ -172,14 +172,14 @@ KINDS: tuple[RecordKind, ...] = (
     ),
     RecordKind(
         r"real-client-h200\.json",
-        (*OURS, "workbench/instruments/realclient.py"),
+        (*OURS, "workbench/instruments/realclient.py", "workbench/reference.py"),
         ("torch", "triton"),
         "python -m varlen_workbench.workbench.instruments.realclient --size h200 --device cuda --record {file}",
         5.0,
     ),
     RecordKind(
         r"real-client-h200-fa4\.json",
-        (*OURS, "workbench/instruments/realclient.py"),
+        (*OURS, "workbench/instruments/realclient.py", "workbench/reference.py"),
         ("torch", "triton", "flash-attn-4"),
         "python -m varlen_workbench.workbench.instruments.realclient --size h200 --device cuda "
         "--backends 'FlashAttention-4 varlen' --record {file}",
