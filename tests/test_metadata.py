@@ -23,14 +23,15 @@ def _metadata(batch, **extra) -> VarlenMetadata:
     return VarlenMetadata(batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k, **padded, **extra)
 
 
-def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes():
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes(backend):
     batch = pack(CASE)
     positional = batch.fresh()
-    out = positional.call(varlen_attention, return_lse=True)
+    out = positional.call(varlen_attention, return_lse=True, backend=backend)
     torch.autograd.backward(out[0], torch.ones_like(out[0]))
     explicit = batch.fresh()
     step = _metadata(explicit)
-    again = varlen_attention(explicit.q, explicit.k, explicit.v, metadata=step, causal=True, return_lse=True)
+    again = varlen_attention(explicit.q, explicit.k, explicit.v, metadata=step, causal=True, return_lse=True, backend=backend)
     torch.autograd.backward(again[0], torch.ones_like(again[0]))
     for a, b in zip(
         (*out, positional.q.grad, positional.k.grad, positional.v.grad), (*again, *(t.grad for t in explicit.inputs().values()))
@@ -39,13 +40,13 @@ def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes()
 
 
 def test_every_layer_of_a_step_reuses_what_the_first_made():
-    """After the first call: no new work lists, no new boundaries, no check."""
+    """After the first call: no new work lists (the Triton kernel's), no new boundaries, no check."""
     batch = pack(CASE)
     step = _metadata(batch)
-    varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True)
+    varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True, backend="triton")
     made = (step.work, step.boundaries)
     for _ in range(2):
-        varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True)
+        varlen_attention(batch.q, batch.k, batch.v, metadata=step, causal=True, backend="triton")
     assert step.work is made[0] and step.boundaries is made[1]
 
 
