@@ -39,36 +39,6 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _triton_kernel_on_the_cpu(request):
-    """Every test runs with the Triton interpreter asked for on a CPU-only machine, so that
-    `backend="auto"` there means our Triton kernel, as the suite was written to test it.
-
-    Why a switch and not pins: on CPU tensors "auto" runs the torch backend (per-document SDPA)
-    unless the interpreter is asked for, and the suite reaches `varlen_attention` with no
-    `backend=` in about 130 places across 40 test files, and more through paths that call it as a
-    user does (the Hugging Face swap, the audit's `ours` adapter, the tiny LM). The post-mortems and
-    the notebooks pin `backend="triton"` themselves (`varlen_attention_triton`); the tests keep this
-    switch. It changes nothing but the backend "auto" picks (Triton launches on CPU tensors are
-    interpreted either way).
-
-    What it must not hide: "auto" as a user has it. A test of the default marks itself
-    `auto_backend` (tests/test_backends.py, tests/test_kernel_runtime.py) and sees the torch
-    backend on the CPU. On a CUDA machine the switch is off (the interpreter would take CUDA
-    tensors too), so a test there that calls "auto" on CPU tensors gets the torch backend.
-    """
-    import torch
-
-    from varlen_workbench.kernels.runtime import use_interpreter
-
-    if request.node.get_closest_marker("auto_backend") or torch.cuda.is_available():
-        yield
-        return
-    with use_interpreter():
-        yield
-
-
 REPO = Path(__file__).resolve().parent.parent
 PLANTED_BUG = """from varlen_workbench.workbench.reference import reference_attention
 

@@ -1,4 +1,4 @@
-"""The audit's layout fuzzer: what it draws, how it shrinks, and 50 layouts of our kernel."""
+"""The audit's layout fuzzer: what it draws, how it shrinks, and 50 layouts of our Triton kernel."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_audit import oracle, tail_unwritten, varlen_attn_210, window_left_ignored
 
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.workbench.audit import adapt, fuzz
 from varlen_workbench.workbench.audit.fuzz import PROFILES, candidates, random_case, run_layout, size
 from varlen_workbench.workbench.audit.snippets import torch_snippet
@@ -99,7 +99,7 @@ def test_time_limit_stops_the_fuzzer_and_says_so():
 @pytest.mark.slow
 def test_our_kernel_survives_50_fuzzed_layouts():
     start = time.perf_counter()
-    result = fuzz(adapt(varlen_attention), 50, seed=2026, profile=PROFILES["tiny"])
+    result = fuzz(adapt(varlen_attention_triton), 50, seed=2026, profile=PROFILES["tiny"])
     assert result.tried == 50 and not result.stopped_early
     assert result.failures == [], "\n\n".join(f.snippet for f in result.failures)
     print(f"{result.summary()} ({time.perf_counter() - start:.0f} s)")
@@ -108,7 +108,7 @@ def test_our_kernel_survives_50_fuzzed_layouts():
 def test_fp32_one_key_gradient_is_within_the_floored_bound():
     """The fuzzer's find that fixed varlen_workbench.workbench.bounds: with one key dk is exactly 0 in fp64, and
     the kernel's fp32 rounding (~1 ulp) must not fail a bound of 3 x max(PyTorch's 0 error, 1 ulp)."""
-    record = probe(varlen_attention, pack(Case((1,), heads=1, head_dim=16)))
+    record = probe(varlen_attention_triton, pack(Case((1,), heads=1, head_dim=16)))
     assert record.real_within_bound, record.errors
 
 

@@ -1,20 +1,20 @@
-"""`varlen-workbench audit` on our own kernel: every check holds (the default audit, fuzzer apart)."""
+"""`varlen-workbench audit` on our own Triton kernel, pinned (`varlen_attention_triton`: "auto" on the
+CPU is the torch backend): every check holds (the default audit, fuzzer apart)."""
 
 from __future__ import annotations
 
 import pytest
 
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention_triton
 from varlen_workbench.workbench.audit import CHECKS, audit
 from varlen_workbench.workbench.malformed import CATALOGUE
 
 
 @pytest.mark.slow
 def test_our_kernel_passes_every_check():
-    report = audit(varlen_attention, budget=0)
-    # "auto" under the suite's interpreter switch (tests/conftest.py): the Triton kernel, named by the report
-    assert report.backend == "auto: triton" and "(adapter ours, backend auto: triton," in report.render()
-    assert report.adapter == "ours" and [r.name for r in report.results] == [n for n, c in CHECKS.items() if not c.distributed]
+    report = audit(varlen_attention_triton, budget=0)
+    assert report.backend == "triton" and "(adapter ours-triton, backend triton," in report.render()
+    assert [r.name for r in report.results] == [n for n, c in CHECKS.items() if not c.distributed]
     assert report.passed, report.table()
     assert (
         report.result("input-validation").evidence == f"{len(CATALOGUE)}/{len(CATALOGUE)} clear errors"

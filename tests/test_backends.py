@@ -109,7 +109,6 @@ def test_a_named_backend_that_cannot_take_the_call_says_why():
         batch.call(varlen.varlen_attention, backend="fa4")
 
 
-@pytest.mark.auto_backend
 def test_auto_on_the_cpu_is_the_torch_backend_unless_the_interpreter_is_asked_for():
     batch = pack(Case((3, 0, 5), seqlens_k=(4, 2, 0), padded_q=(4, 2, 7), tail_q=2, heads=4, kv_heads=2, head_dim=16))
     call = backends.Call(batch.q, batch.k, batch.v, batch.step_metadata(validate=True), False, 0.25, -1, -1, False, True)
@@ -120,7 +119,6 @@ def test_auto_on_the_cpu_is_the_torch_backend_unless_the_interpreter_is_asked_fo
     assert torch.equal(batch.call(varlen.varlen_attention), batch.call(varlen.varlen_attention, backend="torch"))
 
 
-@pytest.mark.auto_backend
 def test_the_real_client_page_says_which_backend_ours_ran_on():
     from varlen_workbench.workbench.instruments.realclient import ours_backend
 
@@ -129,14 +127,6 @@ def test_the_real_client_page_says_which_backend_ours_ran_on():
         assert ours_backend("cpu") == "triton"
 
 
-def test_the_suite_means_the_triton_kernel_on_the_cpu():
-    """tests/conftest.py's switch: an unmarked test's "auto" on CPU tensors is the Triton kernel."""
-    from varlen_workbench.workbench.instruments.realclient import ours_backend
-
-    assert ours_backend("cpu") == ("torch" if torch.cuda.is_available() else "triton")
-
-
-@pytest.mark.auto_backend
 def test_a_cpu_audit_of_ours_says_which_backend_it_audited():
     from varlen_workbench.workbench.audit import audit
     from varlen_workbench.workbench.audit.adapters.varlen import audited_backend

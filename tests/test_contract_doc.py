@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from varlen_workbench.kernels.varlen import varlen_attention
@@ -103,7 +104,8 @@ def test_mask_pictures_are_the_oracles_mask():
     assert {(True, False, False, True), (True, False, True, False), (False, True, True, False)} <= drawn_kinds
 
 
-def test_what_each_row_holds():
+@pytest.mark.parametrize("backend", ["triton", "torch"])  # the contract, whichever backend computes
+def test_what_each_row_holds(backend):
     """The doc's table, on a layout with every kind of row: GAP and TAIL rows holding NaN, a
     causal sequence with queries that see no key, an empty key sequence, and a sequence whose
     real keys no query sees; outputs and gradients in NaN-poisoned memory."""
@@ -121,7 +123,7 @@ def test_what_each_row_holds():
     )
     batch = pack(case)  # the kernels' device: the interpreter on CPU, natively on CUDA
     with poisoned_memory(cuda_prefill_mb=64):
-        out, lse = varlen_attention(*batch.args(), **batch.kwargs(), return_lse=True)
+        out, lse = varlen_attention(*batch.args(), **batch.kwargs(), return_lse=True, backend=backend)
         (out.sum() + lse[lse.isfinite()].sum()).backward()
     out, lse = out.detach().cpu(), lse.detach().cpu()
     q, k = batch.q.detach().cpu(), batch.k.detach().cpu()
@@ -147,8 +149,9 @@ def test_what_each_row_holds():
     assert torch.allclose(lse[0, row].double(), torch.logsumexp(scores, 0), atol=1e-5)
 
 
-def test_what_each_row_holds_under_a_window():
-    """The Windows section, on the kernel: REAL query rows whose window holds no key (len_q > len_k
+@pytest.mark.parametrize("backend", ["triton", "torch"])  # the contract, whichever backend computes
+def test_what_each_row_holds_under_a_window(backend):
+    """The Windows section, on each backend: REAL query rows whose window holds no key (len_q > len_k
     under a zero-width window, an empty key side) give out 0, lse -inf, dq 0; keys no window
     reaches give dk = dv = 0; GAP and TAIL rows stay exactly 0; NaN padding and poisoned memory."""
     case = Case(
@@ -165,7 +168,7 @@ def test_what_each_row_holds_under_a_window():
     )
     batch = pack(case)
     with poisoned_memory(cuda_prefill_mb=64):
-        out, lse = batch.call(varlen_attention, return_lse=True)
+        out, lse = batch.call(varlen_attention, return_lse=True, backend=backend)
         (out.sum() + lse[lse.isfinite()].sum()).backward()
     out, lse = out.detach().cpu(), lse.detach().cpu()
     dq, dk, dv = (t.grad.cpu() for t in (batch.q, batch.k, batch.v))

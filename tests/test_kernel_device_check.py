@@ -8,7 +8,8 @@ behind a check (`HeldEvent`) keeps it "running on the device" until a test lets 
 show when its verdict is read: a positional call waits for it before it returns; a call on a
 `VarlenMetadata` never waits in its forward, raises the error at the object's next use once the
 device has reported it, at `check()`, and in its backward before any gradient leaves, and
-until then its outputs are NaN.
+until then its outputs are NaN. Calls pin the Triton kernel (`varlen_attention_triton`): on CPU
+tensors "auto" is the torch backend, which waits for the verdict and launches none of this.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import pytest
 import torch
 
 import varlen_workbench.kernels.varlen.metadata as metadata
-import varlen_workbench.kernels.varlen.op as op
 from varlen_workbench.kernels import caches
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.contract import check_cu_seqlens
-from varlen_workbench.kernels.varlen import VarlenMetadata
+from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention_triton
 from varlen_workbench.kernels.varlen.device_check import CHUNK, check_on_device
 from varlen_workbench.kernels.varlen.launch import work_lists
 from varlen_workbench.workbench.layout import Case, pack
@@ -44,7 +44,7 @@ def fresh_memo(monkeypatch):
 
 @pytest.fixture
 def device_path(monkeypatch):
-    """varlen_attention as it runs natively: the metadata's values checked by the kernel."""
+    """varlen_attention_triton as it runs natively: the metadata's values checked by the kernel."""
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
 
 
@@ -60,10 +60,10 @@ def _raised(call) -> tuple[type, str] | None:
 def test_the_device_path_raises_what_the_host_path_raises(case, monkeypatch):
     positional, keywords = split_call(case.build(base_args(device=default_device())))
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: False)
-    host = _raised(lambda: op.varlen_attention(*positional, **keywords))
+    host = _raised(lambda: varlen_attention_triton(*positional, **keywords))
     monkeypatch.setattr(metadata, "checks_on_device", lambda boundary: True)
     monkeypatch.setattr(caches, "LAST", caches.Memo())  # nothing remembered from the host call
-    assert _raised(lambda: op.varlen_attention(*positional, **keywords)) == host
+    assert _raised(lambda: varlen_attention_triton(*positional, **keywords)) == host
     assert host is not None and host[0] is case.exception
 
 
@@ -72,8 +72,8 @@ def test_the_device_path_computes_what_the_host_path_computes(device_path):
     args = base_args(device=default_device())
     args["max_seqlen_q"], args["max_seqlen_k"] = np.int64(args["max_seqlen_q"]), np.int32(args["max_seqlen_k"])
     positional, keywords = split_call(args)
-    on_device = op.varlen_attention(*positional, **keywords, return_lse=True)
-    host = op.varlen_attention(*positional, **keywords, return_lse=True, validate=False)
+    on_device = varlen_attention_triton(*positional, **keywords, return_lse=True)
+    host = varlen_attention_triton(*positional, **keywords, return_lse=True, validate=False)
     for a, b in zip(on_device, host):
         assert torch.equal(a, b)
 
@@ -159,7 +159,7 @@ def test_validation_inside_a_cuda_graph_capture_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(metadata, "capturing", lambda: True)
     positional, keywords = split_call(base_args(device=default_device()))
     with pytest.raises(ValueError, match="a CUDA graph capture allows no wait; build the VarlenMetadata before capturing"):
-        op.varlen_attention(*positional, **keywords)
+        varlen_attention_triton(*positional, **keywords)
 
 
 # -- when a failure surfaces ---------------------------------------------------------------------
@@ -198,7 +198,7 @@ def held(device_path, monkeypatch):
 
 def _call(args: dict, **extra):
     positional, keywords = split_call(args)
-    return op.varlen_attention(*positional, **keywords, **extra)
+    return varlen_attention_triton(*positional, **keywords, **extra)
 
 
 BOUNDARIES = ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_q_padded", "cu_seqlens_k_padded")
@@ -214,7 +214,7 @@ def _metadata(args: dict) -> VarlenMetadata:
 
 def _on(args: dict, batch: VarlenMetadata, **extra):
     """A call on `batch` with args' q, k, v."""
-    return op.varlen_attention(args["q"], args["k"], args["v"], metadata=batch, **extra)
+    return varlen_attention_triton(args["q"], args["k"], args["v"], metadata=batch, **extra)
 
 
 def _malformed(requires_grad: bool) -> dict:
@@ -361,11 +361,11 @@ def test_metadata_and_boundaries_together_are_a_clear_error():
     args = base_args(device=default_device())
     positional, keywords = split_call(args)
     with pytest.raises(ValueError, match="got metadata= and cu_seqlens_q, cu_seqlens_k"):
-        op.varlen_attention(*positional, **keywords, metadata=_metadata(args))
+        varlen_attention_triton(*positional, **keywords, metadata=_metadata(args))
     with pytest.raises(ValueError, match="got metadata= and validate"):
         _on(args, _metadata(args), validate=False)
     with pytest.raises(TypeError, match="cu_seqlens_k, max_seqlen_q, max_seqlen_k missing"):
-        op.varlen_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"])
+        varlen_attention_triton(args["q"], args["k"], args["v"], args["cu_seqlens_q"])
 
 
 @pytest.mark.slow
@@ -410,7 +410,7 @@ def test_calls_on_checked_metadata_launch_only_what_it_needs(device_path, monkey
     results = []
     for validate in (True, True, False):
         fresh = batch.fresh()
-        out = fresh.call(op.varlen_attention, validate=validate)
+        out = fresh.call(varlen_attention_triton, validate=validate)
         out.backward(torch.ones_like(out))
         results.append((out, fresh.q.grad, fresh.k.grad, fresh.v.grad))
     # the interpreter runs the check before returning: its outcome is known from the first call on

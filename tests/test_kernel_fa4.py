@@ -25,7 +25,7 @@ import varlen_workbench.kernels.varlen.fa4 as fa4
 from tests.test_kernel_varlen import nan_on_padding
 from varlen_workbench.kernels import caches
 from varlen_workbench.kernels._compat import default_device
-from varlen_workbench.kernels.runtime import interpreted
+from varlen_workbench.kernels.runtime import interpreted, use_interpreter
 from varlen_workbench.kernels.varlen import VarlenMetadata, varlen_attention
 from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Region, pack, region_labels
@@ -392,7 +392,8 @@ def test_a_returned_lse_is_minus_inf_on_padding_and_keyless_rows(fake_fa4, case)
 def test_what_fa4_cannot_express_runs_on_triton_under_auto_and_is_refused_under_fa4(fake_fa4, monkeypatch, change, reason):
     monkeypatch.setattr(fa4, "device_capability", lambda device: (10, 0))  # a B200: FA4 takes 192 with v of 128 only
     batch = pack(CAUSAL.with_(**change))
-    out = batch.call(varlen_attention, backend="auto")
+    with use_interpreter():  # "auto" as on a GPU: on CPU tensors the torch backend outranks the Triton kernel
+        out = batch.call(varlen_attention, backend="auto")
     assert not fake_fa4.calls and torch.equal(out, batch.call(varlen_attention, backend="triton"))
     with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: .*{reason}.*backend="auto"'):
         batch.call(varlen_attention, backend="fa4")
@@ -417,7 +418,8 @@ def test_auto_takes_fa4_at_the_head_dims_fa4_takes_on_the_gpu(fake_fa4, monkeypa
     monkeypatch.setattr(fa4, "device_capability", lambda device: (major, 0))
     head_dim, head_dim_v = dims
     batch = pack(LONGER.with_(head_dim=head_dim, head_dim_v=head_dim_v))  # the rule's pick is FA4 where FA4 can run it
-    out = batch.call(varlen_attention, backend="auto")
+    with use_interpreter():  # "auto" as on a GPU: on CPU tensors the torch backend outranks the Triton kernel
+        out = batch.call(varlen_attention, backend="auto")
     assert out.shape == (batch.q.shape[0], 2, head_dim_v or head_dim)
     assert bool(fake_fa4.calls) == takes
     assert fa4.fa4_takes_head_dims(head_dim, head_dim_v or head_dim, major) == takes
@@ -448,14 +450,15 @@ def test_the_default_takes_the_faster_backend_by_the_rule(fake_fa4, case, on_fa4
     """backend="auto", the default, runs FA4 where it can run the call and the record's rule
     (varlen_workbench.kernels.varlen.backends) says FA4 is the faster; the Triton kernel elsewhere."""
     batch = pack(case)
-    out = batch.call(varlen_attention)
-    assert bool(fake_fa4.calls) == on_fa4
-    if not on_fa4:
-        assert torch.equal(out, batch.call(varlen_attention, backend="triton"))
-        return
-    fresh = batch.fresh(requires_grad=True)
-    fresh.call(varlen_attention, return_lse=True, backend="auto")  # lse with a gradient: ours
-    fresh.call(varlen_attention, validate=False, backend="auto")  # max_seqlen unchecked: ours
+    with use_interpreter():  # "auto" as on a GPU: on CPU tensors the torch backend outranks the Triton kernel
+        out = batch.call(varlen_attention)
+        assert bool(fake_fa4.calls) == on_fa4
+        if not on_fa4:
+            assert torch.equal(out, batch.call(varlen_attention, backend="triton"))
+            return
+        fresh = batch.fresh(requires_grad=True)
+        fresh.call(varlen_attention, return_lse=True, backend="auto")  # lse with a gradient: ours
+        fresh.call(varlen_attention, validate=False, backend="auto")  # max_seqlen unchecked: ours
     assert len(fake_fa4.calls) == 1
     with pytest.raises(ValueError, match="lse carries no gradient"):
         fresh.call(varlen_attention, return_lse=True, backend="fa4")
@@ -484,7 +487,9 @@ def test_without_the_pinned_fa4_auto_runs_triton_and_fa4_is_a_clear_error(monkey
     monkeypatch.setattr(fa4, "installed_version", lambda: installed)  # also where flash-attn-4 is installed
     monkeypatch.setattr(fa4, "platform_reason", lambda q: None)  # as on an H200
     batch = pack(CAUSAL)
-    assert torch.equal(batch.call(varlen_attention, backend="auto"), batch.call(varlen_attention, backend="triton"))
+    with use_interpreter():  # "auto" as on a GPU: on CPU tensors the torch backend outranks the Triton kernel
+        auto = batch.call(varlen_attention, backend="auto")
+    assert torch.equal(auto, batch.call(varlen_attention, backend="triton"))
     with pytest.raises(ValueError, match=rf'backend="fa4" cannot run this call: {reason}'):
         batch.call(varlen_attention, backend="fa4")
     with pytest.raises(ValueError, match="backend = 'flash' is not one of 'auto', 'triton', 'fa4', 'torch'"):

@@ -25,8 +25,6 @@ from varlen_workbench.kernels.runtime import _first_tensor_on_cpu, interpreted, 
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.auto_backend  # the runtime's own rule, without the suite's interpreter switch
-
 
 @jit
 def _reduce(x):

@@ -28,14 +28,15 @@ def _metadata(batch, **extra) -> VarlenMetadata:
     )
 
 
-def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes():
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_call_on_metadata_computes_bitwise_what_the_positional_call_computes(backend):
     batch = pack(CASE)
     positional = batch.fresh()
-    out = positional.call(varlen_attention, return_lse=True)
+    out = positional.call(varlen_attention, return_lse=True, backend=backend)
     torch.autograd.backward(out[0], torch.ones_like(out[0]))
     explicit = batch.fresh()
     step = _metadata(explicit)
-    again = varlen_attention(explicit.q, explicit.k, explicit.v, metadata=step, causal=True, return_lse=True)
+    again = varlen_attention(explicit.q, explicit.k, explicit.v, metadata=step, causal=True, return_lse=True, backend=backend)
     torch.autograd.backward(again[0], torch.ones_like(again[0]))
     for a, b in zip(
         (*out, positional.q.grad, positional.k.grad, positional.v.grad), (*again, *(t.grad for t in explicit.inputs().values()))

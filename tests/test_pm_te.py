@@ -11,7 +11,7 @@ import torch
 
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.runtime import interpreted
-from varlen_workbench.kernels.varlen import varlen_attention
+from varlen_workbench.kernels.varlen import varlen_attention, varlen_attention_triton
 from varlen_workbench.postmortems import te_thd_2892 as pm
 from varlen_workbench.postmortems.te_thd_2892.training import boundary_runs, global_grad_norms, on_device, train_bidirectional
 from varlen_workbench.workbench.instruments.health import GradientHealth
@@ -39,7 +39,7 @@ def test_te_docstring_example_through_our_kernel():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_te_recipe_on_our_kernel(dtype):
-    result = pm.te_recipe(varlen_attention, (5, 9, 3, 12), dtype=dtype, seed=1)
+    result = pm.te_recipe(varlen_attention_triton, (5, 9, 3, 12), dtype=dtype, seed=1)
     assert sum(result.pads) > 0, "the drawn layout must contain padding between sequences"
     assert result.te_passes, result.te_error
     assert result.within_bound, [str(c) for c in result.checks.values()]

@@ -43,7 +43,7 @@ class WindowFinding:
     keyless_rows: int  # REAL query rows that see no key under the contract, with the window as given
     reset_applies: bool  # the window's right bound >= max_seqlen_k and some sequence has more queries than keys
     reset_error: float  # fp64 oracle: max |out(right bound reset to -1) - out(window as given)| on those rows
-    ours: str  # our kernel on the layout (CPU): "within bound" or its findings
+    ours: str  # our Triton kernel on the layout (CPU, interpreted): "within bound" or its findings
 
     @property
     def recorded_out_error(self) -> float | None:
@@ -79,7 +79,7 @@ def window_finding() -> WindowFinding | None:
     with torch.no_grad():
         given = reference_attention(*args, causal=case.causal, window_size=case.window)
         reset = reference_attention(*args, causal=case.causal, window_size=(left, -1))
-    _, findings = probe_layout(adapt("varlen_workbench.kernels.varlen:varlen_attention", adapter="ours"), case)
+    _, findings = probe_layout(adapt("varlen_workbench.kernels.varlen:varlen_attention_triton", adapter="ours-triton"), case)
     return WindowFinding(
         evidence=failure["evidence"],
         case=case,
