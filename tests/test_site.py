@@ -305,3 +305,18 @@ def test_a_figure_carries_its_cells_description_and_a_bare_figure_is_found():
     assert "wb-alt" not in nb.cells[0].outputs[0].get("metadata", {}), "the executed notebook stays intact"
     bare = ['<img src="a">', '<img src="a" alt="">', f'<img src="a" alt="{NO_ALT}">', '<img alt="a chart of errors" src="a">']
     assert undescribed_figures("".join(bare)) == 3
+
+
+_CSS_RULE = re.compile(r"([^{}]+)\{([^{}]*)\}")
+
+
+def test_figures_are_scaled_to_the_column_on_every_screen():
+    """site.css shows every figure whole (max-width 100%, height auto), on a phone too; only the
+    lightbox (site.js: a click opens a figure full size) lets a figure keep its drawn width."""
+    css = re.sub(r"/\*.*?\*/", "", (SITE / "static" / "site.css").read_text(), flags=re.DOTALL)
+    rules = [(selector.strip(), body) for selector, body in _CSS_RULE.findall(css)]
+    scaled = [s for s, body in rules if ".jp-RenderedImage img" in s and "max-width: 100%" in body and "height: auto" in body]
+    assert scaled, "no rule scales .jp-RenderedImage img to the column"
+    unscaled = [s for s, body in rules if "img" in s and "max-width: none" in body and not s.startswith(".wb-lightbox")]
+    assert unscaled == [], unscaled
+    assert "wb-lightbox" in (SITE / "static" / "site.js").read_text()

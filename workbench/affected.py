@@ -156,6 +156,35 @@ class MaskedBatch:
         return zero.masked_fill(~mask, float("-inf")).contiguous()
 
 
+# The padding a batch has, in the words the site's symptom routes use (varlen_workbench.workbench.symptoms).
+PADDING_KINDS = {
+    "right": "a padded batch (B, S, ...), each item's padding after its tokens",
+    "left": "a padded batch, each item's padding before its tokens",
+    "TAIL": "a packed buffer longer than its tokens: rows past cu_seqlens[-1]",
+    "GAP": "a packed batch with padding inside each sequence's slot (cu_seqlens_padded, seqused)",
+    "empty sequence": "a sequence with no token (or no key)",
+    "none": "no padding at all",
+}
+
+
+def padding_kinds(inputs: Case | MaskedBatch) -> frozenset[str]:
+    """The `PADDING_KINDS` a declared batch has, read off its fields: what a route to its layout may name."""
+    if isinstance(inputs, MaskedBatch):
+        lengths = (*inputs.lengths_k, *(inputs.lengths_q or ()))
+        padded = any(n < inputs.seq for n in lengths)
+        kinds = {("left" if inputs.left else "right") if padded else "none"}
+    else:
+        sides = ("q", "k")
+        kinds = {"TAIL"} if inputs.tail_q or inputs.tail_k else set()
+        if any(inputs.padded_lengths(side) != inputs.real_lengths(side) for side in sides):
+            kinds.add("GAP")
+        kinds = kinds or {"none"}
+        lengths = (*inputs.real_lengths("q"), *inputs.real_lengths("k"))
+    if 0 in lengths:
+        kinds.add("empty sequence")
+    return frozenset(kinds)
+
+
 @dataclass(frozen=True)
 class Layout:
     """One kind of batch a reader may pass, and what the page's bug does to it.

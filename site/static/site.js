@@ -3,6 +3,8 @@
 //   the URL fragment (#tag=...) so that a tag link on a post-mortem page lands filtered.
 // * post-mortem pages: "show all code" opens or folds every code input (each is a <details>);
 //   a long table's "N more rows" button unfolds its hidden rows (varlen_workbench.workbench.postmortem.Table).
+// * figures: one shown scaled down to the page's width opens full size on a tap, a click or Enter,
+//   over the page (the lightbox); a tap, Escape or its close button closes it.
 (function () {
   "use strict";
   var all = function (selector) { return Array.prototype.slice.call(document.querySelectorAll(selector)); };
@@ -61,4 +63,65 @@
       button.textContent = folded.hidden ? label : "fewer rows";
     });
   });
+
+  // -- figures full size --
+  var figures = all(".jp-RenderedImage img, img.wb-explorer-img");
+  if (!figures.length) { return; }
+  var box = document.createElement("div");
+  box.className = "wb-lightbox";
+  box.hidden = true;
+  box.setAttribute("role", "dialog");
+  box.setAttribute("aria-label", "figure, full size");
+  var big = document.createElement("img");
+  var close = document.createElement("button");
+  close.type = "button";
+  close.className = "wb-lightbox-close";
+  close.textContent = "close";
+  box.appendChild(close);
+  box.appendChild(big);
+  document.body.appendChild(box);
+  var opener = null;
+
+  function shut() {
+    box.hidden = true;
+    if (opener) { opener.focus(); }
+  }
+  function open(figure) {
+    opener = figure;
+    big.src = figure.currentSrc || figure.src;  // an explorer's current frame
+    big.alt = figure.alt;
+    box.hidden = false;
+    box.scrollTo(0, 0);
+    close.focus();
+  }
+  box.addEventListener("click", shut);
+  document.addEventListener("keydown", function (event) {
+    if (event.key === "Escape" && !box.hidden) { shut(); }
+  });
+  // Only a figure drawn smaller than its pixels gains from opening; the page's width decides which.
+  function mark() {
+    figures.forEach(function (figure) {
+      var scaled = figure.naturalWidth > figure.clientWidth + 1;
+      figure.classList.toggle("wb-zoomable", scaled);
+      if (scaled) {
+        figure.setAttribute("tabindex", "0");
+        figure.setAttribute("role", "button");
+        figure.setAttribute("aria-label", "open full size: " + figure.alt);
+      } else {
+        ["tabindex", "role", "aria-label"].forEach(function (name) { figure.removeAttribute(name); });
+      }
+    });
+  }
+  figures.forEach(function (figure) {
+    figure.addEventListener("click", function () { if (figure.classList.contains("wb-zoomable")) { open(figure); } });
+    figure.addEventListener("keydown", function (event) {
+      if ((event.key === "Enter" || event.key === " ") && figure.classList.contains("wb-zoomable")) {
+        event.preventDefault();
+        open(figure);
+      }
+    });
+    if (!figure.complete) { figure.addEventListener("load", mark); }
+  });
+  window.addEventListener("resize", mark);
+  mark();
 })();

@@ -11,7 +11,8 @@ with nbconvert and the templates under site/templates/, and writes site/_build/:
   provenance footer;
 * `<name>.html` for each plain notebook (no META: the instruments demo), listed apart with the
   first sentences of its introduction;
-* `index.html`: a "start here" paragraph, then every post-mortem with its impact line, category
+* `index.html`: a "start here" paragraph, the "I see this symptom" table (data/symptoms.toml, each
+  route backed by its page: `varlen_workbench.workbench.symptoms`), then every post-mortem with its impact line, category
   (training or tooling bug), upstream status, our verdict, claims and evidence level, filterable
   by tag; `manifest.json`: the same rows for `varlen-workbench list`;
 * `static/`: the site's CSS and JavaScript and JupyterLab's notebook CSS (`lab.css`), written once
@@ -45,12 +46,14 @@ from typing import Any
 
 import nbformat
 
+from varlen_workbench.workbench.affected import PADDING_KINDS
 from varlen_workbench.workbench.cli.scaffold import ALT_KEY
 from varlen_workbench.workbench.errors import BuildError
 from varlen_workbench.workbench.postmortem import READER_SECTIONS, Evidence
 from varlen_workbench.workbench.registry import HEADER_TAG, PostMortem, Registry, RegistryError, check_notebook, recorded_verdicts
 from varlen_workbench.workbench.site.execute import describe_error, execute_all, first_error
 from varlen_workbench.workbench.site.pasteblocks import TAG as _TAG
+from varlen_workbench.workbench.symptoms import SYMPTOMS_FILE, Route, read_routes, route_problems, unrouted
 
 SITE = Path(__file__).resolve().parents[2] / "site"  # templates and static assets of every page
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -361,15 +364,36 @@ def render_use(provenance: dict[str, str], site_dir: Path) -> str:
     )
 
 
-def render_index(pages: list[Page], provenance: dict[str, str], site_dir: Path) -> str:
+def render_index(pages: list[Page], routes: list[Route], provenance: dict[str, str], site_dir: Path) -> str:
     env = _jinja(site_dir)
     rows = [p.row() for p in pages if p.postmortem]
     tags = sorted({t for r in rows for t in r["tags"]})
     others = [p for p in pages if not p.postmortem]
     levels = [Evidence(kind, "owner/repo@commit" if kind == "source" else "") for kind in Evidence.LEVELS]
     return env.get_template("site-index.html.j2").render(
-        rows=rows, tags=tags, others=others, provenance=provenance, levels=levels, sections=READER_SECTIONS
+        rows=rows,
+        tags=tags,
+        others=others,
+        routes=routes,
+        padding_kinds=PADDING_KINDS,
+        provenance=provenance,
+        levels=levels,
+        sections=READER_SECTIONS,
     )
+
+
+def checked_routes(root: Path, postmortems: list[PostMortem]) -> list[Route]:
+    """The symptom routes of data/symptoms.toml, each backed by its page, and every post-mortem
+    reached by one; a `BuildError` naming the route and what its page lacks otherwise."""
+    routes = read_routes(root)
+    if not routes:
+        return routes
+    pages = {pm.id: pm for pm in postmortems}
+    problems = [f"route {r.symptom!r} -> {r.page}: {p}" for r in routes for p in route_problems(r, pages)]
+    problems += [f"no route in {SYMPTOMS_FILE} leads to {page}" for page in unrouted(routes, pages)]
+    if problems:
+        raise BuildError("site not built; " + "; ".join(problems))
+    return routes
 
 
 # -- the build ----------------------------------------------------------------------------
@@ -460,7 +484,8 @@ def build(
             if problems:
                 raise BuildError(f"site not built; {page.file} ({page.source}): " + "; ".join(problems))
             _write_checked(staging / page.file, text)
-        _write_checked(staging / "index.html", render_index(pages, stamp, site_dir))
+        routes = checked_routes(registry.root, [p.postmortem for p in pages if p.postmortem])
+        _write_checked(staging / "index.html", render_index(pages, routes, stamp, site_dir))
         _write_checked(staging / USE_PAGE, render_use(stamp, site_dir))
         manifest = {
             "postmortems": [p.row() for p in pages if p.postmortem],
