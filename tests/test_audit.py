@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from varlen_workbench.kernels.varlen import varlen_attention
-from varlen_workbench.workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, parse_head_dims, register_adapter
+from varlen_workbench.workbench.audit import ADAPTERS, Verdict, adapt, audit, detect, register_adapter
 from varlen_workbench.workbench.audit.campaign import Outcome, classify, run_campaign, summarize
+from varlen_workbench.workbench.cli.audit_command import parse_head_dims
 from varlen_workbench.workbench.cli.main import main
 from varlen_workbench.workbench.malformed import CATALOGUE, base_args, split_call
 from varlen_workbench.workbench.reference import reference_attention
@@ -573,6 +574,65 @@ def test_cli_audit_exit_codes_and_record(tmp_path, capsys):
     assert "--checks / --skip name unknown checks ['nope']" in capsys.readouterr().err
 
 
+def test_cli_audit_runs_on_the_device_asked_in_this_process(tmp_path, monkeypatch):
+    """`--device cpu` where the default device is CUDA (made so here, with or without a GPU): the
+    audit runs in this process, starts no Python child, makes every tensor on the CPU, and its
+    record's provenance is the CPU's."""
+    import subprocess
+    import sys
+
+    from torch.overrides import TorchFunctionMode
+
+    from varlen_workbench.kernels import _compat
+
+    asked = _compat.default_device
+    for module in list(sys.modules.values()):  # every module that asks for the default device gets CUDA
+        if getattr(module, "default_device", None) is asked:
+            monkeypatch.setattr(module, "default_device", lambda: torch.device("cuda"))
+    popen = subprocess.Popen
+
+    def no_python_child(args, *rest, **kwargs):
+        assert sys.executable not in list(map(str, args if isinstance(args, (list, tuple)) else [args])), args
+        return popen(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", no_python_child)
+
+    class Devices(TorchFunctionMode):
+        """The device type of every tensor a torch function returns."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.seen |= {
+                t.device.type for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)
+            }
+            return out
+
+    record = tmp_path / "audit.json"
+    target = "varlen_workbench.workbench.reference:reference_attention"
+    with Devices() as devices:
+        argv = [
+            "audit",
+            target,
+            "--device",
+            "cpu",
+            "--budget",
+            "2",
+            "--checks",
+            "real-accuracy,gap-rows",
+            "--record",
+            str(record),
+        ]
+        assert main(argv) == 0
+    assert devices.seen == {"cpu"}
+    data = json.loads(record.read_text())
+    assert data["device"] == "cpu" and data["fuzz"]["tried"] == 2
+    assert data["provenance"]["device"].startswith("CPU (")  # the audited device's, not the default's
+
+
 def test_audit_at_a_chosen_head_dim_builds_every_case_and_layout_there():
     """`head_dim`/`head_dim_v` (the CLI's --head-dim 192,128): every case the checks build and
     every layout the fuzzer draws has them, and the report says so."""
@@ -614,11 +674,6 @@ def test_cli_audit_head_dim(tmp_path, capsys):
     assert "head dim 192/128" in capsys.readouterr().out
     assert main(["audit", "varlen_workbench.workbench.reference:reference_attention", "--head-dim", "96,x", "--budget", "0"]) == 2
     assert "--head-dim '96,x': pass D" in capsys.readouterr().err
-    # the run under another device (a child process) gets the flag as given
-    from varlen_workbench.workbench.audit import _argv
-    from varlen_workbench.workbench.cli.main import build_parser
-
-    assert "--head-dim 192,128" in " ".join(_argv(build_parser().parse_args(argv)))
 
 
 def test_report_table_is_fixed_width_and_campaign_rows_name_each_case():

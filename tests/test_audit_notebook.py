@@ -99,3 +99,15 @@ def test_claims_stop_holding_when_the_implementation_is_fixed():
         ("check tail-rows: FAIL", False, "now pass"),
         ("case 'tail-rows' still fails tail-rows", False, "no longer fails"),
     ]
+
+
+def test_every_check_declares_what_its_failing_case_replays():
+    """`finding` is required where a check is declared: the notebook replays a failing case by it."""
+    from varlen_workbench.workbench.audit.checks import ANY_FINDING, CHECKS, LAYOUT_FINDINGS, check
+
+    assert {name: c.finding in (*LAYOUT_FINDINGS, ANY_FINDING, None) for name, c in CHECKS.items()} == dict.fromkeys(CHECKS, True)
+    with pytest.raises(TypeError, match="finding"):
+        check("undeclared", "a check that says nothing of its failing case")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"check 'misdeclared': finding = 'gap'; pass one of"):
+        check("misdeclared", "a check naming no finding of layout_findings", finding="gap")
+    assert "undeclared" not in CHECKS and "misdeclared" not in CHECKS

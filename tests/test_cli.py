@@ -20,8 +20,10 @@ from varlen_workbench.workbench.registry import read_manifest, recorded_verdicts
 
 def test_every_command_is_wired():
     parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]  # argparse keeps them here
+    assert set(commands) == set(cli.HANDLERS)  # every subcommand has its handler, and no handler is unreachable
     for argv in (["info"], ["list"], ["repro", "x"], ["build"], ["new", "x", "t"], ["execute", "x"], ["lab"]):
-        assert callable(parser.parse_args(argv).func)
+        assert callable(cli.HANDLERS[parser.parse_args(argv).command])
     with pytest.raises(SystemExit):
         parser.parse_args(["repro", "x", "--device", "tpu"])
 
@@ -323,3 +325,19 @@ def test_a_record_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert read_record(path) == first
     assert [p.name for p in path.parent.iterdir()] == ["audit-row.json"]
+
+
+def test_audit_help_names_the_registries_checks_and_adapters():
+    """`varlen-workbench audit --help` lists the checks and adapters from the torch-free catalogue,
+    which the registries match: a check or adapter declared in one place only fails at import."""
+    from varlen_workbench.workbench import audit_catalog
+    from varlen_workbench.workbench.audit import ADAPTERS, CHECKS
+
+    audit = cli.build_parser()._subparsers._group_actions[0].choices["audit"]  # type: ignore[union-attr]
+    helps = {action.dest: action.help for action in audit._actions}
+    assert tuple(CHECKS) == audit_catalog.CHECKS and all(name in helps["checks"] for name in CHECKS)
+    builtin = [name for name in ADAPTERS if name in audit_catalog.ADAPTERS]
+    assert builtin == list(audit_catalog.ADAPTERS) and all(name in helps["adapter"] for name in builtin)
+    assert {name for name in ADAPTERS if name.startswith(audit_catalog.BACKEND_ADAPTER_PREFIX)} >= {"ours-triton", "ours-torch"}
+    with pytest.raises(RuntimeError, match=r"declare each of the audit's checks in both, in one order"):
+        audit_catalog.registered_as_declared("checks", [*audit_catalog.CHECKS, "new-check"], audit_catalog.CHECKS)

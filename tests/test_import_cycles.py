@@ -30,11 +30,6 @@ PACKAGES = {
 
 # Imports that close a cycle in workbench/audit, allowed here while the audit branch removes them.
 AUDIT = "varlen_workbench.workbench.audit"
-KNOWN = {
-    (f"{AUDIT}.isolate", AUDIT),  # removed by the audit branch
-    (f"{AUDIT}.adapters.base", f"{AUDIT}.adapters.varlen"),  # removed by the audit branch
-    (f"{AUDIT}.checks", f"{AUDIT}.context_parallel"),  # checks <-> context_parallel: reported to the audit branch
-}
 
 
 def modules(root: Path, folders: dict[str, str]) -> dict[str, Path]:
@@ -151,8 +146,6 @@ def _chain(group: set[str], edges: dict[str, set[str]]) -> list[str]:
 def test_our_modules_import_one_another_without_a_cycle():
     edges = graph(REPO, PACKAGES)
     assert len(edges) > 100 and any(edges.values())  # the walk found our modules and their imports
-    for importer, imported in KNOWN:
-        edges[importer].discard(imported)
     found = list(cycles(edges).values())
     assert not found, "import cycles (each import inside a function counts):\n" + "\n".join(" -> ".join(chain) for chain in found)
 

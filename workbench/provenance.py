@@ -39,20 +39,21 @@ def git_commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def device_name() -> str:
-    if default_device().type == "cuda":
-        return torch.cuda.get_device_name()
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
-def provenance() -> dict[str, str]:
-    """Where and with what a result was produced."""
+def provenance(device: torch.device | str | None = None) -> dict[str, str]:
+    """Where and with what a result was produced, on `device` (default: the default device)."""
+    device = torch.device(device) if device is not None else default_device()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "device": device_name(),
-        "mode": "Triton interpreter" if interpreted(default_device()) else "native",  # on the default device
+        "device": device_name(device),
+        "mode": "Triton interpreter" if interpreted(device) else "native",
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

@@ -130,7 +130,7 @@ def _test_problems(route: Route) -> list[str]:
         return []
     from varlen_workbench.workbench.audit.adapters import ADAPTERS
     from varlen_workbench.workbench.audit.checks import CHECKS
-    from varlen_workbench.workbench.cli.main import build_parser
+    from varlen_workbench.workbench.cli.parser import build_parser
 
     try:
         args = build_parser().parse_args(shlex.split(route.test)[1:])

@@ -15,12 +15,9 @@ right is correct even if it checks nothing), then fuzzes `budget` random layouts
 (`varlen_workbench.workbench.audit.fuzz`) and shrinks the first failure of each check to a minimal layout printed
 as a runnable snippet. `report.write_notebook(path)` starts a post-mortem notebook from it.
 
-Command line: `varlen-workbench audit MODULE:FUNCTION [--adapter NAME] [--device cpu|cuda] [--budget N]
-[--dtype D] [--head-dim D | D_QK,D_V] [--checks A,B] [--skip A,B] [--campaign] [--notebook PATH]
-[--record FILE]`: the verdict
-table prints last; `--campaign` lists the malformed calls behind the input-validation grade (the
-record keeps them either way). `varlen_workbench.workbench.audit.records` reads a recorded run back and prints it
-as the command did.
+On the command line, `varlen-workbench audit MODULE:FUNCTION` (`varlen_workbench.workbench.cli.audit_command`;
+`varlen-workbench audit --help` lists its options). `varlen_workbench.workbench.audit.records` reads a
+recorded run back and prints it as the command did.
 """
 
 from __future__ import annotations
@@ -32,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from varlen_workbench.kernels.contract import describe_head_dims
+from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
 from varlen_workbench.workbench.audit.adapters import (
     ADAPTERS,
     FEATURES,
-    REGISTER_EXAMPLE,
     Adapted,
     Adapter,
     AdapterRefused,
@@ -52,15 +49,14 @@ from varlen_workbench.workbench.audit.checks import (
     Finding,
     Verdict,
     layout_findings,
-    run_isolated,
     single_threaded,
 )
 from varlen_workbench.workbench.audit.fuzz import PROFILES, FuzzResult, case_source, default_profile, fuzz
-from varlen_workbench.workbench.audit.isolate import Spec, Worker, sticky
+from varlen_workbench.workbench.audit.isolate import Spec, Worker, run_isolated, sticky
 from varlen_workbench.workbench.audit.records import format_campaign, format_verdicts
-from varlen_workbench.workbench.audit.spelling import command_line, option
-
-DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds
+from varlen_workbench.workbench.audit.spelling import option
+from varlen_workbench.workbench.audit_catalog import DEFAULT_BUDGET, DEFAULT_DTYPE, DEFAULT_HEAD_DIM, DTYPES
+from varlen_workbench.workbench.provenance import provenance
 
 
 @dataclass
@@ -147,8 +143,6 @@ class AuditReport:
         return self.render()
 
     def to_dict(self) -> dict[str, Any]:
-        from varlen_workbench.workbench.provenance import provenance
-
         return {
             "target": self.target,
             "adapter": self.adapter,
@@ -166,12 +160,12 @@ class AuditReport:
             "checks": [r.to_dict() for r in self.results],
             "fuzz": self.fuzz.to_dict() if self.fuzz else None,
             "versions": package_versions(),
-            "provenance": provenance(),
+            "provenance": provenance(self.device),  # the audited device's, whatever the default
         }
 
     def write_notebook(self, path, *, execute: bool = True, root=None):
         """A post-mortem notebook of this audit at `path`, executed (varlen_workbench.workbench.audit.notebook)."""
-        from varlen_workbench.workbench.audit.notebook import write_notebook
+        from varlen_workbench.workbench.audit.notebook import write_notebook  # nbformat: Jupyter's, which a GPU image lacks
 
         return write_notebook(self, path, execute=execute, root=root)
 
@@ -202,26 +196,21 @@ def package_versions() -> dict[str, str]:
     return found
 
 
+def _device_type(impl: Adapted) -> str:
+    """The key of the audit's per-device defaults (`varlen_workbench.workbench.audit_catalog`)."""
+    return "cuda" if impl.device.type == "cuda" else "cpu"
+
+
 def _default_dtype(impl: Adapted) -> str:
-    declared = impl.adapter.dtypes or ("float32", "float16", "bfloat16")
-    preferred = "float16" if impl.device.type == "cuda" else "float32"
+    declared = impl.adapter.dtypes or DTYPES
+    preferred = DEFAULT_DTYPE[_device_type(impl)]
     return preferred if preferred in declared else declared[0]
 
 
 def _default_head_dim(impl: Adapted) -> int:
-    # Natively, head dim 64 shares Triton compilations with the fuzzer's native profile.
-    preferred = 64 if impl.device.type == "cuda" else 32
+    preferred = DEFAULT_HEAD_DIM[_device_type(impl)]
     declared = impl.adapter.head_dims
     return preferred if not declared or preferred in declared else min(declared)
-
-
-def parse_head_dims(text: str) -> tuple[int, int | None]:
-    """`--head-dim`'s value: "96" -> (96, None), "192,128" -> (192, 128) (q and k's, v's)."""
-    parts = text.split(",")
-    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"--head-dim {text!r}: pass D (e.g. 96) or D_QK,D_V (e.g. 192,128: q and k's, then v's).")
-    dims = [int(p) for p in parts]
-    return dims[0], (dims[1] if len(dims) == 2 else None)
 
 
 def _head_dims_option() -> str:
@@ -297,7 +286,7 @@ def audit(
     profile = default_profile(impl).at_head_dim(head_dim, head_dim_v) if asked else None
     ctx = Context(impl, dtype or _default_dtype(impl), head_dim, head_dim_v)
     if budget is None:
-        budget = DEFAULT_BUDGET["cuda" if impl.device.type == "cuda" else "cpu"]
+        budget = DEFAULT_BUDGET[_device_type(impl)]
     if isolate is None:
         isolate = impl.device.type == "cuda" and impl.target is not None and not impl.why_not()
     # The malformed calls of the input-validation campaign run last, after the fuzzer: they are
@@ -389,102 +378,6 @@ def audit(
     return report(fuzzed)
 
 
-def _argv(args) -> list[str]:
-    """The command line that gives `args` again (for the re-run under another device)."""
-    argv = [args.target]
-    for name in (
-        "adapter", "device", "dtype", "head_dim", "budget", "seed", "time_limit", "workers", "check_timeout", "checks", "skip",
-        "notebook", "record",
-    ):  # fmt: skip
-        value = getattr(args, name, None)
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    if args.campaign:
-        argv.append("--campaign")
-    if getattr(args, "isolate", None) is not None:
-        argv.append("--isolate" if args.isolate else "--no-isolate")
-    for module in args.imports:
-        argv += ["--import", module]
-    return argv
-
-
-def run_command(args) -> int:
-    """`varlen-workbench audit` (see varlen_workbench.workbench.cli.main): exit 0 all applicable checks hold, 1 something
-    fails, 2 bad usage (or nothing could run here, e.g. CUDA-only code on a CPU)."""
-    import os
-    import subprocess
-    import sys
-
-    import torch
-
-    from varlen_workbench.kernels._compat import default_device
-    from varlen_workbench.workbench.records import with_fingerprint, write_json
-    from varlen_workbench.workbench.usercode import UserModuleError, import_user_module
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(
-            f"varlen-workbench audit: --device cuda but torch {torch.__version__} sees no CUDA device; use --device cpu.",
-            file=sys.stderr,
-        )
-        return 2
-    if args.device and args.device != default_device().type:
-        # The default device (WORKBENCH_DEVICE) is read once, at import, and the audit's helpers and upstream
-        # imports follow it: rerun with it set, so that the whole run is on one device.
-        env = {**os.environ, "WORKBENCH_DEVICE": args.device}
-        return subprocess.call([sys.executable, "-m", "varlen_workbench.workbench.cli.main", "audit", *_argv(args)], env=env)
-
-    def write(report: AuditReport) -> None:
-        """The record at --record, whole or not at all: a run killed mid-write keeps the last one."""
-        write_json(args.record, with_fingerprint(args.record, report.to_dict()))
-
-    if os.getcwd() not in sys.path:  # like `python -m`: the user's modules in the working directory import
-        sys.path.insert(0, os.getcwd())
-    try:
-        with command_line():  # its errors and n/a reasons name --flags, not keywords
-            for module in args.imports:
-                try:
-                    import_user_module(module)
-                except UserModuleError as exc:
-                    raise ValueError(f"--import {module}: {exc}") from exc
-            head_dim, head_dim_v = parse_head_dims(args.head_dim) if getattr(args, "head_dim", None) else (None, None)
-            report = audit(
-                args.target,
-                args.adapter,
-                device=args.device,
-                dtype=args.dtype,
-                head_dim=head_dim,
-                head_dim_v=head_dim_v,
-                budget=args.budget,
-                seed=args.seed,
-                time_limit=args.time_limit,
-                workers=args.workers,
-                isolate=getattr(args, "isolate", None),
-                check_timeout=getattr(args, "check_timeout", None),
-                checks=args.checks.split(",") if args.checks else None,
-                skip=args.skip.split(",") if getattr(args, "skip", None) else (),
-                log=lambda line: print(line, file=sys.stderr, flush=True),
-                checkpoint=write if args.record else None,
-            )
-    except (ValueError, ImportError) as exc:
-        print(f"varlen-workbench audit: {exc}", file=sys.stderr)
-        return 2
-    print(report.render(campaign=args.campaign))
-    if args.record:
-        write(report)
-        print(f"recorded to {args.record}")
-    if args.notebook:
-        from varlen_workbench.workbench.errors import BuildError
-
-        try:
-            print(f"wrote {report.write_notebook(args.notebook)} (executed)")
-        except (ValueError, BuildError) as exc:
-            print(f"varlen-workbench audit: notebook not written: {exc}", file=sys.stderr)
-            return 1
-    if not report.ran:
-        return 2
-    return 0 if report.passed else 1
-
-
 __all__ = [
     "ADAPTERS",
     "CHECKS",
@@ -508,6 +401,4 @@ __all__ = [
     "layout_findings",
     "load",
     "register_adapter",
-    "parse_head_dims",
-    "run_command",
 ]

@@ -12,11 +12,10 @@ dq, dk, dv exactly 0.
 from __future__ import annotations
 
 import contextlib
-import enum
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,63 +23,14 @@ import torch
 from varlen_workbench.workbench.audit.adapters import Adapted, AdapterRefused, NoOutput
 from varlen_workbench.workbench.audit.adapters.context_parallel import CP_SIZE
 from varlen_workbench.workbench.audit.campaign import run_campaign, summarize
-from varlen_workbench.workbench.audit.isolate import Crash, Worker, context_alive, cuda_error, sticky
+from varlen_workbench.workbench.audit.results import CONTEXT_PARALLEL, GRADE_VERDICTS, CheckResult, Finding, Verdict
+from varlen_workbench.workbench.audit_catalog import CHECKS as CHECK_NAMES
+from varlen_workbench.workbench.audit_catalog import registered_as_declared
 from varlen_workbench.workbench.bounds import error_check
 from varlen_workbench.workbench.instruments.poison import poisoned_memory
 from varlen_workbench.workbench.layout import Case, Fill, PackedBatch, Region, pack, real_rows
 from varlen_workbench.workbench.probes import TENSORS, ProbeRecord, probe
 from varlen_workbench.workbench.reference import reference_attention
-
-
-class Verdict(str, enum.Enum):
-    """pass / FAIL / n/a for correctness checks; the three grades of the input-validation check,
-    which never fail an audit (a correct attention that checks nothing still computes right)."""
-
-    PASS = "pass"
-    FAIL = "FAIL"
-    NA = "n/a"
-    VALIDATES = "validates"
-    PARTLY = "partly validates"
-    NO_VALIDATION = "no validation"
-
-    @property
-    def graded(self) -> bool:
-        return self in (Verdict.VALIDATES, Verdict.PARTLY, Verdict.NO_VALIDATION)
-
-
-GRADE_VERDICTS = {"validates": Verdict.VALIDATES, "partial": Verdict.PARTLY, "none": Verdict.NO_VALIDATION}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One way a layout broke the contract."""
-
-    check: str
-    evidence: str
-
-    def __str__(self) -> str:
-        return f"{self.check}: {self.evidence}"
-
-
-@dataclass
-class CheckResult:
-    name: str
-    verdict: Verdict
-    evidence: str
-    cases: tuple[Case, ...] = ()  # the cases probed; on FAIL the failing one comes first
-    rows: tuple[dict[str, Any], ...] = ()  # per-case detail (the bad-input campaign)
-    seconds: float = 0.0
-    records: tuple[ProbeRecord, ...] = field(default=(), repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "verdict": self.verdict.value,
-            "evidence": self.evidence,
-            "cases": [c.to_dict() for c in self.cases],
-            "rows": list(self.rows),
-            "seconds": round(self.seconds, 3),
-        }
 
 
 @contextlib.contextmanager
@@ -125,8 +75,12 @@ def _accuracy_evidence(record: ProbeRecord) -> str:
     return "; ".join(parts)
 
 
+LAYOUT_FINDINGS = ("real-accuracy", "gap-rows", "tail-rows")  # what `layout_findings` can find
+ANY_FINDING = "any"  # a check's `finding` where its failing case may show any of them
+
+
 def layout_findings(record: ProbeRecord) -> list[Finding]:
-    """Every contract violation one (poisoned) probe shows: real-accuracy, gap-rows, tail-rows."""
+    """Every contract violation one (poisoned) probe shows, among LAYOUT_FINDINGS."""
     findings = []
     if not record.real_within_bound:
         findings.append(Finding("real-accuracy", _accuracy_evidence(record) or "no oracle comparison"))
@@ -217,6 +171,10 @@ class Check:
     needs: tuple[str, ...]  # features of FEATURES the check cannot do without
     doc: str
     run: Callable[[Context], CheckResult]
+    # What a probe of its failing case shows again (`varlen_workbench.workbench.audit.notebook` replays it): one of
+    # LAYOUT_FINDINGS, ANY_FINDING (which one depends on the case), or None (its failure is no
+    # layout finding: determinism, lse, input-validation...).
+    finding: str | None
     # ISO date the check joined the audit ("": from the start): a recorded run older than that
     # could not run it, so its record is not missing it (`varlen_workbench.workbench.audit.matrix.left_out`)
     added: str = ""
@@ -259,16 +217,21 @@ CHECKS: dict[str, Check] = {}
 
 
 def check(
-    name: str, doc: str, needs: tuple[str, ...] = (), added: str = ""
+    name: str, doc: str, *, finding: str | None, needs: tuple[str, ...] = (), added: str = ""
 ) -> Callable[[Callable[[Context], CheckResult]], Check]:
+    """Registers check `name`; `finding` is required (see `Check.finding`), so that no check
+    leaves the notebook guessing whether its failing case replays."""
+    if finding is not None and finding not in (*LAYOUT_FINDINGS, ANY_FINDING):
+        raise ValueError(f"check {name!r}: finding = {finding!r}; pass one of {[*LAYOUT_FINDINGS, ANY_FINDING]} or None.")
+
     def register(run: Callable[[Context], CheckResult]) -> Check:
-        CHECKS[name] = Check(name, needs, doc, run, added)
+        CHECKS[name] = Check(name, needs, doc, run, finding, added)
         return CHECKS[name]
 
     return register
 
 
-@check("real-accuracy", "REAL rows of out, dq, dk, dv within FlashAttention's bound of the fp64 oracle")
+@check("real-accuracy", "REAL rows of out, dq, dk, dv within FlashAttention's bound of the fp64 oracle", finding="real-accuracy")
 def _real_accuracy(ctx: Context) -> CheckResult:
     cases = [
         ctx.case((5, 3, 7), padded_q=(8, 4, 7), padded_k=(6, 3, 9), tail_q=3, tail_k=2),
@@ -277,13 +240,13 @@ def _real_accuracy(ctx: Context) -> CheckResult:
     return ctx.judge(cases, ("real-accuracy",), poisoned=False)
 
 
-@check("tail-rows", "TAIL rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("tail",))
+@check("tail-rows", "TAIL rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("tail",), finding="tail-rows")
 def _tail_rows(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3), tail_q=4, tail_k=3, fill=Fill.GARBAGE)]
     return ctx.judge(cases, ("tail-rows",), passed=f"TAIL rows of {ctx.tensors} exactly 0 (poisoned memory, garbage inputs)")
 
 
-@check("gap-rows", "GAP rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("padded",))
+@check("gap-rows", "GAP rows of out, dq, dk, dv exactly 0 under NaN-poisoned memory", needs=("padded",), finding="gap-rows")
 def _gap_rows(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3, 2), padded_q=(8, 4, 2), padded_k=(6, 7, 3), fill=Fill.GARBAGE)]
     return ctx.judge(cases, ("gap-rows",), passed=f"GAP rows of {ctx.tensors} exactly 0 (poisoned memory, garbage inputs)")
@@ -292,7 +255,7 @@ def _gap_rows(ctx: Context) -> CheckResult:
 LEAK_FILLS = (Fill.NAN, Fill.POS_INF, Fill.NEG_INF, Fill.HUGE)
 
 
-@check("padding-leak", "NaN / +-Inf / huge values planted in padding inputs never reach REAL rows")
+@check("padding-leak", "NaN / +-Inf / huge values planted in padding inputs never reach REAL rows", finding="real-accuracy")
 def _padding_leak(ctx: Context) -> CheckResult:
     if {"padded", "tail"} <= set(ctx.impl.lacks) and ctx.impl.adapter.case_kwargs is None:
         return CheckResult("", Verdict.NA, "the implementation has neither GAP nor TAIL rows to plant values in")
@@ -305,7 +268,7 @@ def _padding_leak(ctx: Context) -> CheckResult:
     )
 
 
-@check("empty-sequences", "sequences of length 0 (query, key, both; also the last one) are handled")
+@check("empty-sequences", "sequences of length 0 (query, key, both; also the last one) are handled", finding=ANY_FINDING)
 def _empty_sequences(ctx: Context) -> CheckResult:
     # No TAIL rows here: a TAIL-row bug is tail-rows' finding, and must not pose as this one.
     cases = [ctx.case((3, 0, 4, 0))]
@@ -318,6 +281,7 @@ def _empty_sequences(ctx: Context) -> CheckResult:
     "no-real-query",
     "a valid batch whose sequences hold no query at all (every q row padding) gives zeros, not an error "
     "(added: the fuzzer found torch varlen_attn raising CUDA invalid argument on one)",
+    finding=ANY_FINDING,
 )
 def _no_real_query(ctx: Context) -> CheckResult:
     unequal = "unequal" not in ctx.impl.lacks
@@ -330,6 +294,7 @@ def _no_real_query(ctx: Context) -> CheckResult:
     "a softmax scale other than 1/sqrt(head_dim) is honoured (added: the bad-input campaign no longer treats a "
     "negative scale as malformed, so nothing else checked that scale reaches the kernel)",
     needs=("scale",),
+    finding="real-accuracy",
 )
 def _custom_scale(ctx: Context) -> CheckResult:
     records = []
@@ -388,19 +353,34 @@ def _with_alignment_hint(result: CheckResult) -> CheckResult:
     return result
 
 
-@check("fully-masked-rows", "query rows with no visible key give 0 and gradient 0, never NaN", needs=("unequal", "causal"))
+@check(
+    "fully-masked-rows",
+    "query rows with no visible key give 0 and gradient 0, never NaN",
+    needs=("unequal", "causal"),
+    finding="real-accuracy",
+)
 def _fully_masked(ctx: Context) -> CheckResult:
     cases = [ctx.case((3, 2, 4), seqlens_k=(3, 0, 2), causal=True)]
     return _with_alignment_hint(ctx.judge(cases, ("real-accuracy",)))
 
 
-@check("causal-unequal", "causal masking is bottom-right aligned when len_q != len_k", needs=("unequal", "causal"))
+@check(
+    "causal-unequal",
+    "causal masking is bottom-right aligned when len_q != len_k",
+    needs=("unequal", "causal"),
+    finding="real-accuracy",
+)
 def _causal_unequal(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3), seqlens_k=(9, 7), causal=True), ctx.case((6, 9), seqlens_k=(4, 9), causal=True, seed=1)]
     return _with_alignment_hint(ctx.judge(cases, ("real-accuracy",), poisoned=False))
 
 
-@check("gqa", "grouped-query (H_kv < H) and multi-query (H_kv = 1) attention match the oracle", needs=("gqa",))
+@check(
+    "gqa",
+    "grouped-query (H_kv < H) and multi-query (H_kv = 1) attention match the oracle",
+    needs=("gqa",),
+    finding="real-accuracy",
+)
 def _gqa(ctx: Context) -> CheckResult:
     cases = [ctx.case((5, 3), heads=4, kv_heads=2), ctx.case((4, 6), heads=4, kv_heads=1, causal=True, seed=1)]
     return ctx.judge(cases, ("real-accuracy",), poisoned=False)
@@ -412,6 +392,7 @@ def _gqa(ctx: Context) -> CheckResult:
     "fp64 oracle with the same window (0 where it holds no key), GAP and TAIL rows exactly 0 (added: windows are the "
     "mask torch varlen_attn 2.11+ and FlashAttention take beside causal, and no other check passes one)",
     needs=("window",),
+    finding=ANY_FINDING,
 )
 def _sliding_window(ctx: Context) -> CheckResult:
     """Every row class under FlashAttention windows, bottom-right aligned, in poisoned memory.
@@ -509,6 +490,7 @@ def _lse_findings(batch: PackedBatch, lse: Any) -> tuple[list[str], str, float]:
     "compared out alone, so a wrong lse beside a right out passed)",
     needs=("lse",),
     added="2026-12-05",
+    finding=None,
 )
 def _lse(ctx: Context) -> CheckResult:
     unequal, causal = "unequal" not in ctx.impl.lacks, "causal" not in ctx.impl.lacks
@@ -544,7 +526,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
-@check("determinism", "two runs of the same call give bitwise identical REAL rows of out, dq, dk, dv")
+@check("determinism", "two runs of the same call give bitwise identical REAL rows of out, dq, dk, dv", finding=None)
 def _determinism(ctx: Context) -> CheckResult:
     # Natively, long sequences and many heads make split-key backward passes (atomic dq
     # accumulation) actually race; under the interpreter programs run one at a time.
@@ -566,23 +548,22 @@ def _determinism(ctx: Context) -> CheckResult:
     return CheckResult("", Verdict.PASS, f"{case.label()}: identical", (case,), records=(first, second))
 
 
-CONTEXT_PARALLEL = "context-parallel"  # the check, and the feature only a context-parallel attention has
-
-
 @check(
     CONTEXT_PARALLEL,
     "each rank's shard of out, dq, dk, dv under zig-zag context parallelism equals the single-device oracle's: "
     "REAL rows within the bound, GAP and TAIL rows (the 2 x cp_size padding included) exactly 0",
     needs=(CONTEXT_PARALLEL,),
+    finding=None,
 )
 def _context_parallel(ctx: Context) -> CheckResult:
     """The target itself (importable: its ranks are spawned) on CP_SIZE ranks, in the audit's
-    dtype and head dim, against the single-device oracle."""
+    dtype and head dim, against the single-device oracle; on the audit's device (gloo ranks on the
+    CPU, NCCL on GPUs)."""
     # Imported here: it builds on this module, and it runs as a script (python -m), which an
     # import when the audit package loads would run a second time.
     from varlen_workbench.workbench.audit.context_parallel import context_parallel_check
 
-    return context_parallel_check(ctx.impl.fn, cp_size=CP_SIZE, dtype=ctx.dtype, head_dim=ctx.head_dim)
+    return context_parallel_check(ctx.impl.fn, cp_size=CP_SIZE, dtype=ctx.dtype, head_dim=ctx.head_dim, on_cpu=not ctx.native)
 
 
 @check(
@@ -590,6 +571,7 @@ def _context_parallel(ctx: Context) -> CheckResult:
     "graded, not pass/FAIL: each malformed call of varlen_workbench.workbench.malformed gets a clear error naming the argument, "
     "or (a list for a tensor, a negative scale) the fp64 oracle's answer",
     needs=("metadata",),
+    finding=None,
 )
 def _input_validation(ctx: Context) -> CheckResult:
     rows = run_campaign(ctx.impl, ctx.dtype)
@@ -597,36 +579,4 @@ def _input_validation(ctx: Context) -> CheckResult:
     return CheckResult("", Verdict.NA if grade is None else GRADE_VERDICTS[grade], evidence, rows=tuple(rows))
 
 
-# -- a check in a child process (varlen_workbench.workbench.audit.isolate) ----------------------------------
-
-
-def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int, head_dim_v: int | None) -> tuple[CheckResult, bool]:
-    """Runs check `name` in the child; (its result without the probe records, whether a CUDA
-    error it reported left the context unusable)."""
-    with single_threaded():
-        result = CHECKS[name](Context(impl, dtype, head_dim, head_dim_v))
-    result.records = ()  # tensors, possibly on the device: the parent needs the verdict
-    return result, cuda_error(result.evidence) and not context_alive(str(impl.device))
-
-
-TIMED_OUT = "(the check's time limit)"  # ends the evidence of a check that ran past it
-
-
-def run_isolated(
-    worker: Worker, name: str, dtype: str, head_dim: int, head_dim_v: int | None = None, timeout: float | None = None
-) -> CheckResult:
-    """Check `name` in `worker`'s child. The child is replaced after a check that raised a CUDA
-    error (the cell adds "(context lost)" where the fault is sticky or the context no longer
-    runs work), that killed it, or that ran past `timeout` seconds (the cell: not run)."""
-    start = time.perf_counter()
-    value = worker.call(_check_in_child, name, dtype, head_dim, head_dim_v, timeout=timeout)
-    if isinstance(value, Crash):
-        if value.timed_out:
-            return CheckResult(name, Verdict.NA, f"not run: {value} {TIMED_OUT}", seconds=time.perf_counter() - start)
-        return CheckResult(name, Verdict.FAIL, f"its process {value}", seconds=time.perf_counter() - start)
-    result, lost = value
-    if lost or sticky(result.evidence):
-        result.evidence += " (context lost)"
-    if cuda_error(result.evidence):
-        worker.retire()
-    return result
+registered_as_declared("checks", list(CHECKS), CHECK_NAMES)

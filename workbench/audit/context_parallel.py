@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from varlen_workbench.workbench.audit.checks import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
+from varlen_workbench.workbench.audit.results import CONTEXT_PARALLEL, CheckResult, Finding, Verdict
 from varlen_workbench.workbench.bounds import error_check
 from varlen_workbench.workbench.instruments.context_parallel import (
     LayoutError,
@@ -139,13 +139,19 @@ def rank_findings(
 
 
 def judge(
-    cases: Sequence[Case], *, cp_size: int = 2, impl: Callable = context_parallel_attention, timeout_s: float = 300.0
+    cases: Sequence[Case],
+    *,
+    cp_size: int = 2,
+    impl: Callable = context_parallel_attention,
+    on_cpu: bool = False,
+    timeout_s: float = 300.0,
 ) -> tuple[str, list[tuple[Case, list[Finding]]]]:
     """Runs `impl` context-parallel on every case (one spawn) and judges every rank; returns the
-    backend and each case's findings."""
+    backend and each case's findings. `on_cpu`: gloo ranks through the Triton interpreter on any
+    machine (`run_context_parallel`)."""
     batches = [pack(case, "cpu") for case in cases]
     pairs = [(batch, grad_output(batch)) for batch in batches]
-    backend, results = run_context_parallel(pairs, cp_size=cp_size, impl=impl, timeout_s=timeout_s)
+    backend, results = run_context_parallel(pairs, cp_size=cp_size, impl=impl, on_cpu=on_cpu, timeout_s=timeout_s)
     judged = []
     for (batch, d_out), ranks in zip(pairs, results):
         oracle = Oracle.of(batch, d_out)
@@ -161,14 +167,15 @@ def context_parallel_check(
     seed: int = 0,
     dtype: str = "float32",
     head_dim: int = 16,
+    on_cpu: bool = False,
     timeout_s: float = 300.0,
 ) -> CheckResult:
     """The `context-parallel` check: `impl` (context_parallel_attention's signature, importable by
     name) on the fixed cases and `fuzzed` fuzzed layouts, every rank judged; FAIL names the first
-    failing case, rank and tensor."""
+    failing case, rank and tensor. `on_cpu`: the ranks on gloo and the CPU even where GPUs are."""
     start = time.perf_counter()
     cases = fixed_cases(cp_size, dtype, head_dim) + fuzzed_cases(fuzzed, cp_size, seed)
-    backend, judged = judge(cases, cp_size=cp_size, impl=impl, timeout_s=timeout_s)
+    backend, judged = judge(cases, cp_size=cp_size, impl=impl, on_cpu=on_cpu, timeout_s=timeout_s)
     seconds = time.perf_counter() - start
     failing = [(case, findings) for case, findings in judged if findings]
     if failing:

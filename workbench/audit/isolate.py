@@ -23,6 +23,7 @@ tests exercise every path with planted faults.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import signal
 import sys
@@ -31,7 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from varlen_workbench.workbench.audit.adapters import ADAPTERS, Adapted, adapt
 from varlen_workbench.workbench.audit.campaign import CUDA_ERRORS, CUDA_FAULTS
+from varlen_workbench.workbench.audit.checks import CHECKS, CheckResult, Context, Verdict, single_threaded
 from varlen_workbench.workbench.audit.spelling import option
 
 PRELOAD = ["varlen_workbench.workbench.audit"]  # what the fork server imports once, before any child forks
@@ -60,8 +65,6 @@ def sticky(text: str) -> bool:
 
 def context_alive(device: str) -> bool:
     """Whether the CUDA context still runs work (always True off CUDA)."""
-    import torch
-
     if not device.startswith("cuda"):
         return True
     try:
@@ -92,10 +95,8 @@ class Spec:
     device: str
 
     @classmethod
-    def of(cls, impl) -> Spec:
+    def of(cls, impl: Adapted) -> Spec:
         """The spec of `impl`, or ValueError saying why a child process cannot rebuild it."""
-        from varlen_workbench.workbench.audit.adapters import ADAPTERS
-
         if impl.target is None:
             raise ValueError(
                 f"{impl.name} cannot be audited in a child process: it is not importable as 'module:function'; "
@@ -114,12 +115,6 @@ class Spec:
 
 def _serve(conn, spec: Spec) -> None:
     """The child's loop: adapt the target once, then run each task sent until None comes."""
-    import importlib
-
-    import torch
-
-    from varlen_workbench.workbench.audit import adapt
-
     torch.set_num_threads(1)  # the audit's tensors are tiny; see checks.single_threaded
     try:
         importlib.import_module(spec.module)
@@ -232,4 +227,39 @@ class Worker:
         self.retire()
 
 
-__all__ = ["PRELOAD", "Crash", "Spec", "Worker", "context_alive", "cuda_error", "sticky"]
+# -- a check in a child process --------------------------------------------------------------
+
+
+def _check_in_child(impl: Adapted, name: str, dtype: str, head_dim: int, head_dim_v: int | None) -> tuple[CheckResult, bool]:
+    """Runs check `name` in the child; (its result without the probe records, whether a CUDA
+    error it reported left the context unusable)."""
+    with single_threaded():
+        result = CHECKS[name](Context(impl, dtype, head_dim, head_dim_v))
+    result.records = ()  # tensors, possibly on the device: the parent needs the verdict
+    return result, cuda_error(result.evidence) and not context_alive(str(impl.device))
+
+
+TIMED_OUT = "(the check's time limit)"  # ends the evidence of a check that ran past it
+
+
+def run_isolated(
+    worker: Worker, name: str, dtype: str, head_dim: int, head_dim_v: int | None = None, timeout: float | None = None
+) -> CheckResult:
+    """Check `name` in `worker`'s child. The child is replaced after a check that raised a CUDA
+    error (the cell adds "(context lost)" where the fault is sticky or the context no longer
+    runs work), that killed it, or that ran past `timeout` seconds (the cell: not run)."""
+    start = time.perf_counter()
+    value = worker.call(_check_in_child, name, dtype, head_dim, head_dim_v, timeout=timeout)
+    if isinstance(value, Crash):
+        if value.timed_out:
+            return CheckResult(name, Verdict.NA, f"not run: {value} {TIMED_OUT}", seconds=time.perf_counter() - start)
+        return CheckResult(name, Verdict.FAIL, f"its process {value}", seconds=time.perf_counter() - start)
+    result, lost = value
+    if lost or sticky(result.evidence):
+        result.evidence += " (context lost)"
+    if cuda_error(result.evidence):
+        worker.retire()
+    return result
+
+
+__all__ = ["PRELOAD", "TIMED_OUT", "Crash", "Spec", "Worker", "context_alive", "cuda_error", "run_isolated", "sticky"]

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from varlen_workbench.workbench.audit.adapters import ADAPTERS, MATRIX
-from varlen_workbench.workbench.audit.checks import CHECKS, TIMED_OUT
+from varlen_workbench.workbench.audit.checks import CHECKS
 from varlen_workbench.workbench.audit.fuzz import SHRINK_SECONDS
+from varlen_workbench.workbench.audit.isolate import TIMED_OUT
 from varlen_workbench.workbench.audit.sanitizer import load_sanitizer, row_summary
 from varlen_workbench.workbench.provenance import GPU_DATA
 from varlen_workbench.workbench.records import load_records

@@ -18,26 +18,10 @@ from typing import Any
 
 import nbformat
 
-from varlen_workbench.workbench.audit.checks import Finding
+from varlen_workbench.workbench.audit.checks import ANY_FINDING, CHECKS, Finding
 from varlen_workbench.workbench.audit.fuzz import case_source
 from varlen_workbench.workbench.cli.scaffold import parse_cells
 from varlen_workbench.workbench.postmortem import OURS, UPSTREAM_CPU, UPSTREAM_GPU, Claims, Evidence
-
-# Failing checks whose failing case a probe of out and the gradients replays (not: determinism,
-# input-validation, lse).
-_FINDING_OF = {
-    "real-accuracy": "real-accuracy",
-    "tail-rows": "tail-rows",
-    "gap-rows": "gap-rows",
-    "padding-leak": "real-accuracy",
-    "empty-sequences": None,
-    "no-real-query": None,
-    "custom-scale": "real-accuracy",
-    "fully-masked-rows": "real-accuracy",
-    "causal-unequal": "real-accuracy",
-    "gqa": "real-accuracy",
-    "sliding-window": None,  # REAL rows, GAP or TAIL rows: the window is in the case (Case.window)
-}
 
 
 def reproductions(report) -> list[tuple[str, str | None, Any, str]]:
@@ -45,8 +29,10 @@ def reproductions(report) -> list[tuple[str, str | None, Any, str]]:
     a finding of None means any finding."""
     out = []
     for result in report.results:
-        if result.verdict.value == "FAIL" and result.name in _FINDING_OF and result.cases:
-            out.append((result.name, _FINDING_OF[result.name], result.cases[0], f"The failing case of check `{result.name}`"))
+        finding = CHECKS[result.name].finding  # what a probe of its failing case shows (None: no probe replays it)
+        if result.verdict.value == "FAIL" and finding is not None and result.cases:
+            expected = None if finding == ANY_FINDING else finding
+            out.append((result.name, expected, result.cases[0], f"The failing case of check `{result.name}`"))
     for failure in report.fuzz.failures if report.fuzz else []:
         out.append(
             (

@@ -8,8 +8,7 @@
     varlen-workbench new ID "TITLE"            scaffold postmortems/<module>/ + notebooks/ID.ipynb
     varlen-workbench execute NAME...           re-execute notebooks in place, to commit their outputs
     varlen-workbench lab [ARGS...]             JupyterLab on notebooks/ (--allow-root as root; lab --help)
-    varlen-workbench audit MODULE:FUNCTION [--adapter A] [--device D] [--head-dim D] [--budget N] [--campaign] [--notebook PATH]
-                    [--record FILE]
+    varlen-workbench audit MODULE:FUNCTION [OPTIONS]
                                         check any varlen attention against the padding contract
     varlen-workbench bench [--quick] [--shapes T..] [--record FILE]
                                         time our kernel against torch's attention choices (CUDA)
@@ -31,10 +30,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
+from varlen_workbench.workbench.cli import EXIT_FAILED, EXIT_USAGE, audit_command
+from varlen_workbench.workbench.cli.parser import build_parser
 from varlen_workbench.workbench.tables import fixed_width
-
-EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -340,35 +338,6 @@ def _execute(args: argparse.Namespace) -> int:
     return 0
 
 
-LAB_HELP = """\
-Opens JupyterLab on notebooks/, with this Python (so the workbench and the post-mortems
-import). Other arguments go to `jupyter lab`, e.g. --no-browser --port 8899. Run as root (as
-in most containers), it adds --allow-root, which JupyterLab otherwise demands.
-
-Lab is where you write a notebook; `varlen-workbench execute ID` is what you commit. A notebook
-run in Lab carries live explorer widgets, their state and your session's execution counts:
-after editing, run `varlen-workbench execute ID` (explorers static, cells in order) before `git add`.
-`make test` fails on a committed notebook that was saved from a Lab run, and says so.
-"""
-
-
-AUDIT_HELP = f"""\
-Checks any varlen attention against the padding contract: REAL rows against the fp64 oracle,
-GAP and TAIL rows exactly 0 under NaN-poisoned memory, empty and fully masked sequences, GQA,
-windows, determinism, the lse where it returns one; fuzzes random layouts; grades input
-validation apart. The verdict table prints last.
-
-A varlen function needs no adapter: its call is read off its parameter names (cu_seqlens_q or
-cu_q, max_seqlen_q or max_q, scale or softmax_scale, causal or is_causal, window_size,
-cu_seqlens_*_padded, seqused_*, return_lse), e.g. f(q, k, v, cu_q, cu_k, max_q, max_k,
-causal=False, scale=None), or self-attention's one set of boundaries, self_attn(q, k, v,
-cu_seqlens, max_seqlen, causal=False, softmax_scale=None). What it has no parameter for is n/a
-in the report, with the reason. Anything else takes an adapter; registering one:
-
-{REGISTER_EXAMPLE}
-"""
-
-
 def _lab(args: argparse.Namespace) -> int:
     from varlen_workbench.workbench.registry import Registry
 
@@ -429,12 +398,6 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
-def _audit(args: argparse.Namespace) -> int:
-    from varlen_workbench.workbench.audit import run_command
-
-    return run_command(args)
-
-
 def _gpu_records(args: argparse.Namespace) -> int:
     from varlen_workbench.workbench.gpu_records import plan as gpu_plan
     from varlen_workbench.workbench.records import load_records
@@ -445,136 +408,18 @@ def _gpu_records(args: argparse.Namespace) -> int:
     return 0  # stale records are a plan, not a failure
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="varlen-workbench",
-        description="Post-mortem workbench for silent numerical bugs in packed (varlen/THD) attention.",
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    info = commands.add_parser("info", help="versions, device and interpreter mode of this machine")
-    info.set_defaults(func=_info)
-
-    listing = commands.add_parser("list", help="post-mortems with status and the verdict of the last site build")
-    listing.add_argument("--site", help="built site to read verdicts from (default: site/_build)")
-    listing.add_argument("--wide", action="store_true", help="print titles whole (default: cut to the terminal's width)")
-    listing.set_defaults(func=_list)
-
-    repro = commands.add_parser("repro", help="run a post-mortem's reproduction and claims without Jupyter")
-    repro.add_argument("id", help="post-mortem id, e.g. torch-varlen-176793 (see `varlen-workbench list`)")
-    repro.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
-    repro.add_argument("--record", metavar="FILE", help="write verdicts and results with provenance as JSON")
-    repro.set_defaults(func=_repro)
-
-    build = commands.add_parser("build", help="execute every notebook and build the static site (site/_build)")
-    build.add_argument("--no-execute", action="store_true", help="render the committed outputs instead of executing (fast)")
-    build.add_argument("--out", help="output directory (default: site/_build)")
-    build.add_argument("--jobs", type=int, help="notebooks executed in parallel (default: one per CPU core)")
-    build.set_defaults(func=_build)
-
-    new = commands.add_parser("new", help="scaffold a post-mortem module and its notebook, executed")
-    new.add_argument("id", help="lowercase letters, digits and '-', e.g. flash-dmattn-121")
-    new.add_argument("title", help="one line, in quotes")
-    new.set_defaults(func=_new)
-
-    execute = commands.add_parser("execute", help="re-execute notebooks in place (as the site does), to commit them with outputs")
-    execute.add_argument("notebooks", nargs="+", metavar="NAME", help="post-mortem id / notebook name, or a path to an .ipynb")
-    execute.set_defaults(func=_execute)
-
-    lab = commands.add_parser(
-        "lab",
-        help="open JupyterLab on notebooks/ (other arguments go to jupyter lab, e.g. --no-browser)",
-        description=LAB_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="varlen-workbench lab [-h] [JUPYTER_LAB_ARGUMENT ...]",
-    )
-    lab.set_defaults(func=_lab)
-
-    audit = commands.add_parser(
-        "audit",
-        help="check any varlen attention against the padding contract: checks, bad inputs, fuzzer",
-        description=AUDIT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    audit.add_argument(
-        "target",
-        help="MODULE:FUNCTION, e.g. varlen_workbench.kernels.varlen:varlen_attention or torch.nn.attention.varlen:varlen_attn",
-    )
-    audit.add_argument(
-        "--adapter",
-        help="how to call it (default: read off a varlen function's parameter names, or guessed): "
-        "e.g. sdpa-math, sdpa-efficient, sdpa-cudnn, sdpa-nested, bshd, dmattn-nobias, te-thd, or a registered one",
-    )
-    audit.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import first (e.g. the module registering your adapter)",
-    )
-    audit.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
-    audit.add_argument(
-        "--dtype",
-        choices=("float32", "float16", "bfloat16"),
-        help="dtype of the checks' cases (default: float32 on CPU, float16 on CUDA)",
-    )
-    audit.add_argument(
-        "--head-dim",
-        metavar="D|D_QK,D_V",
-        help="head dim of the checks' cases and the fuzzer's layouts, e.g. 96, or 192,128 for q/k and v apart "
-        "(default: 32 on CPU, 64 on CUDA; the fuzzer draws 16 and 32, or 64 and 128)",
-    )
-    audit.add_argument(
-        "--budget", type=int, metavar="N", help="layouts the fuzzer tries (default: 20 on CPU, 1000 on CUDA; 0: none)"
-    )
-    audit.add_argument("--seed", type=int, default=0, help="fuzzer seed (default 0)")
-    audit.add_argument("--time-limit", type=float, metavar="S", help="stop fuzzing after S seconds")
-    audit.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="fuzz in N processes (natively: compilation and Python are the bottleneck)",
-    )
-    audit.add_argument(
-        "--isolate",
-        action=argparse.BooleanOptionalAction,
-        help="each check and fuzz batch in a child process replaced after a CUDA error, crash or timeout, so one "
-        "fault costs one cell (default: on CUDA)",
-    )
-    audit.add_argument("--check-timeout", type=float, metavar="S", help="with --isolate: a check past S seconds is not run")
-    audit.add_argument("--checks", metavar="A,B", help="run only these checks (default: all)")
-    audit.add_argument("--skip", metavar="A,B", help="run every check but these")
-    audit.add_argument(
-        "--campaign", action="store_true", help="also print each malformed call of the bad-input campaign (the record keeps them)"
-    )
-    audit.add_argument("--notebook", metavar="PATH", help="write a post-mortem notebook of the failing cases, executed")
-    audit.add_argument(
-        "--record",
-        metavar="FILE",
-        help="write the report with provenance as JSON (after each check too, marked partial until the end)",
-    )
-    audit.set_defaults(func=_audit)
-
-    bench = commands.add_parser(
-        "bench",
-        help="time our kernel against torch varlen_attn, SDPA and FlexAttention (CUDA; --help for options)",
-        add_help=False,
-    )
-    bench.set_defaults(func=_bench)
-
-    gpu = commands.add_parser(
-        "gpu-records",
-        help="every committed GPU record, whether the code it measured changed since, and the calls that remake the stale ones",
-    )
-    gpu.add_argument(
-        "--backfill",
-        action="store_true",
-        help="first fingerprint, from git history, the code each record without a fingerprint measured (data/gpu/fingerprints.json)",
-    )
-    gpu.set_defaults(func=_gpu_records)
-    return parser
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "info": _info,
+    "list": _list,
+    "repro": _repro,
+    "build": _build,
+    "new": _new,
+    "execute": _execute,
+    "lab": _lab,
+    "bench": _bench,
+    "gpu-records": _gpu_records,
+    "audit": audit_command.run,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -589,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.func(args)
+        return HANDLERS[args.command](args)
     except RegistryError as exc:
         print(f"varlen-workbench {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -46,23 +46,27 @@ window, lse, backward, one-process (a context-parallel attention), context-paral
 
 from __future__ import annotations
 
+from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
+
 # Registration order is detection order: the library adapters before `contract`, which takes any varlen function.
 from varlen_workbench.workbench.audit.adapters import context_parallel, flex, nested, te, varlen  # noqa: F401
 from varlen_workbench.workbench.audit.adapters.base import (
     ADAPTERS,
     FEATURES,
-    REGISTER_EXAMPLE,
     Adapted,
     Adapter,
     AdapterRefused,
     NoOutput,
-    adapt,
-    detect,
     load,
     register_adapter,
 )
 from varlen_workbench.workbench.audit.adapters.fsa import fsa_dense_varlen, fsa_sparse_varlen
 from varlen_workbench.workbench.audit.adapters.padded import SDPA_BACKENDS, bshd_mask
+from varlen_workbench.workbench.audit.adapters.resolve import adapt, detect
+from varlen_workbench.workbench.audit_catalog import ADAPTERS as ADAPTER_NAMES
+from varlen_workbench.workbench.audit_catalog import BACKEND_ADAPTER_PREFIX, registered_as_declared
+
+registered_as_declared("adapters", [n for n in ADAPTERS if not n.startswith(BACKEND_ADAPTER_PREFIX)], ADAPTER_NAMES)
 
 # The audit matrix: (row name, target, adapter), every path above plus ours and torch's.
 MATRIX = (

@@ -45,7 +45,9 @@ from typing import Any
 
 import torch
 
+from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.kernels.varlen.op import HEAD_DIMS, auto_backend
+from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
 from varlen_workbench.workbench.audit.adapters.base import (
     ADAPTERS,
     AdapterRefused,
@@ -57,7 +59,10 @@ from varlen_workbench.workbench.audit.adapters.base import (
     heads_differ,
     register_adapter,
 )
+from varlen_workbench.workbench.audit.adapters.cudnn_ragged import cudnn_ragged_attention
+from varlen_workbench.workbench.audit.adapters.fsa import fsa_dense_varlen, fsa_sparse_varlen
 from varlen_workbench.workbench.audit.spelling import option
+from varlen_workbench.workbench.audit_catalog import BACKEND_ADAPTER_PREFIX
 
 ROLES: dict[str, tuple[str, ...]] = {
     "cu_seqlens_q": ("cu_seqlens_q", "cu_q", "cu_seq_q"),
@@ -307,8 +312,6 @@ def infer(fn: Callable) -> VarlenSignature:
 
 def _signature(fn: Callable, adapter: str) -> VarlenSignature:
     """infer(fn), its failure a usage error that says what to do."""
-    from varlen_workbench.workbench.audit.adapters.base import ADAPTERS, REGISTER_EXAMPLE
-
     try:
         return infer(fn)
     except ValueError as exc:
@@ -397,8 +400,6 @@ def register_varlen(
 
 
 def _is_ours(fn: Callable) -> bool:
-    from varlen_workbench.kernels.varlen import varlen_attention
-
     return fn is varlen_attention
 
 
@@ -421,7 +422,7 @@ def register_backend_adapters() -> list[str]:
 
     made = []
     for backend in registered():
-        name = f"ours-{backend.name}"
+        name = BACKEND_ADAPTER_PREFIX + backend.name
         made.append(name)
         if name in ADAPTERS:
             continue
@@ -452,8 +453,8 @@ def audited_backend(adapter: str, device: torch.device, dtype: str, head_dim: in
     """Which of our backends an audit through `adapter` runs: the pinned one ("triton" for
     `ours-triton`), "auto: <pick>" for `ours` (what backend="auto" picks on `device` in this
     process: on the CPU "torch" unless the Triton interpreter is asked for), "" for other code."""
-    if adapter.startswith("ours-"):
-        return adapter.removeprefix("ours-")
+    if adapter.startswith(BACKEND_ADAPTER_PREFIX):
+        return adapter.removeprefix(BACKEND_ADAPTER_PREFIX)
     if adapter != "ours":
         return ""
     try:
@@ -510,9 +511,7 @@ register_varlen(
 
 
 def _is_fsa(fn: Callable) -> bool:
-    from varlen_workbench.workbench.audit.adapters import fsa
-
-    return fn in (fsa.fsa_dense_varlen, fsa.fsa_sparse_varlen) or _module(fn).startswith("flash_sparse_attn")
+    return fn in (fsa_dense_varlen, fsa_sparse_varlen) or _module(fn).startswith("flash_sparse_attn")
 
 
 register_varlen(
@@ -527,9 +526,7 @@ register_varlen(
 
 
 def _is_cudnn_ragged(fn: Callable) -> bool:
-    from varlen_workbench.workbench.audit.adapters import cudnn_ragged
-
-    return fn is cudnn_ragged.cudnn_ragged_attention
+    return fn is cudnn_ragged_attention
 
 
 register_varlen(
