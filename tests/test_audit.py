@@ -586,9 +586,11 @@ def test_cli_audit_runs_on_the_device_asked_in_this_process(tmp_path, monkeypatc
     from varlen_workbench.kernels import _compat
 
     asked = _compat.default_device
-    for module in list(sys.modules.values()):  # every module that asks for the default device gets CUDA
-        if getattr(module, "default_device", None) is asked:
-            monkeypatch.setattr(module, "default_device", lambda: torch.device("cuda"))
+    # Every module that imported the default device gets CUDA. Read with vars(): a lazy module
+    # (`instruments`) would otherwise resolve the name now, from a module already patched.
+    askers = [module for module in list(sys.modules.values()) if vars(module).get("default_device") is asked]
+    for module in askers:
+        monkeypatch.setattr(module, "default_device", lambda: torch.device("cuda"))
     popen = subprocess.Popen
 
     def no_python_child(args, *rest, **kwargs):

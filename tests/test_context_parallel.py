@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from varlen_workbench.kernels.runtime import use_interpreter
 from varlen_workbench.kernels.varlen import varlen_attention
 from varlen_workbench.workbench.audit.checks import Verdict
 from varlen_workbench.workbench.audit.context_parallel import context_parallel_check, cp_case, judge, padding_rule_study
@@ -85,11 +86,13 @@ def test_merge_of_key_halves_is_attention_over_all_keys():
 
 
 def test_one_rank_is_the_kernel(one_rank_group):
-    """cp_size = 1: one block, a merge of one partial: bit for bit the kernel, lse included."""
+    """cp_size = 1: one block, a merge of one partial: bit for bit the Triton kernel, lse included
+    (the interpreter switch makes "auto" the Triton kernel on both sides)."""
     batch = pack(cp_case(Case((5, 3), padded_q=(6, 3), tail_q=2, causal=True, head_dim=16), 1), "cpu")
     cu, cu_padded = batch.cu_seqlens_q, batch.cu_seqlens_q_padded
-    out, lse = context_parallel_attention(batch.q, batch.k, batch.v, cu, cu_padded, causal=True, return_lse=True)
-    kernel_out, kernel_lse = batch.call(varlen_attention, return_lse=True)
+    with use_interpreter():
+        out, lse = context_parallel_attention(batch.q, batch.k, batch.v, cu, cu_padded, causal=True, return_lse=True)
+        kernel_out, kernel_lse = batch.call(varlen_attention, return_lse=True)
     assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
 
 

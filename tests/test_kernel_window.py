@@ -29,6 +29,7 @@ from varlen_workbench.kernels import caches
 from varlen_workbench.kernels._compat import default_device
 from varlen_workbench.kernels.runtime import interpreted
 from varlen_workbench.kernels.varlen import AuxRequest, varlen_attn
+from varlen_workbench.kernels.varlen import varlen_attention as default_attention  # varlen_attn's backend: auto
 from varlen_workbench.workbench.bounds import lse_error
 from varlen_workbench.workbench.layout import Case, Fill, pack
 from varlen_workbench.workbench.reference import reference_attention, visible_keys
@@ -222,7 +223,7 @@ def test_varlen_attn_takes_gqa_as_the_installed_torch_does():
     """torch 2.13's varlen_attn refuses GQA without enable_gqa=True; 2.11's has no flag."""
     batch = pack(Case((5, 3), heads=4, kv_heads=2, head_dim=16))
     out = varlen_attn(*batch.args(), enable_gqa=True)
-    assert torch.equal(out, batch.call(varlen_attention))
+    assert torch.equal(out, batch.call(default_attention))
     flag = "enable_gqa" in inspect.signature(pytest.importorskip("torch.nn.attention.varlen").varlen_attn).parameters
     if flag:
         with pytest.raises(ValueError, match="pass enable_gqa=True"):
@@ -239,7 +240,7 @@ def test_varlen_attn_return_convention():
     assert isinstance(varlen_attn(*args, return_aux=AuxRequest()), torch.Tensor)
     out2, lse = varlen_attn(*args, return_aux=AuxRequest(lse=True), window_size=(-1, 0))
     assert lse.shape == (batch.q.shape[1], batch.q.shape[0]) and lse.dtype == torch.float32
-    assert torch.equal(out2, batch.call(varlen_attention, causal=True))
+    assert torch.equal(out2, batch.call(default_attention, causal=True))
     varlen = pytest.importorskip("torch.nn.attention.varlen")
     _, lse2 = varlen_attn(*args, return_aux=varlen.AuxRequest(lse=True), window_size=(-1, 0))  # torch's own request
     assert torch.equal(lse, lse2)

@@ -173,3 +173,10 @@ def test_a_device_torch_does_not_know_is_refused_by_name():
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"device='gpu' is not a torch device .*; pass 'cuda' or 'cpu'"):
         VarlenMetadata(cu, cu, 3, 3, total_q=5, total_k=5, device="gpu")
+
+
+def test_a_device_the_kernels_do_not_run_on_is_refused_at_construction():
+    """Boundaries on the meta device: refused by name before any kernel (the work lists) is launched."""
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"would live on meta, but the kernels run on CUDA \(compiled\) or the CPU"):
+        VarlenMetadata(cu, cu, 5, 5, total_q=8, total_k=8, validate=False)

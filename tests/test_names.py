@@ -10,6 +10,7 @@ import varlen_workbench.kernels.varlen
 from varlen_workbench.kernels.interpreter import DOT_DTYPES
 from varlen_workbench.kernels.replicas.dmattn import FLASH_DMATTN_DTYPES
 from varlen_workbench.kernels.replicas.torch_varlen import VARLEN_ATTN_DTYPES
+from varlen_workbench.workbench.audit_catalog import CASE_DTYPES
 from varlen_workbench.workbench.layout import DTYPE_NAMES, Case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +25,8 @@ def test_dtypes_is_defined_once():
         if re.match(r"\s*DTYPES\s*[:=]", line)
     ]
     assert [d.split(":")[0] for d in definitions] == ["kernels/varlen/op.py"], definitions
+    # The audit's catalogue names them without importing torch (`--help`): the same dtypes, by name.
+    assert CASE_DTYPES == tuple(str(d).removeprefix("torch.") for d in varlen_workbench.kernels.varlen.DTYPES)
 
 
 def test_each_table_holds_what_its_name_says():

@@ -54,7 +54,7 @@ ADAPTERS = (
 )
 BACKEND_ADAPTER_PREFIX = "ours-"  # ours-triton: varlen_attention pinned to the triton backend
 
-DTYPES = ("float32", "float16", "bfloat16")  # what the checks' cases can be built in
+CASE_DTYPES = ("float32", "float16", "bfloat16")  # what the checks' cases can be built in
 
 # Per device type ("cpu": the Triton interpreter or PyTorch's CPU kernels; "cuda": native).
 DEFAULT_BUDGET = {"cpu": 20, "cuda": 1000}  # layouts: the interpreter runs ~1 layout/s, a GPU hundreds

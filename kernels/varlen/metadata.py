@@ -150,6 +150,11 @@ class VarlenMetadata:
         self.total_q, self.total_k = _rows("total_q", total_q), _rows("total_k", total_k)
         self.given: Given = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
         self.device = _kernel_device(device) if device is not None else cu_seqlens_q.device
+        if self.device.type not in ("cpu", "cuda") and not interpreted(self.device):  # a kernel of it would launch there
+            raise ValueError(
+                f"this VarlenMetadata would live on {self.device}, but the kernels run on CUDA (compiled) or the CPU "
+                "(through Triton's interpreter); build it from boundaries on one of those, or pass device='cuda' or 'cpu'."
+            )
         self.device_check: DeviceCheck | None = None
         self._layout: SafeLayout | None = None  # from the host check; else read with the device verdict
         self._padding: bool | None = None  # whether q or k has a row that is not real, known from the host check

@@ -178,9 +178,9 @@ def varlen_attention(
     scale = _one_scale(scale, softmax_scale)
     check_varlen_tensors(q, k, v, dtypes=DTYPES, head_dims=HEAD_DIMS)
     boundaries = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q_padded, cu_seqlens_k_padded)
+    check_kernel_device("q", q)  # before the metadata, whose construction may launch a kernel on q's device
     positional = metadata is None
     metadata = _metadata_of(q, k, boundaries, (max_seqlen_q, max_seqlen_k), metadata, validate)
-    check_kernel_device("q", q)
     if not positional:
         metadata.raise_if_reported()  # a malformed batch the device has reported: raised, no wait
     mask = (causal, check_scale(scale, q.shape[-1]), left, right)

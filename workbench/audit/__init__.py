@@ -55,7 +55,7 @@ from varlen_workbench.workbench.audit.fuzz import PROFILES, FuzzResult, case_sou
 from varlen_workbench.workbench.audit.isolate import Spec, Worker, run_isolated, sticky
 from varlen_workbench.workbench.audit.records import format_campaign, format_verdicts
 from varlen_workbench.workbench.audit.spelling import option
-from varlen_workbench.workbench.audit_catalog import DEFAULT_BUDGET, DEFAULT_DTYPE, DEFAULT_HEAD_DIM, DTYPES
+from varlen_workbench.workbench.audit_catalog import CASE_DTYPES, DEFAULT_BUDGET, DEFAULT_DTYPE, DEFAULT_HEAD_DIM
 from varlen_workbench.workbench.provenance import provenance
 
 
@@ -202,7 +202,7 @@ def _device_type(impl: Adapted) -> str:
 
 
 def _default_dtype(impl: Adapted) -> str:
-    declared = impl.adapter.dtypes or DTYPES
+    declared = impl.adapter.dtypes or CASE_DTYPES
     preferred = DEFAULT_DTYPE[_device_type(impl)]
     return preferred if preferred in declared else declared[0]
 

@@ -15,11 +15,11 @@ from varlen_workbench.workbench.adapter_example import REGISTER_EXAMPLE
 from varlen_workbench.workbench.audit_catalog import (
     ADAPTERS,
     BACKEND_ADAPTER_PREFIX,
+    CASE_DTYPES,
     CHECKS,
     DEFAULT_BUDGET,
     DEFAULT_DTYPE,
     DEFAULT_HEAD_DIM,
-    DTYPES,
     per_device,
 )
 from varlen_workbench.workbench.cli import EXIT_FAILED, EXIT_USAGE
@@ -68,7 +68,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="import first (e.g. the module registering your adapter)",
     )
     audit.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when available, else the Triton interpreter")
-    audit.add_argument("--dtype", choices=DTYPES, help=f"dtype of the checks' cases (default: {per_device(DEFAULT_DTYPE)})")
+    audit.add_argument("--dtype", choices=CASE_DTYPES, help=f"dtype of the checks' cases (default: {per_device(DEFAULT_DTYPE)})")
     audit.add_argument(
         "--head-dim",
         metavar="D|D_QK,D_V",
