@@ -28,4 +28,4 @@ if ! "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split
     export PYTHONPATH="$build${PYTHONPATH:+:$PYTHONPATH}"
 fi
 PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
-"$PY" -c 'import varlen_workbench.workbench.cli.main, varlen_workbench.workbench.provenance as p; print("installed: varlen_workbench.workbench from", p.REPO)'
+"$PY" -c 'import varlen_workbench.workbench.cli.main as cli; print("installed: varlen_workbench.workbench from", cli.__file__.rsplit("/", 3)[0])'
