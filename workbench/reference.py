@@ -129,9 +129,12 @@ def per_document_sdpa(
     anything. Causal is bottom-right aligned, as the contract says: a query row with no visible
     key (more queries than keys) is 0, as is every row of a document with no keys."""
     out = q.new_zeros((*q.shape[:2], v.shape[-1]))  # v's head dim
-    starts_q = (cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded).tolist()
-    starts_k = (cu_seqlens_k if cu_seqlens_k_padded is None else cu_seqlens_k_padded).tolist()
-    lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
+    # Boundaries as a user may hand them over: tensors, or Python sequences of ints.
+    cu_q, cu_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    starts_q = cu_q if cu_seqlens_q_padded is None else [int(x) for x in cu_seqlens_q_padded]
+    starts_k = cu_k if cu_seqlens_k_padded is None else [int(x) for x in cu_seqlens_k_padded]
+    lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
     for sq, sk, lq, lk in zip(starts_q, starts_k, lengths_q, lengths_k):
         if lq == 0 or lk == 0:
             continue

@@ -72,22 +72,25 @@
   box.hidden = true;
   box.setAttribute("role", "dialog");
   box.setAttribute("aria-label", "figure, full size");
-  var big = document.createElement("img");
+  var big = null;  // made when a figure opens and removed when it shuts: no empty image in the page
   var close = document.createElement("button");
   close.type = "button";
   close.className = "wb-lightbox-close";
   close.textContent = "close";
   box.appendChild(close);
-  box.appendChild(big);
   document.body.appendChild(box);
   var opener = null;
 
   function shut() {
     box.hidden = true;
+    if (big) { box.removeChild(big); big = null; }
     if (opener) { opener.focus(); }
   }
   function open(figure) {
     opener = figure;
+    if (big) { box.removeChild(big); }
+    big = document.createElement("img");
+    box.appendChild(big);
     big.src = figure.currentSrc || figure.src;  // an explorer's current frame
     big.alt = figure.alt;
     box.hidden = false;
