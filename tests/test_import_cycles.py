@@ -28,9 +28,6 @@ PACKAGES = {
     "postmortems": "varlen_workbench.postmortems",
 }
 
-# Imports that close a cycle in workbench/audit, allowed here while the audit branch removes them.
-AUDIT = "varlen_workbench.workbench.audit"
-
 
 def modules(root: Path, folders: dict[str, str]) -> dict[str, Path]:
     """Module name -> file, for every .py file under each folder (a package is its `__init__.py`)."""
